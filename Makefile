@@ -1,0 +1,37 @@
+# AIWorks developer entry points. `make run` and `make test` install everything first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+DEPS   := pyproject.toml $(wildcard requirements-*.txt)
+
+.PHONY: install run test test-unit test-e2e proto bench clean
+
+install: $(STAMP)
+
+$(STAMP): $(DEPS)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check pip==26.3 setuptools==84.2.1
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]' $(foreach r,$(wildcard requirements-*.txt),-r $(r))
+	touch $(STAMP)
+
+run: install            ## install, then start the whole suite locally (Ctrl-C stops it)
+	$(BIN)/aiworks up
+
+test: install           ## install, then run every test
+	$(BIN)/python -m pytest
+
+test-unit: install
+	$(BIN)/python -m pytest tests/unit
+
+test-e2e: install
+	$(BIN)/python -m pytest tests/e2e
+
+proto: install          ## regenerate the gRPC code from proto/
+	$(BIN)/python scripts/gen_proto.py
+
+bench: install          ## the serving-spine benchmark (docs/benchmarks.md)
+	$(BIN)/python bench/serving_spine.py
+
+clean:
+	rm -rf $(VENV) .aiworks build *.egg-info

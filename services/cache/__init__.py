@@ -1,0 +1,1 @@
+"""Cache: the shared result cache (see issue: cache service)."""

@@ -1,0 +1,149 @@
+"""The Open Inference Protocol over HTTP (FastAPI): routes translate and delegate.
+
+Every error leaves as OIP's ``{"error": "..."}`` with the HTTP status from the
+one error table in :mod:`aiworks.core.errors`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from aiworks.core.errors import AIWorksError, InvalidArgument, PayloadTooLarge
+from aiworks.gateway.dataplane import GatewayDataPlane
+from aiworks.gateway.http_codec import HEADER_LENGTH, encode_infer_response, parse_infer_request
+
+log = logging.getLogger(__name__)
+
+
+def _json(doc, status: int = 200, headers: dict | None = None) -> Response:
+    return Response(orjson.dumps(doc), status_code=status, media_type="application/json", headers=headers)
+
+
+def _error(status: int, message: str, headers: dict | None = None) -> Response:
+    return _json({"error": message}, status, headers)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refusing more than ``limit`` bytes before reading them all."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError:
+            raise InvalidArgument(f"Content-Length '{declared}' is not an integer") from None
+        if size > limit:
+            raise PayloadTooLarge(f"request body of {size} bytes exceeds the limit of {limit} bytes")
+    chunks = []
+    total = 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit:
+            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def create_app(dataplane: GatewayDataPlane, *, max_request_bytes: int) -> FastAPI:
+    app = FastAPI(title="AIWorks gateway", description="KServe v2 / Open Inference Protocol", docs_url="/docs")
+
+    @app.exception_handler(AIWorksError)
+    async def _aiworks_error(request: Request, exc: AIWorksError):
+        if exc.status.http >= 500:
+            log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status.http, exc.message)
+        headers = {"Retry-After": str(int(max(1, exc.retry_after_s)))} if exc.retry_after_s is not None else None
+        return _error(exc.status.http, exc.message, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError):
+        return _error(400, f"invalid request: {exc.errors()}")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        return _error(exc.status_code, str(exc.detail))
+
+    # ---- health and metadata ----------------------------------------------------------
+
+    @app.get("/v2/health/live")
+    async def live():
+        return _json({"live": True})
+
+    @app.get("/v2/health/ready")
+    async def ready():
+        ok = await dataplane.ready()
+        return _json({"ready": ok}, 200 if ok else 503)
+
+    @app.get("/v2")
+    async def server_metadata():
+        return _json(dataplane.server_metadata())
+
+    @app.get("/v2/models/stats")
+    async def all_stats():
+        return _json({"model_stats": await dataplane.statistics("", "")})
+
+    @app.get("/v2/models/{model}")
+    @app.get("/v2/models/{model}/versions/{version}")
+    async def model_metadata(model: str, version: str = ""):
+        return _json(await dataplane.model_metadata(model, version))
+
+    @app.get("/v2/models/{model}/config")
+    @app.get("/v2/models/{model}/versions/{version}/config")
+    async def model_config(model: str, version: str = ""):
+        return _json(await dataplane.model_config(model, version))
+
+    @app.get("/v2/models/{model}/ready")
+    @app.get("/v2/models/{model}/versions/{version}/ready")
+    async def model_ready(model: str, version: str = ""):
+        ok = await dataplane.model_ready(model, version)
+        return _json({"name": model, "ready": ok}, 200 if ok else 503)
+
+    @app.get("/v2/models/{model}/stats")
+    @app.get("/v2/models/{model}/versions/{version}/stats")
+    async def model_stats(model: str, version: str = ""):
+        return _json({"model_stats": await dataplane.statistics(model, version)})
+
+    # ---- inference ------------------------------------------------------------------------
+
+    @app.post("/v2/models/{model}/infer")
+    @app.post("/v2/models/{model}/versions/{version}/infer")
+    async def infer(model: str, request: Request, version: str = ""):
+        body = await read_body(request, max_request_bytes)
+        infer_request, fmt = parse_infer_request(body, request.headers.get(HEADER_LENGTH), model, version)
+        response = await dataplane.infer(infer_request)
+        payload, header_length = encode_infer_response(response, fmt)
+        if header_length is None:
+            return Response(payload, media_type="application/json")
+        return Response(
+            payload, media_type="application/octet-stream", headers={"Inference-Header-Content-Length": str(header_length)}
+        )
+
+    # ---- model repository -----------------------------------------------------------------
+
+    @app.post("/v2/repository/index")
+    async def repository_index(request: Request):
+        body = await read_body(request, max_request_bytes)
+        ready_only = False
+        if body.strip():
+            try:
+                doc = orjson.loads(body)
+            except orjson.JSONDecodeError as exc:
+                raise InvalidArgument(f"malformed JSON in request body: {exc}") from None
+            ready_only = bool(isinstance(doc, dict) and doc.get("ready"))
+        return _json(await dataplane.repository_index(ready_only))
+
+    @app.post("/v2/repository/models/{model}/load")
+    async def load(model: str):
+        await dataplane.load(model)
+        return _json({})
+
+    @app.post("/v2/repository/models/{model}/unload")
+    async def unload(model: str):
+        await dataplane.unload(model)
+        return _json({})
+
+    return app

@@ -1,0 +1,60 @@
+"""The gateway's client for the scheduler; pb2 stays inside this module."""
+
+from __future__ import annotations
+
+import grpc
+
+from aiworks.core.converters import from_infer_request, to_infer_response, to_model_spec, to_statistics
+from aiworks.core.errors import from_rpc_error
+from aiworks.core.inference import InferRequest, InferResponse, ModelStatistics
+from aiworks.core.model_config import ModelSpec
+from aiworks.core.rpc import insecure_channel
+from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
+from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
+
+
+class SchedulerClient:
+    """Calls the SchedulerService; failures become AIWorksError with the peer's status."""
+
+    def __init__(self, address: str, max_message_bytes: int, timeout_s: float):
+        self.address = address
+        self._channel = insecure_channel(address, max_message_bytes)
+        self._stub = scheduler_pb2_grpc.SchedulerServiceStub(self._channel)
+        self._timeout_s = timeout_s
+
+    async def _call(self, method, request, timeout_s: float | None = None):
+        try:
+            return await method(request, timeout=timeout_s or self._timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, f"scheduler {self.address}") from None
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        return to_infer_response(await self._call(self._stub.Infer, from_infer_request(request)))
+
+    async def ready(self) -> bool:
+        return (await self._call(self._stub.ServerReady, pb.ServerReadyRequest(), 2)).ready
+
+    async def model_ready(self, name: str, version: str) -> bool:
+        return (await self._call(self._stub.ModelReady, pb.ModelRef(name=name, version=version), 2)).ready
+
+    async def metadata(self, name: str, version: str) -> tuple[ModelSpec, list[str]]:
+        reply = await self._call(self._stub.ModelMetadata, pb.ModelRef(name=name, version=version), 5)
+        return to_model_spec(reply.spec), list(reply.versions)
+
+    async def index(self, ready_only: bool) -> list[ModelSpec]:
+        reply = await self._call(self._stub.RepositoryIndex, pb.RepositoryIndexRequest(ready_only=ready_only), 10)
+        return [to_model_spec(s) for s in reply.models]
+
+    async def load(self, name: str) -> list[ModelSpec]:
+        reply = await self._call(self._stub.LoadModel, pb.ModelRef(name=name), 180)
+        return [to_model_spec(s) for s in reply.versions]
+
+    async def unload(self, name: str) -> None:
+        await self._call(self._stub.UnloadModel, pb.ModelRef(name=name), 60)
+
+    async def statistics(self, name: str, version: str) -> list[tuple[str, list[ModelStatistics]]]:
+        reply = await self._call(self._stub.ModelStatistics, pb.ModelRef(name=name, version=version), 10)
+        return [(r.replica_id, [to_statistics(m) for m in r.models]) for r in reply.replicas]
+
+    async def close(self) -> None:
+        await self._channel.close()

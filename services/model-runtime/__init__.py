@@ -1,0 +1,1 @@
+"""Model runtime: a model repository and the backends that execute batches."""

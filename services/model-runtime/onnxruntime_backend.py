@@ -1,0 +1,58 @@
+"""The ONNX Runtime (CPU) backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from aiworks.core.datatypes import ONNX_TO_DATATYPE
+from aiworks.core.errors import InvalidArgument
+from aiworks.core.model_config import ModelConfig, TensorSpec
+
+# Triton's onnxruntime backend reads optimization.graph.level this way.
+_GRAPH_LEVELS = {
+    -1: ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    1: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    0: ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+
+class OnnxRuntimeModel:
+    """One loaded ONNX model version; ``run`` is thread-safe and releases the GIL."""
+
+    def __init__(self, path: Path, config: ModelConfig, default_intra_op_threads: int):
+        options = ort.SessionOptions()
+        options.graph_optimization_level = _GRAPH_LEVELS.get(
+            config.graph_optimization_level, ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        )
+        options.intra_op_num_threads = int(config.parameters.get("intra_op_thread_count", default_intra_op_threads))
+        options.inter_op_num_threads = int(config.parameters.get("inter_op_thread_count", 1))
+        # Spinning worker threads burn CPU that other replicas need on small machines.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    def io_specs(self, batched: bool) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+        """Inputs and outputs as the ONNX graph declares them (for configs that omit them)."""
+
+        def spec(arg) -> TensorSpec:
+            dims = [d if isinstance(d, int) and d > 0 else -1 for d in arg.shape]
+            if batched and dims:
+                dims = dims[1:]
+            return TensorSpec(arg.name, ONNX_TO_DATATYPE.get(arg.type, "FP32"), tuple(dims))
+
+        return (
+            tuple(spec(a) for a in self.session.get_inputs()),
+            tuple(spec(a) for a in self.session.get_outputs()),
+        )
+
+    def run(self, feeds: dict[str, np.ndarray], outputs: list[str]) -> list[np.ndarray]:
+        try:
+            return self.session.run(outputs or self.output_names, feeds)
+        except (ort.capi.onnxruntime_pybind11_state.InvalidArgument, ValueError) as exc:
+            raise InvalidArgument(f"the model rejected the batch: {exc}") from None
+
+
+BACKENDS = {"onnxruntime": OnnxRuntimeModel}

@@ -1,0 +1,57 @@
+"""The on-disk model repository, in Triton's layout.
+
+```
+<repo>/<model>/config.pbtxt
+<repo>/<model>/<version>/model.onnx
+```
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiworks.core.errors import NotFound
+from aiworks.core.model_config import ModelConfig, read_config
+
+MODEL_FILES = {"onnxruntime": "model.onnx"}
+
+
+@dataclass(frozen=True)
+class RepositoryEntry:
+    """A model folder: its config (or why it could not be read) and versions on disk."""
+
+    name: str
+    config: ModelConfig | None
+    versions: tuple[int, ...]
+    error: str = ""
+
+
+class ModelRepository:
+    """Reads model folders; never caches, so edits on disk are seen on the next load."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def names(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+    def entry(self, name: str) -> RepositoryEntry:
+        folder = self.root / name
+        if not folder.is_dir():
+            raise NotFound(f"model '{name}' is not in the model repository {self.root}")
+        versions = tuple(sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit()))
+        try:
+            config = read_config(folder)
+        except Exception as exc:  # a broken config must not hide the other models
+            return RepositoryEntry(name, None, versions, str(exc))
+        return RepositoryEntry(name, config, versions)
+
+    def model_file(self, config: ModelConfig, version: int) -> Path:
+        filename = MODEL_FILES.get(config.backend, "model.onnx")
+        path = self.root / config.name / str(version) / filename
+        if not path.is_file():
+            raise NotFound(f"model '{config.name}' version {version} has no {filename}")
+        return path

@@ -1,0 +1,50 @@
+"""gRPC transport of the runtime: translate messages and delegate to the data plane."""
+
+from __future__ import annotations
+
+from aiworks.core.converters import from_model_spec, from_statistics, to_tensor
+from aiworks.core.rpc import handle_errors
+from aiworks.pb.runtime.v1 import runtime_pb2 as pb
+from aiworks.pb.runtime.v1 import runtime_pb2_grpc
+from aiworks.runtime.dataplane import RuntimeDataPlane
+
+
+class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
+    """``aiworks.runtime.v1.RuntimeService``."""
+
+    def __init__(self, dataplane: RuntimeDataPlane, replica_id: str):
+        self.dataplane = dataplane
+        self.replica_id = replica_id
+
+    @handle_errors
+    async def Execute(self, request, context):
+        outputs, compute_ns = await self.dataplane.execute(
+            request.model, request.version, [to_tensor(t) for t in request.inputs], list(request.outputs)
+        )
+        return pb.ExecuteResponse(
+            outputs=[pb.Tensor(name=t.name, datatype=t.datatype, shape=t.shape, raw=t.raw) for t in outputs],
+            compute_ns=compute_ns,
+        )
+
+    @handle_errors
+    async def LoadModel(self, request, context):
+        specs = await self.dataplane.load(request.name)
+        return pb.LoadModelResponse(versions=[from_model_spec(s) for s in specs])
+
+    @handle_errors
+    async def UnloadModel(self, request, context):
+        await self.dataplane.unload(request.name)
+        return pb.UnloadModelResponse()
+
+    @handle_errors
+    async def ListModels(self, request, context):
+        return pb.ListModelsResponse(models=[from_model_spec(s) for s in self.dataplane.index(request.ready_only)])
+
+    @handle_errors
+    async def ModelMetadata(self, request, context):
+        return pb.ModelMetadataResponse(spec=from_model_spec(self.dataplane.metadata(request.name, request.version)))
+
+    @handle_errors
+    async def Statistics(self, request, context):
+        models = [from_statistics(s) for s in self.dataplane.statistics(request.name, request.version)]
+        return pb.StatisticsResponse(replica_id=self.replica_id, models=models)

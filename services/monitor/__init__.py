@@ -1,0 +1,1 @@
+"""Monitor: metrics, self-healing, autoscaling and rollouts (see issue: observability)."""

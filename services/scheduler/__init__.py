@@ -1,0 +1,1 @@
+"""Scheduler: per-model queues, dynamic batching and replica routing."""

@@ -1,0 +1,161 @@
+"""Which runtime replicas exist, what they hold, and how busy they are."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from aiworks.core.errors import NotFound, Unavailable
+from aiworks.core.model_config import ModelSpec
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]  # (model, version)
+
+
+@dataclass
+class Replica:
+    """One runtime replica as the scheduler tracks it."""
+
+    replica_id: str
+    address: str
+    device: str = "cpu"
+    labels: dict[str, str] = field(default_factory=dict)
+    models: dict[Key, ModelSpec] = field(default_factory=dict)
+    client: object = None
+    last_heartbeat_s: float = 0.0
+    live: bool = True
+    outstanding_batches: dict[Key, int] = field(default_factory=dict)
+    outstanding_rows: int = 0
+
+    def holds(self, key: Key) -> bool:
+        spec = self.models.get(key)
+        return spec is not None and spec.ready
+
+
+class ReplicaRegistry:
+    """Replicas keyed by id, plus the catalog of model versions they serve.
+
+    ``clock`` is injectable so tests can drive heartbeat expiry without sleeping.
+    """
+
+    def __init__(self, connect: Callable[[str], object], *, clock: Callable[[], float] = time.monotonic):
+        self._connect = connect
+        self._clock = clock
+        self.replicas: dict[str, Replica] = {}
+        # Every model version seen, so "known but nowhere live" is UNAVAILABLE, not NOT_FOUND.
+        self.known: dict[Key, ModelSpec] = {}
+        self.changed = asyncio.Condition()
+
+    # ---- membership ----------------------------------------------------------------------
+
+    def register(self, replica_id: str, address: str, device: str, labels: dict, specs: list[ModelSpec]) -> Replica:
+        old = self.replicas.get(replica_id)
+        if old is not None and old.address == address:
+            replica = old
+        else:
+            if old is not None:
+                self._close(old)
+            replica = Replica(replica_id, address, device, dict(labels), client=self._connect(address))
+            self.replicas[replica_id] = replica
+            log.info("replica %s registered at %s (%s)", replica_id, address, device)
+        replica.device, replica.labels, replica.live = device, dict(labels), True
+        replica.last_heartbeat_s = self._clock()
+        self.set_models(replica, specs)
+        return replica
+
+    def heartbeat(self, replica_id: str, specs: list[ModelSpec]) -> bool:
+        replica = self.replicas.get(replica_id)
+        if replica is None:
+            return False
+        replica.last_heartbeat_s = self._clock()
+        if not replica.live:
+            log.info("replica %s is back", replica_id)
+        replica.live = True
+        self.set_models(replica, specs)
+        return True
+
+    def set_models(self, replica: Replica, specs: list[ModelSpec]) -> None:
+        replica.models = {(s.name, s.version): s for s in specs}
+        for s in specs:
+            self.known[(s.name, s.version)] = s
+        self._notify()
+
+    def mark_down(self, replica: Replica, why: str) -> None:
+        if replica.live:
+            log.warning("replica %s marked down: %s", replica.replica_id, why)
+        replica.live = False
+        self._notify()
+
+    def expire(self, timeout_s: float) -> list[str]:
+        """Remove replicas whose last heartbeat is older than ``timeout_s``."""
+        now = self._clock()
+        gone = [r for r in self.replicas.values() if now - r.last_heartbeat_s > timeout_s]
+        for replica in gone:
+            log.warning(
+                "replica %s removed: no heartbeat for %.1f s", replica.replica_id, now - replica.last_heartbeat_s
+            )
+            del self.replicas[replica.replica_id]
+            self._close(replica)
+        if gone:
+            self._notify()
+        return [r.replica_id for r in gone]
+
+    def forget_model(self, name: str) -> None:
+        for key in [k for k in self.known if k[0] == name]:
+            del self.known[key]
+
+    def _close(self, replica: Replica) -> None:
+        close = getattr(replica.client, "close", None)
+        if close is not None:
+            asyncio.ensure_future(close())
+
+    def _notify(self) -> None:
+        async def notify():
+            async with self.changed:
+                self.changed.notify_all()
+
+        try:
+            asyncio.get_running_loop().create_task(notify())
+        except RuntimeError:  # no loop (unit tests of pure logic)
+            pass
+
+    # ---- queries -------------------------------------------------------------------------
+
+    def live(self) -> list[Replica]:
+        return [r for r in self.replicas.values() if r.live]
+
+    def holders(self, key: Key) -> list[Replica]:
+        return [r for r in self.replicas.values() if r.live and r.holds(key)]
+
+    def resolve(self, model: str, version: str) -> ModelSpec:
+        """The spec for a request's model and version (latest ready when version is empty).
+
+        Unknown model or version: NOT_FOUND. Known, but no live replica holds it: UNAVAILABLE.
+        """
+        live_specs = {k: s for r in self.live() for k, s in r.models.items() if k[0] == model and s.ready}
+        if version:
+            spec = live_specs.get((model, version))
+            if spec is not None:
+                return spec
+            if (model, version) in self.known:
+                raise Unavailable(f"model '{model}' version {version} has no live replica")
+            if any(k[0] == model for k in self.known):
+                raise NotFound(f"model '{model}' has no version '{version}'")
+            raise NotFound(f"unknown model '{model}'")
+        if live_specs:
+            return live_specs[max(live_specs, key=lambda k: _version_order(k[1]))]
+        if any(k[0] == model for k in self.known):
+            raise Unavailable(f"model '{model}' has no live replica")
+        raise NotFound(f"unknown model '{model}'")
+
+    def versions(self, model: str) -> list[str]:
+        found = {k[1] for r in self.live() for k, s in r.models.items() if k[0] == model and s.ready}
+        return sorted(found, key=_version_order)
+
+
+def _version_order(version: str) -> tuple[int, str]:
+    return (int(version), "") if version.isdigit() else (-1, version)

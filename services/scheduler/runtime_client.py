@@ -1,0 +1,53 @@
+"""The scheduler's client for one runtime replica; pb2 stays inside this module."""
+
+from __future__ import annotations
+
+import grpc
+
+from aiworks.core.converters import from_tensor, to_model_spec, to_statistics, to_tensor
+from aiworks.core.inference import ModelStatistics
+from aiworks.core.datatypes import Tensor
+from aiworks.core.errors import from_rpc_error
+from aiworks.core.model_config import ModelSpec
+from aiworks.core.rpc import insecure_channel
+from aiworks.pb.runtime.v1 import runtime_pb2 as pb
+from aiworks.pb.runtime.v1 import runtime_pb2_grpc
+
+
+class RuntimeClient:
+    """Calls one replica's RuntimeService; failures become AIWorksError."""
+
+    def __init__(self, address: str, max_message_bytes: int, timeout_s: float):
+        self.address = address
+        self._channel = insecure_channel(address, max_message_bytes)
+        self._stub = runtime_pb2_grpc.RuntimeServiceStub(self._channel)
+        self._timeout_s = timeout_s
+
+    async def _call(self, method, request, timeout_s: float | None = None):
+        try:
+            return await method(request, timeout=timeout_s or self._timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, f"runtime {self.address}") from None
+
+    async def execute(self, model: str, version: str, inputs: list[Tensor], outputs: list[str]) -> list[Tensor]:
+        request = pb.ExecuteRequest(model=model, version=version, inputs=[from_tensor(t) for t in inputs], outputs=outputs)
+        reply = await self._call(self._stub.Execute, request)
+        return [to_tensor(t) for t in reply.outputs]
+
+    async def load(self, name: str) -> list[ModelSpec]:
+        reply = await self._call(self._stub.LoadModel, pb.LoadModelRequest(name=name), 120)
+        return [to_model_spec(s) for s in reply.versions]
+
+    async def unload(self, name: str) -> None:
+        await self._call(self._stub.UnloadModel, pb.UnloadModelRequest(name=name))
+
+    async def index(self, ready_only: bool) -> list[ModelSpec]:
+        reply = await self._call(self._stub.ListModels, pb.ListModelsRequest(ready_only=ready_only))
+        return [to_model_spec(s) for s in reply.models]
+
+    async def statistics(self, name: str, version: str) -> list[ModelStatistics]:
+        reply = await self._call(self._stub.Statistics, pb.StatisticsRequest(name=name, version=version))
+        return [to_statistics(s) for s in reply.models]
+
+    async def close(self) -> None:
+        await self._channel.close()

@@ -1,0 +1,44 @@
+"""Wires the scheduler together and runs it: ``aiworks scheduler``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiworks.core.lifecycle import stop_event
+from aiworks.core.rpc import create_server, set_serving
+from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
+from aiworks.scheduler.dataplane import Scheduler
+from aiworks.scheduler.registry import ReplicaRegistry
+from aiworks.scheduler.runtime_client import RuntimeClient
+from aiworks.scheduler.servicer import SchedulerServicer
+from aiworks.scheduler.settings import SchedulerSettings
+
+log = logging.getLogger("aiworks.scheduler")
+
+
+async def serve(settings: SchedulerSettings) -> None:
+    stop = stop_event()
+    registry = ReplicaRegistry(
+        lambda address: RuntimeClient(address, settings.max_message_bytes, settings.runtime_timeout_s)
+    )
+    scheduler = Scheduler(settings, registry)
+    server, health = create_server(settings.max_message_bytes)
+    scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(SchedulerServicer(scheduler), server)
+    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    await server.start()
+    expiry = asyncio.create_task(scheduler.expire_loop())
+    await set_serving(health, True)
+    log.info(
+        "scheduler serving gRPC on %s:%d (batching %s)", settings.host, port, "on" if settings.batching else "off"
+    )
+    await stop.wait()
+    log.info("scheduler stopping")
+    await set_serving(health, False)
+    expiry.cancel()
+    await server.stop(grace=5)
+    await scheduler.close()
+
+
+def main(settings: SchedulerSettings) -> None:
+    asyncio.run(serve(settings))

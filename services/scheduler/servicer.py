@@ -1,0 +1,88 @@
+"""gRPC transport of the scheduler: translate messages and delegate to :class:`Scheduler`."""
+
+from __future__ import annotations
+
+from aiworks.core.converters import (
+    from_infer_response,
+    from_model_spec,
+    from_statistics,
+    to_infer_request,
+    to_model_spec,
+)
+from aiworks.core.rpc import handle_errors
+from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
+from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
+from aiworks.scheduler.dataplane import Scheduler
+
+
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
+    """``aiworks.scheduler.v1.SchedulerService``."""
+
+    def __init__(self, scheduler: Scheduler):
+        self.scheduler = scheduler
+
+    @handle_errors
+    async def Infer(self, request, context):
+        return from_infer_response(await self.scheduler.infer(to_infer_request(request)))
+
+    @handle_errors
+    async def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=self.scheduler.ready())
+
+    @handle_errors
+    async def ModelReady(self, request, context):
+        return pb.ModelReadyResponse(ready=self.scheduler.model_ready(request.name, request.version))
+
+    @handle_errors
+    async def ModelMetadata(self, request, context):
+        spec, versions = self.scheduler.metadata(request.name, request.version)
+        return pb.ModelMetadataResponse(spec=from_model_spec(spec), versions=versions)
+
+    @handle_errors
+    async def RepositoryIndex(self, request, context):
+        specs = await self.scheduler.index(request.ready_only)
+        return pb.RepositoryIndexResponse(models=[from_model_spec(s) for s in specs])
+
+    @handle_errors
+    async def LoadModel(self, request, context):
+        specs = await self.scheduler.load(request.name)
+        return pb.LoadModelResponse(versions=[from_model_spec(s) for s in specs])
+
+    @handle_errors
+    async def UnloadModel(self, request, context):
+        await self.scheduler.unload(request.name)
+        return pb.UnloadModelResponse()
+
+    @handle_errors
+    async def ModelStatistics(self, request, context):
+        per_replica = await self.scheduler.statistics(request.name, request.version)
+        return pb.ModelStatisticsResponse(
+            replicas=[
+                pb.ReplicaStatistics(replica_id=rid, models=[from_statistics(s) for s in stats])
+                for rid, stats in per_replica
+            ]
+        )
+
+    @handle_errors
+    async def RegisterReplica(self, request, context):
+        self.scheduler.registry.register(
+            request.replica_id,
+            request.address,
+            request.device or "cpu",
+            dict(request.labels),
+            [to_model_spec(s) for s in request.models],
+        )
+        return pb.RegisterReplicaResponse(heartbeat_interval_s=self.scheduler.settings.heartbeat_interval_s)
+
+    @handle_errors
+    async def Heartbeat(self, request, context):
+        known = self.scheduler.registry.heartbeat(request.replica_id, [to_model_spec(s) for s in request.models])
+        return pb.HeartbeatResponse(known=known)
+
+    @handle_errors
+    async def Status(self, request, context):
+        replicas, queues = self.scheduler.status()
+        return pb.StatusResponse(
+            replicas=[pb.ReplicaStatus(**vars(r)) for r in replicas],
+            queues=[pb.QueueStatus(**vars(q)) for q in queues],
+        )

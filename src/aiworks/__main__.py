@@ -1,0 +1,3 @@
+from aiworks.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""`aiworks bench`: a closed-loop load generator in the spirit of perf_analyzer."""

@@ -1,0 +1,228 @@
+"""The ``aiworks`` command line.
+
+Heavy imports happen inside each command, so ``aiworks --help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+
+DESCRIPTION = """\
+AIWorks: serve ONNX models over the KServe v2 / Open Inference Protocol with
+dynamic batching, replica routing and one-command local start-up.
+
+Start here:
+  aiworks up                      start the whole suite locally (HTTP :8000, gRPC :8001)
+  aiworks bench -m digits         measure throughput and latency against a running suite
+  aiworks status                  queues, replicas and their load
+"""
+
+
+def _settings_from(cls, args: argparse.Namespace, fields: list[str]):
+    """Build a Settings object; CLI flags given override the environment."""
+    from pydantic import ValidationError
+
+    overrides = {f: getattr(args, f) for f in fields if getattr(args, f, None) is not None}
+    try:
+        return cls(**overrides)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        prefix = cls.model_config.get("env_prefix", "")
+        raise SystemExit(f"error: invalid settings ({problems}). Pass the flag or set {prefix}<NAME>.") from None
+
+
+# ---- service commands ------------------------------------------------------------------------
+
+
+def cmd_gateway(args) -> None:
+    from aiworks.core.logging import setup_logging
+    from aiworks.gateway.server import main
+    from aiworks.gateway.settings import GatewaySettings
+
+    settings = _settings_from(
+        GatewaySettings, args, ["host", "http_port", "grpc_port", "scheduler_address", "max_request_bytes", "log_level"]
+    )
+    setup_logging("gateway", settings.log_level)
+    main(settings)
+
+
+def cmd_scheduler(args) -> None:
+    from aiworks.core.logging import setup_logging
+    from aiworks.scheduler.server import main
+    from aiworks.scheduler.settings import SchedulerSettings
+
+    if args.no_batching:
+        args.batching = False
+    settings = _settings_from(SchedulerSettings, args, ["host", "port", "batching", "max_inflight_batches", "log_level"])
+    setup_logging("scheduler", settings.log_level)
+    main(settings)
+
+
+def cmd_runtime(args) -> None:
+    from aiworks.core.logging import setup_logging
+    from aiworks.runtime.server import main
+    from aiworks.runtime.settings import RuntimeSettings
+
+    settings = _settings_from(
+        RuntimeSettings,
+        args,
+        ["host", "port", "replica_id", "scheduler_address", "model_repository", "models", "device", "log_level"],
+    )
+    setup_logging(f"runtime[{settings.resolved_replica_id()}]", settings.log_level)
+    main(settings)
+
+
+# ---- user commands ---------------------------------------------------------------------------
+
+
+def cmd_up(args) -> None:
+    from aiworks.demo.models import build_demo_repository
+    from aiworks.supervisor.supervisor import SuiteConfig, Supervisor
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s up: %(message)s", datefmt="%H:%M:%S")
+    repo = Path(args.model_repository)
+    if build_demo_repository(repo, progress=lambda m: print(m, flush=True)):
+        print(f"built the demo model repository in {repo}", flush=True)
+    config = SuiteConfig(
+        model_repository=repo.resolve(),
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        scheduler_port=args.scheduler_port,
+        runtime_base_port=args.runtime_base_port,
+        replicas=args.replicas,
+        batching=not args.no_batching,
+        log_dir=Path(args.log_dir),
+        log_level=args.log_level,
+    )
+    supervisor = Supervisor(config)
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append("SIGTERM"))
+    signal.signal(signal.SIGINT, lambda *_: stopping.append("SIGINT"))
+    try:
+        supervisor.start()
+        print(
+            "\nAIWorks is ready.\n"
+            f"  HTTP (KServe v2): http://{args.host}:{args.http_port}/v2\n"
+            f"  gRPC (KServe v2): {args.host}:{args.grpc_port}\n"
+            f"  scheduler:        {supervisor.scheduler_address}\n"
+            f"  logs:             "
+            + ", ".join(str(c.log_path) for c in supervisor.children)
+            + "\nPress Ctrl-C to stop.",
+            flush=True,
+        )
+        supervisor.watch(lambda: bool(stopping))
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        supervisor.stop()
+        raise SystemExit(1) from None
+    finally:
+        if stopping or sys.exc_info()[0] is KeyboardInterrupt:
+            print(f"stopping ({stopping[0] if stopping else 'interrupt'})...", flush=True)
+        supervisor.stop()
+    print("stopped.", flush=True)
+
+
+def cmd_demo_models(args) -> None:
+    from aiworks.demo.models import build_demo_repository
+
+    built = build_demo_repository(Path(args.out), force=args.force, progress=lambda m: print(m, flush=True))
+    print(f"demo model repository {'built in' if built else 'already present at'} {args.out}")
+
+
+def cmd_status(args) -> None:
+    from aiworks.status import show_status
+
+    show_status(args.scheduler)
+
+
+def cmd_bench(args) -> None:
+    from aiworks.bench.loadgen import run_cli
+
+    run_cli(args)
+
+
+# ---- parser ----------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="aiworks", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    up = sub.add_parser("up", help="start the scheduler, runtime replicas and gateway as local processes")
+    up.add_argument("--http-port", type=int, default=8000, help="gateway HTTP port (default 8000)")
+    up.add_argument("--grpc-port", type=int, default=8001, help="gateway gRPC port (default 8001)")
+    up.add_argument("--scheduler-port", type=int, default=8010, help="scheduler gRPC port; 0 picks a free one")
+    up.add_argument(
+        "--runtime-base-port", type=int, default=8020, help="first runtime port (one per replica); 0 picks free ones"
+    )
+    up.add_argument("--replicas", type=int, default=2, help="runtime replicas to start (default 2)")
+    up.add_argument("--host", default="127.0.0.1", help="interface every service binds (default 127.0.0.1)")
+    up.add_argument(
+        "--model-repository",
+        default="model-repository",
+        help="Triton-layout model repository; the demo models are built there if it is missing or empty",
+    )
+    up.add_argument("--no-batching", action="store_true", help="send every request as its own batch")
+    up.add_argument("--log-dir", default=".aiworks/logs", help="folder for each service's log file")
+    up.add_argument("--log-level", default="INFO", help="log level of every service")
+    up.set_defaults(func=cmd_up)
+
+    gw = sub.add_parser("gateway", help="run one gateway (env AIWORKS_GATEWAY_*)")
+    gw.add_argument("--host")
+    gw.add_argument("--http-port", type=int)
+    gw.add_argument("--grpc-port", type=int)
+    gw.add_argument("--scheduler-address", help="host:port of the scheduler (required)")
+    gw.add_argument("--max-request-bytes", type=int, help="largest request accepted")
+    gw.add_argument("--log-level")
+    gw.set_defaults(func=cmd_gateway)
+
+    sc = sub.add_parser("scheduler", help="run the scheduler (env AIWORKS_SCHEDULER_*)")
+    sc.add_argument("--host")
+    sc.add_argument("--port", type=int)
+    sc.add_argument("--no-batching", action="store_true", help="disable dynamic batching")
+    sc.add_argument("--max-inflight-batches", type=int, help="batches in flight per replica and model version")
+    sc.add_argument("--log-level")
+    sc.set_defaults(func=cmd_scheduler, batching=None)
+
+    rt = sub.add_parser("runtime", help="run one model-runtime replica (env AIWORKS_RUNTIME_*)")
+    rt.add_argument("--host")
+    rt.add_argument("--port", type=int, help="gRPC port; 0 picks a free one")
+    rt.add_argument("--replica-id")
+    rt.add_argument("--scheduler-address", help="host:port of the scheduler (required)")
+    rt.add_argument("--model-repository", type=Path)
+    rt.add_argument("--models", nargs="*", help="models to load at start (default: all)")
+    rt.add_argument("--device", choices=["cpu", "gpu"])
+    rt.add_argument("--log-level")
+    rt.set_defaults(func=cmd_runtime)
+
+    st = sub.add_parser("status", help="show queues, replicas and their load")
+    st.add_argument("--scheduler", default="127.0.0.1:8010", help="scheduler address (default 127.0.0.1:8010)")
+    st.set_defaults(func=cmd_status)
+
+    dm = sub.add_parser("demo-models", help="build the demo model repository (iris, digits v1 and v2)")
+    dm.add_argument("--out", default="model-repository")
+    dm.add_argument("--force", action="store_true", help="rebuild even if it exists")
+    dm.set_defaults(func=cmd_demo_models)
+
+    from aiworks.bench.options import add_bench_parser
+
+    add_bench_parser(sub).set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

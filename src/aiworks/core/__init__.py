@@ -1,0 +1,1 @@
+"""Shared core: settings helpers, logging, errors and tensor codecs."""

@@ -1,0 +1,119 @@
+"""Protobuf <-> domain types for the suite's own protos (runtime.v1 and scheduler.v1).
+
+pb2 objects stop here: ``to_*`` functions build domain objects from messages,
+``from_*`` functions build messages from domain objects. Tensor bytes are
+passed by reference both ways.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from aiworks.core.datatypes import Tensor
+from aiworks.core.inference import InferRequest, InferResponse, ModelStatistics
+from aiworks.core.model_config import BatchingConfig, ModelSpec, ModelState, TensorSpec
+from aiworks.pb.runtime.v1 import runtime_pb2 as rpb
+from aiworks.pb.scheduler.v1 import scheduler_pb2 as spb
+
+_STATE_TO_PB = {
+    ModelState.READY: rpb.MODEL_STATE_READY,
+    ModelState.UNAVAILABLE: rpb.MODEL_STATE_UNAVAILABLE,
+    ModelState.LOADING: rpb.MODEL_STATE_LOADING,
+}
+_STATE_FROM_PB = {v: k for k, v in _STATE_TO_PB.items()}
+
+
+def to_tensor(msg: rpb.Tensor) -> Tensor:
+    return Tensor(msg.name, msg.datatype, tuple(msg.shape), msg.raw)
+
+
+def from_tensor(t: Tensor) -> rpb.Tensor:
+    raw = t.raw if isinstance(t.raw, bytes) else bytes(t.raw)
+    return rpb.Tensor(name=t.name, datatype=t.datatype, shape=t.shape, raw=raw)
+
+
+def _to_specs(msgs) -> tuple[TensorSpec, ...]:
+    return tuple(TensorSpec(m.name, m.datatype, tuple(m.dims)) for m in msgs)
+
+
+def _from_specs(specs) -> list[rpb.TensorSpec]:
+    return [rpb.TensorSpec(name=s.name, datatype=s.datatype, dims=s.dims) for s in specs]
+
+
+def to_model_spec(msg: rpb.ModelSpec) -> ModelSpec:
+    b = msg.batching
+    return ModelSpec(
+        name=msg.name,
+        version=msg.version,
+        platform=msg.platform,
+        max_batch_size=msg.max_batch_size,
+        inputs=_to_specs(msg.inputs),
+        outputs=_to_specs(msg.outputs),
+        batching=BatchingConfig(b.enabled, b.max_queue_delay_us, tuple(b.preferred_batch_sizes)),
+        instance_count=msg.instance_count or 1,
+        parameters=dict(msg.parameters),
+        state=_STATE_FROM_PB.get(msg.state, ModelState.UNAVAILABLE),
+        reason=msg.reason,
+    )
+
+
+def from_model_spec(spec: ModelSpec) -> rpb.ModelSpec:
+    b = spec.batching
+    return rpb.ModelSpec(
+        name=spec.name,
+        version=spec.version,
+        platform=spec.platform,
+        max_batch_size=spec.max_batch_size,
+        inputs=_from_specs(spec.inputs),
+        outputs=_from_specs(spec.outputs),
+        batching=rpb.BatchingSpec(
+            enabled=b.enabled, max_queue_delay_us=b.max_queue_delay_us, preferred_batch_sizes=b.preferred_batch_sizes
+        ),
+        instance_count=spec.instance_count,
+        parameters=spec.parameters,
+        state=_STATE_TO_PB[spec.state],
+        reason=spec.reason,
+    )
+
+
+def to_statistics(msg: rpb.ModelStatistics) -> ModelStatistics:
+    return ModelStatistics(**{f: getattr(msg, f) for f in _STAT_FIELDS})
+
+
+def from_statistics(stats: ModelStatistics) -> rpb.ModelStatistics:
+    return rpb.ModelStatistics(**{f: getattr(stats, f) for f in _STAT_FIELDS})
+
+
+_STAT_FIELDS = [f for f in ModelStatistics.__slots__]
+
+
+def to_infer_request(msg: spb.InferRequest) -> InferRequest:
+    return InferRequest(
+        model=msg.model,
+        version=msg.version,
+        inputs=[to_tensor(t) for t in msg.inputs],
+        outputs=list(msg.outputs),
+        id=msg.id,
+        parameters={k: orjson.loads(v) for k, v in msg.parameters.items()},
+    )
+
+
+def from_infer_request(req: InferRequest) -> spb.InferRequest:
+    return spb.InferRequest(
+        id=req.id,
+        model=req.model,
+        version=req.version,
+        inputs=[from_tensor(t) for t in req.inputs],
+        outputs=req.outputs,
+        parameters={k: orjson.dumps(v).decode() for k, v in req.parameters.items()},
+    )
+
+
+def from_infer_response(resp: InferResponse) -> spb.InferResponse:
+    return spb.InferResponse(
+        id=resp.id, model=resp.model, version=resp.version, outputs=[from_tensor(t) for t in resp.outputs]
+    )
+
+
+def to_infer_response(msg: spb.InferResponse) -> InferResponse:
+    return InferResponse(msg.model, msg.version, [to_tensor(t) for t in msg.outputs], id=msg.id)

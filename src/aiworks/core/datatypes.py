@@ -1,0 +1,191 @@
+"""Tensor codecs: KServe v2 datatypes, numpy arrays and raw tensor bytes.
+
+A :class:`Tensor` holds raw little-endian bytes and never decodes them unless
+asked: the scheduler batches by joining bytes, and only the runtime (and the
+gateway's JSON path) turns them into numpy arrays, with ``np.frombuffer`` so no
+copy is made. BYTES tensors use the KServe v2 binary layout: each element is a
+4-byte little-endian length followed by its bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from aiworks.core.errors import InvalidArgument
+
+# KServe v2 datatype -> numpy dtype (little-endian). BYTES has no fixed size.
+NUMPY_DTYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype("<u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+    "BYTES": np.dtype(np.object_),
+}
+DATATYPES = frozenset(NUMPY_DTYPES)
+_BY_NUMPY = {v: k for k, v in NUMPY_DTYPES.items() if k != "BYTES"}
+
+# ONNX tensor element type names -> KServe v2 datatypes.
+ONNX_TO_DATATYPE = {
+    "tensor(bool)": "BOOL",
+    "tensor(uint8)": "UINT8",
+    "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32",
+    "tensor(uint64)": "UINT64",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(float16)": "FP16",
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+    "tensor(string)": "BYTES",
+}
+
+
+def itemsize(datatype: str) -> int:
+    """Bytes per element; 0 for BYTES, whose elements vary in size."""
+    if datatype == "BYTES":
+        return 0
+    return NUMPY_DTYPES[datatype].itemsize
+
+
+def element_count(shape) -> int:
+    return math.prod(shape)
+
+
+def datatype_of(array: np.ndarray) -> str:
+    """The KServe v2 datatype of a numpy array."""
+    if array.dtype == np.object_ or array.dtype.kind in ("S", "U"):
+        return "BYTES"
+    try:
+        return _BY_NUMPY[array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype]
+    except KeyError:
+        raise InvalidArgument(f"numpy dtype {array.dtype} has no KServe v2 datatype") from None
+
+
+@dataclass(slots=True)
+class Tensor:
+    """A named tensor whose data stays as raw bytes (bytes or a memoryview)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    raw: bytes | memoryview = b""
+    parameters: dict = field(default_factory=dict)
+
+    def to_numpy(self) -> np.ndarray:
+        return decode(self.raw, self.datatype, self.shape, name=self.name)
+
+    @classmethod
+    def from_numpy(cls, name: str, array: np.ndarray) -> "Tensor":
+        datatype = datatype_of(array)
+        return cls(name, datatype, tuple(int(d) for d in array.shape), encode(array, datatype))
+
+
+def encode(array: np.ndarray, datatype: str) -> bytes:
+    """Raw bytes of ``array`` in the KServe v2 binary layout."""
+    if datatype == "BYTES":
+        return serialize_bytes(array)
+    dtype = NUMPY_DTYPES[datatype]
+    if array.dtype != dtype:
+        array = array.astype(dtype)
+    return array.tobytes()
+
+
+def decode(raw: bytes | memoryview, datatype: str, shape, *, name: str = "tensor") -> np.ndarray:
+    """A numpy view of ``raw`` (no copy for fixed-size datatypes)."""
+    count = element_count(shape)
+    if datatype == "BYTES":
+        return deserialize_bytes(raw, count, name=name).reshape(shape)
+    try:
+        dtype = NUMPY_DTYPES[datatype]
+    except KeyError:
+        raise InvalidArgument(f"input '{name}': unknown datatype '{datatype}'") from None
+    expected = count * dtype.itemsize
+    if len(raw) != expected:
+        raise InvalidArgument(
+            f"input '{name}': {len(raw)} bytes of data, but shape {list(shape)} of {datatype} needs {expected}"
+        )
+    return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+
+def serialize_bytes(array: np.ndarray) -> bytes:
+    """Length-prefixed serialization of a BYTES tensor (str elements become UTF-8)."""
+    parts = []
+    for item in np.asarray(array, dtype=np.object_).ravel(order="C"):
+        if isinstance(item, str):
+            item = item.encode("utf-8")
+        elif not isinstance(item, (bytes, bytearray)):
+            item = str(item).encode("utf-8")
+        parts.append(struct.pack("<I", len(item)))
+        parts.append(item)
+    return b"".join(parts)
+
+
+def bytes_offsets(raw: bytes | memoryview, *, name: str = "tensor") -> list[int]:
+    """Start offsets of each length-prefixed element, plus the end offset."""
+    view = memoryview(raw)
+    offsets = [0]
+    pos = 0
+    end = len(view)
+    while pos < end:
+        if pos + 4 > end:
+            raise InvalidArgument(f"input '{name}': BYTES data ends inside an element's length prefix")
+        (length,) = struct.unpack_from("<I", view, pos)
+        pos += 4 + length
+        if pos > end:
+            raise InvalidArgument(f"input '{name}': a BYTES element's length runs past the end of the data")
+        offsets.append(pos)
+    return offsets
+
+
+def deserialize_bytes(raw: bytes | memoryview, count: int, *, name: str = "tensor") -> np.ndarray:
+    """An object array of the ``count`` bytes elements in ``raw``."""
+    view = memoryview(raw)
+    offsets = bytes_offsets(view, name=name)
+    if len(offsets) - 1 != count:
+        raise InvalidArgument(f"input '{name}': {len(offsets) - 1} BYTES elements, but the shape needs {count}")
+    out = np.empty(count, dtype=np.object_)
+    for i in range(count):
+        out[i] = bytes(view[offsets[i] + 4 : offsets[i + 1]])
+    return out
+
+
+def split_rows(raw: bytes | memoryview, datatype: str, shape, row_counts: list[int]) -> list[bytes | memoryview]:
+    """Split a batched tensor's bytes back into per-request pieces by rows.
+
+    Fixed-size datatypes split by arithmetic on memoryview slices (no copy);
+    BYTES walks the length prefixes once.
+    """
+    view = memoryview(raw)
+    total_rows = shape[0] if shape else 0
+    if sum(row_counts) != total_rows:
+        raise InvalidArgument(f"batched output has {total_rows} rows, requests asked for {sum(row_counts)}")
+    per_row_elements = element_count(shape[1:])
+    pieces: list[bytes | memoryview] = []
+    if datatype != "BYTES":
+        row_bytes = per_row_elements * itemsize(datatype)
+        pos = 0
+        for rows in row_counts:
+            pieces.append(view[pos : pos + rows * row_bytes])
+            pos += rows * row_bytes
+        return pieces
+    offsets = bytes_offsets(view, name="output")
+    element = 0
+    for rows in row_counts:
+        start = offsets[element]
+        element += rows * per_row_elements
+        pieces.append(view[start : offsets[element]])
+    return pieces

@@ -1,0 +1,120 @@
+"""One exception type and one table that maps it to HTTP and gRPC.
+
+Every service raises :class:`AIWorksError` (or a subclass). The gateway turns it
+into an OIP ``{"error": ...}`` body with the HTTP status from :data:`STATUS_TABLE`,
+and every gRPC servicer aborts with the gRPC code from the same row, so the two
+transports can never disagree. A gRPC error coming back from a peer is turned
+into the same exception by :func:`from_grpc_code`, which keeps the status intact
+across hops.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import grpc
+
+
+@dataclass(frozen=True)
+class _Row:
+    http: int
+    grpc: grpc.StatusCode
+
+
+class Status(enum.Enum):
+    """Error classes; each maps to exactly one HTTP status and one gRPC code."""
+
+    INVALID_ARGUMENT = _Row(400, grpc.StatusCode.INVALID_ARGUMENT)
+    UNAUTHENTICATED = _Row(401, grpc.StatusCode.UNAUTHENTICATED)
+    PERMISSION_DENIED = _Row(403, grpc.StatusCode.PERMISSION_DENIED)
+    NOT_FOUND = _Row(404, grpc.StatusCode.NOT_FOUND)
+    ALREADY_EXISTS = _Row(409, grpc.StatusCode.ALREADY_EXISTS)
+    FAILED_PRECONDITION = _Row(412, grpc.StatusCode.FAILED_PRECONDITION)
+    PAYLOAD_TOO_LARGE = _Row(413, grpc.StatusCode.RESOURCE_EXHAUSTED)
+    RESOURCE_EXHAUSTED = _Row(429, grpc.StatusCode.RESOURCE_EXHAUSTED)
+    INTERNAL = _Row(500, grpc.StatusCode.INTERNAL)
+    UNIMPLEMENTED = _Row(501, grpc.StatusCode.UNIMPLEMENTED)
+    # "Not ready" is 503 / UNAVAILABLE so that retry policies act on it.
+    UNAVAILABLE = _Row(503, grpc.StatusCode.UNAVAILABLE)
+    DEADLINE_EXCEEDED = _Row(504, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+    @property
+    def http(self) -> int:
+        return self.value.http
+
+    @property
+    def grpc_code(self) -> grpc.StatusCode:
+        return self.value.grpc
+
+
+STATUS_TABLE: dict[Status, _Row] = {s: s.value for s in Status}
+
+# gRPC codes a peer may send that have no row of their own.
+_GRPC_FALLBACK = {
+    grpc.StatusCode.CANCELLED: Status.UNAVAILABLE,
+    grpc.StatusCode.UNKNOWN: Status.INTERNAL,
+    grpc.StatusCode.ABORTED: Status.UNAVAILABLE,
+    grpc.StatusCode.OUT_OF_RANGE: Status.INVALID_ARGUMENT,
+    grpc.StatusCode.DATA_LOSS: Status.INTERNAL,
+}
+_BY_GRPC = {row.grpc: status for status, row in STATUS_TABLE.items() if status is not Status.PAYLOAD_TOO_LARGE}
+
+
+class AIWorksError(Exception):
+    """Base error: carries a :class:`Status` and a message meant for the client."""
+
+    status: Status = Status.INTERNAL
+
+    def __init__(self, message: str, status: Status | None = None, *, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.message = message
+        if status is not None:
+            self.status = status
+        self.retry_after_s = retry_after_s
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidArgument(AIWorksError):
+    status = Status.INVALID_ARGUMENT
+
+
+class NotFound(AIWorksError):
+    status = Status.NOT_FOUND
+
+
+class Unavailable(AIWorksError):
+    status = Status.UNAVAILABLE
+
+
+class PayloadTooLarge(AIWorksError):
+    status = Status.PAYLOAD_TOO_LARGE
+
+
+class DeadlineExceeded(AIWorksError):
+    status = Status.DEADLINE_EXCEEDED
+
+
+class Internal(AIWorksError):
+    status = Status.INTERNAL
+
+
+def from_grpc_code(code: grpc.StatusCode, message: str) -> AIWorksError:
+    """The error a peer's gRPC status stands for."""
+    status = _BY_GRPC.get(code) or _GRPC_FALLBACK.get(code, Status.INTERNAL)
+    return AIWorksError(message, status)
+
+
+def from_rpc_error(err: grpc.RpcError, peer: str) -> AIWorksError:
+    """Turn a failed call to ``peer`` into an :class:`AIWorksError`.
+
+    Transport failures (the peer is down) become UNAVAILABLE naming the peer;
+    errors the peer raised keep their code and message.
+    """
+    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+    details = (err.details() if hasattr(err, "details") else None) or str(err)
+    if code == grpc.StatusCode.UNAVAILABLE and "failed to connect" in details.lower():
+        return Unavailable(f"{peer} is unreachable: {details}")
+    return from_grpc_code(code, details)

@@ -1,0 +1,43 @@
+"""Transport-neutral inference request and response, as the services pass them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aiworks.core.datatypes import Tensor
+
+
+@dataclass(slots=True)
+class InferRequest:
+    """One client request: a model, optional version, named input tensors."""
+
+    model: str
+    version: str = ""
+    inputs: list[Tensor] = field(default_factory=list)
+    # Names of outputs to return; empty means all.
+    outputs: list[str] = field(default_factory=list)
+    id: str = ""
+    parameters: dict = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferResponse:
+    model: str
+    version: str
+    outputs: list[Tensor]
+    id: str = ""
+    parameters: dict = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ModelStatistics:
+    """Counters of one model version on one replica, like Triton's statistics extension."""
+
+    name: str = ""
+    version: str = ""
+    inference_count: int = 0  # rows executed
+    execution_count: int = 0  # batches executed
+    success_count: int = 0
+    failure_count: int = 0
+    compute_ns: int = 0
+    last_inference_ms: int = 0

@@ -1,0 +1,15 @@
+"""Process lifecycle shared by the services: run until SIGTERM/SIGINT, then stop."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+
+def stop_event() -> asyncio.Event:
+    """An event set on SIGTERM or SIGINT, so servers can drain and exit cleanly."""
+    event = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, event.set)
+    return event

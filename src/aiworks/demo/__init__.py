@@ -1,0 +1,1 @@
+"""The demo model repository, built offline from sklearn's bundled datasets."""

@@ -1,0 +1,188 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ModelState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MODEL_STATE_UNSPECIFIED: _ClassVar[ModelState]
+    MODEL_STATE_READY: _ClassVar[ModelState]
+    MODEL_STATE_UNAVAILABLE: _ClassVar[ModelState]
+    MODEL_STATE_LOADING: _ClassVar[ModelState]
+MODEL_STATE_UNSPECIFIED: ModelState
+MODEL_STATE_READY: ModelState
+MODEL_STATE_UNAVAILABLE: ModelState
+MODEL_STATE_LOADING: ModelState
+
+class Tensor(_message.Message):
+    __slots__ = ("name", "datatype", "shape", "raw")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DATATYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    RAW_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    datatype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    raw: bytes
+    def __init__(self, name: _Optional[str] = ..., datatype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., raw: _Optional[bytes] = ...) -> None: ...
+
+class TensorSpec(_message.Message):
+    __slots__ = ("name", "datatype", "dims")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DATATYPE_FIELD_NUMBER: _ClassVar[int]
+    DIMS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    datatype: str
+    dims: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., datatype: _Optional[str] = ..., dims: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class BatchingSpec(_message.Message):
+    __slots__ = ("enabled", "max_queue_delay_us", "preferred_batch_sizes")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUE_DELAY_US_FIELD_NUMBER: _ClassVar[int]
+    PREFERRED_BATCH_SIZES_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    max_queue_delay_us: int
+    preferred_batch_sizes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, enabled: _Optional[bool] = ..., max_queue_delay_us: _Optional[int] = ..., preferred_batch_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ModelSpec(_message.Message):
+    __slots__ = ("name", "version", "platform", "max_batch_size", "inputs", "outputs", "batching", "instance_count", "parameters", "state", "reason")
+    class ParametersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PLATFORM_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    BATCHING_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    platform: str
+    max_batch_size: int
+    inputs: _containers.RepeatedCompositeFieldContainer[TensorSpec]
+    outputs: _containers.RepeatedCompositeFieldContainer[TensorSpec]
+    batching: BatchingSpec
+    instance_count: int
+    parameters: _containers.ScalarMap[str, str]
+    state: ModelState
+    reason: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., platform: _Optional[str] = ..., max_batch_size: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., batching: _Optional[_Union[BatchingSpec, _Mapping]] = ..., instance_count: _Optional[int] = ..., parameters: _Optional[_Mapping[str, str]] = ..., state: _Optional[_Union[ModelState, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ExecuteRequest(_message.Message):
+    __slots__ = ("model", "version", "inputs", "outputs")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: str
+    inputs: _containers.RepeatedCompositeFieldContainer[Tensor]
+    outputs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., outputs: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ExecuteResponse(_message.Message):
+    __slots__ = ("outputs", "compute_ns")
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_NS_FIELD_NUMBER: _ClassVar[int]
+    outputs: _containers.RepeatedCompositeFieldContainer[Tensor]
+    compute_ns: int
+    def __init__(self, outputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., compute_ns: _Optional[int] = ...) -> None: ...
+
+class LoadModelRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class LoadModelResponse(_message.Message):
+    __slots__ = ("versions",)
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    versions: _containers.RepeatedCompositeFieldContainer[ModelSpec]
+    def __init__(self, versions: _Optional[_Iterable[_Union[ModelSpec, _Mapping]]] = ...) -> None: ...
+
+class UnloadModelRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class UnloadModelResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListModelsRequest(_message.Message):
+    __slots__ = ("ready_only",)
+    READY_ONLY_FIELD_NUMBER: _ClassVar[int]
+    ready_only: bool
+    def __init__(self, ready_only: _Optional[bool] = ...) -> None: ...
+
+class ListModelsResponse(_message.Message):
+    __slots__ = ("models",)
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[ModelSpec]
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelSpec, _Mapping]]] = ...) -> None: ...
+
+class ModelMetadataRequest(_message.Message):
+    __slots__ = ("name", "version")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+
+class ModelMetadataResponse(_message.Message):
+    __slots__ = ("spec",)
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    spec: ModelSpec
+    def __init__(self, spec: _Optional[_Union[ModelSpec, _Mapping]] = ...) -> None: ...
+
+class ModelStatistics(_message.Message):
+    __slots__ = ("name", "version", "inference_count", "execution_count", "success_count", "failure_count", "compute_ns", "last_inference_ms")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    INFERENCE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    EXECUTION_COUNT_FIELD_NUMBER: _ClassVar[int]
+    SUCCESS_COUNT_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_NS_FIELD_NUMBER: _ClassVar[int]
+    LAST_INFERENCE_MS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    inference_count: int
+    execution_count: int
+    success_count: int
+    failure_count: int
+    compute_ns: int
+    last_inference_ms: int
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., inference_count: _Optional[int] = ..., execution_count: _Optional[int] = ..., success_count: _Optional[int] = ..., failure_count: _Optional[int] = ..., compute_ns: _Optional[int] = ..., last_inference_ms: _Optional[int] = ...) -> None: ...
+
+class StatisticsRequest(_message.Message):
+    __slots__ = ("name", "version")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+
+class StatisticsResponse(_message.Message):
+    __slots__ = ("replica_id", "models")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    models: _containers.RepeatedCompositeFieldContainer[ModelStatistics]
+    def __init__(self, replica_id: _Optional[str] = ..., models: _Optional[_Iterable[_Union[ModelStatistics, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""`aiworks up`: supervises the suite as local processes."""
