@@ -14,7 +14,7 @@ from aiworks.core.datatypes import Tensor, decode, encode
 from aiworks.core.inference import ModelStatistics
 from aiworks.core.errors import AIWorksError, InvalidArgument, NotFound
 from aiworks.core.model_config import ModelConfig, ModelSpec, ModelState
-from aiworks.runtime.onnxruntime_backend import BACKENDS
+from aiworks.runtime.backends import BACKENDS
 from aiworks.runtime.repository import ModelRepository
 
 log = logging.getLogger(__name__)

@@ -54,5 +54,3 @@ class OnnxRuntimeModel:
         except (ort.capi.onnxruntime_pybind11_state.InvalidArgument, ValueError) as exc:
             raise InvalidArgument(f"the model rejected the batch: {exc}") from None
 
-
-BACKENDS = {"onnxruntime": OnnxRuntimeModel}
