@@ -9,6 +9,7 @@ from aiworks.core.errors import from_rpc_error
 from aiworks.core.inference import InferRequest, InferResponse, ModelStatistics
 from aiworks.core.model_config import ModelSpec
 from aiworks.core.rpc import insecure_channel
+from aiworks.core.stream import MultiplexedStream
 from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
 from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
 
@@ -21,6 +22,7 @@ class SchedulerClient:
         self._channel = insecure_channel(address, max_message_bytes)
         self._stub = scheduler_pb2_grpc.SchedulerServiceStub(self._channel)
         self._timeout_s = timeout_s
+        self._requests = MultiplexedStream(self._stub.InferStream, f"scheduler {address}")
 
     async def _call(self, method, request, timeout_s: float | None = None):
         try:
@@ -29,7 +31,7 @@ class SchedulerClient:
             raise from_rpc_error(exc, f"scheduler {self.address}") from None
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        return to_infer_response(await self._call(self._stub.Infer, from_infer_request(request)))
+        return to_infer_response(await self._requests.call(from_infer_request(request), self._timeout_s))
 
     async def ready(self) -> bool:
         return (await self._call(self._stub.ServerReady, pb.ServerReadyRequest(), 2)).ready
@@ -57,4 +59,5 @@ class SchedulerClient:
         return [(r.replica_id, [to_statistics(m) for m in r.models]) for r in reply.replicas]
 
     async def close(self) -> None:
+        await self._requests.close()
         await self._channel.close()

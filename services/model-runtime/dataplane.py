@@ -26,6 +26,9 @@ class LoadedVersion:
     model: object
     slots: asyncio.Semaphore
     stats: ModelStatistics
+    # Moving average of one batch's compute time; None until measured, so a
+    # new model runs in the worker pool until it is known to be cheap.
+    recent_compute_ns: int | None = None
 
 
 class RuntimeDataPlane:
@@ -33,10 +36,20 @@ class RuntimeDataPlane:
 
     Backends run in a thread pool so the event loop keeps serving while ONNX
     Runtime (which releases the GIL) computes; ``instance_group.count`` bounds
-    how many batches of one version run at once.
+    how many batches of one version run at once. A model whose batches take
+    less than ``inline_below_us`` runs on the event loop instead: handing
+    such a batch to a thread and back costs more than running it.
     """
 
-    def __init__(self, repository: ModelRepository, *, intra_op_threads: int = 1, max_workers: int = 8):
+    def __init__(
+        self,
+        repository: ModelRepository,
+        *,
+        intra_op_threads: int = 1,
+        max_workers: int = 8,
+        inline_below_us: int = 100,
+    ):
+        self.inline_below_ns = inline_below_us * 1000
         self.repository = repository
         self.intra_op_threads = intra_op_threads
         self._models: dict[str, dict[str, LoadedVersion]] = {}
@@ -161,15 +174,20 @@ class RuntimeDataPlane:
         stats = loaded.stats
         async with loaded.slots:
             self.inflight_batches += 1
-            started = time.perf_counter_ns()
             try:
-                results = await asyncio.get_running_loop().run_in_executor(self._pool, loaded.model.run, feeds, names)
+                recent = loaded.recent_compute_ns
+                if recent is not None and recent < self.inline_below_ns:
+                    results, compute_ns = _timed_run(loaded.model, feeds, names)
+                else:
+                    results, compute_ns = await asyncio.get_running_loop().run_in_executor(
+                        self._pool, _timed_run, loaded.model, feeds, names
+                    )
             except Exception:
                 stats.failure_count += 1
                 raise
             finally:
                 self.inflight_batches -= 1
-            compute_ns = time.perf_counter_ns() - started
+        loaded.recent_compute_ns = compute_ns if recent is None else (3 * recent + compute_ns) // 4
         stats.inference_count += rows
         stats.execution_count += 1
         stats.success_count += 1
@@ -184,3 +202,8 @@ class RuntimeDataPlane:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
+
+def _timed_run(model, feeds, names):
+    started = time.perf_counter_ns()
+    results = model.run(feeds, names)
+    return results, time.perf_counter_ns() - started

@@ -22,7 +22,9 @@ async def serve(settings: RuntimeSettings) -> None:
     repository = ModelRepository(settings.model_repository)
     if not repository.root.is_dir():
         raise SystemExit(f"model repository {repository.root} does not exist")
-    dataplane = RuntimeDataPlane(repository, intra_op_threads=settings.intra_op_threads)
+    dataplane = RuntimeDataPlane(
+        repository, intra_op_threads=settings.intra_op_threads, inline_below_us=settings.inline_below_us
+    )
     replica_id = settings.resolved_replica_id()
 
     server, health = create_server(settings.max_message_bytes)

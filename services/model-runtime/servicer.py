@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from aiworks.core.converters import from_model_spec, from_statistics, to_tensor
+from aiworks.core.converters import from_model_spec, from_statistics, from_tensor, to_tensor
 from aiworks.core.rpc import handle_errors
+from aiworks.core.stream import serve_stream
 from aiworks.pb.runtime.v1 import runtime_pb2 as pb
 from aiworks.pb.runtime.v1 import runtime_pb2_grpc
 from aiworks.runtime.dataplane import RuntimeDataPlane
@@ -16,14 +17,22 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
         self.dataplane = dataplane
         self.replica_id = replica_id
 
-    @handle_errors
-    async def Execute(self, request, context):
+    async def _execute(self, request) -> pb.ExecuteResponse:
         outputs, compute_ns = await self.dataplane.execute(
             request.model, request.version, [to_tensor(t) for t in request.inputs], list(request.outputs)
         )
-        return pb.ExecuteResponse(
-            outputs=[pb.Tensor(name=t.name, datatype=t.datatype, shape=t.shape, raw=t.raw) for t in outputs],
-            compute_ns=compute_ns,
+        return pb.ExecuteResponse(outputs=[from_tensor(t) for t in outputs], compute_ns=compute_ns)
+
+    @handle_errors
+    async def Execute(self, request, context):
+        return await self._execute(request)
+
+    async def ExecuteStream(self, request_iterator, context):
+        await serve_stream(
+            request_iterator,
+            context,
+            self._execute,
+            lambda code, message: pb.ExecuteResponse(error_code=code, error_message=message),
         )
 
     @handle_errors

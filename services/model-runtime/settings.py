@@ -26,6 +26,9 @@ class RuntimeSettings(ServiceSettings):
     device: str = Field("cpu", description="Device kind this replica advertises: cpu or gpu.")
     labels: dict[str, str] = Field(default_factory=dict, description="Pool labels advertised to the scheduler.")
     intra_op_threads: int = Field(1, description="ONNX Runtime intra-op threads unless a model config sets them.")
+    inline_below_us: int = Field(
+        100, description="Batches that compute faster than this run on the event loop instead of a worker thread."
+    )
     heartbeat_interval_s: float = Field(1.0, description="Seconds between heartbeats to the scheduler.")
 
     def resolved_replica_id(self) -> str:
@@ -33,3 +36,24 @@ class RuntimeSettings(ServiceSettings):
 
     def resolved_advertise_address(self, bound_port: int) -> str:
         return self.advertise_address or f"{self.host}:{bound_port}"
+
+    # ---- Triton backend (models whose config says backend: "triton"; see docs/triton.md) ----
+    triton_url: str | None = Field(
+        None, description="host:port of a running tritonserver's gRPC endpoint; unset: this replica starts its own."
+    )
+    triton_repository: Path | None = Field(
+        None, description="Triton model repository this replica writes configs into; default a temporary folder."
+    )
+    triton_metrics_url: str | None = Field(
+        None, description="Triton's Prometheus endpoint (http://host:8002/metrics); default the started server's."
+    )
+    triton_server_path: Path | None = Field(
+        None, description="tritonserver binary to start; default the one bundled in nvidia-pytriton."
+    )
+    triton_grpc_port: int = Field(0, description="gRPC port of the tritonserver this replica starts; 0 picks one.")
+    triton_metrics_port: int = Field(0, description="Metrics port of the tritonserver this replica starts; 0 picks one.")
+    triton_instance_kind: str | None = Field(
+        None, description="Replace every instance group's kind (KIND_CPU runs GPU configs on a CPU-only Triton)."
+    )
+    triton_start_timeout_s: float = Field(60.0, description="Seconds to wait for a started tritonserver to be ready.")
+    triton_request_timeout_s: float = Field(30.0, description="Timeout of one inference request to Triton, in seconds.")

@@ -10,6 +10,7 @@ from aiworks.core.datatypes import Tensor
 from aiworks.core.errors import from_rpc_error
 from aiworks.core.model_config import ModelSpec
 from aiworks.core.rpc import insecure_channel
+from aiworks.core.stream import MultiplexedStream
 from aiworks.pb.runtime.v1 import runtime_pb2 as pb
 from aiworks.pb.runtime.v1 import runtime_pb2_grpc
 
@@ -22,6 +23,7 @@ class RuntimeClient:
         self._channel = insecure_channel(address, max_message_bytes)
         self._stub = runtime_pb2_grpc.RuntimeServiceStub(self._channel)
         self._timeout_s = timeout_s
+        self._batches = MultiplexedStream(self._stub.ExecuteStream, f"runtime {address}")
 
     async def _call(self, method, request, timeout_s: float | None = None):
         try:
@@ -31,7 +33,7 @@ class RuntimeClient:
 
     async def execute(self, model: str, version: str, inputs: list[Tensor], outputs: list[str]) -> list[Tensor]:
         request = pb.ExecuteRequest(model=model, version=version, inputs=[from_tensor(t) for t in inputs], outputs=outputs)
-        reply = await self._call(self._stub.Execute, request)
+        reply = await self._batches.call(request, self._timeout_s)
         return [to_tensor(t) for t in reply.outputs]
 
     async def load(self, name: str) -> list[ModelSpec]:
@@ -50,4 +52,5 @@ class RuntimeClient:
         return [to_statistics(s) for s in reply.models]
 
     async def close(self) -> None:
+        await self._batches.close()
         await self._channel.close()

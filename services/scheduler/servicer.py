@@ -10,6 +10,7 @@ from aiworks.core.converters import (
     to_model_spec,
 )
 from aiworks.core.rpc import handle_errors
+from aiworks.core.stream import serve_stream
 from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
 from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
 from aiworks.scheduler.dataplane import Scheduler
@@ -21,9 +22,20 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     def __init__(self, scheduler: Scheduler):
         self.scheduler = scheduler
 
+    async def _infer(self, request) -> pb.InferResponse:
+        return from_infer_response(await self.scheduler.infer(to_infer_request(request)))
+
     @handle_errors
     async def Infer(self, request, context):
-        return from_infer_response(await self.scheduler.infer(to_infer_request(request)))
+        return await self._infer(request)
+
+    async def InferStream(self, request_iterator, context):
+        await serve_stream(
+            request_iterator,
+            context,
+            self._infer,
+            lambda code, message: pb.InferResponse(error_code=code, error_message=message),
+        )
 
     @handle_errors
     async def ServerReady(self, request, context):

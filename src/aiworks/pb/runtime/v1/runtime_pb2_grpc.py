@@ -39,6 +39,11 @@ class RuntimeServiceStub:
                 request_serializer=aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteRequest.SerializeToString,
                 response_deserializer=aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteResponse.FromString,
                 _registered_method=True)
+        self.ExecuteStream = channel.stream_stream(
+                '/aiworks.runtime.v1.RuntimeService/ExecuteStream',
+                request_serializer=aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteRequest.SerializeToString,
+                response_deserializer=aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteResponse.FromString,
+                _registered_method=True)
         self.LoadModel = channel.unary_unary(
                 '/aiworks.runtime.v1.RuntimeService/LoadModel',
                 request_serializer=aiworks_dot_runtime_dot_v1_dot_runtime__pb2.LoadModelRequest.SerializeToString,
@@ -71,6 +76,15 @@ class RuntimeServiceServicer:
 
     def Execute(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExecuteStream(self, request_iterator, context):
+        """The scheduler's hot path: many batches multiplexed on one long-lived
+        stream, answered out of order and matched by stream_id. A message on an
+        open stream costs a fraction of a unary call's per-call set-up.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -110,6 +124,11 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Execute': grpc.unary_unary_rpc_method_handler(
                     servicer.Execute,
+                    request_deserializer=aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteRequest.FromString,
+                    response_serializer=aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteResponse.SerializeToString,
+            ),
+            'ExecuteStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ExecuteStream,
                     request_deserializer=aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteRequest.FromString,
                     response_serializer=aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteResponse.SerializeToString,
             ),
@@ -164,6 +183,33 @@ class RuntimeService:
             request,
             target,
             '/aiworks.runtime.v1.RuntimeService/Execute',
+            aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteRequest.SerializeToString,
+            aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExecuteStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/aiworks.runtime.v1.RuntimeService/ExecuteStream',
             aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteRequest.SerializeToString,
             aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteResponse.FromString,
             options,

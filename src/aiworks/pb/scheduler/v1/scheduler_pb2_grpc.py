@@ -39,6 +39,11 @@ class SchedulerServiceStub:
                 request_serializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferRequest.SerializeToString,
                 response_deserializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferResponse.FromString,
                 _registered_method=True)
+        self.InferStream = channel.stream_stream(
+                '/aiworks.scheduler.v1.SchedulerService/InferStream',
+                request_serializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferRequest.SerializeToString,
+                response_deserializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferResponse.FromString,
+                _registered_method=True)
         self.ServerReady = channel.unary_unary(
                 '/aiworks.scheduler.v1.SchedulerService/ServerReady',
                 request_serializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.ServerReadyRequest.SerializeToString,
@@ -96,6 +101,14 @@ class SchedulerServiceServicer:
 
     def Infer(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def InferStream(self, request_iterator, context):
+        """The gateways' hot path: requests multiplexed on one long-lived stream,
+        answered out of order and matched by stream_id.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -165,6 +178,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Infer': grpc.unary_unary_rpc_method_handler(
                     servicer.Infer,
+                    request_deserializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferRequest.FromString,
+                    response_serializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferResponse.SerializeToString,
+            ),
+            'InferStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.InferStream,
                     request_deserializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferRequest.FromString,
                     response_serializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferResponse.SerializeToString,
             ),
@@ -244,6 +262,33 @@ class SchedulerService:
             request,
             target,
             '/aiworks.scheduler.v1.SchedulerService/Infer',
+            aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferRequest.SerializeToString,
+            aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InferStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/aiworks.scheduler.v1.SchedulerService/InferStream',
             aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferRequest.SerializeToString,
             aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferResponse.FromString,
             options,

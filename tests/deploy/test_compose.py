@@ -1,0 +1,178 @@
+"""docker-compose.yml as Docker Compose loads it (the real compose engine, no
+Docker daemon), and the Prometheus and Grafana files it mounts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .support import CONTRACT_PORTS, REPO, SERVICE_FOLDERS
+
+SUITE = {
+    "gateway": "gateway",
+    "scheduler": "scheduler",
+    "runtime-1": "runtime",
+    "runtime-2": "runtime",
+    "cache": "cache",
+    "monitor": "monitor",
+}
+INFRA = {"redis", "prometheus", "grafana", "envoy"}
+# One-shot jobs -> the image they run.
+ONE_SHOT = {"certs": "gateway", "models": "runtime"}
+
+
+def services(project: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return project["services"]
+
+
+def test_every_service_is_there(compose_project: dict[str, Any]) -> None:
+    assert set(services(compose_project)) == set(SUITE) | INFRA | set(ONE_SHOT)
+
+
+def test_suite_images_build_from_the_service_dockerfiles(compose_project: dict[str, Any]) -> None:
+    for name, service in services(compose_project).items():
+        component = SUITE.get(name, ONE_SHOT.get(name))
+        if component is None:
+            assert ":" in service["image"] and not service["image"].endswith(":latest"), name
+            continue
+        build = service["build"]
+        assert Path(build["context"]) == REPO, "the build context is the repository root"
+        assert build["dockerfile"] == f"services/{SERVICE_FOLDERS[component]}/Dockerfile"
+        assert (REPO / build["dockerfile"]).is_file()
+
+
+def test_every_mounted_file_exists(compose_project: dict[str, Any]) -> None:
+    binds = [
+        (name, mount)
+        for name, service in services(compose_project).items()
+        for mount in service.get("volumes", [])
+        if mount["type"] == "bind"
+    ]
+    assert binds
+    for name, mount in binds:
+        source = Path(mount["source"])
+        assert mount.get("read_only"), f"{name} mounts {source} writable"
+        assert source.exists(), f"{name} mounts missing {source}"
+        assert REPO in source.parents
+
+
+def test_only_the_edge_is_published(compose_project: dict[str, Any]) -> None:
+    published = {name: s["ports"] for name, s in services(compose_project).items() if s.get("ports")}
+    assert set(published) == {"envoy", "grafana"}
+    [grafana] = published["grafana"]
+    assert grafana["host_ip"] == "127.0.0.1"
+    [envoy] = published["envoy"]
+    listener = yaml.safe_load((REPO / "mesh" / "envoy" / "envoy.yaml").read_text())["static_resources"]["listeners"][0]
+    assert envoy["target"] == listener["address"]["socket_address"]["port_value"]
+
+
+def test_healthchecks_and_ordered_start(compose_project: dict[str, Any]) -> None:
+    project = services(compose_project)
+    for name, service in project.items():
+        if name not in ONE_SHOT:
+            assert service.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
+        for dependency, condition in service.get("depends_on", {}).items():
+            if dependency in ONE_SHOT:
+                assert condition["condition"] == "service_completed_successfully"
+            else:
+                assert condition["condition"] == "service_healthy", (name, dependency)
+                assert project[dependency].get("healthcheck"), dependency
+    assert set(project["gateway"]["depends_on"]) >= {"scheduler", "cache"}
+    assert set(project["envoy"]["depends_on"]) >= {"gateway", "certs"}
+    assert set(project["cache"]["depends_on"]) == {"redis"}
+
+
+def test_ports_agree_across_env_expose_and_healthchecks(compose_project: dict[str, Any]) -> None:
+    for name, component in SUITE.items():
+        service = services(compose_project)[name]
+        ports = {str(p) for p in CONTRACT_PORTS[component].values()}
+        assert set(service["expose"]) == ports, name
+        prefix = f"AIWORKS_{component.upper()}_"
+        env_ports = {v for k, v in service["environment"].items() if k.startswith(prefix) and k.endswith("_PORT")}
+        assert env_ports == ports, name
+        probe = " ".join(service["healthcheck"]["test"])
+        main = CONTRACT_PORTS[component].get("http", CONTRACT_PORTS[component].get("grpc"))
+        assert f"127.0.0.1:{main}" in probe, name
+        assert service["read_only"] and service["cap_drop"] == ["ALL"]
+
+
+def test_runtimes_advertise_themselves(compose_project: dict[str, Any]) -> None:
+    for name in ("runtime-1", "runtime-2"):
+        env = services(compose_project)[name]["environment"]
+        assert env["AIWORKS_RUNTIME_ADVERTISE_ADDRESS"] == f"{name}:8020"
+        assert env["AIWORKS_RUNTIME_REPLICA_ID"] == name
+        assert env["AIWORKS_RUNTIME_SCHEDULER_ADDRESS"] == "scheduler:8010"
+        [models] = [v for v in services(compose_project)[name]["volumes"] if v["target"] == "/models"]
+        assert models["read_only"] and models["source"] == "model-repository"
+        assert env["AIWORKS_RUNTIME_MODEL_REPOSITORY"].startswith("/models/")
+
+
+def test_models_job_fills_the_runtimes_repository(compose_project: dict[str, Any]) -> None:
+    job = services(compose_project)["models"]
+    [volume] = job["volumes"]
+    assert (volume["source"], volume["target"]) == ("model-repository", "/models")
+    out = job["command"][job["command"].index("--out") + 1]
+    assert job["entrypoint"] == ["aiworks", "demo-models"]
+    for name in ("runtime-1", "runtime-2"):
+        assert services(compose_project)[name]["environment"]["AIWORKS_RUNTIME_MODEL_REPOSITORY"] == out
+
+
+def test_envoy_reads_the_certs_the_job_writes(compose_project: dict[str, Any]) -> None:
+    project = services(compose_project)
+    envoy_mounts = {m["target"]: m for m in project["envoy"]["volumes"]}
+    certs_mounts = {m["source"]: m for m in project["certs"]["volumes"]}
+    listener = yaml.safe_load((REPO / "mesh" / "envoy" / "envoy.yaml").read_text())["static_resources"]["listeners"][0]
+    tls = listener["filter_chains"][0]["transport_socket"]["typed_config"]["common_tls_context"]
+    [certificate] = tls["tls_certificates"]
+    folder = str(Path(certificate["certificate_chain"]["filename"]).parent)
+    assert envoy_mounts[folder]["type"] == "volume"
+    assert envoy_mounts[folder]["source"] in certs_mounts
+    assert project["envoy"]["user"] == project["certs"].get("user", "10001:10001")
+    assert "/etc/envoy/envoy.yaml" in envoy_mounts
+
+
+def mount_target(service: dict[str, Any], source: Path) -> str:
+    [mount] = [m for m in service["volumes"] if m["type"] == "bind" and Path(m["source"]) == source]
+    return mount["target"]
+
+
+def test_prometheus_scrapes_every_metrics_port(compose_project: dict[str, Any]) -> None:
+    project = services(compose_project)
+    config_path = REPO / "deploy" / "prometheus" / "prometheus.yml"
+    config = yaml.safe_load(config_path.read_text())
+    assert mount_target(project["prometheus"], config_path) == "/etc/prometheus/prometheus.yml"
+    rules_target = mount_target(project["prometheus"], REPO / "deploy" / "prometheus" / "rules")
+    assert config["rule_files"] == [f"{rules_target}/*.yml"]
+    targets = {t for job in config["scrape_configs"] for s in job["static_configs"] for t in s["targets"]}
+    for target in targets - {"localhost:9090"}:
+        host, port = target.split(":")
+        assert port in project[host]["expose"], target
+    for name, component in SUITE.items():
+        assert f"{name}:{CONTRACT_PORTS[component]['metrics']}" in targets
+
+
+def test_rules_files_are_valid_rule_groups() -> None:
+    files = sorted((REPO / "deploy" / "prometheus" / "rules").glob("*.yml"))
+    assert files
+    for path in files:
+        groups = yaml.safe_load(path.read_text())["groups"]
+        assert len({g["name"] for g in groups}) == len(groups)
+        for group in groups:
+            for rule in group["rules"]:
+                assert ("record" in rule) != ("alert" in rule) and rule["expr"].strip(), (path, rule)
+
+
+def test_grafana_is_provisioned(compose_project: dict[str, Any]) -> None:
+    grafana = services(compose_project)["grafana"]
+    provisioning = REPO / "deploy" / "grafana" / "provisioning"
+    datasources = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())["datasources"]
+    [prometheus] = datasources
+    assert prometheus["type"] == "prometheus" and prometheus["url"] == "http://prometheus:9090"
+    assert "9090" in services(compose_project)["prometheus"]["expose"]
+    providers = yaml.safe_load((provisioning / "dashboards" / "aiworks.yml").read_text())["providers"]
+    dashboards_target = mount_target(grafana, REPO / "deploy" / "grafana" / "dashboards")
+    assert [p["options"]["path"] for p in providers] == [dashboards_target]
+    for kind in ("datasources", "dashboards"):
+        assert mount_target(grafana, provisioning / kind) == f"/etc/grafana/provisioning/{kind}"
