@@ -9,7 +9,6 @@ import json
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import helm_python as helm

@@ -1,0 +1,216 @@
+{{/*
+Names, labels and the pieces every service template shares. Service-specific
+settings stay in each service's own template and values block.
+*/}}
+
+{{- define "aiworks.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "aiworks.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "aiworks.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Fixed ports of the suite's contract; every template reads them here. */}}
+{{- define "aiworks.ports" -}}
+gateway: {http: 8000, grpc: 8001, metrics: 8002}
+scheduler: {grpc: 8010, metrics: 8011}
+runtime: {grpc: 8020, metrics: 8021}
+cache: {grpc: 8030, metrics: 8031}
+monitor: {http: 8040, metrics: 8040}
+{{- end }}
+
+{{/* Object name of one service: <fullname>-<component>. */}}
+{{- define "aiworks.componentName" -}}
+{{- printf "%s-%s" (include "aiworks.fullname" .root) .component | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Name of a runtime pool's Service: <fullname>-runtime-<model>. */}}
+{{- define "aiworks.poolName" -}}
+{{- printf "%s-runtime-%s" (include "aiworks.fullname" .root) .model }}
+{{- end }}
+
+{{/* In-cluster DNS name of a Service in the release namespace. */}}
+{{- define "aiworks.host" -}}
+{{- printf "%s.%s.svc.%s" .name .root.Release.Namespace .root.Values.clusterDomain }}
+{{- end }}
+
+{{/* Selector labels: stable for the life of a release. Call with (dict "root" $ "component" "gateway"). */}}
+{{- define "aiworks.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "aiworks.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "aiworks.labels" -}}
+helm.sh/chart: {{ include "aiworks.chart" .root }}
+{{ include "aiworks.selectorLabels" . }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: aiworks
+{{- end }}
+
+{{/* Labels without a component, for release-wide objects. */}}
+{{- define "aiworks.releaseLabels" -}}
+helm.sh/chart: {{ include "aiworks.chart" . }}
+app.kubernetes.io/name: {{ include "aiworks.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: aiworks
+{{- end }}
+
+{{/* Image reference. Call with (dict "root" $ "image" .Values.gateway.image "tag" "optional override"). */}}
+{{- define "aiworks.image" -}}
+{{- $tag := .tag | default .image.tag | default .root.Chart.AppVersion }}
+{{- if .root.Values.imageRegistry }}
+{{- printf "%s/%s:%s" .root.Values.imageRegistry .image.repository $tag }}
+{{- else }}
+{{- printf "%s:%s" .image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{- define "aiworks.serviceAccountName" -}}
+{{- include "aiworks.componentName" . }}
+{{- end }}
+
+{{/* SPIFFE principal of a service's account, as Istio AuthorizationPolicies name it. */}}
+{{- define "aiworks.principal" -}}
+{{- printf "%s/ns/%s/sa/%s" .root.Values.istio.trustDomain .root.Release.Namespace (include "aiworks.serviceAccountName" .) }}
+{{- end }}
+
+{{/* ServiceAccount of one service. Call with (dict "root" $ "component" "gateway" "values" .Values.gateway). */}}
+{{- define "aiworks.serviceAccount" -}}
+{{- if .values.serviceAccount.create }}
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: {{ include "aiworks.serviceAccountName" . }}
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- include "aiworks.labels" . | nindent 4 }}
+  {{- with .values.serviceAccount.annotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+automountServiceAccountToken: {{ .values.serviceAccount.automountToken }}
+{{- end }}
+{{- end }}
+
+{{/* Pod annotations: config checksum, Prometheus scrape hints (used by Istio's metrics merging), user annotations. */}}
+{{- define "aiworks.podAnnotations" -}}
+checksum/config: {{ include (print .root.Template.BasePath "/configmap.yaml") .root | sha256sum }}
+{{- if .root.Values.metrics.podAnnotations }}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .metricsPort | quote }}
+prometheus.io/path: /metrics
+{{- end }}
+{{- with .values.podAnnotations }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Pod-level fields shared by every Deployment. Call with (dict "root" $ "component" "gateway" "values" .Values.gateway). */}}
+{{- define "aiworks.podCommon" -}}
+serviceAccountName: {{ include "aiworks.serviceAccountName" . }}
+automountServiceAccountToken: {{ .values.serviceAccount.automountToken }}
+securityContext:
+  {{- toYaml .root.Values.podSecurityContext | nindent 2 }}
+{{- with .root.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- range . }}
+  - name: {{ . }}
+  {{- end }}
+{{- end }}
+{{- with .values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* Container hardening shared by every container. */}}
+{{- define "aiworks.containerSecurity" -}}
+securityContext:
+  {{- toYaml .Values.securityContext | nindent 2 }}
+{{- end }}
+
+{{/* HorizontalPodAutoscaler on CPU, plus custom metrics when given. Call with
+(dict "root" $ "component" "gateway" "name" "<deployment>" "autoscaling" {...} "external" [metrics] "labels" {extra labels}). */}}
+{{- define "aiworks.hpa" -}}
+apiVersion: autoscaling/v2
+kind: HorizontalPodAutoscaler
+metadata:
+  name: {{ .name }}
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- include "aiworks.labels" . | nindent 4 }}
+    {{- with .labels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+spec:
+  scaleTargetRef:
+    apiVersion: apps/v1
+    kind: Deployment
+    name: {{ .name }}
+  minReplicas: {{ .autoscaling.minReplicas }}
+  maxReplicas: {{ .autoscaling.maxReplicas }}
+  metrics:
+    - type: Resource
+      resource:
+        name: cpu
+        target:
+          type: Utilization
+          averageUtilization: {{ .autoscaling.targetCPUUtilizationPercentage }}
+    {{- with .external }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  {{- with .autoscaling.behavior }}
+  behavior:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}
+
+{{/* PodDisruptionBudget. Call with (dict "root" $ "component" "gateway" "name" "..." "pdb" {...} "selector" {labels}). */}}
+{{- define "aiworks.pdb" -}}
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ .name }}
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- include "aiworks.labels" . | nindent 4 }}
+spec:
+  {{- if hasKey .pdb "minAvailable" }}
+  minAvailable: {{ .pdb.minAvailable }}
+  {{- else }}
+  maxUnavailable: {{ .pdb.maxUnavailable | default 1 }}
+  {{- end }}
+  selector:
+    matchLabels:
+      {{- toYaml .selector | nindent 6 }}
+{{- end }}
