@@ -101,10 +101,19 @@ class Internal(AIWorksError):
     status = Status.INTERNAL
 
 
+_CLASS_BY_STATUS: dict[Status, type[AIWorksError]] = {
+    Status.INVALID_ARGUMENT: InvalidArgument,
+    Status.NOT_FOUND: NotFound,
+    Status.UNAVAILABLE: Unavailable,
+    Status.DEADLINE_EXCEEDED: DeadlineExceeded,
+    Status.INTERNAL: Internal,
+}
+
+
 def from_grpc_code(code: grpc.StatusCode, message: str) -> AIWorksError:
-    """The error a peer's gRPC status stands for."""
+    """The error a peer's gRPC status stands for, as the matching exception class."""
     status = _BY_GRPC.get(code) or _GRPC_FALLBACK.get(code, Status.INTERNAL)
-    return AIWorksError(message, status)
+    return _CLASS_BY_STATUS.get(status, AIWorksError)(message, status)
 
 
 def from_rpc_error(err: grpc.RpcError, peer: str) -> AIWorksError:

@@ -1,0 +1,107 @@
+"""MultiplexedStream and serve_stream over a real gRPC server on a free port."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from aiworks.core.errors import DeadlineExceeded, InvalidArgument, Unavailable
+from aiworks.core.stream import MultiplexedStream, serve_stream
+from aiworks.pb.runtime.v1 import runtime_pb2 as pb
+from aiworks.supervisor.supervisor import free_port
+
+
+async def handle(request: pb.ExecuteRequest) -> pb.ExecuteResponse:
+    """Echo the model name after a delay given in the version field; 'bad' fails."""
+    if request.model == "bad":
+        raise InvalidArgument("bad input for 'bad'")
+    await asyncio.sleep(float(request.version or 0))
+    return pb.ExecuteResponse(outputs=[pb.Tensor(name=request.model)])
+
+
+async def execute_stream(request_iterator, context):
+    await serve_stream(
+        request_iterator, context, handle, lambda code, msg: pb.ExecuteResponse(error_code=code, error_message=msg)
+    )
+
+
+async def start_server(port: int) -> grpc.aio.Server:
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "t.Echo",
+                {
+                    "Stream": grpc.stream_stream_rpc_method_handler(
+                        execute_stream,
+                        request_deserializer=pb.ExecuteRequest.FromString,
+                        response_serializer=pb.ExecuteResponse.SerializeToString,
+                    )
+                },
+            ),
+        )
+    )
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    return server
+
+
+def client(port: int) -> tuple[grpc.aio.Channel, MultiplexedStream]:
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    method = channel.stream_stream(
+        "/t.Echo/Stream",
+        request_serializer=pb.ExecuteRequest.SerializeToString,
+        response_deserializer=pb.ExecuteResponse.FromString,
+    )
+    return channel, MultiplexedStream(method, "echo")
+
+
+async def test_answers_out_of_order_reach_their_callers():
+    port = free_port()
+    server = await start_server(port)
+    channel, stream = client(port)
+    try:
+        slow = asyncio.create_task(stream.call(pb.ExecuteRequest(model="slow", version="0.3"), 5))
+        fast = [stream.call(pb.ExecuteRequest(model=f"m{i}"), 5) for i in range(20)]
+        replies = await asyncio.gather(*fast)
+        assert [r.outputs[0].name for r in replies] == [f"m{i}" for i in range(20)]
+        assert not slow.done()
+        assert (await slow).outputs[0].name == "slow"
+        with pytest.raises(InvalidArgument, match="bad input"):
+            await stream.call(pb.ExecuteRequest(model="bad"), 5)
+        with pytest.raises(DeadlineExceeded):
+            await stream.call(pb.ExecuteRequest(model="late", version="2"), 0.2)
+        # The stream survives errors and timeouts of single calls.
+        assert (await stream.call(pb.ExecuteRequest(model="after"), 5)).outputs[0].name == "after"
+    finally:
+        await stream.close()
+        await channel.close()
+        await server.stop(0)
+
+
+async def test_peer_death_fails_pending_calls_and_the_stream_reopens():
+    port = free_port()
+    server = await start_server(port)
+    channel, stream = client(port)
+    try:
+        pending = asyncio.create_task(stream.call(pb.ExecuteRequest(model="x", version="5"), 10))
+        await asyncio.sleep(0.2)
+        await server.stop(0)
+        with pytest.raises(Unavailable):
+            await pending
+        server = await start_server(port)
+        for _ in range(50):  # the channel reconnects with backoff
+            try:
+                reply = await stream.call(pb.ExecuteRequest(model="back"), 2)
+                break
+            except Unavailable:
+                await asyncio.sleep(0.1)
+        else:
+            pytest.fail("the stream never reopened")
+        assert reply.outputs[0].name == "back"
+    finally:
+        await stream.close()
+        await channel.close()
+        await server.stop(0)
