@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from aiworks.bench.loadgen import HEADER, format_row, sweep
+from aiworks.bench.loadgen import HEADER, sweep
 from aiworks.demo.models import build_demo_repository
 from aiworks.supervisor.supervisor import SuiteConfig, Supervisor, free_port
 
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def machine() -> str:
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     return f"{os.cpu_count()} cores ({cpu}), {platform.python_implementation()} {platform.python_version()}"
 
 

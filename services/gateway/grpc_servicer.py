@@ -7,14 +7,13 @@ data plane; errors map through the one table via :func:`handle_errors`.
 
 from __future__ import annotations
 
-from google.protobuf import json_format
-from tritonclient.grpc import model_config_pb2
-from tritonclient.grpc import service_pb2 as pb
-from tritonclient.grpc import service_pb2_grpc
-
-from aiworks.core.rpc import handle_errors
 from aiworks.gateway.converters import from_infer_response, to_infer_request
 from aiworks.gateway.dataplane import GatewayDataPlane
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2 as pb
+
+from aiworks.core.rpc import handle_errors
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):

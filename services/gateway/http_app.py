@@ -9,14 +9,14 @@ from __future__ import annotations
 import logging
 
 import orjson
+from aiworks.gateway.dataplane import GatewayDataPlane
+from aiworks.gateway.http_codec import HEADER_LENGTH, encode_infer_response, parse_infer_request
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from aiworks.core.errors import AIWorksError, InvalidArgument, PayloadTooLarge
-from aiworks.gateway.dataplane import GatewayDataPlane
-from aiworks.gateway.http_codec import HEADER_LENGTH, encode_infer_response, parse_infer_request
 
 log = logging.getLogger(__name__)
 

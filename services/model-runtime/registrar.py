@@ -6,11 +6,11 @@ import asyncio
 import logging
 
 import grpc
+from aiworks.runtime.dataplane import RuntimeDataPlane
 
 from aiworks.core.converters import from_model_spec
 from aiworks.pb.scheduler.v1 import scheduler_pb2 as spb
 from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
-from aiworks.runtime.dataplane import RuntimeDataPlane
 
 log = logging.getLogger(__name__)
 

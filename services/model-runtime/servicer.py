@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from aiworks.runtime.dataplane import RuntimeDataPlane
+
 from aiworks.core.converters import from_model_spec, from_statistics, from_tensor, to_tensor
 from aiworks.core.rpc import handle_errors
 from aiworks.core.stream import serve_stream
 from aiworks.pb.runtime.v1 import runtime_pb2 as pb
 from aiworks.pb.runtime.v1 import runtime_pb2_grpc
-from aiworks.runtime.dataplane import RuntimeDataPlane
 
 
 class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):

@@ -89,7 +89,7 @@ class Tensor:
         return decode(self.raw, self.datatype, self.shape, name=self.name)
 
     @classmethod
-    def from_numpy(cls, name: str, array: np.ndarray) -> "Tensor":
+    def from_numpy(cls, name: str, array: np.ndarray) -> Tensor:
         datatype = datatype_of(array)
         return cls(name, datatype, tuple(int(d) for d in array.shape), encode(array, datatype))
 

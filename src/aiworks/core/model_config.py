@@ -93,7 +93,7 @@ class ModelConfig:
     # The config in Triton's JSON form, for the model-config endpoint.
     document: dict = field(default_factory=dict)
 
-    def spec(self, version: str, state: ModelState = ModelState.READY, reason: str = "") -> "ModelSpec":
+    def spec(self, version: str, state: ModelState = ModelState.READY, reason: str = "") -> ModelSpec:
         return ModelSpec(
             name=self.name,
             version=version,
@@ -129,7 +129,7 @@ class ModelSpec:
     def ready(self) -> bool:
         return self.state is ModelState.READY
 
-    def with_state(self, state: ModelState, reason: str = "") -> "ModelSpec":
+    def with_state(self, state: ModelState, reason: str = "") -> ModelSpec:
         return replace(self, state=state, reason=reason)
 
     def full_shape(self, t: TensorSpec) -> list[int]:
