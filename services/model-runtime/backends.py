@@ -12,5 +12,9 @@ A backend is a class built as ``Backend(model_path, config, default_intra_op_thr
 from __future__ import annotations
 
 from aiworks.runtime.onnxruntime_backend import OnnxRuntimeModel
+from aiworks.runtime.triton_backend import TritonModel
 
-BACKENDS = {"onnxruntime": OnnxRuntimeModel}
+BACKENDS = {
+    "onnxruntime": OnnxRuntimeModel,  # ONNX Runtime on the CPU
+    "triton": TritonModel,  # a Triton Inference Server (GPU) over gRPC; docs/triton.md
+}

@@ -22,6 +22,7 @@ import sys
 import sysconfig
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,7 +52,7 @@ class TritonDistribution:
     python_stubs: Path | None = None  # python_backend_stubs/<X.Y>/ (the wheel ships one per Python)
 
     @classmethod
-    def find(cls, binary: Path | None = None) -> "TritonDistribution":
+    def find(cls, binary: Path | None = None) -> TritonDistribution:
         """The build at ``binary`` (Triton's own layout), else the one inside nvidia-pytriton."""
         if binary is not None:
             binary = Path(binary)
@@ -151,6 +152,9 @@ class TritonServer:
         self.metrics_port = metrics_port or free_port(host)
         self.extra_args = tuple(extra_args)
         self.log_path = self.workdir / "tritonserver.log"
+        # Python-backend stubs talk to the server through /dev/shm regions named
+        # with this prefix. A killed server leaves them behind; the watcher removes them.
+        self.shm_prefix = f"aiworks_triton_{uuid.uuid4().hex[:12]}_"
         self._process: subprocess.Popen | None = None
         self._watcher: threading.Thread | None = None
         self._stopping = False
@@ -178,6 +182,7 @@ class TritonServer:
             f"--model-repository={self.model_repository}",
             "--model-control-mode=explicit",
             f"--backend-directory={self.distribution.backend_directory(self.workdir)}",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             "--allow-http=false",
             f"--grpc-address={self.host}",
             f"--grpc-port={self.grpc_port}",
@@ -201,9 +206,10 @@ class TritonServer:
         def watch() -> None:
             try:
                 with open(self.log_path, "ab") as logfile:
+                    # Its own process group, so its Python-backend stubs can be ended with it.
                     self._process = subprocess.Popen(
                         argv, stdin=subprocess.DEVNULL, stdout=logfile, stderr=subprocess.STDOUT,
-                        env=env, preexec_fn=_die_with_parent,
+                        env=env, preexec_fn=_die_with_parent, start_new_session=True,
                     )  # fmt: skip
             except OSError as exc:
                 failure.append(exc)
@@ -211,6 +217,7 @@ class TritonServer:
             finally:
                 started.set()
             code = self._process.wait()
+            self._clean_up_after(self._process.pid)
             self.exit_code = code
             if not self._stopping:
                 log.error("tritonserver (pid %d) exited with code %d; see %s", self._process.pid, code, self.log_path)
@@ -226,6 +233,15 @@ class TritonServer:
         except TritonServerError:
             self.stop()
             raise
+
+    def _clean_up_after(self, pid: int) -> None:
+        """End what a killed server leaves: its Python-backend stubs and their shared memory."""
+        try:
+            os.killpg(pid, signal.SIGKILL)  # the server led its own process group
+        except (ProcessLookupError, PermissionError):
+            pass
+        for region in Path("/dev/shm").glob(f"{self.shm_prefix}*"):
+            region.unlink(missing_ok=True)
 
     def wait_ready(self, timeout_s: float) -> None:
         import tritonclient.grpc as grpcclient

@@ -1,0 +1,143 @@
+"""The triton backend against a real tritonserver that the test started (``triton_url`` mode)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from aiworks.runtime import triton_backend
+from aiworks.runtime.repository import ModelRepository
+from aiworks.runtime.settings import RuntimeSettings
+from aiworks.runtime.triton_backend import TritonModel
+from triton_support import IRIS_ROWS, ort_reference
+
+from aiworks.core.errors import Unavailable
+from aiworks.core.model_config import read_config
+
+
+@pytest.fixture
+def connection(triton_server):
+    settings = RuntimeSettings(
+        scheduler_address="",
+        triton_url=triton_server.grpc_url,
+        triton_repository=triton_server.model_repository,
+        triton_metrics_url=triton_server.metrics_url,
+        triton_instance_kind="KIND_CPU",
+    )
+    conn = triton_backend.configure(settings)
+    yield conn
+    triton_backend.shutdown()
+
+
+@pytest.fixture
+def direct(triton_server):
+    client = grpcclient.InferenceServerClient(triton_server.grpc_url)
+    yield client
+    client.close()
+
+
+def triton_state(client, name: str) -> dict[str, str]:
+    return {m["version"]: m["state"] for m in client.get_model_repository_index(as_json=True).get("models", [])
+            if m["name"] == name and "version" in m}  # fmt: skip
+
+
+def wait_for(predicate, timeout_s: float = 10.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not reached")
+
+
+def load(repository, name: str, version: int) -> TritonModel:
+    repo = ModelRepository(repository)
+    config = read_config(repository / name)
+    return TritonModel(repo.model_file(config, version), config, 1)
+
+
+def test_load_run_and_unload_go_through_triton(connection, direct, suite_repository):
+    model = load(suite_repository, "iris_triton", 1)
+    try:
+        # Every version the config's policy selects comes in the same Triton load.
+        assert triton_state(direct, "iris_triton") == {"1": "READY", "2": "READY"}
+        # Triton was handed its own config: the python backend, on the CPU, not the suite's keys.
+        config = direct.get_model_config("iris_triton", as_json=True)["config"]
+        assert config["backend"] == "python"
+        assert {g["kind"] for g in config["instance_group"]} == {"KIND_CPU"}
+        assert "triton_backend" not in config.get("parameters", {})
+
+        label, probabilities = model.run({"input": IRIS_ROWS}, ["label", "probabilities"])
+        want = ort_reference(suite_repository, "iris_triton", 1, IRIS_ROWS)
+        assert label.shape == (3,)  # the suite's reshaped shape, as ONNX Runtime gives it
+        np.testing.assert_array_equal(label, want["label"])
+        np.testing.assert_allclose(probabilities, want["probabilities"], rtol=1e-6)
+
+        # For configs that leave them out, inputs and outputs come from Triton's metadata.
+        inputs, outputs = model.io_specs(batched=True)
+        assert [(t.name, t.datatype, t.dims) for t in inputs] == [("input", "FP32", (4,))]
+        assert {t.name for t in outputs} == {"label", "probabilities"}
+    finally:
+        model.close()
+    assert "READY" not in triton_state(direct, "iris_triton").values()
+    assert connection.held_versions("iris_triton") == []
+
+
+def test_versions_are_held_together_and_released_one_by_one(connection, direct, suite_repository):
+    v1, v2 = load(suite_repository, "iris_triton", 1), load(suite_repository, "iris_triton", 2)
+    assert triton_state(direct, "iris_triton") == {"1": "READY", "2": "READY"}
+    p1 = v1.run({"input": IRIS_ROWS}, ["probabilities"])[0]
+    p2 = v2.run({"input": IRIS_ROWS}, ["probabilities"])[0]
+    assert not np.allclose(p1, p2)  # two different models behind one Triton name
+
+    # A reload holds the version twice; dropping the old object keeps it served.
+    again = load(suite_repository, "iris_triton", 1)
+    del v1  # the data plane drops a retired version like this: no close() call
+    time.sleep(0.3)
+    assert connection.held_versions("iris_triton") == [1, 2]
+    again.close()
+    states = triton_state(direct, "iris_triton")
+    assert states["2"] == "READY" and states.get("1") != "READY"
+    v2.close()
+    wait_for(lambda: "READY" not in triton_state(direct, "iris_triton").values())
+
+
+def test_a_model_triton_lost_is_unavailable_then_loaded_again(connection, direct, suite_repository):
+    model = load(suite_repository, "iris_triton", 2)
+    try:
+        direct.unload_model("iris_triton")  # as a restarted tritonserver would have forgotten it
+        wait_for(lambda: "READY" not in triton_state(direct, "iris_triton").values())
+        with pytest.raises(Unavailable, match="unknown model"):
+            model.run({"input": IRIS_ROWS}, ["label"])
+        wait_for(lambda: triton_state(direct, "iris_triton").get("2") == "READY")
+        assert model.run({"input": IRIS_ROWS}, ["label"])[0].shape == (3,)
+    finally:
+        model.close()
+
+
+def test_gpu_metrics_are_read_from_tritons_metrics_port(connection):
+    metrics = connection.gpu_metrics()
+    # This CPU-only build reports CPU gauges; a GPU build adds nv_gpu_* per GPU uuid.
+    assert 0.0 <= metrics["nv_cpu_utilization"][""] <= 1.0
+    assert metrics["nv_cpu_memory_total_bytes"][""] > 0
+    assert all(name.startswith(("nv_gpu_", "nv_cpu_", "nv_energy_")) for name in metrics)
+
+
+def test_unreachable_triton_is_unavailable(suite_repository, tmp_path):
+    from aiworks.supervisor.supervisor import free_port
+
+    settings = RuntimeSettings(
+        scheduler_address="",
+        triton_url=f"127.0.0.1:{free_port()}",
+        triton_repository=tmp_path,
+        triton_request_timeout_s=2,
+    )
+    triton_backend.configure(settings)
+    try:
+        with pytest.raises(Unavailable, match="Triton"):
+            load(suite_repository, "iris_triton", 1)
+        assert not triton_backend.connection().healthy()
+    finally:
+        triton_backend.shutdown()

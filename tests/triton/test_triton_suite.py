@@ -1,0 +1,177 @@
+"""End to end: gateway, scheduler and a runtime replica that starts and supervises its own tritonserver."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+from triton_support import IRIS_ROWS, ort_reference
+from tritonclient.utils import InferenceServerException
+
+from aiworks.pb.runtime.v1 import runtime_pb2, runtime_pb2_grpc
+from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from aiworks.supervisor.supervisor import SuiteConfig, Supervisor, free_port
+
+pytestmark = pytest.mark.e2e
+
+
+def tritonservers_under(pid: int) -> list[int]:
+    """Live tritonserver processes whose parent is ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            comm = (entry / "comm").read_text().strip()
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if comm == "tritonserver" and int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture(scope="module")
+def suite(triton_distribution, suite_repository, tmp_path_factory):
+    triton_port = free_port()
+    config = SuiteConfig(
+        model_repository=suite_repository,
+        http_port=free_port(),
+        grpc_port=free_port(),
+        scheduler_port=0,
+        runtime_base_port=0,
+        replicas=1,
+        log_dir=tmp_path_factory.mktemp("logs"),
+        extra_env={
+            "AIWORKS_RUNTIME_DEVICE": "gpu",  # Triton-backed replicas advertise the GPU pool
+            "AIWORKS_RUNTIME_TRITON_GRPC_PORT": str(triton_port),
+            "AIWORKS_RUNTIME_TRITON_INSTANCE_KIND": "KIND_CPU",  # this tritonserver has no GPU
+        },
+    )
+    supervisor = Supervisor(config)
+    try:
+        supervisor.start()
+    except Exception:
+        supervisor.stop()
+        raise
+    runtime = next(c for c in supervisor.children if c.name == "runtime-0")
+    triton_pids = tritonservers_under(runtime.process.pid)
+    if len(triton_pids) != 1:
+        supervisor.stop()
+        pytest.fail(f"the runtime should supervise one tritonserver, found {triton_pids}; its log ends:\n"
+                    + "\n".join(runtime.log_path.read_text().splitlines()[-20:]))  # fmt: skip
+    yield {
+        "supervisor": supervisor,
+        "gateway_grpc": f"127.0.0.1:{config.grpc_port}",
+        "gateway_http": f"http://127.0.0.1:{config.http_port}",
+        "triton": f"127.0.0.1:{triton_port}",
+        "triton_pid": triton_pids[0],
+    }
+    supervisor.stop()
+    # Stopping the runtime stops its tritonserver too.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and Path(f"/proc/{triton_pids[0]}").exists():
+        state = Path(f"/proc/{triton_pids[0]}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state == "Z":
+            break
+        time.sleep(0.1)
+    assert tritonservers_under(runtime.process.pid) == []
+
+
+def infer(url: str, model: str, version: str = "") -> dict[str, np.ndarray]:
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        tensor = grpcclient.InferInput("input", list(IRIS_ROWS.shape), "FP32")
+        tensor.set_data_from_numpy(IRIS_ROWS)
+        result = client.infer(model, [tensor], model_version=version)
+        return {name: result.as_numpy(name) for name in ("label", "probabilities")}
+    finally:
+        client.close()
+
+
+def triton_index(url: str) -> dict[tuple[str, str], str]:
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        models = client.get_model_repository_index(as_json=True).get("models", [])
+        return {(m["name"], m.get("version", "")): m.get("state", "") for m in models}
+    finally:
+        client.close()
+
+
+def test_the_suite_answers_what_triton_answers_directly(suite, suite_repository):
+    for version in ("1", "2"):
+        through_suite = infer(suite["gateway_grpc"], "iris_triton", version)
+        direct = infer(suite["triton"], "iris_triton", version)
+        want = ort_reference(suite_repository, "iris_triton", int(version), IRIS_ROWS)
+        # Triton shows the label in the config's dims [1]; the suite in its reshape shape [].
+        np.testing.assert_array_equal(through_suite["label"], direct["label"].reshape(-1))
+        np.testing.assert_array_equal(through_suite["label"], want["label"])
+        np.testing.assert_array_equal(through_suite["probabilities"], direct["probabilities"])
+        np.testing.assert_allclose(through_suite["probabilities"], want["probabilities"], rtol=1e-6)
+    # The same model on the suite's own ONNX Runtime backend agrees too.
+    np.testing.assert_allclose(infer(suite["gateway_grpc"], "iris")["probabilities"],
+                               infer(suite["gateway_grpc"], "iris_triton", "1")["probabilities"], rtol=1e-6)  # fmt: skip
+
+
+def test_triton_replica_advertises_gpu(suite):
+    with grpc.insecure_channel(suite["supervisor"].scheduler_address) as channel:
+        reply = scheduler_pb2_grpc.SchedulerServiceStub(channel).Status(scheduler_pb2.StatusRequest(), timeout=5)
+    (replica,) = reply.replicas
+    assert replica.device == "gpu"
+    assert {"iris_triton:1", "iris_triton:2", "iris:1"} <= set(replica.models)
+
+
+def test_unload_and_load_go_through_tritons_repository_api(suite):
+    base = suite["gateway_http"]
+    assert triton_index(suite["triton"])[("iris_triton", "1")] == "READY"
+    assert requests.post(f"{base}/v2/repository/models/iris_triton/unload", timeout=30).status_code == 200
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        states = {v for (name, _), v in triton_index(suite["triton"]).items() if name == "iris_triton"}
+        if "READY" not in states:
+            break
+        time.sleep(0.1)
+    assert "READY" not in states, "Triton still serves the model the suite unloaded"
+
+    assert requests.post(f"{base}/v2/repository/models/iris_triton/load", timeout=60).status_code == 200
+    index = triton_index(suite["triton"])
+    assert index[("iris_triton", "1")] == index[("iris_triton", "2")] == "READY"
+    deadline = time.monotonic() + 10
+    while requests.get(f"{base}/v2/models/iris_triton/ready", timeout=5).status_code != 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert infer(suite["gateway_grpc"], "iris_triton", "2")["label"].shape == (3,)
+
+
+def test_a_dead_tritonserver_makes_the_replica_unavailable(suite):
+    """Runs last: it kills the module's tritonserver."""
+    with grpc.insecure_channel(suite["supervisor"].scheduler_address) as channel:
+        reply = scheduler_pb2_grpc.SchedulerServiceStub(channel).Status(scheduler_pb2.StatusRequest(), timeout=5)
+    runtime_address = reply.replicas[0].address
+    os.kill(suite["triton_pid"], signal.SIGKILL)
+    time.sleep(0.5)
+
+    # The replica's backend says why, with UNAVAILABLE ...
+    request = runtime_pb2.ExecuteRequest(model="iris_triton", version="1")
+    request.inputs.add(name="input", datatype="FP32", shape=list(IRIS_ROWS.shape), raw=IRIS_ROWS.tobytes())
+    with grpc.insecure_channel(runtime_address) as channel:
+        with pytest.raises(grpc.RpcError) as failed:
+            runtime_pb2_grpc.RuntimeServiceStub(channel).Execute(request, timeout=10)
+    assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "tritonserver" in failed.value.details() and "exited" in failed.value.details()
+
+    # ... so the scheduler takes the replica out and clients get UNAVAILABLE, over gRPC and HTTP.
+    with pytest.raises(InferenceServerException) as failed:
+        infer(suite["gateway_grpc"], "iris_triton", "1")
+    assert failed.value.status() == "StatusCode.UNAVAILABLE"
+    body = {"inputs": [{"name": "input", "shape": list(IRIS_ROWS.shape), "datatype": "FP32",
+                        "data": IRIS_ROWS.ravel().tolist()}]}  # fmt: skip
+    reply = requests.post(f"{suite['gateway_http']}/v2/models/iris_triton/infer", json=body, timeout=10)
+    assert reply.status_code == 503, reply.text
