@@ -18,7 +18,8 @@ $(STAMP): $(DEPS)
 run: install            ## install, then start the whole suite locally (Ctrl-C stops it)
 	$(BIN)/aiworks up
 
-test: install           ## install, then run every test
+test: install           ## install, then run every test (installs redis-server if missing)
+	bash scripts/ensure-debian-packages.sh
 	$(BIN)/python -m pytest
 
 test-unit: install

@@ -13,6 +13,7 @@ import logging
 from aiworks import __version__
 from aiworks.core.inference import InferRequest, InferResponse
 from aiworks.core.model_config import ModelSpec
+from aiworks.gateway.cache_client import CacheClient
 from aiworks.gateway.scheduler_client import SchedulerClient
 
 log = logging.getLogger(__name__)
@@ -23,9 +24,10 @@ EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics", "schedule_
 class GatewayDataPlane:
     """Open Inference Protocol operations, transport-agnostic."""
 
-    def __init__(self, scheduler: SchedulerClient, server_name: str = "aiworks"):
+    def __init__(self, scheduler: SchedulerClient, server_name: str = "aiworks", cache: CacheClient | None = None):
         self.scheduler = scheduler
         self.server_name = server_name
+        self.cache = cache
 
     async def live(self) -> bool:
         return True
@@ -59,6 +61,9 @@ class GatewayDataPlane:
         return await self.scheduler.model_ready(name, version)
 
     async def infer(self, request: InferRequest) -> InferResponse:
+        # ---- result cache hook (docs/cache.md): lookup, schedule on a miss, store in the background.
+        if self.cache is not None:
+            return await self.cache.infer(request, self.scheduler.infer)
         return await self.scheduler.infer(request)
 
     async def repository_index(self, ready_only: bool = False) -> list[dict]:
@@ -66,10 +71,20 @@ class GatewayDataPlane:
         return [{"name": s.name, "version": s.version, "state": s.state.value, "reason": s.reason} for s in specs]
 
     async def load(self, name: str) -> None:
-        await self.scheduler.load(name)
+        try:
+            await self.scheduler.load(name)
+        finally:
+            # ---- result cache hook: a (re)loaded model's old results must not be served.
+            if self.cache is not None:
+                await self.cache.invalidate(name)
 
     async def unload(self, name: str) -> None:
-        await self.scheduler.unload(name)
+        try:
+            await self.scheduler.unload(name)
+        finally:
+            # ---- result cache hook: an unloaded model's results go with it.
+            if self.cache is not None:
+                await self.cache.invalidate(name)
 
     async def statistics(self, name: str, version: str) -> list[dict]:
         """Triton's statistics extension, summed over replicas, with a per-replica breakdown."""

@@ -14,6 +14,18 @@ from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
 from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
 
 
+_DEADLINE_GRACE_S = 0.5
+
+
+def _timeout_us(value) -> int:
+    """The OIP ``timeout`` parameter as whole microseconds; 0 when absent or not a number (the scheduler says why)."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        return 0
+    return int(value)
+
+
 class SchedulerClient:
     """Calls the SchedulerService; failures become AIWorksError with the peer's status."""
 
@@ -31,7 +43,19 @@ class SchedulerClient:
             raise from_rpc_error(exc, f"scheduler {self.address}") from None
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        return to_infer_response(await self._requests.call(from_infer_request(request), self._timeout_s))
+        """One inference; an OIP ``timeout`` parameter (microseconds) bounds the wait and travels as ``timeout_us``.
+
+        On the multiplexed stream there is no per-message gRPC deadline, so
+        the time left rides in the message; this side waits a little longer
+        than that, so the scheduler's DEADLINE_EXCEEDED arrives first.
+        """
+        message = from_infer_request(request)
+        wait_s = self._timeout_s
+        timeout_us = _timeout_us(request.parameters.get("timeout"))
+        if timeout_us:
+            message.timeout_us = timeout_us
+            wait_s = min(wait_s, timeout_us / 1e6 + _DEADLINE_GRACE_S)
+        return to_infer_response(await self._requests.call(message, wait_s))
 
     async def ready(self) -> bool:
         return (await self._call(self._stub.ServerReady, pb.ServerReadyRequest(), 2)).ready

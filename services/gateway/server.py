@@ -11,6 +11,7 @@ from tritonclient.grpc import service_pb2_grpc
 
 from aiworks.core.lifecycle import stop_event
 from aiworks.core.rpc import create_server, set_serving
+from aiworks.gateway.cache_client import CacheClient
 from aiworks.gateway.dataplane import GatewayDataPlane
 from aiworks.gateway.grpc_servicer import InferenceServicer
 from aiworks.gateway.http_app import create_app
@@ -31,7 +32,17 @@ class _HttpServer(uvicorn.Server):
 async def serve(settings: GatewaySettings) -> None:
     stop = stop_event()
     scheduler = SchedulerClient(settings.scheduler_address, settings.max_message_bytes, settings.request_timeout_s)
-    dataplane = GatewayDataPlane(scheduler, settings.server_name)
+    cache = None
+    if settings.cache_address:
+        cache = CacheClient(
+            settings.cache_address,
+            scheduler.metadata,
+            max_message_bytes=settings.max_message_bytes,
+            lookup_timeout_s=settings.cache_lookup_timeout_s,
+            metadata_ttl_s=settings.cache_metadata_ttl_s,
+            retry_after_s=settings.cache_retry_after_s,
+        )
+    dataplane = GatewayDataPlane(scheduler, settings.server_name, cache=cache)
 
     grpc_server, health = create_server(settings.max_request_bytes)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane), grpc_server)
@@ -59,12 +70,13 @@ async def serve(settings: GatewaySettings) -> None:
         await asyncio.sleep(0.01)
     await set_serving(health, True)
     log.info(
-        "gateway serving HTTP on %s:%d and gRPC on %s:%d (scheduler %s)",
+        "gateway serving HTTP on %s:%d and gRPC on %s:%d (scheduler %s, cache %s)",
         settings.host,
         settings.http_port,
         settings.host,
         grpc_port,
         settings.scheduler_address,
+        settings.cache_address or "off",
     )
     await stop.wait()
     log.info("gateway stopping")
@@ -72,6 +84,9 @@ async def serve(settings: GatewaySettings) -> None:
     http.should_exit = True
     await http_task
     await grpc_server.stop(grace=5)
+    if cache is not None:
+        await cache.close()
+        log.info("result cache client: %s", cache.counters.as_dict())
     await scheduler.close()
 
 

@@ -22,3 +22,17 @@ class GatewaySettings(ServiceSettings):
     )
     request_timeout_s: float = Field(60.0, description="Deadline of one inference through the scheduler.")
     server_name: str = Field("aiworks", description="Name reported by server metadata.")
+
+    # ---- result cache (docs/cache.md) ----
+    cache_address: str | None = Field(
+        None, description="host:port of the cache service; unset: every request goes to the scheduler."
+    )
+    cache_lookup_timeout_s: float = Field(
+        0.01, description="A cache lookup slower than this is a miss; the request goes on to the scheduler."
+    )
+    cache_retry_after_s: float = Field(
+        1.0, description="After repeated cache failures, how long the cache is skipped before it is tried again."
+    )
+    cache_metadata_ttl_s: float = Field(
+        1.0, description="How long a model's resolved version and cache policy are reused before asking again."
+    )

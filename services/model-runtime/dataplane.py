@@ -7,15 +7,23 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
 from aiworks.core.datatypes import Tensor, decode, encode
 from aiworks.core.inference import ModelStatistics
-from aiworks.core.errors import AIWorksError, InvalidArgument, NotFound
+from aiworks.core.errors import AIWorksError, Internal, InvalidArgument, NotFound
 from aiworks.core.model_config import ModelConfig, ModelSpec, ModelState
 from aiworks.runtime.backends import BACKENDS
 from aiworks.runtime.repository import ModelRepository
+from aiworks.runtime.residency import (
+    ResidencyLRU,
+    RuntimeModelStatistics,
+    estimate_bytes,
+    response_cache_enabled,
+    warmup_batches,
+)
 
 log = logging.getLogger(__name__)
 
@@ -23,12 +31,18 @@ log = logging.getLogger(__name__)
 @dataclass
 class LoadedVersion:
     spec: ModelSpec
-    model: object
+    model: object  # None while evicted: the next request loads it again
     slots: asyncio.Semaphore
     stats: ModelStatistics
     # Moving average of one batch's compute time; None until measured, so a
     # new model runs in the worker pool until it is known to be cheap.
     recent_compute_ns: int | None = None
+    # What reloading after an eviction needs, and the cold-start clock.
+    config: ModelConfig | None = None
+    path: Path | None = None
+    size_bytes: int = 0
+    load_requested_ns: int = 0
+    first_request_pending: bool = True
 
 
 class RuntimeDataPlane:
@@ -39,6 +53,10 @@ class RuntimeDataPlane:
     how many batches of one version run at once. A model whose batches take
     less than ``inline_below_us`` runs on the event loop instead: handing
     such a batch to a thread and back costs more than running it.
+
+    Loaded versions stay resident within ``memory_budget_bytes`` (0: no
+    bound), least recently used evicted first, and warm up before they are
+    reported ready; see :mod:`aiworks.runtime.residency`.
     """
 
     def __init__(
@@ -48,8 +66,13 @@ class RuntimeDataPlane:
         intra_op_threads: int = 1,
         max_workers: int = 8,
         inline_below_us: int = 100,
+        memory_budget_bytes: int = 0,
+        warmup: bool = True,
+        debug_delay_ms: float = 0.0,
     ):
         self.inline_below_ns = inline_below_us * 1000
+        self.residency = ResidencyLRU(memory_budget_bytes)
+        self.warmup = warmup
         self.repository = repository
         self.intra_op_threads = intra_op_threads
         self._models: dict[str, dict[str, LoadedVersion]] = {}
@@ -57,11 +80,14 @@ class RuntimeDataPlane:
         self._locks: dict[str, asyncio.Lock] = {}
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="backend")
         self.inflight_batches = 0
+        # TESTS ONLY (RuntimeSettings.debug_delay_ms): a replica made slow on purpose.
+        self._debug_delay_s = debug_delay_ms / 1e3
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
-    async def load(self, name: str) -> list[ModelSpec]:
-        """(Re)load a model's versions per its version policy; returns their specs."""
+    async def load(self, name: str, *, preloaded: bool = False) -> list[ModelSpec]:
+        """(Re)load a model's versions per its version policy, warm them up; returns their specs."""
+        requested_ns = time.perf_counter_ns()
         lock = self._locks.setdefault(name, asyncio.Lock())
         async with lock:
             entry = self.repository.entry(name)
@@ -79,7 +105,10 @@ class RuntimeDataPlane:
             loaded: dict[str, LoadedVersion] = {}
             for version in wanted:
                 path = self.repository.model_file(config, version)
-                started = time.perf_counter()
+                size = estimate_bytes(path.parent)
+                # Room for this version and the ones this call loaded already (they join the LRU at the end).
+                self._make_room((name, str(version)), size + sum(v.size_bytes for v in loaded.values()))
+                started = time.perf_counter_ns()
                 try:
                     model = await loop.run_in_executor(self._pool, backend, path, config, self.intra_op_threads)
                 except AIWorksError:
@@ -87,23 +116,112 @@ class RuntimeDataPlane:
                 except Exception as exc:
                     self._failed[name] = f"version {version}: {exc}"
                     raise InvalidArgument(f"cannot load model '{name}' version {version}: {exc}") from None
-                spec = self._complete(config, model).spec(str(version))
-                loaded[str(version)] = LoadedVersion(
-                    spec, model, asyncio.Semaphore(spec.instance_count), ModelStatistics(name, str(version))
+                load_ns = time.perf_counter_ns() - started
+                completed = self._complete(config, model)
+                spec = completed.spec(str(version))
+                if response_cache_enabled(config):  # the ModelSpec message has no field for it: a parameter
+                    spec = replace(spec, parameters={**spec.parameters, "response_cache": "true"})
+                stats = RuntimeModelStatistics(name, str(version), preloaded=preloaded, load_ns=load_ns, load_count=1)
+                version_loaded = LoadedVersion(
+                    spec,
+                    model,
+                    asyncio.Semaphore(spec.instance_count),
+                    stats,
+                    config=config,
+                    path=path,
+                    size_bytes=size,
+                    load_requested_ns=requested_ns,
                 )
-                log.info("loaded %s version %s in %.0f ms", name, version, (time.perf_counter() - started) * 1e3)
+                if self.warmup:
+                    try:
+                        stats.warmup_ns = await self._warm_up(version_loaded, completed)
+                    except Exception as exc:
+                        self._failed[name] = f"version {version}: warm-up failed: {exc}"
+                        raise InvalidArgument(f"model '{name}' version {version} failed its warm-up: {exc}") from None
+                    stats.cold_start_ns = time.perf_counter_ns() - requested_ns  # the warm-up answered first
+                stats.resident, stats.resident_bytes = True, size
+                loaded[str(version)] = version_loaded
+                log.info(
+                    "loaded %s version %s in %.0f ms (warm-up %.0f ms, %.1f MiB)",
+                    name,
+                    version,
+                    load_ns / 1e6,
+                    stats.warmup_ns / 1e6,
+                    size / 2**20,
+                )
             previous = self._models.get(name, {})
             self._models[name] = loaded
             self._failed.pop(name, None)
+            for v in previous:
+                self.residency.remove((name, v))
+            for v, version_loaded in loaded.items():
+                self.residency.add((name, v), version_loaded.size_bytes)
             for gone in sorted(set(previous) - set(loaded)):
                 log.info("retired %s version %s", name, gone)
             return [v.spec for v in loaded.values()]
 
     async def unload(self, name: str) -> None:
         async with self._locks.setdefault(name, asyncio.Lock()):
-            if self._models.pop(name, None) is None:
+            versions = self._models.pop(name, None)
+            if versions is None:
                 raise NotFound(f"model '{name}' is not loaded")
+            for v in versions:
+                self.residency.remove((name, v))
             log.info("unloaded %s", name)
+
+    # ---- residency ---------------------------------------------------------------------------
+
+    def _make_room(self, key: tuple[str, str], size: int) -> None:
+        """Evict least recently used versions so ``size`` more bytes fit the memory budget."""
+        for victim in self.residency.victims(size, keep=key):
+            self.residency.remove(victim)
+            held = self._models.get(victim[0], {}).get(victim[1])
+            if held is None or held.model is None:
+                continue
+            held.model = None  # batches still running keep their own reference
+            held.stats.resident = False
+            held.stats.eviction_count += 1
+            log.info(
+                "evicted %s version %s (%.1f MiB) to stay within the memory budget of %.1f MiB",
+                victim[0],
+                victim[1],
+                held.size_bytes / 2**20,
+                self.residency.budget_bytes / 2**20,
+            )
+
+    async def _reside(self, name: str, version: str, requested_ns: int) -> tuple[LoadedVersion, object]:
+        """Load an evicted version again for the request that needs it (a cold start)."""
+        async with self._locks.setdefault(name, asyncio.Lock()):
+            loaded = self._version(name, version)  # a reload may have replaced it meanwhile
+            if loaded.model is not None:
+                return loaded, loaded.model
+            key = (name, loaded.spec.version)
+            self._make_room(key, loaded.size_bytes)
+            started = time.perf_counter_ns()
+            try:
+                model = await asyncio.get_running_loop().run_in_executor(
+                    self._pool, BACKENDS[loaded.config.backend], loaded.path, loaded.config, self.intra_op_threads
+                )
+            except Exception as exc:
+                raise Internal(f"model '{name}' version {loaded.spec.version} could not be loaded again: {exc}") from None
+            stats = loaded.stats
+            stats.load_ns, stats.warmup_ns, stats.cold_start_ns = time.perf_counter_ns() - started, 0, 0
+            stats.load_count += 1
+            stats.resident, stats.resident_bytes = True, loaded.size_bytes
+            loaded.model, loaded.load_requested_ns, loaded.first_request_pending = model, requested_ns, True
+            self.residency.add(key, loaded.size_bytes)
+            log.info("loaded %s version %s again on demand in %.0f ms", name, key[1], stats.load_ns / 1e6)
+            return loaded, model
+
+    async def _warm_up(self, loaded: LoadedVersion, config: ModelConfig) -> int:
+        """Run the version's warm-up batches (not counted in its statistics); returns their time in ns."""
+        batches = warmup_batches(config, self.repository.root / config.name)
+        names = [o.name for o in loaded.spec.outputs]
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter_ns()
+        for inputs in batches:
+            await loop.run_in_executor(self._pool, _timed_run, loaded.model, _feeds(inputs), names)
+        return time.perf_counter_ns() - started
 
     def _complete(self, config: ModelConfig, model) -> ModelConfig:
         """Fill inputs/outputs the config omits from the model itself (Triton's auto-complete)."""
@@ -157,14 +275,15 @@ class RuntimeDataPlane:
 
     async def execute(self, name: str, version: str, inputs: list[Tensor], outputs: list[str]) -> tuple[list[Tensor], int]:
         """Run one batch; returns the output tensors and the compute time in ns."""
+        entered_ns = time.perf_counter_ns()
         loaded = self._version(name, version)
+        model = loaded.model
+        if model is None:
+            loaded, model = await self._reside(name, version, entered_ns)
+        else:
+            self.residency.touch((name, loaded.spec.version))
         spec = loaded.spec
-        feeds = {}
-        for t in inputs:
-            array = decode(t.raw, t.datatype, t.shape, name=t.name)
-            if t.datatype == "BYTES":  # ONNX Runtime's string tensors want str
-                array = np.vectorize(lambda b: b.decode("utf-8", "replace"), otypes=[object])(array)
-            feeds[t.name] = array
+        feeds = _feeds(inputs)
         declared_out = {o.name: o for o in spec.outputs}
         for o in outputs:
             if o not in declared_out:
@@ -175,12 +294,14 @@ class RuntimeDataPlane:
         async with loaded.slots:
             self.inflight_batches += 1
             try:
+                if self._debug_delay_s:  # TESTS ONLY: see RuntimeSettings.debug_delay_ms
+                    await asyncio.sleep(self._debug_delay_s)
                 recent = loaded.recent_compute_ns
                 if recent is not None and recent < self.inline_below_ns:
-                    results, compute_ns = _timed_run(loaded.model, feeds, names)
+                    results, compute_ns = _timed_run(model, feeds, names)
                 else:
                     results, compute_ns = await asyncio.get_running_loop().run_in_executor(
-                        self._pool, _timed_run, loaded.model, feeds, names
+                        self._pool, _timed_run, model, feeds, names
                     )
             except Exception:
                 stats.failure_count += 1
@@ -197,10 +318,26 @@ class RuntimeDataPlane:
         for out_name, array in zip(names, results):
             datatype = declared_out[out_name].datatype
             out.append(Tensor(out_name, datatype, tuple(int(d) for d in array.shape), encode(np.asarray(array), datatype)))
+        if loaded.first_request_pending:
+            loaded.first_request_pending = False
+            now_ns = time.perf_counter_ns()
+            stats.first_request_ns = now_ns - entered_ns
+            if not stats.cold_start_ns:
+                stats.cold_start_ns = now_ns - loaded.load_requested_ns
         return out, compute_ns
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _feeds(inputs: list[Tensor]) -> dict[str, np.ndarray]:
+    feeds = {}
+    for t in inputs:
+        array = decode(t.raw, t.datatype, t.shape, name=t.name)
+        if t.datatype == "BYTES":  # ONNX Runtime's string tensors want str
+            array = np.vectorize(lambda b: b.decode("utf-8", "replace"), otypes=[object])(array)
+        feeds[t.name] = array
+    return feeds
 
 
 def _timed_run(model, feeds, names):

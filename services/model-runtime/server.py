@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from aiworks.core.lifecycle import stop_event
 from aiworks.core.rpc import create_server, insecure_channel, set_serving
@@ -11,6 +12,7 @@ from aiworks.pb.runtime.v1 import runtime_pb2_grpc
 from aiworks.runtime.dataplane import RuntimeDataPlane
 from aiworks.runtime.registrar import Registrar
 from aiworks.runtime.repository import ModelRepository
+from aiworks.runtime.residency import startup_models
 from aiworks.runtime.servicer import RuntimeServicer
 from aiworks.runtime.settings import RuntimeSettings
 
@@ -23,7 +25,12 @@ async def serve(settings: RuntimeSettings) -> None:
     if not repository.root.is_dir():
         raise SystemExit(f"model repository {repository.root} does not exist")
     dataplane = RuntimeDataPlane(
-        repository, intra_op_threads=settings.intra_op_threads, inline_below_us=settings.inline_below_us
+        repository,
+        intra_op_threads=settings.intra_op_threads,
+        inline_below_us=settings.inline_below_us,
+        memory_budget_bytes=settings.memory_budget_bytes,
+        warmup=settings.warmup,
+        debug_delay_ms=settings.debug_delay_ms,
     )
     replica_id = settings.resolved_replica_id()
 
@@ -33,11 +40,19 @@ async def serve(settings: RuntimeSettings) -> None:
     await server.start()
     log.info("runtime %s serving gRPC on %s:%d", replica_id, settings.host, port)
 
-    for name in settings.models if settings.models is not None else repository.names():
+    configs = {}
+    for name in repository.names():
         try:
-            await dataplane.load(name)
+            configs[name] = repository.entry(name).config
+        except Exception:
+            configs[name] = None
+    started = time.perf_counter()
+    for name in startup_models(configs, settings.models):  # preload and warm-up: aiworks.runtime.residency
+        try:
+            await dataplane.load(name, preloaded=True)
         except Exception as exc:
             log.error("could not load model %s: %s", name, exc)
+    log.info("start-up loads took %.0f ms", (time.perf_counter() - started) * 1e3)
 
     channel = insecure_channel(settings.scheduler_address, settings.max_message_bytes)
     registrar = Registrar(

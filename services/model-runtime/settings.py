@@ -30,6 +30,12 @@ class RuntimeSettings(ServiceSettings):
         100, description="Batches that compute faster than this run on the event loop instead of a worker thread."
     )
     heartbeat_interval_s: float = Field(1.0, description="Seconds between heartbeats to the scheduler.")
+    memory_budget_bytes: int = Field(
+        0, description="Bound on resident model versions (their size on disk); least recently used evicted. 0: none."
+    )
+    warmup: bool = Field(True, description="Run each version's warm-up batches before reporting it ready.")
+    # For tests only: makes a replica slow on purpose (tests/qos). Leave at 0.
+    debug_delay_ms: float = Field(0.0, description="TESTS ONLY: extra delay added to every batch, in milliseconds.")
 
     def resolved_replica_id(self) -> str:
         return self.replica_id or f"{socket.gethostname()}-{self.port}"
@@ -50,8 +56,8 @@ class RuntimeSettings(ServiceSettings):
     triton_server_path: Path | None = Field(
         None, description="tritonserver binary to start; default the one bundled in nvidia-pytriton."
     )
-    triton_grpc_port: int = Field(0, description="gRPC port of the tritonserver this replica starts; 0 picks one.")
-    triton_metrics_port: int = Field(0, description="Metrics port of the tritonserver this replica starts; 0 picks one.")
+    triton_grpc_port: int = Field(0, description="gRPC port of the tritonserver this replica starts; 0: any.")
+    triton_metrics_port: int = Field(0, description="Metrics port of the tritonserver this replica starts; 0: any.")
     triton_instance_kind: str | None = Field(
         None, description="Replace every instance group's kind (KIND_CPU runs GPU configs on a CPU-only Triton)."
     )

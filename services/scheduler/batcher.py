@@ -1,17 +1,25 @@
 """Per model-version queues and the dynamic batcher that drains them.
 
-The loop of one :class:`ModelQueue`:
+Admission and order live in :mod:`aiworks.scheduler.queue_state` (bounded,
+three classes with aging); sending a batch, with retries, in
+:mod:`aiworks.scheduler.dispatch`. The loop of one :class:`ModelQueue`:
 
 1. wait for a request;
-2. reserve a replica with room (the router), so batches form while all are busy;
+2. reserve a replica with room for the class of the request that goes next
+   (the router), so batches form while all replicas are busy;
 3. if the model batches, wait until the rows queued reach the largest
-   preferred batch size (or ``max_batch_size``), or until the oldest request
-   has waited ``max_queue_delay_us``, whichever is first. With a delay of 0
+   preferred batch size (or ``max_batch_size``), or until that request has
+   waited ``max_queue_delay_us``, whichever is first. With a delay of 0
    (Triton's default) whatever is queued leaves at once. asyncio's timers
    round waits up to whole milliseconds, so small delays act as 1 ms;
-4. take whole requests, oldest first, up to ``max_batch_size`` rows and with
-   the same non-batch shapes, join their input bytes, and send the batch;
+4. take whole requests, best rank first, up to ``max_batch_size`` rows and
+   with the same non-batch shapes; drop those whose deadline has passed; join
+   the input bytes and send the batch;
 5. split the outputs back by rows, exactly, to each request.
+
+A request waits for its answer until its own deadline at most; if it gives up
+(deadline, or the caller cancelled), it leaves the queue at once and frees
+its room.
 """
 
 from __future__ import annotations
@@ -19,30 +27,39 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from collections.abc import Callable
 
 from aiworks.core.datatypes import Tensor, split_rows
-from aiworks.core.errors import AIWorksError, Internal, Status, Unavailable
+from aiworks.core.errors import AIWorksError, DeadlineExceeded, Internal, PayloadTooLarge, Status, Unavailable
 from aiworks.core.inference import InferRequest
 from aiworks.core.model_config import ModelSpec
-from aiworks.scheduler.registry import Key, Replica
+from aiworks.scheduler.dispatch import BatchSender
+from aiworks.scheduler.qos import Priority
+from aiworks.scheduler.queue_state import Entry, QueueState
+from aiworks.scheduler.registry import Key
 from aiworks.scheduler.router import Router
 
 log = logging.getLogger(__name__)
 
-# (replica, model, version, inputs, outputs) -> outputs
-Runner = Callable[[Replica, str, str, list[Tensor], list[str]], Awaitable[list[Tensor]]]
+
+@dataclass(frozen=True)
+class QueueLimits:
+    """Bounds and aging of one model version's queue."""
+
+    max_requests: int = 2048
+    max_bytes: int = 64 << 20
+    aging_s: float = 0.1
 
 
-@dataclass(slots=True)
+_DEFAULT_LIMITS = QueueLimits()
+
+
+@dataclass(slots=True, eq=False)
 class _Pending:
     request: InferRequest
     rows: int
-    signature: tuple
     future: asyncio.Future
-    enqueued_s: float
 
 
 class ModelQueue:
@@ -52,49 +69,99 @@ class ModelQueue:
         self,
         spec: ModelSpec,
         router: Router,
-        runner: Runner,
+        sender: BatchSender,
         *,
         batching: bool,
-        max_retries: int,
-        on_transport_error: Callable[[Replica, AIWorksError], None],
+        limits: QueueLimits = _DEFAULT_LIMITS,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.key: Key = (spec.name, spec.version)
         self.spec = spec
         self._router = router
-        self._runner = runner
+        self._sender = sender
+        self._clock = clock
         self._batching = batching and spec.batching.enabled and spec.max_batch_size > 1
         self._max_rows = spec.max_batch_size if self._batching else 0
         preferred = spec.batching.preferred_batch_sizes
         self._target_rows = max(preferred) if (self._batching and preferred) else spec.max_batch_size
         self._delay_s = spec.batching.max_queue_delay_us / 1e6
-        self._max_retries = max_retries
-        self._on_transport_error = on_transport_error
-        self._pending: deque[_Pending] = deque()
-        self._rows = 0
+        self.state = QueueState(max_requests=limits.max_requests, max_bytes=limits.max_bytes, aging_s=limits.aging_s)
         self._arrived = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         self.batches = 0
         self.rows_done = 0
-        self._loop_task = asyncio.get_running_loop().create_task(self._run(), name=f"batcher-{spec.name}-{spec.version}")
+        self.rejected = 0
+        self.expired = 0
+        self._loop_task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"batcher-{spec.name}-{spec.version}"
+        )
 
     @property
     def depth(self) -> int:
-        return len(self._pending)
+        return self.state.requests
 
     @property
     def queued_rows(self) -> int:
-        return self._rows
+        return self.state.rows
 
-    def submit(self, request: InferRequest, rows: int) -> asyncio.Future:
-        future = asyncio.get_running_loop().create_future()
+    # ---- admission -----------------------------------------------------------------------
+
+    async def submit(
+        self, request: InferRequest, rows: int, priority: Priority = Priority.STANDARD, deadline_s: float | None = None
+    ) -> list[Tensor]:
+        """Queue the request and wait for its outputs (until ``deadline_s`` at most)."""
+        now = self._clock()
+        if deadline_s is not None and deadline_s <= now:
+            self.expired += 1
+            raise DeadlineExceeded("the request's deadline passed before it was queued")
+        nbytes = sum(len(t.raw) for t in request.inputs)
+        if nbytes > self.state.max_bytes:
+            raise PayloadTooLarge(
+                f"request of {nbytes} bytes exceeds the queue bound of {self.state.max_bytes} bytes of model "
+                f"'{self.key[0]}'"
+            )
         signature = (
             tuple(sorted((t.name, t.shape[1:] if self.spec.max_batch_size > 0 else t.shape) for t in request.inputs)),
             tuple(request.outputs),
         )
-        self._pending.append(_Pending(request, rows, signature, future, time.monotonic()))
-        self._rows += rows
+        pending = _Pending(request, rows, asyncio.get_running_loop().create_future())
+        entry = Entry(pending, priority, rows, nbytes, signature, now, deadline_s)
+        shed = self.state.admit(entry)
+        if shed is None:
+            self.rejected += 1
+            raise self._full(f"the queue of model '{self.key[0]}' version {self.key[1]} is full")
+        for victim in shed:
+            self.rejected += 1
+            if not victim.future.done():
+                victim.future.set_exception(self._full("shed from a full queue for a higher-priority request"))
         self._arrived.set()
-        return future
+        future = pending.future
+        try:
+            if deadline_s is None:
+                return await future
+            return await asyncio.wait_for(future, deadline_s - self._clock())
+        except TimeoutError:
+            if entry.queued:  # dropped before it ran; one that ran late is not counted
+                self.expired += 1
+            raise DeadlineExceeded(
+                f"the request's deadline passed while it {'was queued' if entry.queued else 'ran'}"
+            ) from None
+        finally:
+            if not future.done():
+                future.cancel()
+            self.state.remove(entry)
+
+    def _full(self, message: str) -> AIWorksError:
+        return AIWorksError(message, Status.RESOURCE_EXHAUSTED, retry_after_s=self.retry_after_s())
+
+    def retry_after_s(self) -> float:
+        """A hint of when the queue will have room: the time to drain it at recent batch latency, 1..30 s."""
+        holders = self._router.registry.holders(self.key)
+        latencies = [r.health.latency_s[self.key] for r in holders if self.key in r.health.latency_s]
+        if not latencies or not holders:
+            return 1.0
+        batches = self.state.rows / max(1, self._max_rows or 1)
+        return min(30.0, max(1.0, batches * (sum(latencies) / len(latencies)) / len(holders)))
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -108,20 +175,21 @@ class ModelQueue:
                 log.exception("batcher for %s/%s failed a step", *self.key)
 
     async def _step(self) -> None:
-        if not self._pending:
+        head = self.state.peek()
+        if head is None:
             self._arrived.clear()
             await self._arrived.wait()
             return
-        first_rows = self._pending[0].rows
         try:
-            replica = await self._router.acquire(self.key, first_rows)
+            replica = await self._router.acquire(self.key, head.priority)
         except AIWorksError as exc:
             self._fail_all(exc)
             return
-        if self._batching and self._delay_s > 0 and self._rows < self._target_rows:
-            deadline = self._pending[0].enqueued_s + self._delay_s if self._pending else 0
-            while self._rows < self._target_rows:
-                remaining = deadline - time.monotonic()
+        if self._batching and self._delay_s > 0 and self.state.rows < self._target_rows:
+            head = self.state.peek()
+            deadline = (head.enqueued_s if head else self._clock()) + self._delay_s
+            while self.state.rows < self._target_rows:
+                remaining = deadline - self._clock()
                 if remaining <= 0:
                     break
                 self._arrived.clear()
@@ -129,79 +197,54 @@ class ModelQueue:
                     await asyncio.wait_for(self._arrived.wait(), remaining)
                 except TimeoutError:
                     break
-        batch = self._take()
+        batch, expired = self.state.take(self._max_rows, self._clock())
+        for entry in expired:
+            self.expired += 1
+            if not entry.payload.future.done():
+                entry.payload.future.set_exception(
+                    DeadlineExceeded("the request's deadline passed while it was queued")
+                )
         if not batch:
-            await self._router.release(replica, self.key, first_rows)
+            await self._router.release(replica, self.key, 0)
             return
-        rows = sum(p.rows for p in batch)
-        replica.outstanding_rows += rows - first_rows
+        rows = sum(e.rows for e in batch)
+        self._router.add_rows(replica, rows)
         task = asyncio.get_running_loop().create_task(self._dispatch(batch, rows, replica))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _take(self) -> list[_Pending]:
-        batch: list[_Pending] = []
-        rows = 0
-        signature = None
-        while self._pending:
-            head = self._pending[0]
-            if head.future.done():  # the caller gave up (cancelled or timed out)
-                self._pending.popleft()
-                self._rows -= head.rows
-                continue
-            if batch and (
-                not self._batching or head.signature != signature or rows + head.rows > self._max_rows
-            ):
-                break
-            self._pending.popleft()
-            self._rows -= head.rows
-            batch.append(head)
-            rows += head.rows
-            signature = head.signature
-        return batch
-
     def _fail_all(self, exc: AIWorksError) -> None:
-        while self._pending:
-            p = self._pending.popleft()
-            if not p.future.done():
-                p.future.set_exception(_copy(exc))
-        self._rows = 0
+        for pending in self.state.drain():
+            if not pending.future.done():
+                pending.future.set_exception(_copy(exc))
 
     # ---- one batch -----------------------------------------------------------------------
 
-    async def _dispatch(self, batch: list[_Pending], rows: int, replica: Replica) -> None:
-        inputs = self._join_inputs(batch, rows)
-        outputs = list(batch[0].request.outputs)
-        tried: set[str] = set()
+    async def _dispatch(self, batch: list[Entry], rows: int, replica) -> None:
+        pendings: list[_Pending] = [e.payload for e in batch]
+        deadlines = [e.deadline_s for e in batch]
+        deadline_s = None if None in deadlines else max(deadlines)
         try:
-            for attempt in range(self._max_retries + 1):
-                try:
-                    result = await self._runner(replica, self.key[0], self.key[1], inputs, outputs)
-                    break
-                except AIWorksError as exc:
-                    if exc.status is not Status.UNAVAILABLE:
-                        raise
-                    self._on_transport_error(replica, exc)
-                    tried.add(replica.replica_id)
-                    await self._router.release(replica, self.key, rows)
-                    replica = None
-                    if attempt == self._max_retries:
-                        raise
-                    log.warning("batch of %d rows for %s/%s failed on a replica; retrying", rows, *self.key)
-                    replica = await self._router.acquire(self.key, rows, exclude=tried)
-            self._deliver(batch, rows, result)
+            inputs = self._join_inputs(pendings, rows)
+            result = await self._sender.send(
+                self.key,
+                replica,
+                rows,
+                inputs,
+                list(pendings[0].request.outputs),
+                priority=min(e.priority for e in batch),
+                deadline_s=deadline_s,
+            )
+            self._deliver(pendings, rows, result)
         except AIWorksError as exc:
-            for p in batch:
+            for p in pendings:
                 if not p.future.done():
                     p.future.set_exception(_copy(exc))
         except Exception as exc:
             log.exception("batch for %s/%s failed", *self.key)
-            for p in batch:
+            for p in pendings:
                 if not p.future.done():
                     p.future.set_exception(Internal(f"batch failed: {exc}"))
-        finally:
-            if replica is not None:
-                await self._router.release(replica, self.key, rows)
         self.batches += 1
         self.rows_done += rows
 
@@ -226,8 +269,7 @@ class ModelQueue:
         for out in outputs:
             if not out.shape or out.shape[0] != rows:
                 raise Internal(
-                    f"model '{self.key[0]}' output '{out.name}' has shape {list(out.shape)}; "
-                    f"expected {rows} rows first"
+                    f"model '{self.key[0]}' output '{out.name}' has shape {list(out.shape)}; expected {rows} rows first"
                 )
             for i, piece in enumerate(split_rows(out.raw, out.datatype, out.shape, counts)):
                 per_request[i].append(Tensor(out.name, out.datatype, (counts[i], *out.shape[1:]), piece))

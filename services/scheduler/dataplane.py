@@ -5,61 +5,93 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 
 from aiworks.core.datatypes import Tensor
-from aiworks.core.errors import AIWorksError, InvalidArgument, Unavailable
+from aiworks.core.errors import InvalidArgument, NotFound, Unavailable
 from aiworks.core.inference import InferRequest, InferResponse, ModelStatistics
 from aiworks.core.model_config import ModelSpec, ModelState, check_inputs
-from aiworks.scheduler.batcher import ModelQueue
+from aiworks.scheduler.batcher import ModelQueue, QueueLimits
+from aiworks.scheduler.dispatch import BatchSender
+from aiworks.scheduler.qos import ClassResolver, Priority, parse_timeout_s
 from aiworks.scheduler.registry import Key, Replica, ReplicaRegistry
-from aiworks.scheduler.router import Router
+from aiworks.scheduler.replica_state import OutlierDetector, OutlierPolicy
+from aiworks.scheduler.retry_state import RetryBudget
+from aiworks.scheduler.router import PoolPolicy, Router
 from aiworks.scheduler.settings import SchedulerSettings
+from aiworks.scheduler.traffic_state import TrafficPolicy, TrafficState
+from aiworks.scheduler.views import QueueView, ReplicaView, StatusView
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class ReplicaView:
-    replica_id: str
-    address: str
-    device: str
-    live: bool
-    outstanding_batches: int
-    outstanding_rows: int
-    last_heartbeat_age_s: float
-    models: list[str]
-
-
-@dataclass
-class QueueView:
-    model: str
-    version: str
-    queued_requests: int
-    queued_rows: int
-    batches: int
-    rows: int
-
-
 class Scheduler:
-    """Queues requests per model version, batches them and routes batches to replicas."""
+    """Queues requests per model version, batches them and routes batches to replicas.
 
-    def __init__(self, settings: SchedulerSettings, registry: ReplicaRegistry):
+    Its clock (monotonic seconds) is injectable, so ejection and deadlines run
+    on a fake one in tests.
+    """
+
+    def __init__(
+        self,
+        settings: SchedulerSettings,
+        registry: ReplicaRegistry,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.settings = settings
         self.registry = registry
-        self.router = Router(registry, settings.max_inflight_batches)
+        self.clock = clock
+        self.outliers = OutlierDetector(
+            OutlierPolicy(
+                consecutive_errors=settings.outlier_consecutive_errors,
+                base_ejection_s=settings.outlier_base_ejection_s,
+                max_ejection_s=settings.outlier_max_ejection_s,
+                max_ejection_percent=settings.outlier_max_ejection_percent,
+            ),
+            clock,
+        )
+        self.router = Router(
+            registry,
+            settings.max_inflight_batches,
+            outliers=self.outliers,
+            pools=PoolPolicy.parse(settings.class_pools),
+            ewma_alpha=settings.latency_ewma_alpha,
+        )
+        self.retry_budget = RetryBudget(settings.retry_budget_percent, settings.retry_min_concurrency)
+        self.sender = BatchSender(
+            self.router,
+            self._run_batch,
+            self.retry_budget,
+            max_retries=settings.max_retries,
+            per_try_timeout_s=settings.runtime_timeout_s,
+            clock=clock,
+        )
+        self.classes = ClassResolver(Priority.named(settings.default_priority))
+        self.traffic = TrafficState()
+        self._limits = QueueLimits(
+            settings.max_queue_requests, settings.max_queue_bytes, settings.priority_aging_ms / 1e3
+        )
         self._queues: dict[Key, ModelQueue] = {}
 
     # ---- the hot path --------------------------------------------------------------------
 
-    async def infer(self, request: InferRequest) -> InferResponse:
-        spec = self.registry.resolve(request.model, request.version)
+    async def infer(self, request: InferRequest, *, timeout_s: float | None = None) -> InferResponse:
+        """Run one request; ``timeout_s`` is the transport's deadline, the ``timeout`` parameter applies too."""
+        priority = self.classes.priority(request)
+        param_timeout_s = parse_timeout_s(request.parameters.get("timeout"))
+        timeouts = [t for t in (timeout_s, param_timeout_s) if t is not None]
+        deadline_s = self.clock() + min(timeouts) if timeouts else None
+        version = request.version
+        if not version and self.traffic.get(request.model) is not None:
+            version = self.traffic.choose(request.model, self.registry.versions(request.model)) or ""
+        spec = self.registry.resolve(request.model, version)
         rows = check_inputs(spec, request.inputs)
         declared = {o.name for o in spec.outputs}
         for name in request.outputs:
             if name not in declared:
                 raise InvalidArgument(f"model '{spec.name}' has no output '{name}'; it has {sorted(declared)}")
-        outputs = await self._queue(spec).submit(request, rows)
+        outputs = await self._queue(spec).submit(request, rows, priority, deadline_s)
         return InferResponse(spec.name, spec.version, outputs, id=request.id)
 
     def _queue(self, spec: ModelSpec) -> ModelQueue:
@@ -69,21 +101,31 @@ class Scheduler:
             if queue is not None:  # the config changed on reload; new batches use the new one
                 asyncio.ensure_future(queue.close())
             queue = ModelQueue(
-                spec,
-                self.router,
-                self._run_batch,
-                batching=self.settings.batching,
-                max_retries=self.settings.max_retries,
-                on_transport_error=self._transport_error,
+                spec, self.router, self.sender, batching=self.settings.batching, limits=self._limits, clock=self.clock
             )
             self._queues[key] = queue
         return queue
 
-    async def _run_batch(self, replica: Replica, model: str, version: str, inputs: list[Tensor], outputs: list[str]):
-        return await replica.client.execute(model, version, inputs, outputs)
+    async def _run_batch(
+        self, replica: Replica, model: str, version: str, inputs: list[Tensor], outputs: list[str], timeout_s: float
+    ):
+        return await replica.client.execute(model, version, inputs, outputs, timeout_s)
 
-    def _transport_error(self, replica: Replica, exc: AIWorksError) -> None:
-        self.registry.mark_down(replica, exc.message)
+    # ---- traffic policy ------------------------------------------------------------------
+
+    def set_traffic(self, policy: TrafficPolicy) -> TrafficPolicy:
+        known = {k[1] for k in self.registry.known if k[0] == policy.model}
+        if not known:
+            raise NotFound(f"unknown model '{policy.model}'")
+        unknown = sorted(set(policy.weights) - known)
+        if unknown:
+            raise InvalidArgument(f"model '{policy.model}' has no version(s) {unknown}; it has {sorted(known)}")
+        self.traffic.set(policy)
+        log.info("traffic policy of %s: %s", policy.model, dict(policy.weights) or "latest version")
+        return policy
+
+    def get_traffic(self, model: str) -> TrafficPolicy:
+        return self.traffic.get(model) or TrafficPolicy(model)
 
     # ---- model management ----------------------------------------------------------------
 
@@ -126,7 +168,9 @@ class Scheduler:
             return specs
 
         results = await self._on_all(one, f"load of {model}")
-        log.info("loaded model %s on %d replica(s) in %.0f ms", model, len(results), (time.perf_counter() - started) * 1e3)
+        log.info(
+            "loaded model %s on %d replica(s) in %.0f ms", model, len(results), (time.perf_counter() - started) * 1e3
+        )
         return next(r for _, r in results if not isinstance(r, BaseException))
 
     async def unload(self, model: str) -> None:
@@ -163,23 +207,48 @@ class Scheduler:
 
     # ---- visible state ---------------------------------------------------------------------
 
-    def status(self) -> tuple[list[ReplicaView], list[QueueView]]:
+    def status(self) -> StatusView:
         now = time.monotonic()
         replicas = [
             ReplicaView(
-                r.replica_id,
-                r.address,
-                r.device,
-                r.live,
-                sum(r.outstanding_batches.values()),
-                r.outstanding_rows,
-                now - r.last_heartbeat_s,
-                sorted(f"{k[0]}:{k[1]}" for k, s in r.models.items() if s.ready),
+                replica_id=r.replica_id,
+                address=r.address,
+                device=r.device,
+                live=r.live,
+                outstanding_batches=sum(r.outstanding_batches.values()),
+                outstanding_rows=r.outstanding_rows,
+                last_heartbeat_age_s=now - r.last_heartbeat_s,
+                models=sorted(f"{k[0]}:{k[1]}" for k, s in r.models.items() if s.ready),
+                labels=dict(r.labels),
+                ejected=self.outliers.ejected(r.health),
+                ejected_for_s=self.outliers.remaining_s(r.health),
+                times_ejected=r.health.times_ejected,
+                consecutive_errors=r.health.consecutive_errors,
+                ewma_latency_ms=r.health.mean_latency_s() * 1e3,
+                batches_done=r.health.batches,
+                rows_done=r.health.rows,
             )
             for r in self.registry.replicas.values()
         ]
-        queues = [QueueView(k[0], k[1], q.depth, q.queued_rows, q.batches, q.rows_done) for k, q in self._queues.items()]
-        return replicas, queues
+        queues = [
+            QueueView(
+                model=k[0],
+                version=k[1],
+                queued_requests=q.depth,
+                queued_rows=q.queued_rows,
+                batches=q.batches,
+                rows=q.rows_done,
+                queued_realtime=q.state.counts[Priority.REALTIME],
+                queued_standard=q.state.counts[Priority.STANDARD],
+                queued_batch=q.state.counts[Priority.BATCH],
+                queued_bytes=q.state.nbytes,
+                rejected=q.rejected,
+                expired=q.expired,
+                retries=self.sender.retries.get(k, 0),
+            )
+            for k, q in self._queues.items()
+        ]
+        return StatusView(replicas, queues, self.traffic.policies(), self.retry_budget)
 
     async def expire_loop(self) -> None:
         while True:

@@ -10,6 +10,7 @@ from typing import Callable
 
 from aiworks.core.errors import NotFound, Unavailable
 from aiworks.core.model_config import ModelSpec
+from aiworks.scheduler.replica_state import ReplicaHealth
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,11 @@ class Replica:
     live: bool = True
     outstanding_batches: dict[Key, int] = field(default_factory=dict)
     outstanding_rows: int = 0
+    # Ejection state and latency averages (the router's view; see replica_state.py).
+    health: ReplicaHealth = field(default_factory=ReplicaHealth)
+
+    def __post_init__(self):
+        self.health.name = self.replica_id
 
     def holds(self, key: Key) -> bool:
         spec = self.models.get(key)

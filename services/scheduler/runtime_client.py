@@ -15,6 +15,9 @@ from aiworks.pb.runtime.v1 import runtime_pb2 as pb
 from aiworks.pb.runtime.v1 import runtime_pb2_grpc
 
 
+_BACKSTOP_S = 1.0
+
+
 class RuntimeClient:
     """Calls one replica's RuntimeService; failures become AIWorksError."""
 
@@ -31,9 +34,17 @@ class RuntimeClient:
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc, f"runtime {self.address}") from None
 
-    async def execute(self, model: str, version: str, inputs: list[Tensor], outputs: list[str]) -> list[Tensor]:
-        request = pb.ExecuteRequest(model=model, version=version, inputs=[from_tensor(t) for t in inputs], outputs=outputs)
-        reply = await self._batches.call(request, self._timeout_s)
+    async def execute(
+        self, model: str, version: str, inputs: list[Tensor], outputs: list[str], timeout_s: float | None = None
+    ) -> list[Tensor]:
+        """Run one batch; ``timeout_s`` (the time left for it) also travels to the runtime as ``timeout_us``."""
+        request = pb.ExecuteRequest(
+            model=model, version=version, inputs=[from_tensor(t) for t in inputs], outputs=outputs
+        )
+        if timeout_s is not None:
+            request.timeout_us = max(1, int(timeout_s * 1e6))
+        # The caller enforces timeout_s itself; the stream's own timeout is only a backstop.
+        reply = await self._batches.call(request, (timeout_s or self._timeout_s) + _BACKSTOP_S)
         return [to_tensor(t) for t in reply.outputs]
 
     async def load(self, name: str) -> list[ModelSpec]:

@@ -9,11 +9,14 @@ from aiworks.core.converters import (
     to_infer_request,
     to_model_spec,
 )
+from aiworks.core.errors import AIWorksError
 from aiworks.core.rpc import handle_errors
-from aiworks.core.stream import serve_stream
+from aiworks.core.stream import error_fields, serve_stream
 from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
 from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
 from aiworks.scheduler.dataplane import Scheduler
+from aiworks.scheduler.traffic_state import TrafficPolicy
+from aiworks.scheduler.views import StatusView
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
@@ -22,18 +25,28 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     def __init__(self, scheduler: Scheduler):
         self.scheduler = scheduler
 
-    async def _infer(self, request) -> pb.InferResponse:
-        return from_infer_response(await self.scheduler.infer(to_infer_request(request)))
+    async def _infer(self, request, timeout_s: float | None = None) -> pb.InferResponse:
+        if request.timeout_us:
+            timeout_s = min(timeout_s or float("inf"), request.timeout_us / 1e6)
+        return from_infer_response(await self.scheduler.infer(to_infer_request(request), timeout_s=timeout_s))
 
     @handle_errors
     async def Infer(self, request, context):
-        return await self._infer(request)
+        return await self._infer(request, context.time_remaining())
+
+    async def _infer_on_stream(self, request) -> pb.InferResponse:
+        # Errors are answered here rather than by serve_stream so the Retry-After hint travels too.
+        try:
+            return await self._infer(request)
+        except AIWorksError as exc:
+            code, message = error_fields(exc)
+            return pb.InferResponse(error_code=code, error_message=message, retry_after_s=exc.retry_after_s or 0.0)
 
     async def InferStream(self, request_iterator, context):
         await serve_stream(
             request_iterator,
             context,
-            self._infer,
+            self._infer_on_stream,
             lambda code, message: pb.InferResponse(error_code=code, error_message=message),
         )
 
@@ -93,8 +106,29 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     @handle_errors
     async def Status(self, request, context):
-        replicas, queues = self.scheduler.status()
-        return pb.StatusResponse(
-            replicas=[pb.ReplicaStatus(**vars(r)) for r in replicas],
-            queues=[pb.QueueStatus(**vars(q)) for q in queues],
-        )
+        return status_to_pb(self.scheduler.status())
+
+    @handle_errors
+    async def SetTrafficPolicy(self, request, context):
+        policy = TrafficPolicy(request.policy.model, dict(request.policy.weights))
+        return traffic_to_pb(self.scheduler.set_traffic(policy))
+
+    @handle_errors
+    async def GetTrafficPolicy(self, request, context):
+        return traffic_to_pb(self.scheduler.get_traffic(request.model))
+
+
+def traffic_to_pb(policy: TrafficPolicy) -> pb.TrafficPolicy:
+    return pb.TrafficPolicy(model=policy.model, weights=dict(policy.weights))
+
+
+def status_to_pb(view: StatusView) -> pb.StatusResponse:
+    budget = view.retry_budget
+    return pb.StatusResponse(
+        replicas=[pb.ReplicaStatus(**vars(r)) for r in view.replicas],
+        queues=[pb.QueueStatus(**vars(q)) for q in view.queues],
+        traffic=[traffic_to_pb(p) for p in view.traffic],
+        retry_budget=pb.RetryBudgetStatus(
+            active=budget.active, active_retries=budget.active_retries, allowed=budget.allowed, denied=budget.denied
+        ),
+    )

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from aiworks.core.settings import ServiceSettings
+
+PRIORITY_NAMES = ("realtime", "standard", "batch")
 
 
 class SchedulerSettings(ServiceSettings):
@@ -22,4 +24,60 @@ class SchedulerSettings(ServiceSettings):
     heartbeat_interval_s: float = Field(1.0, description="Interval replicas are told to heartbeat at.")
     heartbeat_timeout_s: float = Field(3.5, description="A replica silent this long is removed.")
     max_retries: int = Field(2, description="Times a batch is re-sent to another replica after a transport failure.")
-    runtime_timeout_s: float = Field(30.0, description="Deadline of one batch on a runtime.")
+    runtime_timeout_s: float = Field(
+        30.0, description="Per-try timeout of one batch on a runtime; expiry counts as the replica's failure."
+    )
+
+    # ---- QoS: priorities, deadlines, admission ----
+    default_priority: str = Field(
+        "standard", description="Class of requests that name none: realtime, standard or batch."
+    )
+    priority_aging_ms: float = Field(
+        100.0,
+        description="Aging step between classes: a request competes as if one class higher after waiting this long.",
+    )
+    max_queue_requests: int = Field(2048, description="Requests one model version may queue; more are refused (429).")
+    max_queue_bytes: int = Field(
+        64 << 20, description="Input bytes one model version may queue; more are refused (429)."
+    )
+
+    # ---- resilience: retry budget and outlier ejection (Envoy/Istio semantics) ----
+    retry_budget_percent: float = Field(
+        20.0, description="Concurrent retries allowed, as a percentage of batches being sent (Envoy retry budget)."
+    )
+    retry_min_concurrency: int = Field(3, description="Concurrent retries always allowed, whatever the percentage.")
+    outlier_consecutive_errors: int = Field(
+        5, description="Consecutive 5xx-like batch failures that eject a replica (Istio consecutive5xxErrors); 0: off."
+    )
+    outlier_base_ejection_s: float = Field(
+        30.0, description="Ejection time is this times the number of times the replica was ejected (baseEjectionTime)."
+    )
+    outlier_max_ejection_s: float = Field(300.0, description="Longest one ejection may last (Envoy max_ejection_time).")
+    outlier_max_ejection_percent: float = Field(
+        10.0, description="Most replicas ejected at once, in percent; one may always be ejected (maxEjectionPercent)."
+    )
+
+    # ---- routing ----
+    latency_ewma_alpha: float = Field(0.3, description="Weight of the newest batch in a replica's latency average.")
+    class_pools: dict[str, str] = Field(
+        default_factory=lambda: {"realtime": "device=gpu", "batch": "device=cpu"},
+        description=(
+            "Preferred replicas per class as comma-separated key=value terms (device=gpu, or a pool label); "
+            "used whenever a live replica matches, otherwise any replica serves."
+        ),
+    )
+
+    @field_validator("default_priority")
+    @classmethod
+    def _known_priority(cls, value: str) -> str:
+        if value.lower() not in PRIORITY_NAMES:
+            raise ValueError(f"must be one of {', '.join(PRIORITY_NAMES)}")
+        return value.lower()
+
+    @field_validator("class_pools")
+    @classmethod
+    def _known_classes(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = set(value) - set(PRIORITY_NAMES)
+        if unknown:
+            raise ValueError(f"unknown class(es) {sorted(unknown)}; use {', '.join(PRIORITY_NAMES)}")
+        return value

@@ -46,7 +46,7 @@ def cmd_gateway(args) -> None:
     from aiworks.gateway.settings import GatewaySettings
 
     settings = _settings_from(
-        GatewaySettings, args, ["host", "http_port", "grpc_port", "scheduler_address", "max_request_bytes", "log_level"]
+        GatewaySettings, args, ["host", "http_port", "grpc_port", "scheduler_address", "cache_address", "max_request_bytes", "log_level"]
     )
     setup_logging("gateway", settings.log_level)
     main(settings)
@@ -98,6 +98,8 @@ def cmd_up(args) -> None:
         runtime_base_port=args.runtime_base_port,
         replicas=args.replicas,
         batching=not args.no_batching,
+        cache=not args.no_cache,
+        redis_url=args.redis_url,
         log_dir=Path(args.log_dir),
         log_level=args.log_level,
     )
@@ -112,7 +114,10 @@ def cmd_up(args) -> None:
             f"  HTTP (KServe v2): http://{args.host}:{args.http_port}/v2\n"
             f"  gRPC (KServe v2): {args.host}:{args.grpc_port}\n"
             f"  scheduler:        {supervisor.scheduler_address}\n"
-            f"  logs:             "
+            + (f"  cache:            {supervisor.cache_address} ({args.redis_url or 'in-process store'})\n"
+               if supervisor.cache_address else "")
+            + 
+            "  logs:             "
             + ", ".join(str(c.log_path) for c in supervisor.children)
             + "\nPress Ctrl-C to stop.",
             flush=True,
@@ -172,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="Triton-layout model repository; the demo models are built there if it is missing or empty",
     )
     up.add_argument("--no-batching", action="store_true", help="send every request as its own batch")
+    up.add_argument("--redis-url", help="result cache on this Redis (redis://host:port/db); default in-process store")
+    up.add_argument("--no-cache", action="store_true", help="start no cache service")
     up.add_argument("--log-dir", default=".aiworks/logs", help="folder for each service's log file")
     up.add_argument("--log-level", default="INFO", help="log level of every service")
     up.set_defaults(func=cmd_up)
@@ -181,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--http-port", type=int)
     gw.add_argument("--grpc-port", type=int)
     gw.add_argument("--scheduler-address", help="host:port of the scheduler (required)")
+    gw.add_argument("--cache-address", help="host:port of the cache service (optional)")
     gw.add_argument("--max-request-bytes", type=int, help="largest request accepted")
     gw.add_argument("--log-level")
     gw.set_defaults(func=cmd_gateway)
@@ -214,8 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
     dm.set_defaults(func=cmd_demo_models)
 
     from aiworks.bench.options import add_bench_parser
+    from aiworks.cache.cli import add_cache_parser
+    from aiworks.traffic_cli import add_traffic_parser
 
     add_bench_parser(sub).set_defaults(func=cmd_bench)
+    add_cache_parser(sub)
+    add_traffic_parser(sub)
     return parser
 
 

@@ -1,4 +1,4 @@
-"""``aiworks status``: the scheduler's view of queues and replicas, as tables."""
+"""``aiworks status``: the scheduler's view of queues, replicas, ejections and weights, as tables."""
 
 from __future__ import annotations
 
@@ -7,24 +7,54 @@ import grpc
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 
-def show_status(address: str) -> None:
+def fetch_status(address: str) -> scheduler_pb2.StatusResponse:
     try:
         with grpc.insecure_channel(address) as ch:
-            reply = scheduler_pb2_grpc.SchedulerServiceStub(ch).Status(scheduler_pb2.StatusRequest(), timeout=3)
+            return scheduler_pb2_grpc.SchedulerServiceStub(ch).Status(scheduler_pb2.StatusRequest(), timeout=3)
     except grpc.RpcError as exc:
         raise SystemExit(f"error: cannot reach the scheduler at {address}: {exc.details()}") from None
-    print(f"replicas ({len(reply.replicas)}):")
-    print(f"  {'id':<14} {'address':<22} {'device':<6} {'live':<5} {'batches':>7} {'rows':>6} {'beat':>6}  models")
+
+
+def format_status(reply: scheduler_pb2.StatusResponse) -> str:
+    lines = [f"replicas ({len(reply.replicas)}):"]
+    lines.append(
+        f"  {'id':<14} {'address':<22} {'device':<6} {'state':<9} {'batches':>7} {'rows':>6} {'ewma ms':>8} "
+        f"{'done':>7} {'errors':>6} {'ejected':>7} {'beat':>6}  models"
+    )
     for r in reply.replicas:
-        print(
-            f"  {r.replica_id:<14} {r.address:<22} {r.device:<6} {'yes' if r.live else 'no':<5} "
-            f"{r.outstanding_batches:>7} {r.outstanding_rows:>6} {r.last_heartbeat_age_s:>5.1f}s  {', '.join(r.models)}"
+        state = "ejected" if r.ejected else ("live" if r.live else "down")
+        ejected = f"{r.times_ejected}x" + (f" {r.ejected_for_s:.0f}s" if r.ejected else "")
+        lines.append(
+            f"  {r.replica_id:<14} {r.address:<22} {r.device:<6} {state:<9} {r.outstanding_batches:>7} "
+            f"{r.outstanding_rows:>6} {r.ewma_latency_ms:>8.1f} {r.batches_done:>7} {r.consecutive_errors:>6} "
+            f"{ejected:>7} {r.last_heartbeat_age_s:>5.1f}s  {', '.join(r.models)}"
+            + (f"  [{', '.join(f'{k}={v}' for k, v in sorted(r.labels.items()))}]" if r.labels else "")
         )
-    print(f"queues ({len(reply.queues)}):")
-    print(f"  {'model':<16} {'version':<8} {'queued':>7} {'rows':>6} {'batches':>9} {'rows done':>10} {'avg batch':>10}")
+    lines.append(f"queues ({len(reply.queues)}):")
+    lines.append(
+        f"  {'model':<16} {'version':<8} {'queued':>7} {'rt/std/batch':>13} {'rows':>6} {'KiB':>7} {'batches':>9} "
+        f"{'rows done':>10} {'avg batch':>10} {'429':>6} {'504':>6} {'retries':>7}"
+    )
     for q in reply.queues:
         avg = q.rows / q.batches if q.batches else 0.0
-        print(
-            f"  {q.model:<16} {q.version:<8} {q.queued_requests:>7} {q.queued_rows:>6} {q.batches:>9} "
-            f"{q.rows:>10} {avg:>10.2f}"
+        classes = f"{q.queued_realtime}/{q.queued_standard}/{q.queued_batch}"
+        lines.append(
+            f"  {q.model:<16} {q.version:<8} {q.queued_requests:>7} {classes:>13} {q.queued_rows:>6} "
+            f"{q.queued_bytes / 1024:>7.0f} {q.batches:>9} {q.rows:>10} {avg:>10.2f} {q.rejected:>6} {q.expired:>6} "
+            f"{q.retries:>7}"
         )
+    lines.append(f"version weights ({len(reply.traffic)}):")
+    for p in reply.traffic:
+        total = sum(p.weights.values()) or 1
+        shares = ", ".join(f"v{v} {w} ({100 * w / total:.0f}%)" for v, w in sorted(p.weights.items()))
+        lines.append(f"  {p.model:<16} {shares}")
+    b = reply.retry_budget
+    lines.append(
+        f"retry budget: {b.active_retries} retries of {b.active} batches in flight; "
+        f"{b.allowed} allowed, {b.denied} denied since start"
+    )
+    return "\n".join(lines)
+
+
+def show_status(address: str) -> None:
+    print(format_status(fetch_status(address)))

@@ -60,7 +60,7 @@ def test_up_starts_serves_and_stops_without_orphans(model_repository, tmp_path, 
         assert ready, "the suite never became ready"
         kids = children_of(proc.pid)
         cmdlines = [Path(f"/proc/{k}/cmdline").read_bytes().replace(b"\0", b" ").decode() for k in kids]
-        assert sorted(c.split()[3] for c in cmdlines) == ["gateway", "runtime", "scheduler"]
+        assert sorted(c.split()[3] for c in cmdlines) == ["cache", "gateway", "runtime", "scheduler"]
         proc.send_signal(sig)
         out, _ = proc.communicate(timeout=60)
     finally:

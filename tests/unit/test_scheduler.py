@@ -22,7 +22,7 @@ class FakeReplica:
         self.delay_s = delay_s
         self.fail_with: Exception | None = None
 
-    async def execute(self, model, version, inputs, outputs):
+    async def execute(self, model, version, inputs, outputs, timeout_s=None):
         if self.fail_with is not None:
             raise self.fail_with
         x = inputs[0].to_numpy()

@@ -41,3 +41,13 @@ class ModelStatistics:
     failure_count: int = 0
     compute_ns: int = 0
     last_inference_ms: int = 0
+    # Residency and cold start (services/model-runtime/residency.py).
+    resident: bool = False
+    resident_bytes: int = 0
+    preloaded: bool = False
+    load_ns: int = 0
+    warmup_ns: int = 0
+    cold_start_ns: int = 0
+    first_request_ns: int = 0
+    load_count: int = 0
+    eviction_count: int = 0

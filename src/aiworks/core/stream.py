@@ -76,7 +76,10 @@ class MultiplexedStream:
         finally:
             self._pending.pop(stream_id, None)
         if reply.error_code:
-            raise from_grpc_code(_CODES.get(reply.error_code, grpc.StatusCode.UNKNOWN), reply.error_message)
+            error = from_grpc_code(_CODES.get(reply.error_code, grpc.StatusCode.UNKNOWN), reply.error_message)
+            # A reply type with a retry_after_s field (the scheduler's) carries the Retry-After hint.
+            error.retry_after_s = getattr(reply, "retry_after_s", 0.0) or None
+            raise error
         return reply
 
     async def _read(self, call) -> None:

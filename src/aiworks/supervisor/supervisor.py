@@ -38,6 +38,23 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         pass
 
 
+_GRPC_HOLD: grpc.Channel | None = None
+
+
+def _hold_grpc_initialized() -> None:
+    """Keep one gRPC channel open for the rest of this process.
+
+    Closing the last channel makes gRPC shut down on a thread of its own, and
+    a fork during that shutdown (each child is forked) hangs forever in gRPC's
+    pre-fork handler; it showed once the cache's readiness check was added
+    right before the gateway's fork. With a channel always open, gRPC never
+    shuts down. The channel is never used.
+    """
+    global _GRPC_HOLD
+    if _GRPC_HOLD is None:
+        _GRPC_HOLD = grpc.insecure_channel("127.0.0.1:9")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -60,6 +77,11 @@ class SuiteConfig:
     log_level: str = "INFO"
     ready_timeout_s: float = 120.0
     extra_env: dict[str, str] = field(default_factory=dict)
+    # The result cache (docs/cache.md): started unless cache is False, with the
+    # in-process store, or Redis when redis_url is given; cache_port 0 picks a free one.
+    cache: bool = True
+    redis_url: str | None = None
+    cache_port: int = 0
 
 
 @dataclass
@@ -74,18 +96,24 @@ class Supervisor:
     """Starts, watches and stops the suite's processes."""
 
     def __init__(self, config: SuiteConfig):
+        _hold_grpc_initialized()
         self.config = config
         self.children: list[Child] = []
         if config.scheduler_port == 0:
             config.scheduler_port = free_port(config.host)
         self.scheduler_address = f"{config.host}:{config.scheduler_port}"
+        self.cache_address: str | None = None
+        if config.cache:
+            if config.cache_port == 0:
+                config.cache_port = free_port(config.host)
+            self.cache_address = f"{config.host}:{config.cache_port}"
 
     # ---- start ---------------------------------------------------------------------------
 
-    def _spawn(self, name: str, args: list[str]) -> Child:
+    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Child:
         self.config.log_dir.mkdir(parents=True, exist_ok=True)
         child = Child(name, [sys.executable, "-m", "aiworks", *args], self.config.log_dir / f"{name}.log")
-        env = {**os.environ, **self.config.extra_env, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.config.extra_env, **(env or {}), "PYTHONUNBUFFERED": "1"}
         with open(child.log_path, "ab") as logfile:
             child.process = subprocess.Popen(
                 child.argv,
@@ -107,6 +135,11 @@ class Supervisor:
         if not c.batching:
             scheduler.append("--no-batching")
         self._spawn("scheduler", scheduler)
+        if self.cache_address:  # starts alongside the scheduler; the gateway needs it
+            cache = ["cache", "--host", c.host, "--port", str(c.cache_port), "--metrics-port", "0", *level]
+            if c.redis_url:
+                cache += ["--redis-url", c.redis_url]
+            self._spawn("cache", cache)
         self._wait(lambda: self._grpc_serving(self.scheduler_address), "scheduler")
         for i in range(c.replicas):
             port = c.runtime_base_port + i if c.runtime_base_port else 0
@@ -123,6 +156,10 @@ class Supervisor:
                 ],
             )  # fmt: skip
         self._wait(lambda: self._live_replicas() >= c.replicas, f"{c.replicas} runtime replica(s)")
+        gateway_env = {}
+        if self.cache_address:
+            self._wait(lambda: self._grpc_serving(self.cache_address), "cache")
+            gateway_env["AIWORKS_GATEWAY_CACHE_ADDRESS"] = self.cache_address
         self._spawn(
             "gateway",
             [
@@ -133,6 +170,7 @@ class Supervisor:
                 "--scheduler-address", self.scheduler_address,
                 *level,
             ],
+            env=gateway_env,
         )  # fmt: skip
         self._wait(lambda: self._http_ready(), "gateway")
 

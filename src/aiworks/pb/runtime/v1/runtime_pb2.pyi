@@ -84,18 +84,20 @@ class ModelSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., platform: _Optional[str] = ..., max_batch_size: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., batching: _Optional[_Union[BatchingSpec, _Mapping]] = ..., instance_count: _Optional[int] = ..., parameters: _Optional[_Mapping[str, str]] = ..., state: _Optional[_Union[ModelState, str]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ExecuteRequest(_message.Message):
-    __slots__ = ("model", "version", "inputs", "outputs", "stream_id")
+    __slots__ = ("model", "version", "inputs", "outputs", "stream_id", "timeout_us")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_US_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: str
     inputs: _containers.RepeatedCompositeFieldContainer[Tensor]
     outputs: _containers.RepeatedScalarFieldContainer[str]
     stream_id: int
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., outputs: _Optional[_Iterable[str]] = ..., stream_id: _Optional[int] = ...) -> None: ...
+    timeout_us: int
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., outputs: _Optional[_Iterable[str]] = ..., stream_id: _Optional[int] = ..., timeout_us: _Optional[int] = ...) -> None: ...
 
 class ExecuteResponse(_message.Message):
     __slots__ = ("outputs", "compute_ns", "stream_id", "error_code", "error_message")
@@ -160,7 +162,7 @@ class ModelMetadataResponse(_message.Message):
     def __init__(self, spec: _Optional[_Union[ModelSpec, _Mapping]] = ...) -> None: ...
 
 class ModelStatistics(_message.Message):
-    __slots__ = ("name", "version", "inference_count", "execution_count", "success_count", "failure_count", "compute_ns", "last_inference_ms")
+    __slots__ = ("name", "version", "inference_count", "execution_count", "success_count", "failure_count", "compute_ns", "last_inference_ms", "resident", "resident_bytes", "preloaded", "load_ns", "warmup_ns", "cold_start_ns", "first_request_ns", "load_count", "eviction_count")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     INFERENCE_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -169,6 +171,15 @@ class ModelStatistics(_message.Message):
     FAILURE_COUNT_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_NS_FIELD_NUMBER: _ClassVar[int]
     LAST_INFERENCE_MS_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PRELOADED_FIELD_NUMBER: _ClassVar[int]
+    LOAD_NS_FIELD_NUMBER: _ClassVar[int]
+    WARMUP_NS_FIELD_NUMBER: _ClassVar[int]
+    COLD_START_NS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_REQUEST_NS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_COUNT_FIELD_NUMBER: _ClassVar[int]
+    EVICTION_COUNT_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     inference_count: int
@@ -177,7 +188,16 @@ class ModelStatistics(_message.Message):
     failure_count: int
     compute_ns: int
     last_inference_ms: int
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., inference_count: _Optional[int] = ..., execution_count: _Optional[int] = ..., success_count: _Optional[int] = ..., failure_count: _Optional[int] = ..., compute_ns: _Optional[int] = ..., last_inference_ms: _Optional[int] = ...) -> None: ...
+    resident: bool
+    resident_bytes: int
+    preloaded: bool
+    load_ns: int
+    warmup_ns: int
+    cold_start_ns: int
+    first_request_ns: int
+    load_count: int
+    eviction_count: int
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., inference_count: _Optional[int] = ..., execution_count: _Optional[int] = ..., success_count: _Optional[int] = ..., failure_count: _Optional[int] = ..., compute_ns: _Optional[int] = ..., last_inference_ms: _Optional[int] = ..., resident: _Optional[bool] = ..., resident_bytes: _Optional[int] = ..., preloaded: _Optional[bool] = ..., load_ns: _Optional[int] = ..., warmup_ns: _Optional[int] = ..., cold_start_ns: _Optional[int] = ..., first_request_ns: _Optional[int] = ..., load_count: _Optional[int] = ..., eviction_count: _Optional[int] = ...) -> None: ...
 
 class StatisticsRequest(_message.Message):
     __slots__ = ("name", "version")

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class InferRequest(_message.Message):
-    __slots__ = ("id", "model", "version", "inputs", "outputs", "parameters", "stream_id")
+    __slots__ = ("id", "model", "version", "inputs", "outputs", "parameters", "stream_id", "timeout_us")
     class ParametersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +23,7 @@ class InferRequest(_message.Message):
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_US_FIELD_NUMBER: _ClassVar[int]
     id: str
     model: str
     version: str
@@ -30,10 +31,11 @@ class InferRequest(_message.Message):
     outputs: _containers.RepeatedScalarFieldContainer[str]
     parameters: _containers.ScalarMap[str, str]
     stream_id: int
-    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[_runtime_pb2.Tensor, _Mapping]]] = ..., outputs: _Optional[_Iterable[str]] = ..., parameters: _Optional[_Mapping[str, str]] = ..., stream_id: _Optional[int] = ...) -> None: ...
+    timeout_us: int
+    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[_runtime_pb2.Tensor, _Mapping]]] = ..., outputs: _Optional[_Iterable[str]] = ..., parameters: _Optional[_Mapping[str, str]] = ..., stream_id: _Optional[int] = ..., timeout_us: _Optional[int] = ...) -> None: ...
 
 class InferResponse(_message.Message):
-    __slots__ = ("id", "model", "version", "outputs", "stream_id", "error_code", "error_message")
+    __slots__ = ("id", "model", "version", "outputs", "stream_id", "error_code", "error_message", "retry_after_s")
     ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +43,7 @@ class InferResponse(_message.Message):
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
     id: str
     model: str
     version: str
@@ -48,7 +51,8 @@ class InferResponse(_message.Message):
     stream_id: int
     error_code: int
     error_message: str
-    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., outputs: _Optional[_Iterable[_Union[_runtime_pb2.Tensor, _Mapping]]] = ..., stream_id: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
+    retry_after_s: float
+    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., outputs: _Optional[_Iterable[_Union[_runtime_pb2.Tensor, _Mapping]]] = ..., stream_id: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., retry_after_s: _Optional[float] = ...) -> None: ...
 
 class ServerReadyRequest(_message.Message):
     __slots__ = ()
@@ -166,7 +170,14 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("replica_id", "address", "device", "live", "outstanding_batches", "outstanding_rows", "last_heartbeat_age_s", "models")
+    __slots__ = ("replica_id", "address", "device", "live", "outstanding_batches", "outstanding_rows", "last_heartbeat_age_s", "models", "labels", "ejected", "ejected_for_s", "times_ejected", "consecutive_errors", "ewma_latency_ms", "batches_done", "rows_done")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
@@ -175,6 +186,14 @@ class ReplicaStatus(_message.Message):
     OUTSTANDING_ROWS_FIELD_NUMBER: _ClassVar[int]
     LAST_HEARTBEAT_AGE_S_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    EJECTED_FIELD_NUMBER: _ClassVar[int]
+    EJECTED_FOR_S_FIELD_NUMBER: _ClassVar[int]
+    TIMES_EJECTED_FIELD_NUMBER: _ClassVar[int]
+    CONSECUTIVE_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    EWMA_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_DONE_FIELD_NUMBER: _ClassVar[int]
+    ROWS_DONE_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     address: str
     device: str
@@ -183,28 +202,93 @@ class ReplicaStatus(_message.Message):
     outstanding_rows: int
     last_heartbeat_age_s: float
     models: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., live: _Optional[bool] = ..., outstanding_batches: _Optional[int] = ..., outstanding_rows: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ..., models: _Optional[_Iterable[str]] = ...) -> None: ...
+    labels: _containers.ScalarMap[str, str]
+    ejected: bool
+    ejected_for_s: float
+    times_ejected: int
+    consecutive_errors: int
+    ewma_latency_ms: float
+    batches_done: int
+    rows_done: int
+    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., live: _Optional[bool] = ..., outstanding_batches: _Optional[int] = ..., outstanding_rows: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ..., models: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., ejected: _Optional[bool] = ..., ejected_for_s: _Optional[float] = ..., times_ejected: _Optional[int] = ..., consecutive_errors: _Optional[int] = ..., ewma_latency_ms: _Optional[float] = ..., batches_done: _Optional[int] = ..., rows_done: _Optional[int] = ...) -> None: ...
 
 class QueueStatus(_message.Message):
-    __slots__ = ("model", "version", "queued_requests", "queued_rows", "batches", "rows")
+    __slots__ = ("model", "version", "queued_requests", "queued_rows", "batches", "rows", "queued_realtime", "queued_standard", "queued_batch", "queued_bytes", "rejected", "expired", "retries")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     QUEUED_ROWS_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_REALTIME_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_STANDARD_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_BATCH_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    RETRIES_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: str
     queued_requests: int
     queued_rows: int
     batches: int
     rows: int
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., queued_requests: _Optional[int] = ..., queued_rows: _Optional[int] = ..., batches: _Optional[int] = ..., rows: _Optional[int] = ...) -> None: ...
+    queued_realtime: int
+    queued_standard: int
+    queued_batch: int
+    queued_bytes: int
+    rejected: int
+    expired: int
+    retries: int
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., queued_requests: _Optional[int] = ..., queued_rows: _Optional[int] = ..., batches: _Optional[int] = ..., rows: _Optional[int] = ..., queued_realtime: _Optional[int] = ..., queued_standard: _Optional[int] = ..., queued_batch: _Optional[int] = ..., queued_bytes: _Optional[int] = ..., rejected: _Optional[int] = ..., expired: _Optional[int] = ..., retries: _Optional[int] = ...) -> None: ...
+
+class RetryBudgetStatus(_message.Message):
+    __slots__ = ("active", "active_retries", "allowed", "denied")
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_RETRIES_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_FIELD_NUMBER: _ClassVar[int]
+    DENIED_FIELD_NUMBER: _ClassVar[int]
+    active: int
+    active_retries: int
+    allowed: int
+    denied: int
+    def __init__(self, active: _Optional[int] = ..., active_retries: _Optional[int] = ..., allowed: _Optional[int] = ..., denied: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("replicas", "queues")
+    __slots__ = ("replicas", "queues", "traffic", "retry_budget")
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
+    TRAFFIC_FIELD_NUMBER: _ClassVar[int]
+    RETRY_BUDGET_FIELD_NUMBER: _ClassVar[int]
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
     queues: _containers.RepeatedCompositeFieldContainer[QueueStatus]
-    def __init__(self, replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[QueueStatus, _Mapping]]] = ...) -> None: ...
+    traffic: _containers.RepeatedCompositeFieldContainer[TrafficPolicy]
+    retry_budget: RetryBudgetStatus
+    def __init__(self, replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[QueueStatus, _Mapping]]] = ..., traffic: _Optional[_Iterable[_Union[TrafficPolicy, _Mapping]]] = ..., retry_budget: _Optional[_Union[RetryBudgetStatus, _Mapping]] = ...) -> None: ...
+
+class TrafficPolicy(_message.Message):
+    __slots__ = ("model", "weights")
+    class WeightsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    weights: _containers.ScalarMap[str, int]
+    def __init__(self, model: _Optional[str] = ..., weights: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class SetTrafficPolicyRequest(_message.Message):
+    __slots__ = ("policy",)
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    policy: TrafficPolicy
+    def __init__(self, policy: _Optional[_Union[TrafficPolicy, _Mapping]] = ...) -> None: ...
+
+class GetTrafficPolicyRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...

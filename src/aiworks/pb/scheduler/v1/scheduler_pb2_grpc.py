@@ -94,6 +94,16 @@ class SchedulerServiceStub:
                 request_serializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.StatusRequest.SerializeToString,
                 response_deserializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.SetTrafficPolicy = channel.unary_unary(
+                '/aiworks.scheduler.v1.SchedulerService/SetTrafficPolicy',
+                request_serializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.SetTrafficPolicyRequest.SerializeToString,
+                response_deserializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.TrafficPolicy.FromString,
+                _registered_method=True)
+        self.GetTrafficPolicy = channel.unary_unary(
+                '/aiworks.scheduler.v1.SchedulerService/GetTrafficPolicy',
+                request_serializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.GetTrafficPolicyRequest.SerializeToString,
+                response_deserializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.TrafficPolicy.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -173,6 +183,19 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetTrafficPolicy(self, request, context):
+        """Version weights of a model (canary releases).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTrafficPolicy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -235,6 +258,16 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.StatusRequest.FromString,
                     response_serializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.StatusResponse.SerializeToString,
+            ),
+            'SetTrafficPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetTrafficPolicy,
+                    request_deserializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.SetTrafficPolicyRequest.FromString,
+                    response_serializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.TrafficPolicy.SerializeToString,
+            ),
+            'GetTrafficPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTrafficPolicy,
+                    request_deserializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.GetTrafficPolicyRequest.FromString,
+                    response_serializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.TrafficPolicy.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -561,6 +594,60 @@ class SchedulerService:
             '/aiworks.scheduler.v1.SchedulerService/Status',
             aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.StatusRequest.SerializeToString,
             aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetTrafficPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aiworks.scheduler.v1.SchedulerService/SetTrafficPolicy',
+            aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.SetTrafficPolicyRequest.SerializeToString,
+            aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.TrafficPolicy.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTrafficPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aiworks.scheduler.v1.SchedulerService/GetTrafficPolicy',
+            aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.GetTrafficPolicyRequest.SerializeToString,
+            aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.TrafficPolicy.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,83 @@
+"""Wires the cache together and runs it: ``aiworks cache``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily
+
+from aiworks.cache.dataplane import CacheDataPlane
+from aiworks.cache.servicer import CacheServicer
+from aiworks.cache.settings import CacheSettings
+from aiworks.cache.store import MemoryStore, Store
+from aiworks.core.lifecycle import stop_event
+from aiworks.core.rpc import create_server, set_serving
+from aiworks.pb.cache.v1 import cache_pb2_grpc
+
+log = logging.getLogger("aiworks.cache")
+
+
+def build_store(settings: CacheSettings) -> Store:
+    """Redis when a URL is configured, the in-process LRU otherwise."""
+    if settings.redis_url:
+        from aiworks.cache.redis_store import RedisStore
+
+        return RedisStore(settings.redis_url, prefix=settings.key_prefix)
+    return MemoryStore(settings.max_bytes)
+
+
+def build_dataplane(settings: CacheSettings) -> CacheDataPlane:
+    return CacheDataPlane(
+        build_store(settings),
+        max_entry_bytes=settings.max_entry_bytes,
+        default_ttl_s=settings.default_ttl_s,
+        store_timeout_s=settings.store_timeout_s,
+        retry_after_s=settings.retry_after_s,
+        failure_threshold=settings.failure_threshold,
+    )
+
+
+class _CountersCollector:
+    """Exposes the data plane's counters as ``aiworks_cache_<name>_total``."""
+
+    def __init__(self, dataplane: CacheDataPlane):
+        self.dataplane = dataplane
+
+    def collect(self):
+        for name, value in self.dataplane.counters.as_dict().items():
+            yield CounterMetricFamily(f"aiworks_cache_{name}", f"Cache {name.replace('_', ' ')}.", value=value)
+
+
+async def serve(settings: CacheSettings) -> None:
+    stop = stop_event()
+    dataplane = build_dataplane(settings)
+    server, health = create_server(settings.max_message_bytes)
+    cache_pb2_grpc.add_CacheServiceServicer_to_server(CacheServicer(dataplane), server)
+    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    await server.start()
+    metrics = None
+    if settings.metrics_port:
+        registry = CollectorRegistry()
+        registry.register(_CountersCollector(dataplane))
+        metrics, _ = start_http_server(settings.metrics_port, settings.host, registry=registry)
+    await set_serving(health, True)
+    log.info(
+        "cache serving gRPC on %s:%d with the %s store%s",
+        settings.host,
+        port,
+        dataplane.store.name,
+        f" (metrics on :{settings.metrics_port})" if metrics else "",
+    )
+    await stop.wait()
+    log.info("cache stopping")
+    await set_serving(health, False)
+    await server.stop(grace=5)
+    if metrics is not None:
+        metrics.shutdown()
+    await dataplane.close()
+
+
+def main(settings: CacheSettings) -> None:
+    asyncio.run(serve(settings))

@@ -1,0 +1,264 @@
+"""The gateway's side of the result cache: look up before scheduling, store after success.
+
+For each request to a model whose config enables the response cache, the
+gateway computes the key (:mod:`aiworks.cache.keys`) from the model's resolved
+version, asks the cache, and on a hit answers without the scheduler. On a
+miss it schedules the request, answers, and stores the result in the
+background. Responses of cached models carry the parameter ``cache_hit``.
+
+The cache is an optimization, never a dependency: a lookup slower than
+``lookup_timeout_s`` or failing counts as a miss; after ``failure_threshold``
+failures in a row the breaker opens and the cache is skipped for
+``retry_after_s``, then probed again, so caching resumes on its own.
+
+Which models are cached, and their resolved versions, come from the
+scheduler's ModelMetadata, kept for ``metadata_ttl_s`` (1 s) so the lookup
+stays off the hot path. A version loaded through another gateway is
+therefore seen here within that time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import Awaitable, Callable
+
+from aiworks.cache.breaker import CircuitBreaker
+from aiworks.cache.converters import decode_response, encode_response
+from aiworks.cache.keys import request_key
+from aiworks.cache.policy import CachePolicy, skip_reason
+from aiworks.core.errors import AIWorksError
+from aiworks.core.inference import InferRequest, InferResponse
+from aiworks.core.model_config import ModelSpec
+from aiworks.core.rpc import insecure_channel
+from aiworks.core.stream import MultiplexedStream
+from aiworks.pb.cache.v1 import cache_pb2 as pb
+from aiworks.pb.cache.v1 import cache_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+HIT = "cache_hit"
+_PUT_TIMEOUT_S = 1.0
+_INVALIDATE_TIMEOUT_S = 5.0
+
+Metadata = Callable[[str, str], Awaitable[tuple[ModelSpec, list[str]]]]
+Compute = Callable[[InferRequest], Awaitable[InferResponse]]
+
+
+@dataclass
+class GatewayCacheCounters:
+    """What this gateway's cache client did since it started."""
+
+    hits: int = 0
+    misses: int = 0
+    skipped: int = 0  # the request asked to bypass the cache, or is not deterministic
+    bypassed: int = 0  # the cache was down, slow or skipped by the breaker: served without it
+    lookup_errors: int = 0
+    stores: int = 0
+    store_errors: int = 0
+    stores_dropped: int = 0  # too many stores in flight, or too large for the model's policy
+    invalidation_errors: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class _Resolved:
+    version: str
+    policy: CachePolicy
+
+
+class CacheClient:
+    """Calls the CacheService from the gateway; failures never reach the client."""
+
+    def __init__(
+        self,
+        address: str,
+        metadata: Metadata,
+        *,
+        max_message_bytes: int,
+        lookup_timeout_s: float = 0.01,
+        metadata_ttl_s: float = 1.0,
+        failure_threshold: int = 10,
+        retry_after_s: float = 1.0,
+        max_pending_stores: int = 256,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.address = address
+        self._metadata = metadata
+        self.lookup_timeout_s = lookup_timeout_s
+        self.metadata_ttl_s = metadata_ttl_s
+        self.max_pending_stores = max_pending_stores
+        self._clock = clock
+        self._channel = insecure_channel(address, max_message_bytes)
+        self._stub = cache_pb2_grpc.CacheServiceStub(self._channel)
+        self._gets = MultiplexedStream(self._stub.GetStream, f"cache {address}")
+        self._puts = MultiplexedStream(self._stub.PutStream, f"cache {address}")
+        self.breaker = CircuitBreaker(failure_threshold=failure_threshold, retry_after_s=retry_after_s, clock=clock)
+        self.counters = GatewayCacheCounters()
+        self._resolved: dict[tuple[str, str], tuple[float, _Resolved | None]] = {}
+        self._resolving: dict[tuple[str, str], asyncio.Future] = {}
+        self._stores: set[asyncio.Task] = set()
+        self._pending_invalidations: set[str] = set()
+        self._retry_task: asyncio.Task | None = None
+        self._last_warning_s = -1e9
+
+    # ---- the request path ---------------------------------------------------------------------
+
+    async def infer(self, request: InferRequest, compute: Compute) -> InferResponse:
+        """Answer ``request`` from the cache, or with ``compute`` and store the result."""
+        if skip_reason(request.parameters):
+            self.counters.skipped += 1
+            return await compute(request)
+        resolved = await self._resolve(request.model, request.version)
+        if resolved is None:
+            return await compute(request)
+        if request.model in self._pending_invalidations:
+            self.counters.bypassed += 1
+            return self._mark(await compute(request), False)
+        key = request_key(
+            request.model, resolved.version, request.inputs, request.outputs, request.parameters, resolved.policy
+        )
+        found = await self._lookup(request.model, key)
+        if found is not None and found.found:
+            try:
+                response = decode_response(found.value, request.id)
+            except Exception as exc:  # a corrupt entry is a miss
+                log.warning("unreadable cache entry for %s: %s", request.model, exc)
+            else:
+                self.counters.hits += 1
+                return self._mark(response, True)
+        response = await compute(request)
+        if found is not None:
+            self.counters.misses += 1
+            if response.version == resolved.version:
+                self._store_later(request.model, key, found.epoch, response, resolved.policy)
+        return self._mark(response, False)
+
+    @staticmethod
+    def _mark(response: InferResponse, hit: bool) -> InferResponse:
+        response.parameters[HIT] = hit
+        return response
+
+    async def _lookup(self, model: str, key: bytes) -> pb.GetResponse | None:
+        """The cache's answer, or None when it is skipped, slow or failing."""
+        if not self.breaker.allow():
+            self.counters.bypassed += 1
+            return None
+        try:
+            reply = await self._gets.call(pb.GetRequest(model=model, key=key), self.lookup_timeout_s)
+        except AIWorksError as exc:
+            self.counters.lookup_errors += 1
+            self.counters.bypassed += 1
+            self._failed(f"lookup failed: {exc.message}")
+            return None
+        self.breaker.success()
+        if reply.bypassed:  # the cache answered, but its store is down: nothing to store into either
+            self.counters.bypassed += 1
+            return None
+        return reply
+
+    def _failed(self, why: str) -> None:
+        self.breaker.failure()
+        now = self._clock()
+        if now - self._last_warning_s > 5:
+            self._last_warning_s = now
+            log.warning("result cache at %s bypassed: %s", self.address, why)
+
+    def _store_later(self, model: str, key: bytes, epoch: int, response: InferResponse, policy: CachePolicy) -> None:
+        """Store without delaying the response; drop the store when too many are in flight."""
+        value = encode_response(response)
+        if len(value) > policy.max_entry_bytes or len(self._stores) >= self.max_pending_stores:
+            self.counters.stores_dropped += 1
+            return
+        request = pb.PutRequest(model=model, key=key, value=value, epoch=epoch, ttl_ms=int(policy.ttl_s * 1000))
+        task = asyncio.get_running_loop().create_task(self._store(request))
+        self._stores.add(task)
+        task.add_done_callback(self._stores.discard)
+
+    async def _store(self, request: pb.PutRequest) -> None:
+        try:
+            reply = await self._puts.call(request, _PUT_TIMEOUT_S)
+        except AIWorksError as exc:
+            self.counters.store_errors += 1
+            self._failed(f"store failed: {exc.message}")
+            return
+        if reply.stored:
+            self.counters.stores += 1
+
+    # ---- which models are cached ----------------------------------------------------------------
+
+    async def _resolve(self, model: str, version: str) -> _Resolved | None:
+        """The resolved version and policy of a cached model; None when it is not cached (or unknown)."""
+        ref = (model, version)
+        entry = self._resolved.get(ref)
+        if entry is not None and self._clock() < entry[0]:
+            return entry[1]
+        pending = self._resolving.get(ref)
+        if pending is None:
+            pending = asyncio.get_running_loop().create_task(self._fetch(ref))
+            self._resolving[ref] = pending
+            pending.add_done_callback(lambda _: self._resolving.pop(ref, None))
+        return await asyncio.shield(pending)
+
+    async def _fetch(self, ref: tuple[str, str]) -> _Resolved | None:
+        try:
+            spec, _ = await self._metadata(*ref)
+        except Exception:  # unknown or unavailable: the scheduler tells the client, not the cache
+            resolved = None
+        else:
+            policy = CachePolicy.from_parameters(spec.parameters, spec.name)
+            resolved = _Resolved(spec.version, policy) if policy.enabled else None
+        self._resolved[ref] = (self._clock() + self.metadata_ttl_s, resolved)
+        return resolved
+
+    def forget(self, model: str) -> None:
+        """Drop what is known about ``model``'s versions and policy."""
+        for ref in [r for r in self._resolved if r[0] == model]:
+            del self._resolved[ref]
+
+    # ---- invalidation ---------------------------------------------------------------------------
+
+    async def invalidate(self, model: str) -> None:
+        """Drop ``model``'s entries (after a load or unload). Never raises.
+
+        Until the cache confirms, this gateway bypasses the cache for the
+        model, and retries the invalidation in the background.
+        """
+        self.forget(model)
+        self._pending_invalidations.add(model)
+        if not await self._invalidate(model):
+            self._ensure_retrying()
+
+    async def _invalidate(self, model: str) -> bool:
+        try:
+            reply = await self._stub.Invalidate(pb.InvalidateRequest(model=model), timeout=_INVALIDATE_TIMEOUT_S)
+        except Exception as exc:
+            self.counters.invalidation_errors += 1
+            log.warning("invalidation of %s in the cache at %s failed, will retry: %s", model, self.address, exc)
+            return False
+        self._pending_invalidations.discard(model)
+        log.info("invalidated %d cached result(s) of %s", reply.removed, model)
+        return True
+
+    def _ensure_retrying(self) -> None:
+        if self._retry_task is None or self._retry_task.done():
+            self._retry_task = asyncio.get_running_loop().create_task(self._retry_invalidations())
+
+    async def _retry_invalidations(self) -> None:
+        while self._pending_invalidations:
+            await asyncio.sleep(self.breaker.retry_after_s)
+            for model in sorted(self._pending_invalidations):
+                await self._invalidate(model)
+
+    async def close(self) -> None:
+        if self._retry_task is not None:
+            self._retry_task.cancel()
+        if self._stores:
+            await asyncio.wait(list(self._stores), timeout=_PUT_TIMEOUT_S)
+        await self._gets.close()
+        await self._puts.close()
+        await self._channel.close()

@@ -1,0 +1,178 @@
+"""Admission and ordering of one model version's queue: a state machine with no I/O.
+
+**Order.** Three FIFO lanes, one per class. The next request is the lane head
+with the smallest *rank*, where rank = arrival time + class rank × aging step.
+A ``batch`` request that arrived at *t* therefore competes like a ``realtime``
+request that arrived at *t* + 2 steps: higher classes go first under
+contention, and since later arrivals always rank later, every request
+eventually becomes the first — no class starves, and a lower class waits at
+most its distance × the aging step behind newer, higher ones (plus the work
+ahead of it). This is aging, not weights: a class's share is not fixed, its
+extra wait is bounded.
+
+**Batches.** A batch starts with the best head; more heads join, best first,
+while they have the same signature (non-batch shapes and requested outputs)
+and fit in ``max_rows``. Requests whose deadline has passed are dropped as
+they reach a head, never run.
+
+**Bounds.** At most ``max_requests`` requests and ``max_bytes`` input bytes
+are queued. A request that does not fit sheds the youngest requests of lower
+classes when that makes room; otherwise it is refused.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from collections.abc import Hashable
+
+from aiworks.scheduler.qos import Priority
+
+
+@dataclass(slots=True, eq=False)
+class Entry:
+    """One queued request as this state machine sees it; ``payload`` is the caller's."""
+
+    payload: object
+    priority: Priority
+    rows: int
+    nbytes: int
+    signature: Hashable
+    enqueued_s: float
+    deadline_s: float | None = None
+    rank_s: float = 0.0
+    queued: bool = False
+
+    def expired(self, now_s: float) -> bool:
+        return self.deadline_s is not None and now_s >= self.deadline_s
+
+
+class QueueState:
+    """Bounded three-class queue of one model version."""
+
+    def __init__(self, *, max_requests: int, max_bytes: int, aging_s: float):
+        self.max_requests = max_requests
+        self.max_bytes = max_bytes
+        self.aging_s = aging_s
+        self._lanes: dict[Priority, deque[Entry]] = {p: deque() for p in Priority}
+        self.counts: dict[Priority, int] = {p: 0 for p in Priority}
+        self.requests = 0
+        self.rows = 0
+        self.nbytes = 0
+        self._stale = 0  # entries left in lanes after removal, dropped lazily
+
+    # ---- admission -----------------------------------------------------------------------
+
+    def admit(self, entry: Entry) -> list[object] | None:
+        """Queue ``entry``; return the payloads shed to make room, or None if refused."""
+        entry.rank_s = entry.enqueued_s + int(entry.priority) * self.aging_s
+        over_requests = self.requests + 1 - self.max_requests
+        over_bytes = self.nbytes + entry.nbytes - self.max_bytes
+        victims: list[Entry] = []
+        if over_requests > 0 or over_bytes > 0:
+            for lower in sorted(Priority, reverse=True):
+                if lower <= entry.priority:
+                    break
+                for queued in reversed(self._lanes[lower]):
+                    if over_requests <= 0 and over_bytes <= 0:
+                        break
+                    if queued.queued:
+                        victims.append(queued)
+                        over_requests -= 1
+                        over_bytes -= queued.nbytes
+            if over_requests > 0 or over_bytes > 0:
+                return None
+        shed = [self._drop(v) for v in victims]
+        entry.queued = True
+        self._lanes[entry.priority].append(entry)
+        self._count(entry, +1)
+        return shed
+
+    def remove(self, entry: Entry) -> bool:
+        """Take ``entry`` out (its caller gave up); False if it already left."""
+        if not entry.queued:
+            return False
+        self._drop(entry)
+        return True
+
+    # ---- order ---------------------------------------------------------------------------
+
+    def peek(self) -> Entry | None:
+        """The request that goes next."""
+        best = None
+        for p in Priority:
+            head = self._head(p)
+            if head is not None and (best is None or head.rank_s < best.rank_s):
+                best = head
+        return best
+
+    def take(self, max_rows: int, now_s: float) -> tuple[list[Entry], list[Entry]]:
+        """The next batch (one request when ``max_rows`` is 0), and the expired requests met on the way."""
+        expired: list[Entry] = []
+        batch: list[Entry] = []
+        rows = 0
+        signature = None
+        while True:
+            best = None
+            for p in Priority:
+                head = self._head(p)
+                while head is not None and head.expired(now_s):
+                    expired.append(self._pop(p))
+                    head = self._head(p)
+                if head is None:
+                    continue
+                if batch and (head.signature != signature or rows + head.rows > max_rows):
+                    continue
+                if best is None or head.rank_s < best.rank_s:
+                    best = head
+            if best is None:
+                break
+            batch.append(self._pop(best.priority))
+            rows += best.rows
+            signature = best.signature
+            if max_rows <= 0:
+                break
+        return batch, expired
+
+    def drain(self) -> list[object]:
+        """Remove everything; return the payloads."""
+        out = [e.payload for lane in self._lanes.values() for e in lane if e.queued]
+        for lane in self._lanes.values():
+            for e in lane:
+                e.queued = False
+            lane.clear()
+        self.counts = {p: 0 for p in Priority}
+        self.requests = self.rows = self.nbytes = self._stale = 0
+        return out
+
+    # ---- internals -----------------------------------------------------------------------
+
+    def _head(self, p: Priority) -> Entry | None:
+        lane = self._lanes[p]
+        while lane and not lane[0].queued:
+            lane.popleft()
+            self._stale -= 1
+        return lane[0] if lane else None
+
+    def _pop(self, p: Priority) -> Entry:
+        entry = self._lanes[p].popleft()
+        entry.queued = False
+        self._count(entry, -1)
+        return entry
+
+    def _drop(self, entry: Entry) -> object:
+        entry.queued = False
+        self._count(entry, -1)
+        payload, entry.payload = entry.payload, None  # the lane may hold the entry a while; not its tensors
+        self._stale += 1
+        if self._stale > self.requests + 64:
+            for p, lane in self._lanes.items():
+                self._lanes[p] = deque(e for e in lane if e.queued)
+            self._stale = 0
+        return payload
+
+    def _count(self, entry: Entry, sign: int) -> None:
+        self.counts[entry.priority] += sign
+        self.requests += sign
+        self.rows += sign * entry.rows
+        self.nbytes += sign * entry.nbytes

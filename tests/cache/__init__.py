@@ -1,0 +1,1 @@
+"""Tests of the result cache and of model residency (issue 4)."""

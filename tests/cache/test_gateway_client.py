@@ -1,0 +1,201 @@
+"""The gateway's cache client against a real in-process cache server: lookups, stores, breaker, invalidation."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from aiworks.cache.breaker import CircuitBreaker
+from aiworks.cache.dataplane import CacheDataPlane
+from aiworks.cache.servicer import CacheServicer
+from aiworks.cache.store import MemoryStore
+from aiworks.core.datatypes import Tensor
+from aiworks.core.errors import NotFound
+from aiworks.core.inference import InferRequest, InferResponse
+from aiworks.core.model_config import ModelSpec
+from aiworks.core.rpc import create_server, set_serving
+from aiworks.gateway.cache_client import CacheClient
+from aiworks.pb.cache.v1 import cache_pb2_grpc
+from aiworks.supervisor.supervisor import free_port
+
+CACHED = {"response_cache": "true"}
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_breaker_opens_after_the_threshold_probes_once_and_closes_on_success():
+    clock = FakeClock()
+    breaker = CircuitBreaker(failure_threshold=2, retry_after_s=1.0, clock=clock)
+    breaker.failure()
+    assert breaker.allow()  # one failure is not enough
+    breaker.failure()
+    assert not breaker.allow()
+    clock.now += 1.0
+    assert breaker.allow() and not breaker.allow()  # one probe at a time
+    breaker.failure()  # the probe failed: open again
+    assert not breaker.allow()
+    clock.now += 1.0
+    assert breaker.allow()
+    breaker.success()
+    assert breaker.allow() and breaker.allow() and not breaker.is_open
+
+
+class CacheServer:
+    """The real CacheService on a port of its own, in this event loop."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.server = None
+        self.dataplane = None
+
+    async def start(self):
+        self.dataplane = CacheDataPlane(MemoryStore(1 << 20))
+        self.server, health = create_server(1 << 20)
+        cache_pb2_grpc.add_CacheServiceServicer_to_server(CacheServicer(self.dataplane), self.server)
+        self.server.add_insecure_port(f"127.0.0.1:{self.port}")
+        await self.server.start()
+        await set_serving(health, True)
+
+    async def stop(self):
+        await self.server.stop(grace=0)
+
+
+class Backend:
+    """Stands in for the scheduler: metadata and inference, counting calls."""
+
+    def __init__(self, parameters=CACHED, version="3"):
+        self.parameters = dict(parameters)
+        self.version = version
+        self.metadata_calls = 0
+        self.infer_calls = 0
+
+    async def metadata(self, name, version):
+        self.metadata_calls += 1
+        if name == "missing":
+            raise NotFound("unknown model 'missing'")
+        await asyncio.sleep(0.01)
+        return ModelSpec(name=name, version=version or self.version, parameters=self.parameters), [self.version]
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        self.infer_calls += 1
+        x = request.inputs[0].to_numpy()
+        return InferResponse(request.model, request.version or self.version, [Tensor.from_numpy("y", x * 2)], id=request.id)
+
+
+def request(value: float = 1.0, **parameters) -> InferRequest:
+    x = Tensor.from_numpy("x", np.full((1, 4), value, dtype=np.float32))
+    return InferRequest("m", "", [x], id="r1", parameters=parameters)
+
+
+async def until(predicate, timeout_s: float = 3.0):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+async def server():
+    s = CacheServer(free_port())
+    await s.start()
+    yield s
+    await s.stop()
+
+
+async def test_miss_store_then_hit_without_the_scheduler(server):
+    backend = Backend()
+    client = CacheClient(f"127.0.0.1:{server.port}", backend.metadata, max_message_bytes=1 << 20, lookup_timeout_s=0.5)
+    try:
+        first = await client.infer(request(), backend.infer)
+        assert first.parameters == {"cache_hit": False} and backend.infer_calls == 1
+        await until(lambda: client.counters.stores == 1)
+        hit = await client.infer(request(), backend.infer)
+        assert hit.parameters == {"cache_hit": True} and backend.infer_calls == 1
+        assert (hit.model, hit.version, hit.id) == ("m", "3", "r1")
+        np.testing.assert_array_equal(hit.outputs[0].to_numpy(), first.outputs[0].to_numpy())
+        skipped = await client.infer(request(cache_bypass=True), backend.infer)
+        assert "cache_hit" not in skipped.parameters and backend.infer_calls == 2
+        c = client.counters
+        assert (c.hits, c.misses, c.skipped, c.bypassed, c.lookup_errors) == (1, 1, 1, 0, 0)
+    finally:
+        await client.close()
+
+
+async def test_policy_lookups_are_shared_and_reused_for_the_ttl(server):
+    backend = Backend(parameters={})  # not cached: the request goes straight through
+    clock = FakeClock()
+    client = CacheClient(
+        f"127.0.0.1:{server.port}", backend.metadata, max_message_bytes=1 << 20, metadata_ttl_s=1.0, clock=clock
+    )
+    try:
+        responses = await asyncio.gather(*(client.infer(request(), backend.infer) for _ in range(20)))
+        assert backend.metadata_calls == 1 and all(r.parameters == {} for r in responses)
+        clock.now += 0.9
+        await client.infer(request(), backend.infer)
+        assert backend.metadata_calls == 1
+        clock.now += 0.2
+        await client.infer(request(), backend.infer)
+        assert backend.metadata_calls == 2
+        with pytest.raises(NotFound):  # the scheduler's answer, not the cache's
+            await client.infer(InferRequest("missing", "", request().inputs), lambda r: backend.metadata("missing", ""))
+    finally:
+        await client.close()
+
+
+async def test_results_too_large_for_the_policy_are_not_stored(server):
+    backend = Backend(parameters={**CACHED, "cache_max_entry_bytes": "16"})
+    client = CacheClient(f"127.0.0.1:{server.port}", backend.metadata, max_message_bytes=1 << 20, lookup_timeout_s=0.5)
+    try:
+        await client.infer(request(), backend.infer)
+        await client.infer(request(), backend.infer)
+        assert client.counters.stores_dropped == 2 and backend.infer_calls == 2
+    finally:
+        await client.close()
+
+
+async def test_an_unreachable_cache_is_bypassed_and_caching_resumes_when_it_returns():
+    port = free_port()
+    backend = Backend()
+    client = CacheClient(
+        f"127.0.0.1:{port}",
+        backend.metadata,
+        max_message_bytes=1 << 20,
+        lookup_timeout_s=0.2,
+        failure_threshold=3,
+        retry_after_s=0.2,
+    )
+    server = CacheServer(port)
+    try:
+        for i in range(30):
+            response = await client.infer(request(float(i)), backend.infer)
+            assert response.parameters == {"cache_hit": False}
+        assert backend.infer_calls == 30
+        assert client.counters.bypassed == 30
+        assert 3 <= client.counters.lookup_errors < 30  # the breaker skipped the rest
+        await client.invalidate("m")  # cannot reach the cache: remembered, retried
+        assert "m" in client._pending_invalidations
+        await server.start()
+        await until(lambda: not client._pending_invalidations)
+        assert server.dataplane.counters.invalidations == 1
+
+        async def cached():
+            await client.infer(request(99.0), backend.infer)
+            return client.counters.hits > 0
+
+        deadline = time.monotonic() + 5
+        while not await cached():
+            assert time.monotonic() < deadline, "caching did not resume"
+            await asyncio.sleep(0.05)
+    finally:
+        await client.close()
+        if server.server is not None:
+            await server.stop()
