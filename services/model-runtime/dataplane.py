@@ -10,11 +10,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-
-from aiworks.core.datatypes import Tensor, decode, encode
-from aiworks.core.inference import ModelStatistics
-from aiworks.core.errors import AIWorksError, Internal, InvalidArgument, NotFound
-from aiworks.core.model_config import ModelConfig, ModelSpec, ModelState
 from aiworks.runtime.backends import BACKENDS
 from aiworks.runtime.repository import ModelRepository
 from aiworks.runtime.residency import (
@@ -24,6 +19,11 @@ from aiworks.runtime.residency import (
     response_cache_enabled,
     warmup_batches,
 )
+
+from aiworks.core.datatypes import Tensor, decode, encode
+from aiworks.core.errors import AIWorksError, Internal, InvalidArgument, NotFound
+from aiworks.core.inference import ModelStatistics
+from aiworks.core.model_config import ModelConfig, ModelSpec, ModelState
 
 log = logging.getLogger(__name__)
 
@@ -297,7 +297,9 @@ class RuntimeDataPlane:
                 if self._debug_delay_s:  # TESTS ONLY: see RuntimeSettings.debug_delay_ms
                     await asyncio.sleep(self._debug_delay_s)
                 recent = loaded.recent_compute_ns
-                if recent is not None and recent < self.inline_below_ns:
+                # Backends that do I/O (a remote Triton) set inline_ok = False.
+                inline_ok = getattr(model, "inline_ok", True)
+                if inline_ok and recent is not None and recent < self.inline_below_ns:
                     results, compute_ns = _timed_run(model, feeds, names)
                 else:
                     results, compute_ns = await asyncio.get_running_loop().run_in_executor(

@@ -6,15 +6,17 @@ import asyncio
 import logging
 import time
 
-from aiworks.core.lifecycle import stop_event
-from aiworks.core.rpc import create_server, insecure_channel, set_serving
-from aiworks.pb.runtime.v1 import runtime_pb2_grpc
+from aiworks.runtime import triton_backend
 from aiworks.runtime.dataplane import RuntimeDataPlane
 from aiworks.runtime.registrar import Registrar
 from aiworks.runtime.repository import ModelRepository
 from aiworks.runtime.residency import startup_models
 from aiworks.runtime.servicer import RuntimeServicer
 from aiworks.runtime.settings import RuntimeSettings
+
+from aiworks.core.lifecycle import stop_event
+from aiworks.core.rpc import create_server, insecure_channel, set_serving
+from aiworks.pb.runtime.v1 import runtime_pb2_grpc
 
 log = logging.getLogger("aiworks.runtime")
 
@@ -33,6 +35,7 @@ async def serve(settings: RuntimeSettings) -> None:
         debug_delay_ms=settings.debug_delay_ms,
     )
     replica_id = settings.resolved_replica_id()
+    triton_backend.use_settings(settings)  # tritonserver starts only if a model uses it
 
     server, health = create_server(settings.max_message_bytes)
     runtime_pb2_grpc.add_RuntimeServiceServicer_to_server(RuntimeServicer(dataplane, replica_id), server)
@@ -75,6 +78,7 @@ async def serve(settings: RuntimeSettings) -> None:
     await server.stop(grace=5)
     await channel.close()
     dataplane.close()
+    triton_backend.shutdown()
 
 
 def main(settings: RuntimeSettings) -> None:

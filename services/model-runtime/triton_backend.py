@@ -403,6 +403,13 @@ class TritonConnection:
 
 _connection: TritonConnection | None = None
 _connection_lock = threading.Lock()
+_settings: RuntimeSettings | None = None
+
+
+def use_settings(settings: RuntimeSettings) -> None:
+    """Give the backend the runtime's settings; the connection still opens on first use."""
+    global _settings
+    _settings = settings
 
 
 def configure(settings: RuntimeSettings) -> TritonConnection:
@@ -419,11 +426,12 @@ def connection() -> TritonConnection:
     """The replica's Triton connection, opened on first use."""
     if _connection is not None:
         return _connection
+    if _settings is not None:
+        return configure(_settings)
     from aiworks.runtime.settings import RuntimeSettings
 
-    # The runtime builds its settings once in main but does not hand them to
-    # backends; until it calls configure(settings), read the same
-    # AIWORKS_RUNTIME_TRITON_* variables it read (no CLI flag sets them).
+    # Used outside a runtime process (tests, tools): read the same
+    # AIWORKS_RUNTIME_TRITON_* variables the runtime reads.
     return configure(RuntimeSettings(scheduler_address=""))
 
 
@@ -443,6 +451,9 @@ class TritonModel:
     version folder is what Triton loads. Dropping the object (or :meth:`close`)
     releases the version in Triton.
     """
+
+    # Every call is network I/O to tritonserver: never run it on the event loop.
+    inline_ok = False
 
     def __init__(self, path: Path, config: ModelConfig, default_intra_op_threads: int = 1):
         self.name = config.name
