@@ -9,7 +9,7 @@ tritonserver (the nvidia-pytriton build), and measures, on the same models:
   (c) the suite's own ONNX Runtime backend on the same ONNX file.
 
 That wheel has no onnxruntime backend for Triton, so Triton runs the ONNX file
-with ONNX Runtime inside a Python-backend model (tests/triton/testdata/
+with ONNX Runtime inside a Python-backend model (tests/tritonserver/testdata/
 onnx_python_model.py), the CPU stand-in for a GPU model. Everything shares the
 machine's cores with the load generator: read the figures as relative.
 
@@ -32,7 +32,7 @@ from aiworks.bench.loadgen import HEADER, sweep
 from aiworks.supervisor.supervisor import SuiteConfig, Supervisor, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-STAND_IN = ROOT / "tests" / "triton" / "testdata" / "onnx_python_model.py"
+STAND_IN = ROOT / "tests" / "tritonserver" / "testdata" / "onnx_python_model.py"
 
 CONFIG = """\
 max_batch_size: 64

@@ -31,6 +31,11 @@ class OnnxRuntimeModel:
         options.inter_op_num_threads = int(config.parameters.get("inter_op_thread_count", 1))
         # Spinning worker threads burn CPU that other replicas need on small machines.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if config.parameters.get("onnxruntime_extensions", "").lower() == "true":
+            # Graphs with in-graph pre-processing (the minilm tokenizer) use its custom ops.
+            import onnxruntime_extensions
+
+            options.register_custom_ops_library(onnxruntime_extensions.get_library_path())
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         self.output_names = [o.name for o in self.session.get_outputs()]
 

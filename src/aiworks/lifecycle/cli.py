@@ -1,0 +1,267 @@
+"""The lifecycle subcommands: ``convert``, ``optimize``, ``split`` and ``minilm``.
+
+``add_lifecycle_parsers(sub)`` registers them on the ``aiworks`` parser.
+Imports happen inside each command, so ``aiworks --help`` stays instant and
+works without the lifecycle extras installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+# Exit status when a model converted but uses operators its target does not support.
+EXIT_UNSUPPORTED_OPS = 3
+
+
+def _fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+# ---- convert ---------------------------------------------------------------------------------
+
+
+def cmd_convert(args) -> None:
+    from aiworks.lifecycle.convert import convert, parse_input_spec
+
+    try:
+        inputs = [parse_input_spec(text, i) for i, text in enumerate(args.input or [])]
+        result = convert(
+            Path(args.source),
+            Path(args.out),
+            name=args.name,
+            framework=args.framework,
+            inputs=inputs,
+            output_names=args.output_name,
+            opset=args.opset,
+            target=args.target,
+            max_batch_size=args.max_batch_size,
+        )
+    except (ValueError, RuntimeError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    print(result.summary())
+    if not result.report.ok:
+        print(
+            f"warning: {len(result.report.unsupported)} operator type(s) unsupported on {args.target}", file=sys.stderr
+        )
+        raise SystemExit(EXIT_UNSUPPORTED_OPS)
+
+
+# ---- optimize --------------------------------------------------------------------------------
+
+
+def _eval_data(spec: str, model_path: Path, calibration: str | None):
+    from aiworks.lifecycle.optimize import digits_data, load_npz
+    from aiworks.lifecycle.sessions import open_session
+
+    if spec == "digits":
+        return digits_data()
+    inputs = open_session(model_path).get_inputs()
+    ranks = {i.name: len(i.shape) for i in inputs}
+    return load_npz(Path(spec), [i.name for i in inputs], Path(calibration) if calibration else None, ranks)
+
+
+def cmd_optimize(args) -> None:
+    from aiworks.lifecycle.layout import find_onnx
+    from aiworks.lifecycle.optimize import optimize
+    from aiworks.lifecycle.variants import VARIANTS
+
+    variants = tuple(v.strip() for v in args.variants.split(",")) if args.variants else VARIANTS
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        _fail(f"unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
+    try:
+        src = find_onnx(Path(args.model))
+        data = _eval_data(args.data, src, args.calibration)
+    except (ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    report = optimize(
+        src,
+        Path(args.out),
+        data,
+        variants=variants,
+        output=args.output,
+        repeats=args.repeats,
+        threads=args.threads,
+        show_progress=not args.no_progress,
+    )
+    print(report.to_markdown())
+    print(f"saved {Path(args.out) / 'report.md'} and {Path(args.out) / 'report.json'}")
+
+
+# ---- split -----------------------------------------------------------------------------------
+
+
+def _split_feeds(spec: str | None, stage1: Path, batch: int):
+    import numpy as np
+
+    from aiworks.lifecycle.sessions import open_session, sample_feeds
+
+    session = open_session(stage1)
+    names = [i.name for i in session.get_inputs()]
+    ranks = {i.name: len(i.shape) for i in session.get_inputs()}
+    if spec is None:
+        return sample_feeds(session, batch=batch)
+    if spec == "digits":
+        from aiworks.lifecycle.optimize import digits_data
+
+        feeds = digits_data().feeds
+    else:
+        from aiworks.lifecycle.optimize import load_npz
+
+        feeds = load_npz(Path(spec), names, input_ranks=ranks).feeds
+    return {k: np.ascontiguousarray(v[:batch]) for k, v in feeds.items()}
+
+
+def cmd_split(args) -> None:
+    import onnx
+
+    from aiworks.lifecycle.layout import find_onnx
+    from aiworks.lifecycle.split import cut_candidates, measure_split, split_model
+
+    try:
+        src = find_onnx(Path(args.model))
+    except FileNotFoundError as exc:
+        _fail(str(exc))
+    if args.list:
+        for t in cut_candidates(onnx.load(str(src))):
+            print(t)
+        return
+    if not args.cut or not args.out:
+        _fail("give --cut TENSOR[,TENSOR...] (once per cut) and --out DIR, or --list to see the tensors")
+    cuts = [[n.strip() for n in c.split(",") if n.strip()] for c in args.cut]
+    try:
+        folders = split_model(src, cuts, Path(args.out), name=args.name, max_batch_size=args.max_batch_size)
+    except ValueError as exc:
+        _fail(str(exc))
+    for f in folders:
+        print(f"wrote {f}")
+    report = measure_split(src, folders, _split_feeds(args.data, find_onnx(folders[0]), args.batch))
+    print(report.format())
+    if args.report:
+        Path(args.report).write_text(json.dumps(report.to_dict(), indent=2))
+        print(f"saved {args.report}")
+
+
+# ---- minilm ----------------------------------------------------------------------------------
+
+
+def cmd_minilm_build(args) -> None:
+    from aiworks.lifecycle import minilm
+
+    folder = minilm.build(Path(args.out), int8=args.int8 or args.int8_full, int8_full=args.int8_full)
+    print(f"wrote {folder} (text in: BYTES 'text' [1]; out: FP32 'embedding' [{minilm.DIM}])")
+    print((folder / "config.pbtxt").read_text())
+
+
+def cmd_minilm_embed(args) -> None:
+    import numpy as np
+
+    from aiworks.lifecycle import minilm
+    from aiworks.lifecycle.layout import find_onnx
+
+    model = find_onnx(Path(args.model) / args.version if args.version else Path(args.model))
+    vectors = minilm.embed(model, args.text)
+    print(f"{model}: {vectors.shape[0]} embeddings of {vectors.shape[1]} floats")
+    sims = vectors @ vectors.T
+    for i, text in enumerate(args.text):
+        print(f"  [{i}] {text[:60]!r}: " + " ".join(f"{s:.3f}" for s in sims[i]))
+    if args.json:
+        print(json.dumps(np.round(vectors, 6).tolist()))
+
+
+# ---- parsers ---------------------------------------------------------------------------------
+
+
+def add_lifecycle_parsers(sub) -> None:
+    """Register ``convert``, ``optimize``, ``split`` and ``minilm`` on an argparse subparsers object."""
+    fmt = argparse.RawDescriptionHelpFormatter
+
+    cv = sub.add_parser(
+        "convert",
+        help="convert a PyTorch, scikit-learn, TensorFlow or ONNX model to a Triton-layout ONNX model folder",
+        formatter_class=fmt,
+        description="Writes OUT/NAME/config.pbtxt and OUT/NAME/1/model.onnx, checks the graph, compares it with\n"
+        "the source framework on a sample input, and prints an operator-compatibility report.\n"
+        f"Exit status {EXIT_UNSUPPORTED_OPS}: converted, but some operators are unsupported on the target.",
+    )
+    cv.add_argument(
+        "source", help=".pt/.pth (TorchScript or pickled module), .pkl/.joblib, .keras/.h5 or SavedModel, .onnx"
+    )
+    cv.add_argument("--out", required=True, help="model repository to write the model folder into")
+    cv.add_argument("--name", help="model name (default: the source file's stem)")
+    cv.add_argument("--framework", default="auto", choices=["auto", "pytorch", "sklearn", "tensorflow", "onnx"])
+    cv.add_argument(
+        "--input",
+        action="append",
+        metavar="[NAME:]SHAPE[:DTYPE]",
+        help="example input for tracing, batch first, e.g. input:1x3x224x224:float32 (repeat per input; "
+        "PyTorch needs it)",
+    )
+    cv.add_argument("--output-name", action="append", help="output name (repeat per output; PyTorch only)")
+    cv.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
+    cv.add_argument("--target", default="onnxruntime-cpu", choices=["onnxruntime-cpu", "tensorrt"])
+    cv.add_argument("--max-batch-size", type=int, default=64, help="config max_batch_size when the graph batches")
+    cv.set_defaults(func=cmd_convert)
+
+    op = sub.add_parser(
+        "optimize",
+        help="build graph-optimized, INT8 and FP16 variants and measure them against the original",
+        formatter_class=fmt,
+        description="Variants: optimized (ONNX Runtime offline graph optimization), int8-dynamic, int8-static\n"
+        "(calibrated), fp16. Each is measured for size, latency at batch 1 and 32, accuracy on\n"
+        "held-out data and agreement with the original. Writes OUT/report.md and OUT/report.json.",
+    )
+    op.add_argument("model", help="an .onnx file or a model folder (its latest version)")
+    op.add_argument(
+        "--data",
+        required=True,
+        help="'digits' (the demo's test split) or an .npz with x (or one array per input name) and optional y",
+    )
+    op.add_argument("--calibration", help=".npz of calibration inputs for int8-static (default: x_calib in --data)")
+    op.add_argument("--out", required=True, help="folder for the variants and the report")
+    op.add_argument("--variants", help="comma-separated subset of optimized,int8-dynamic,int8-static,fp16")
+    op.add_argument("--output", help="output to score (default: 'label' if present, else the first)")
+    op.add_argument("--repeats", type=int, default=50, help="timed runs per batch size (default 50)")
+    op.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads (default 1)")
+    op.add_argument("--no-progress", action="store_true", help="no progress bars")
+    op.set_defaults(func=cmd_optimize)
+
+    sp = sub.add_parser(
+        "split",
+        help="cut an ONNX graph at named tensors into stages, one model folder each",
+        formatter_class=fmt,
+        description="Writes OUT/NAME_stage1 ... and reports bytes sent between stages against the raw input, and\n"
+        "latency against the unsplit model (in-process). --list shows the tensors a cut can name.",
+    )
+    sp.add_argument("model", help="an .onnx file or a model folder (its latest version)")
+    sp.add_argument("--list", action="store_true", help="list intermediate tensors with their shapes and exit")
+    sp.add_argument(
+        "--cut", action="append", metavar="TENSOR[,TENSOR...]", help="one cut point (repeat for more stages)"
+    )
+    sp.add_argument("--out", help="model repository to write the stage folders into")
+    sp.add_argument("--name", help="base model name (default: the model's name)")
+    sp.add_argument("--data", help="'digits' or an .npz for the report (default: random inputs)")
+    sp.add_argument("--batch", type=int, default=32, help="rows measured in the report (default 32)")
+    sp.add_argument("--report", help="also save the report as JSON to this file")
+    sp.add_argument("--max-batch-size", type=int, default=64)
+    sp.set_defaults(func=cmd_split)
+
+    ml = sub.add_parser("minilm", help="the MiniLM-L6 sentence-embedding model (text in, embeddings out)")
+    ml_sub = ml.add_subparsers(dest="minilm_command", metavar="ACTION", required=True)
+    mb = ml_sub.add_parser("build", help="write a Triton-layout 'minilm' model folder, tokenizer in the graph")
+    mb.add_argument("--out", required=True, help="model repository to write 'minilm' into")
+    mb.add_argument("--int8", action="store_true", help="add version 2: per-channel INT8 (FFN down-projections FP32)")
+    mb.add_argument(
+        "--int8-full", action="store_true", help="version 2 with every MatMul in INT8 (faster, cosine ~0.985)"
+    )
+    mb.set_defaults(func=cmd_minilm_build)
+    me = ml_sub.add_parser("embed", help="embed sentences with a built model, in-process, and show similarities")
+    me.add_argument("text", nargs="+")
+    me.add_argument("--model", default="model-repository/minilm", help="the minilm model folder or an .onnx")
+    me.add_argument("--version", help="version folder (default: the latest)")
+    me.add_argument("--json", action="store_true", help="also print the embeddings as JSON")
+    me.set_defaults(func=cmd_minilm_embed)

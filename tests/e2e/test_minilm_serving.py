@@ -1,0 +1,63 @@
+"""The MiniLM text model served through the whole suite: clients send text, get embeddings."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+SENTENCES = ["A cat sits on the mat.", "A kitten rests on a rug.", "Stock markets fell sharply today."]
+
+
+def _start_suite():
+    """tests/e2e/conftest.py's start_suite (the folder is not a package, so load it by path)."""
+    spec = importlib.util.spec_from_file_location("e2e_conftest", Path(__file__).with_name("conftest.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("e2e_conftest", module)  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module.start_suite
+
+
+@pytest.fixture(scope="module")
+def minilm_suite(tmp_path_factory):
+    pytest.importorskip("torch")
+    pytest.importorskip("onnxruntime_extensions")
+    from aiworks.lifecycle import minilm
+
+    root = tmp_path_factory.mktemp("minilm")
+    minilm.build(root / "repo", int8=False, workdir=root / "work")
+    suite = _start_suite()(root / "repo", root / "logs", replicas=1, cache=False)
+    yield suite
+    suite.supervisor.stop()
+
+
+def test_text_in_embeddings_out_over_http_and_grpc(minilm_suite):
+    from aiworks.lifecycle import minilm
+
+    suite = minilm_suite
+    text = np.array([[s.encode()] for s in SENTENCES], dtype=object)
+    http = httpclient.InferenceServerClient(suite.http_url)
+    inp = httpclient.InferInput("text", list(text.shape), "BYTES")
+    inp.set_data_from_numpy(text)
+    over_http = http.infer("minilm", [inp]).as_numpy("embedding")
+
+    grpc = grpcclient.InferenceServerClient(suite.grpc_url)
+    inp = grpcclient.InferInput("text", list(text.shape), "BYTES")
+    inp.set_data_from_numpy(text)
+    over_grpc = grpc.infer("minilm", [inp]).as_numpy("embedding")
+
+    assert over_http.shape == (3, 384)
+    np.testing.assert_allclose(over_http, over_grpc, rtol=1e-5, atol=1e-6)
+    reference = minilm.torch_embeddings(SENTENCES)
+    cosine = np.sum(over_http * reference, axis=1) / (
+        np.linalg.norm(over_http, axis=1) * np.linalg.norm(reference, axis=1)
+    )
+    assert cosine.min() >= 0.999, cosine
+    # Similar sentences are closer than unrelated ones.
+    unit = over_http / np.linalg.norm(over_http, axis=1, keepdims=True)
+    assert unit[0] @ unit[1] > unit[0] @ unit[2]
