@@ -12,7 +12,6 @@ loads and unloads models through Triton's repository API.
 
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import logging
 import os
@@ -26,17 +25,9 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from aiworks.core.lifecycle import die_with_parent
+
 log = logging.getLogger(__name__)
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
-
 
 class TritonServerError(RuntimeError):
     """tritonserver cannot be found, or it did not start."""
@@ -209,7 +200,7 @@ class TritonServer:
                     # Its own process group, so its Python-backend stubs can be ended with it.
                     self._process = subprocess.Popen(
                         argv, stdin=subprocess.DEVNULL, stdout=logfile, stderr=subprocess.STDOUT,
-                        env=env, preexec_fn=_die_with_parent, start_new_session=True,
+                        env=env, preexec_fn=die_with_parent, start_new_session=True,
                     )  # fmt: skip
             except OSError as exc:
                 failure.append(exc)

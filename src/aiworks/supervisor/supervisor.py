@@ -10,7 +10,6 @@ supervisor leaves no orphans.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -24,19 +23,10 @@ from pathlib import Path
 
 import grpc
 
+from aiworks.core.lifecycle import die_with_parent
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
-
 
 _GRPC_HOLD: grpc.Channel | None = None
 
@@ -122,7 +112,7 @@ class Supervisor:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         log.info("started %s (pid %d), log %s", name, child.process.pid, child.log_path)
         self.children.append(child)
