@@ -238,12 +238,8 @@ def run_store(
         )  # fmt: skip
         redis_url = f"redis://127.0.0.1:{port}/0"
         time.sleep(0.5)
-    config = SuiteConfig(
+    config = SuiteConfig.on_free_ports(
         model_repository=repo,
-        http_port=free_port(),
-        grpc_port=free_port(),
-        scheduler_port=0,
-        runtime_base_port=0,
         replicas=1,
         log_dir=logs,
         log_level="WARNING",
@@ -270,9 +266,10 @@ def run_store(
 
 async def cold_start(demo: Path, repeats: int) -> dict:
     """Load each demo model in a fresh runtime data plane: load, warm-up, first and second request."""
-    from aiworks.core.datatypes import Tensor
     from aiworks.runtime.dataplane import RuntimeDataPlane
     from aiworks.runtime.repository import ModelRepository
+
+    from aiworks.core.datatypes import Tensor
 
     rows: dict = {}
     cases = [("iris", "1", 4), ("digits", "1", 64), ("digits", "2", 64)]

@@ -123,17 +123,12 @@ class Baseline:
 
 
 def suite_config(repo: Path, replicas: int, log_dir: Path) -> SuiteConfig:
-    overrides = {"cache": False} if "cache" in SuiteConfig.__dataclass_fields__ else {}
-    return SuiteConfig(
+    return SuiteConfig.on_free_ports(
         model_repository=repo,
-        http_port=free_port(),
-        grpc_port=free_port(),
-        scheduler_port=0,
-        runtime_base_port=0,
         replicas=replicas,
         log_dir=log_dir,
         log_level="WARNING",
-        **overrides,
+        cache=False,
     )
 
 

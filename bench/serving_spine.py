@@ -26,7 +26,7 @@ import onnxruntime as ort
 
 from aiworks.bench.loadgen import HEADER, sweep
 from aiworks.demo.models import build_demo_repository
-from aiworks.supervisor.supervisor import SuiteConfig, Supervisor, free_port
+from aiworks.supervisor.supervisor import SuiteConfig, Supervisor
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,12 +57,8 @@ def in_process(model_path: Path, duration_s: float) -> list[dict]:
 
 
 def run_suite(repo: Path, batching: bool, duration_s: float, log_dir: Path) -> dict:
-    config = SuiteConfig(
+    config = SuiteConfig.on_free_ports(
         model_repository=repo,
-        http_port=free_port(),
-        grpc_port=free_port(),
-        scheduler_port=0,
-        runtime_base_port=0,
         batching=batching,
         log_dir=log_dir,
         log_level="WARNING",

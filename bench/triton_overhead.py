@@ -104,12 +104,8 @@ def write_repository(root: Path) -> None:
 
 def measure(levels: list[int], duration_s: float, log_dir: Path, repo: Path) -> list[tuple[str, str, object]]:
     triton_port = free_port()
-    config = SuiteConfig(
+    config = SuiteConfig.on_free_ports(
         model_repository=repo,
-        http_port=free_port(),
-        grpc_port=free_port(),
-        scheduler_port=0,
-        runtime_base_port=0,
         replicas=1,
         log_dir=log_dir,
         log_level="WARNING",

@@ -18,7 +18,6 @@ from onnx import TensorProto, helper
 from aiworks.pb.cache.v1 import cache_pb2, cache_pb2_grpc
 from aiworks.supervisor.supervisor import SuiteConfig, Supervisor, free_port
 
-
 # ---- a private redis-server ------------------------------------------------------------------
 
 
@@ -193,12 +192,8 @@ def start_cached_suite(repository: Path, log_dir: Path, **overrides) -> CachedSu
     import numpy as np
     import tritonclient.http as httpclient
 
-    config = SuiteConfig(
+    config = SuiteConfig.on_free_ports(
         model_repository=repository,
-        http_port=free_port(),
-        grpc_port=free_port(),
-        scheduler_port=0,
-        runtime_base_port=0,
         replicas=1,
         log_dir=log_dir,
         extra_env=dict(TEST_ENV),

@@ -7,17 +7,17 @@ import time
 
 import numpy as np
 import pytest
-
 from aiworks.cache.breaker import CircuitBreaker
 from aiworks.cache.dataplane import CacheDataPlane
 from aiworks.cache.servicer import CacheServicer
 from aiworks.cache.store import MemoryStore
+from aiworks.gateway.cache_client import CacheClient
+
 from aiworks.core.datatypes import Tensor
 from aiworks.core.errors import NotFound
 from aiworks.core.inference import InferRequest, InferResponse
 from aiworks.core.model_config import ModelSpec
 from aiworks.core.rpc import create_server, set_serving
-from aiworks.gateway.cache_client import CacheClient
 from aiworks.pb.cache.v1 import cache_pb2_grpc
 from aiworks.supervisor.supervisor import free_port
 

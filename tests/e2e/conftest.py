@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from aiworks.supervisor.supervisor import SuiteConfig, Supervisor, free_port
+from aiworks.supervisor.supervisor import SuiteConfig, Supervisor
 
 
 def pytest_collection_modifyitems(items):
@@ -29,12 +29,8 @@ class Suite:
 
 
 def start_suite(model_repository: Path, log_dir: Path, **overrides) -> Suite:
-    config = SuiteConfig(
+    config = SuiteConfig.on_free_ports(
         model_repository=model_repository,
-        http_port=free_port(),
-        grpc_port=free_port(),
-        scheduler_port=0,
-        runtime_base_port=0,
         log_dir=log_dir,
         **overrides,
     )

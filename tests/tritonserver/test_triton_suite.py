@@ -41,12 +41,8 @@ def tritonservers_under(pid: int) -> list[int]:
 @pytest.fixture(scope="module")
 def suite(triton_distribution, suite_repository, tmp_path_factory):
     triton_port = free_port()
-    config = SuiteConfig(
+    config = SuiteConfig.on_free_ports(
         model_repository=suite_repository,
-        http_port=free_port(),
-        grpc_port=free_port(),
-        scheduler_port=0,
-        runtime_base_port=0,
         replicas=1,
         log_dir=tmp_path_factory.mktemp("logs"),
         extra_env={

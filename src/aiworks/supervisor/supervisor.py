@@ -74,6 +74,12 @@ class SuiteConfig:
     cache_port: int = 0
 
 
+    @classmethod
+    def on_free_ports(cls, **fields) -> SuiteConfig:
+        """A config whose every port is free on this machine (tests, benchmarks, side-by-side suites)."""
+        return cls(http_port=free_port(), grpc_port=free_port(), scheduler_port=0, runtime_base_port=0, **fields)
+
+
 @dataclass
 class Child:
     name: str
