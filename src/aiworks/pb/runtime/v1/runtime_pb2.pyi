@@ -84,20 +84,29 @@ class ModelSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., platform: _Optional[str] = ..., max_batch_size: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., batching: _Optional[_Union[BatchingSpec, _Mapping]] = ..., instance_count: _Optional[int] = ..., parameters: _Optional[_Mapping[str, str]] = ..., state: _Optional[_Union[ModelState, str]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ExecuteRequest(_message.Message):
-    __slots__ = ("model", "version", "inputs", "outputs", "stream_id", "timeout_us")
+    __slots__ = ("model", "version", "inputs", "outputs", "stream_id", "timeout_us", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_US_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: str
     inputs: _containers.RepeatedCompositeFieldContainer[Tensor]
     outputs: _containers.RepeatedScalarFieldContainer[str]
     stream_id: int
     timeout_us: int
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., outputs: _Optional[_Iterable[str]] = ..., stream_id: _Optional[int] = ..., timeout_us: _Optional[int] = ...) -> None: ...
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., outputs: _Optional[_Iterable[str]] = ..., stream_id: _Optional[int] = ..., timeout_us: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ExecuteResponse(_message.Message):
     __slots__ = ("outputs", "compute_ns", "stream_id", "error_code", "error_message")

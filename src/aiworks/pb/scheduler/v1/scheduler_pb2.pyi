@@ -8,8 +8,15 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class InferRequest(_message.Message):
-    __slots__ = ("id", "model", "version", "inputs", "outputs", "parameters", "stream_id", "timeout_us")
+    __slots__ = ("id", "model", "version", "inputs", "outputs", "parameters", "stream_id", "timeout_us", "trace_context")
     class ParametersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +31,7 @@ class InferRequest(_message.Message):
     PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_US_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     id: str
     model: str
     version: str
@@ -32,7 +40,8 @@ class InferRequest(_message.Message):
     parameters: _containers.ScalarMap[str, str]
     stream_id: int
     timeout_us: int
-    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[_runtime_pb2.Tensor, _Mapping]]] = ..., outputs: _Optional[_Iterable[str]] = ..., parameters: _Optional[_Mapping[str, str]] = ..., stream_id: _Optional[int] = ..., timeout_us: _Optional[int] = ...) -> None: ...
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[_runtime_pb2.Tensor, _Mapping]]] = ..., outputs: _Optional[_Iterable[str]] = ..., parameters: _Optional[_Mapping[str, str]] = ..., stream_id: _Optional[int] = ..., timeout_us: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class InferResponse(_message.Message):
     __slots__ = ("id", "model", "version", "outputs", "stream_id", "error_code", "error_message", "retry_after_s")
@@ -292,3 +301,23 @@ class GetTrafficPolicyRequest(_message.Message):
     MODEL_FIELD_NUMBER: _ClassVar[int]
     model: str
     def __init__(self, model: _Optional[str] = ...) -> None: ...
+
+class EjectReplicaRequest(_message.Message):
+    __slots__ = ("replica_id", "duration_s", "reason")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    duration_s: float
+    reason: str
+    def __init__(self, replica_id: _Optional[str] = ..., duration_s: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class EjectReplicaResponse(_message.Message):
+    __slots__ = ("ejected", "ejected_for_s", "message")
+    EJECTED_FIELD_NUMBER: _ClassVar[int]
+    EJECTED_FOR_S_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ejected: bool
+    ejected_for_s: float
+    message: str
+    def __init__(self, ejected: _Optional[bool] = ..., ejected_for_s: _Optional[float] = ..., message: _Optional[str] = ...) -> None: ...

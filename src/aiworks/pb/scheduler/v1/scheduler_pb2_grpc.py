@@ -104,6 +104,11 @@ class SchedulerServiceStub:
                 request_serializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.GetTrafficPolicyRequest.SerializeToString,
                 response_deserializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.TrafficPolicy.FromString,
                 _registered_method=True)
+        self.EjectReplica = channel.unary_unary(
+                '/aiworks.scheduler.v1.SchedulerService/EjectReplica',
+                request_serializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.EjectReplicaRequest.SerializeToString,
+                response_deserializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.EjectReplicaResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -196,6 +201,13 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EjectReplica(self, request, context):
+        """Takes a replica out of routing for a while (the monitor's ejection).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -268,6 +280,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.GetTrafficPolicy,
                     request_deserializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.GetTrafficPolicyRequest.FromString,
                     response_serializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.TrafficPolicy.SerializeToString,
+            ),
+            'EjectReplica': grpc.unary_unary_rpc_method_handler(
+                    servicer.EjectReplica,
+                    request_deserializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.EjectReplicaRequest.FromString,
+                    response_serializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.EjectReplicaResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -648,6 +665,33 @@ class SchedulerService:
             '/aiworks.scheduler.v1.SchedulerService/GetTrafficPolicy',
             aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.GetTrafficPolicyRequest.SerializeToString,
             aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.TrafficPolicy.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EjectReplica(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aiworks.scheduler.v1.SchedulerService/EjectReplica',
+            aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.EjectReplicaRequest.SerializeToString,
+            aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.EjectReplicaResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,193 @@
+"""The suite's Prometheus metrics: one catalogue, one exposition helper.
+
+Every metric any service exports is declared here, so the dashboards
+(``deploy/grafana``), the recording and alert rules (``deploy/prometheus``)
+and the monitor read one list of names. Naming follows Prometheus'
+conventions: one ``aiworks_`` prefix, then the service, base units in the
+name (``_seconds``, ``_bytes``, ``_ratio``), ``_total`` on counters.
+
+Metrics live in prometheus-client's default registry. Declaring a labelled
+metric exports nothing until a label set is used, so a process only shows
+the series of the service it runs. Gauges that describe a service's state
+(queue depth, replica health) are not updated on the request path: a
+collector registered at start reads them when Prometheus scrapes.
+
+Labels:
+- ``model``, ``version``: the model version that served (resolved, never empty
+  once known; ``""`` when the request failed before resolution).
+- ``tenant``: the authenticated tenant, ``""`` when tenancy is off.
+- ``protocol``: ``http`` or ``grpc`` (gateway).
+- ``status``: ``ok`` or the lower-case name of the error's status in
+  :mod:`aiworks.core.errors` (``invalid_argument``, ``unavailable``, ...).
+- ``priority``: ``realtime``, ``standard`` or ``batch``.
+- ``replica``: a runtime replica's id.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import gc_collector, platform_collector, process_collector
+
+log = logging.getLogger(__name__)
+
+# Sub-millisecond to multi-second: 50 us ... 30 s, roughly 1-2.5-5 per decade.
+LATENCY_BUCKETS_S = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+# ---- gateway -------------------------------------------------------------------------------
+
+GATEWAY_REQUESTS = Counter(
+    "aiworks_gateway_requests",
+    "Inference requests answered by the gateway, by outcome.",
+    ["model", "version", "tenant", "protocol", "status"],
+)
+GATEWAY_REQUEST_DURATION = Histogram(
+    "aiworks_gateway_request_duration_seconds",
+    "End-to-end latency of an inference request at the gateway (received to answered).",
+    ["model", "version", "tenant", "protocol"],
+    buckets=LATENCY_BUCKETS_S,
+)
+GATEWAY_INFLIGHT = Gauge(
+    "aiworks_gateway_inflight_requests", "Inference requests the gateway is handling now.", ["protocol"]
+)
+GATEWAY_CACHE_LOOKUPS = Counter(
+    "aiworks_gateway_cache_lookups",
+    "Result-cache lookups made by the gateway, by result: hit, miss, bypass (policy off) or error.",
+    ["model", "result"],
+)
+
+# ---- scheduler -----------------------------------------------------------------------------
+
+SCHEDULER_REQUESTS = Counter(
+    "aiworks_scheduler_requests",
+    "Requests the scheduler finished, by outcome.",
+    ["model", "version", "priority", "status"],
+)
+SCHEDULER_QUEUE_DURATION = Histogram(
+    "aiworks_scheduler_queue_duration_seconds",
+    "Time a request waited in its model's queue before its batch was sent.",
+    ["model", "version", "priority"],
+    buckets=LATENCY_BUCKETS_S,
+)
+SCHEDULER_BATCH_DURATION = Histogram(
+    "aiworks_scheduler_batch_duration_seconds",
+    "Time from sending a batch to a replica to its answer, retries included.",
+    ["model", "version"],
+    buckets=LATENCY_BUCKETS_S,
+)
+SCHEDULER_BATCH_SIZE = Histogram(
+    "aiworks_scheduler_batch_size_rows",
+    "Rows in each batch the scheduler sent.",
+    ["model", "version"],
+    buckets=BATCH_SIZE_BUCKETS,
+)
+SCHEDULER_RETRIES = Counter(
+    "aiworks_scheduler_retries", "Batches sent again to another replica after a failure.", ["model", "version"]
+)
+SCHEDULER_TIMEOUTS = Counter(
+    "aiworks_scheduler_timeouts",
+    "Requests that failed because their deadline passed (in the queue or while running).",
+    ["model", "version"],
+)
+SCHEDULER_REJECTIONS = Counter(
+    "aiworks_scheduler_rejections",
+    "Requests refused at admission, by reason: queue_full (requests), queue_bytes, no_replica.",
+    ["model", "version", "reason"],
+)
+SCHEDULER_EJECTIONS = Counter(
+    "aiworks_scheduler_ejections",
+    "Replica ejections, by reason: outlier (consecutive errors) or monitor (asked for by the monitor).",
+    ["replica", "reason"],
+)
+# Read at scrape time by the scheduler's collector (names only; see the scheduler's server).
+SCHEDULER_QUEUE_DEPTH = "aiworks_scheduler_queue_depth_requests"  # {model, version, priority}
+SCHEDULER_QUEUE_BYTES = "aiworks_scheduler_queue_bytes"  # {model, version}
+SCHEDULER_REPLICA_UP = "aiworks_scheduler_replica_up"  # {replica, device}: 1 live, 0 not
+SCHEDULER_REPLICA_EJECTED = "aiworks_scheduler_replica_ejected"  # {replica}: 1 ejected now
+SCHEDULER_REPLICA_INFLIGHT = "aiworks_scheduler_replica_inflight_batches"  # {replica}
+SCHEDULER_REPLICA_LATENCY = "aiworks_scheduler_replica_latency_seconds"  # {replica}: moving average per batch
+
+# ---- runtime -------------------------------------------------------------------------------
+
+RUNTIME_EXECUTIONS = Counter(
+    "aiworks_runtime_executions",
+    "Batches a runtime replica executed, by outcome.",
+    ["model", "version", "status"],
+)
+RUNTIME_INFERENCES = Counter(
+    "aiworks_runtime_inference_rows", "Rows (inferences) a runtime replica computed.", ["model", "version"]
+)
+RUNTIME_COMPUTE_DURATION = Histogram(
+    "aiworks_runtime_compute_duration_seconds",
+    "Compute time of one batch in the backend (inputs ready to outputs ready).",
+    ["model", "version"],
+    buckets=LATENCY_BUCKETS_S,
+)
+RUNTIME_INFLIGHT = Gauge(
+    "aiworks_runtime_inflight_batches", "Batches this runtime replica is executing now.", ["replica"]
+)
+# Read at scrape time from the backend (Triton's nv_gpu_* metrics), where it reports them.
+RUNTIME_GPU_UTILIZATION = "aiworks_runtime_gpu_utilization_ratio"  # {replica, gpu}: 0..1
+RUNTIME_GPU_MEMORY_USED = "aiworks_runtime_gpu_memory_used_bytes"  # {replica, gpu}
+RUNTIME_GPU_MEMORY_TOTAL = "aiworks_runtime_gpu_memory_total_bytes"  # {replica, gpu}
+RUNTIME_MODELS_LOADED = "aiworks_runtime_models_loaded"  # {replica}: ready model versions
+
+# ---- cache ---------------------------------------------------------------------------------
+# The cache service's counters are aiworks_cache_<counter>_total (hits, misses, ...), plus:
+CACHE_BACKEND_UP = "aiworks_cache_backend_up"  # {store}: 1 when the store answers, 0 while its breaker is open
+
+# ---- monitor -------------------------------------------------------------------------------
+
+MONITOR_HEALTH_SCORE = "aiworks_monitor_replica_health_score"  # {replica}: 0..100
+MONITOR_ACTIONS = "aiworks_monitor_actions_total"  # {action, reason}
+MONITOR_ANOMALIES = "aiworks_monitor_anomalies_total"  # {kind, replica}
+MONITOR_REPLICAS = "aiworks_monitor_runtime_replicas"  # desired and running runtime replicas {state}
+
+
+def status_label(error: BaseException | None) -> str:
+    """``ok``, or the lower-case status name of an AIWorks error (``internal`` for anything else)."""
+    if error is None:
+        return "ok"
+    status = getattr(error, "status", None)
+    return status.name.lower() if status is not None else "internal"
+
+
+_DEFAULTS_SWAPPED = False
+_SWAP_LOCK = threading.Lock()
+
+
+def use_aiworks_process_metrics() -> None:
+    """Export process CPU and memory as ``aiworks_process_*`` instead of the unprefixed defaults."""
+    global _DEFAULTS_SWAPPED
+    with _SWAP_LOCK:
+        if _DEFAULTS_SWAPPED:
+            return
+        for collector in (
+            process_collector.PROCESS_COLLECTOR,
+            platform_collector.PLATFORM_COLLECTOR,
+            gc_collector.GC_COLLECTOR,
+        ):
+            try:
+                REGISTRY.unregister(collector)
+            except KeyError:
+                pass
+        process_collector.ProcessCollector(namespace="aiworks", registry=REGISTRY)
+        _DEFAULTS_SWAPPED = True
+
+
+def serve_metrics(port: int, host: str = "127.0.0.1"):
+    """Serve ``/metrics`` from the default registry on ``host:port`` (0: a free port) in a thread.
+
+    Returns ``(server, port)``; call ``server.shutdown()`` to stop.
+    """
+    use_aiworks_process_metrics()
+    server, thread = start_http_server(port, host, registry=REGISTRY)
+    bound = server.server_address[1]
+    log.info("metrics on http://%s:%d/metrics", host, bound)
+    return server, bound
