@@ -1,0 +1,1 @@
+"""Security primitives: certificates, the audit chain, encrypted and signed models (docs/security.md)."""
