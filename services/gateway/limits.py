@@ -1,0 +1,512 @@
+"""Per-tenant limits that hold across all gateway replicas: rate, concurrency, compute quota.
+
+Counters live in Redis so that N gateway replicas enforce one limit, not N.
+Each tenant has three keys, sharing a hash tag so a Redis Cluster keeps them
+in one slot::
+
+    <prefix>{<tenant>}:bucket   token bucket: tokens, last refill (ms)
+    <prefix>{<tenant>}:leases   sorted set: one member per request in flight, scored by lease expiry (ms)
+    <prefix>{<tenant>}:quota    compute quota: current window number, runtime-seconds used in it
+
+Admission is one Lua script (one round trip): it checks the quota, drops
+expired leases and counts the live ones, refills and takes a token, and adds
+the request's lease, atomically, with Redis' own clock (``TIME``) so replicas
+with skewed clocks still agree. Release is a second script: it removes the
+lease and charges the request's compute time to the current quota window.
+
+- **Rate**: a token bucket of ``burst`` tokens refilled at
+  ``requests_per_second``; an empty bucket answers 429 with the time until
+  the next token as the retry-after hint.
+- **Concurrency**: a lease per request, expiring after ``lease_ttl_s``. While
+  a request runs, this replica renews its leases every ``lease_ttl_s / 3``;
+  a crashed replica stops renewing and its slots free themselves.
+- **Compute quota**: runtime-seconds per window, windows aligned to
+  multiples of ``window_s`` since the epoch. A request is admitted while the
+  window's total is under the quota and charged when it ends, so the last
+  request of a window may overshoot it; the next one gets 429 until the
+  window ends.
+
+**Fallback.** Every Redis call is bounded by ``timeout_s`` (a few ms). When
+one fails, a circuit breaker switches this replica to in-process counters
+with each limit divided by ``expected_replicas`` (so the replicas together
+still admit about the configured total), logged once; after
+``retry_after_s`` one request probes Redis again, and its success switches
+back, logged once. Compute charged while Redis was away is kept and added to
+Redis on return. Leases taken in Redis before an outage expire by their TTL.
+A call that times out after Redis ran the script leaves a token spent and a
+lease that expires by its TTL: the error is on the safe side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import redis.asyncio as redis
+from aiworks.cache.breaker import CircuitBreaker
+from aiworks.gateway.tenancy import Tenant
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from aiworks.core.errors import AIWorksError, Status
+
+log = logging.getLogger(__name__)
+
+CONCURRENCY_RETRY_AFTER_S = 1.0
+
+_NOW_MS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+# KEYS: bucket, leases, quota. ARGV: rate, burst, max_concurrent, lease, lease_ttl_ms, quota_s, window_ms.
+# Checks first, effects after, so a refused request consumes nothing.
+_ADMIT = (
+    _NOW_MS
+    + """
+local rate, burst, max_conc = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local lease_ttl, quota, window_ms = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+if quota > 0 then
+  local window = math.floor(now / window_ms)
+  local q = redis.call('HMGET', KEYS[3], 'window', 'used')
+  if tonumber(q[1]) == window then
+    local used = tonumber(q[2]) or 0
+    if used >= quota then
+      return {'quota', (window + 1) * window_ms - now, tostring(used)}
+    end
+  end
+end
+if max_conc > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  local active = redis.call('ZCARD', KEYS[2])
+  if active >= max_conc then
+    return {'concurrency', 0, tostring(active)}
+  end
+end
+if rate > 0 then
+  local b = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
+  local tokens, ts = tonumber(b[1]), tonumber(b[2])
+  if tokens == nil or ts == nil then
+    tokens, ts = burst, now
+  end
+  if now > ts then
+    tokens = math.min(burst, tokens + (now - ts) * rate / 1000)
+    ts = now
+  end
+  if tokens < 1 then
+    return {'rate', math.ceil((1 - tokens) * 1000 / rate), ''}
+  end
+  redis.call('HSET', KEYS[1], 'tokens', tostring(tokens - 1), 'ts', tostring(ts))
+  redis.call('PEXPIRE', KEYS[1], math.ceil(burst * 1000 / rate) + 1000)
+end
+if max_conc > 0 then
+  redis.call('ZADD', KEYS[2], now + lease_ttl, ARGV[4])
+  redis.call('PEXPIRE', KEYS[2], lease_ttl * 2)
+end
+return {'ok', 0, ''}
+"""
+)
+
+# KEYS: leases, quota. ARGV: lease ('' for none), seconds, quota_s, window_ms.
+_RELEASE = (
+    _NOW_MS
+    + """
+if ARGV[1] ~= '' then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+end
+local seconds, quota, window_ms = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+if seconds > 0 and quota > 0 then
+  local window = math.floor(now / window_ms)
+  if tonumber(redis.call('HGET', KEYS[2], 'window')) ~= window then
+    redis.call('HSET', KEYS[2], 'window', tostring(window), 'used', tostring(seconds))
+  else
+    redis.call('HINCRBYFLOAT', KEYS[2], 'used', tostring(seconds))
+  end
+  redis.call('PEXPIRE', KEYS[2], window_ms * 2)
+end
+return 1
+"""
+)
+
+# KEYS: leases. ARGV: lease_ttl_ms, lease... Extends leases still held (XX: never revives an expired one).
+_RENEW = (
+    _NOW_MS
+    + """
+local ttl = tonumber(ARGV[1])
+for i = 2, #ARGV do
+  redis.call('ZADD', KEYS[1], 'XX', now + ttl, ARGV[i])
+end
+redis.call('PEXPIRE', KEYS[1], ttl * 2)
+return 1
+"""
+)
+
+
+def resource_exhausted(message: str, retry_after_s: float | None) -> AIWorksError:
+    return AIWorksError(message, Status.RESOURCE_EXHAUSTED, retry_after_s=retry_after_s)
+
+
+def _rate_message(tenant: Tenant, retry_after_s: float, note: str) -> str:
+    return (
+        f"tenant '{tenant.id}' exceeded its rate limit of {tenant.requests_per_second:g} requests/s "
+        f"(burst {tenant.bucket_size}){note}; retry after {retry_after_s:.2f} s"
+    )
+
+
+def _concurrency_message(tenant: Tenant, active: int, note: str) -> str:
+    return (
+        f"tenant '{tenant.id}' has {active} requests in flight, its limit of "
+        f"{tenant.max_concurrent_requests} concurrent requests{note}"
+    )
+
+
+def _quota_message(tenant: Tenant, used: float, reset_s: float, note: str) -> str:
+    quota = tenant.compute_quota
+    return (
+        f"tenant '{tenant.id}' used its compute quota of {quota.seconds:g} runtime-seconds per "
+        f"{quota.window_s:g} s window ({used:.3f} s used){note}; it resets in {reset_s:.1f} s"
+    )
+
+
+@dataclass(slots=True, eq=False)
+class Admission:
+    """A request let in: hand it back to :meth:`TenantLimiter.release` exactly once."""
+
+    tenant: Tenant
+    backend: str  # "none" (unlimited tenant), "redis" or "local"
+    lease: str = ""
+    compute_s: float = 0.0  # set by the caller before leaving :meth:`TenantLimiter.hold`
+    released: bool = False
+
+
+# ---- in-process limits (no Redis, or Redis unreachable) --------------------------------------------------
+
+
+@dataclass(slots=True)
+class _LocalState:
+    tokens: float = -1.0
+    refilled: float = 0.0
+    active: int = 0
+    window: int = -1
+    used: float = 0.0
+
+
+class LocalLimits:
+    """The same three limits in this process, each divided by ``share`` (the expected replica count)."""
+
+    def __init__(
+        self,
+        share: int = 1,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ):
+        self.share = max(1, share)
+        self._clock = clock
+        self._wall = wall_clock
+        self._states: dict[str, _LocalState] = defaultdict(_LocalState)
+
+    def _note(self) -> str:
+        return f" (this replica's 1/{self.share} share while Redis is unreachable)" if self.share > 1 else ""
+
+    def _window(self, tenant: Tenant, state: _LocalState) -> tuple[int, float]:
+        window_s = tenant.compute_quota.window_s
+        now = self._wall()
+        window = int(now // window_s)
+        if state.window != window:
+            state.window, state.used = window, 0.0
+        return window, (window + 1) * window_s - now
+
+    def admit(self, tenant: Tenant) -> Admission:
+        state = self._states[tenant.id]
+        if tenant.compute_quota is not None:
+            _, reset_s = self._window(tenant, state)
+            if state.used >= tenant.compute_quota.seconds / self.share:
+                raise resource_exhausted(_quota_message(tenant, state.used, reset_s, self._note()), reset_s)
+        if tenant.max_concurrent_requests is not None:
+            limit = max(1, math.ceil(tenant.max_concurrent_requests / self.share))
+            if state.active >= limit:
+                raise resource_exhausted(
+                    _concurrency_message(tenant, state.active, self._note()), CONCURRENCY_RETRY_AFTER_S
+                )
+        if tenant.requests_per_second is not None:
+            rate = tenant.requests_per_second / self.share
+            burst = max(1.0, tenant.bucket_size / self.share)
+            now = self._clock()
+            if state.tokens < 0:
+                state.tokens, state.refilled = burst, now
+            state.tokens = min(burst, state.tokens + (now - state.refilled) * rate)
+            state.refilled = now
+            if state.tokens < 1:
+                retry = (1 - state.tokens) / rate
+                raise resource_exhausted(_rate_message(tenant, retry, self._note()), retry)
+            state.tokens -= 1
+        if tenant.max_concurrent_requests is not None:
+            state.active += 1
+        return Admission(tenant, "local")
+
+    def release(self, admission: Admission, compute_s: float) -> None:
+        tenant = admission.tenant
+        state = self._states[tenant.id]
+        if tenant.max_concurrent_requests is not None and state.active > 0:
+            state.active -= 1
+        self.charge(tenant, compute_s)
+
+    def charge(self, tenant: Tenant, compute_s: float) -> None:
+        if tenant.compute_quota is not None and compute_s > 0:
+            state = self._states[tenant.id]
+            self._window(tenant, state)
+            state.used += compute_s
+
+
+# ---- the limiter ---------------------------------------------------------------------------------------
+
+
+class TenantLimiter:
+    """Admits or refuses requests by their tenant's limits; Redis-backed when ``redis_url`` is set.
+
+    Call :meth:`start` once (it warms the connection and starts lease
+    renewal) and :meth:`close` at shutdown. Without ``redis_url`` the limits
+    are this process's alone (the embedded, single-gateway default).
+    """
+
+    def __init__(
+        self,
+        redis_url: str | None = None,
+        *,
+        timeout_s: float = 0.005,
+        connect_timeout_s: float = 0.5,
+        expected_replicas: int = 1,
+        lease_ttl_s: float = 30.0,
+        retry_after_s: float = 1.0,
+        prefix: str = "aiworks:limits:v1:",
+        max_connections: int = 32,
+    ):
+        self.redis_url = redis_url
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.lease_ttl_s = lease_ttl_s
+        self.prefix = prefix
+        self.local = LocalLimits(expected_replicas if redis_url else 1)
+        self._breaker = CircuitBreaker(failure_threshold=1, retry_after_s=retry_after_s)
+        self._fallback = False
+        self._held: dict[str, Admission] = {}
+        self._unsent_s: dict[str, float] = defaultdict(float)  # compute charged while Redis was away
+        self._tenants: dict[str, Tenant] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._renewer: asyncio.Task | None = None
+        self._redis: redis.Redis | None = None
+        if redis_url:
+            pool = redis.BlockingConnectionPool.from_url(
+                redis_url,
+                max_connections=max_connections,
+                timeout=connect_timeout_s,
+                socket_timeout=connect_timeout_s,
+                socket_connect_timeout=connect_timeout_s,
+                retry=Retry(NoBackoff(), 0),
+                decode_responses=False,
+            )
+            self._redis = redis.Redis(connection_pool=pool)
+            self._admit = self._redis.register_script(_ADMIT)
+            self._release = self._redis.register_script(_RELEASE)
+            self._renew = self._redis.register_script(_RENEW)
+
+    @property
+    def fallback(self) -> bool:
+        """Whether limits are enforced locally now because Redis is unreachable."""
+        return self._fallback
+
+    async def start(self) -> None:
+        if self._redis is None:
+            return
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                await self._redis.ping()
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._failed(exc)
+        self._renewer = asyncio.get_running_loop().create_task(self._renew_loop())
+
+    async def close(self) -> None:
+        tasks = [t for t in (self._renewer, *self._tasks) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._redis is not None:
+            await self._redis.aclose()
+            await self._redis.connection_pool.disconnect()
+
+    def _keys(self, tenant_id: str) -> tuple[str, str, str]:
+        base = f"{self.prefix}{{{tenant_id}}}:"
+        return base + "bucket", base + "leases", base + "quota"
+
+    # ---- state of the Redis connection --------------------------------------------------------------
+
+    def _failed(self, exc: BaseException) -> None:
+        self._breaker.failure()
+        if not self._fallback:
+            self._fallback = True
+            log.warning(
+                "limits: Redis at %s unreachable (%s); enforcing 1/%d of each limit in this replica until it answers",
+                self.redis_url, exc or type(exc).__name__, self.local.share,
+            )  # fmt: skip
+
+    def _succeeded(self) -> None:
+        self._breaker.success()
+        if self._fallback:
+            self._fallback = False
+            log.warning("limits: Redis at %s answers again; limits are shared across replicas", self.redis_url)
+            if self._unsent_s:
+                self._spawn(self._send_unsent())
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _call(self, script, keys: list[str], args: list) -> object:
+        async with asyncio.timeout(self.timeout_s):
+            return await script(keys=keys, args=args)
+
+    # ---- admission ---------------------------------------------------------------------------------
+
+    async def admit(self, tenant: Tenant) -> Admission:
+        """Let one request of ``tenant`` in, or raise RESOURCE_EXHAUSTED (429) naming the limit."""
+        if not tenant.limited:
+            return Admission(tenant, "none")
+        if self._redis is None or not self._breaker.allow():
+            return self.local.admit(tenant)
+        self._tenants[tenant.id] = tenant
+        lease = os.urandom(9).hex() if tenant.max_concurrent_requests else ""
+        quota = tenant.compute_quota
+        bucket, leases, quota_key = self._keys(tenant.id)
+        args = [
+            repr(float(tenant.requests_per_second or 0)),
+            tenant.bucket_size,
+            tenant.max_concurrent_requests or 0,
+            lease,
+            int(self.lease_ttl_s * 1000),
+            repr(float(quota.seconds)) if quota else "0",
+            int(quota.window_s * 1000) if quota else 1,
+        ]
+        try:
+            verdict, retry_ms, detail = await self._call(self._admit, [bucket, leases, quota_key], args)
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._failed(exc)
+            return self.local.admit(tenant)
+        self._succeeded()
+        if verdict == b"ok":
+            admission = Admission(tenant, "redis", lease)
+            if lease:
+                self._held[lease] = admission
+            return admission
+        if verdict == b"rate":
+            retry = int(retry_ms) / 1000
+            raise resource_exhausted(_rate_message(tenant, retry, ""), retry)
+        if verdict == b"concurrency":
+            raise resource_exhausted(_concurrency_message(tenant, int(detail), ""), CONCURRENCY_RETRY_AFTER_S)
+        reset = int(retry_ms) / 1000
+        raise resource_exhausted(_quota_message(tenant, float(detail), reset, ""), reset)
+
+    async def release(self, admission: Admission, compute_s: float | None = None) -> None:
+        """End an admitted request: free its slot and charge ``compute_s`` runtime-seconds to its quota."""
+        if admission.released:
+            return
+        admission.released = True
+        seconds = max(0.0, admission.compute_s if compute_s is None else compute_s)
+        tenant = admission.tenant
+        if admission.backend == "none":
+            return
+        if admission.backend == "local":
+            self.local.release(admission, seconds)
+            self._send_later(tenant, seconds)
+            return
+        self._held.pop(admission.lease, None)
+        if self._breaker.is_open:  # Redis is away: the lease expires by its TTL, the charge waits
+            self.local.charge(tenant, seconds)
+            self._send_later(tenant, seconds)
+            return
+        try:
+            await self._call(
+                self._release, self._release_keys(tenant), self._release_args(tenant, admission.lease, seconds)
+            )
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._failed(exc)
+            self.local.charge(tenant, seconds)
+            self._send_later(tenant, seconds)
+            return
+        self._succeeded()
+
+    def _send_later(self, tenant: Tenant, seconds: float) -> None:
+        """Keep compute charged away from Redis, to add to the shared quota when Redis answers again."""
+        if self._redis is not None and tenant.compute_quota is not None and seconds > 0:
+            self._unsent_s[tenant.id] += seconds
+            self._tenants[tenant.id] = tenant
+
+    @contextlib.asynccontextmanager
+    async def hold(self, tenant: Tenant) -> AsyncIterator[Admission]:
+        """``async with limiter.hold(tenant) as slot: ...; slot.compute_s = seconds`` admits and releases."""
+        admission = await self.admit(tenant)
+        try:
+            yield admission
+        finally:
+            await self.release(admission)
+
+    def _release_keys(self, tenant: Tenant) -> list[str]:
+        _, leases, quota = self._keys(tenant.id)
+        return [leases, quota]
+
+    @staticmethod
+    def _release_args(tenant: Tenant, lease: str, seconds: float) -> list:
+        quota = tenant.compute_quota
+        return [
+            lease,
+            repr(float(seconds)),
+            repr(float(quota.seconds)) if quota else "0",
+            int(quota.window_s * 1000) if quota else 1,
+        ]
+
+    async def _send_unsent(self) -> None:
+        """Add the compute charged during an outage to the shared quotas."""
+        unsent, self._unsent_s = self._unsent_s, defaultdict(float)
+        pending = list(unsent.items())
+        while pending:
+            tenant_id, seconds = pending[0]
+            tenant = self._tenants[tenant_id]
+            try:
+                await self._call(self._release, self._release_keys(tenant), self._release_args(tenant, "", seconds))
+            except (RedisError, OSError, TimeoutError) as exc:
+                for tenant_id, seconds in pending:  # all that is not sent yet waits for the next return
+                    self._unsent_s[tenant_id] += seconds
+                self._failed(exc)
+                return
+            pending.pop(0)
+
+    # ---- lease renewal -----------------------------------------------------------------------------
+
+    async def _renew_loop(self) -> None:
+        interval = max(0.05, self.lease_ttl_s / 3)
+        while True:
+            await asyncio.sleep(interval)
+            if not self._held or self._breaker.is_open:
+                continue
+            by_tenant: dict[str, list[str]] = defaultdict(list)
+            for lease, admission in list(self._held.items()):
+                by_tenant[admission.tenant.id].append(lease)
+            try:
+                async with asyncio.timeout(max(self.timeout_s, 0.05)):
+                    async with self._redis.pipeline(transaction=False) as pipe:
+                        for tenant_id, held in by_tenant.items():
+                            await self._renew(
+                                keys=[self._keys(tenant_id)[1]], args=[int(self.lease_ttl_s * 1000), *held], client=pipe
+                            )
+                        await pipe.execute()
+            except (RedisError, OSError, TimeoutError) as exc:
+                log.debug("limits: lease renewal failed: %s", exc)

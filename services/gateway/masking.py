@@ -1,0 +1,245 @@
+"""Output masking: personal data in a model's BYTES outputs is masked before it leaves the gateway.
+
+A model opts in through its own config (Triton ``parameters``), so the policy
+travels with the model and reaches every gateway replica through the model
+metadata the gateway already fetches; it works with and without tenancy:
+
+==========================  ===========================================================
+parameter                   meaning
+==========================  ===========================================================
+``mask_patterns``           comma-separated pattern names, applied in that order
+                            (built-ins: ``email``, ``phone``, ``id_card``); unset: off
+``mask_outputs``            comma-separated output names (default: every BYTES output)
+``mask_style``              ``partial`` (default: keep a short prefix and suffix, ``*``
+                            in between) or ``token`` (replace with a fixed token)
+``mask_keep``               ``prefix,suffix`` characters kept by ``partial`` (default ``2,2``)
+``mask_token``              the token of ``token`` style (default ``[<NAME>]``, e.g. ``[EMAIL]``)
+``mask_pattern.<name>``     a custom pattern (a Python regex) named ``<name>``
+==========================  ===========================================================
+
+Patterns run on each element's UTF-8 bytes (bytes regexes: ``\\d``, ``\\w``
+and case folding are ASCII), so an element without a match is passed on as
+the same memoryview slice and a tensor without any match is not copied at
+all. Digit patterns are bounded by look-arounds, so a phone number is not
+found inside an 18-digit ID or a longer number.
+
+Masking runs on every response, cache hits included: the result cache keeps
+what the model produced, and what a client may see is decided here.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass
+
+from aiworks.core.datatypes import Tensor, bytes_offsets
+from aiworks.core.errors import Internal, InvalidArgument
+from aiworks.core.inference import InferResponse
+from aiworks.core.model_config import ModelSpec
+
+# Built-in patterns. Kept deliberately broad: a masked false positive costs
+# less than a leaked number.
+BUILTIN_PATTERNS: dict[str, bytes] = {
+    "email": rb"[A-Za-z0-9._%+\-]+@[A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)*\.[A-Za-z]{2,}",
+    "phone": (
+        # Chinese mobile numbers, optionally with +86.
+        rb"(?<![\d+])(?:\+?86[ \-]?)?1[3-9]\d(?:[ \-]?\d{4}){2}(?!\d)"
+        # North American numbers: (555) 123-4567, 555-123-4567, +1 555 123 4567.
+        rb"|(?<![\d+])(?:\+?1[ .\-]?)?(?:\([2-9]\d{2}\)|[2-9]\d{2})[ .\-]?\d{3}[ .\-]\d{4}(?!\d)"
+        # Other international numbers in E.164 form, optionally grouped.
+        rb"|\+[1-9](?:[ \-]?\d){7,14}(?!\d)"
+    ),
+    "id_card": (
+        # Chinese resident identity card: 6-digit region, birth date, sequence, check digit.
+        rb"(?<![0-9A-Za-z])[1-9]\d{5}(?:18|19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])\d{3}[\dXx](?![0-9A-Za-z])"
+        # US Social Security number (area 000, 666 and 9xx are never issued).
+        rb"|(?<!\d)(?!000|666|9\d\d)\d{3}-(?!00)\d{2}-(?!0000)\d{4}(?!\d)"
+    ),
+}
+
+PARAM_PATTERNS = "mask_patterns"
+PARAM_OUTPUTS = "mask_outputs"
+PARAM_STYLE = "mask_style"
+PARAM_KEEP = "mask_keep"
+PARAM_TOKEN = "mask_token"
+PARAM_CUSTOM_PREFIX = "mask_pattern."
+STYLES = ("partial", "token")
+
+
+def compile_pattern(name: str, source: str | bytes, where: str) -> re.Pattern[bytes]:
+    """A bytes regex, or InvalidArgument naming the pattern and what is wrong with it."""
+    raw = source.encode("utf-8") if isinstance(source, str) else source
+    try:
+        pattern = re.compile(raw)
+    except re.error as exc:
+        raise InvalidArgument(f"{where}: pattern '{name}' is not a valid regular expression: {exc}") from None
+    if pattern.search(b"") is not None:
+        raise InvalidArgument(f"{where}: pattern '{name}' matches the empty string, so it would match everything")
+    return pattern
+
+
+_BUILTINS = {name: compile_pattern(name, src, "built-in patterns") for name, src in BUILTIN_PATTERNS.items()}
+
+
+def builtin_pattern(name: str) -> re.Pattern[bytes] | None:
+    return _BUILTINS.get(name)
+
+
+def _names(value: str) -> list[str]:
+    return [n.strip() for n in value.split(",") if n.strip()]
+
+
+@dataclass(frozen=True, slots=True)
+class MaskRule:
+    name: str
+    pattern: re.Pattern[bytes]
+    replacement: bytes  # the token, for ``token`` style
+
+
+class Masker:
+    """The masking policy of one model version, compiled once."""
+
+    def __init__(
+        self,
+        rules: list[MaskRule],
+        *,
+        outputs: frozenset[str] | None = None,
+        style: str = "partial",
+        keep_prefix: int = 2,
+        keep_suffix: int = 2,
+    ):
+        self.rules = rules
+        self.outputs = outputs
+        self.style = style
+        self.keep_prefix = keep_prefix
+        self.keep_suffix = keep_suffix
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec) -> Masker | None:
+        """The model's masker, or None when its config enables no masking."""
+        params = spec.parameters
+        selected = _names(params.get(PARAM_PATTERNS, ""))
+        if not selected:
+            return None
+        where = f"model '{spec.name}' config parameter '{PARAM_PATTERNS}'"
+        style = params.get(PARAM_STYLE, "partial").strip() or "partial"
+        if style not in STYLES:
+            raise InvalidArgument(f"model '{spec.name}' config parameter '{PARAM_STYLE}' is '{style}'; use {STYLES}")
+        keep = params.get(PARAM_KEEP, "2,2")
+        try:
+            prefix, suffix = (int(x) for x in keep.split(","))
+            if prefix < 0 or suffix < 0:
+                raise ValueError
+        except ValueError:
+            raise InvalidArgument(
+                f"model '{spec.name}' config parameter '{PARAM_KEEP}' is '{keep}'; use 'prefix,suffix', e.g. '2,2'"
+            ) from None
+        rules = []
+        for name in selected:
+            custom = params.get(PARAM_CUSTOM_PREFIX + name)
+            if custom is not None:
+                pattern = compile_pattern(
+                    name, custom, f"model '{spec.name}' config parameter '{PARAM_CUSTOM_PREFIX}{name}'"
+                )
+            else:
+                pattern = builtin_pattern(name)
+                if pattern is None:
+                    raise InvalidArgument(
+                        f"{where} names pattern '{name}', which is neither built in ({sorted(BUILTIN_PATTERNS)}) "
+                        f"nor defined by a '{PARAM_CUSTOM_PREFIX}{name}' parameter"
+                    )
+            token = params.get(PARAM_TOKEN, f"[{name.upper()}]")
+            rules.append(MaskRule(name, pattern, token.encode("utf-8")))
+        outputs = _names(params.get(PARAM_OUTPUTS, ""))
+        declared = {t.name: t.datatype for t in spec.outputs}
+        for out in outputs:
+            if declared and declared.get(out) != "BYTES":
+                raise InvalidArgument(
+                    f"model '{spec.name}' config parameter '{PARAM_OUTPUTS}' names '{out}', which is not a BYTES output"
+                )
+        return cls(rules, outputs=frozenset(outputs) or None, style=style, keep_prefix=prefix, keep_suffix=suffix)
+
+    # ---- masking ---------------------------------------------------------------------------------------
+
+    def _partial(self, match: re.Match[bytes]) -> bytes:
+        text = match.group().decode("utf-8", "replace")
+        if len(text) <= self.keep_prefix + self.keep_suffix:
+            return b"*" * len(text)
+        end = len(text) - self.keep_suffix
+        return (text[: self.keep_prefix] + "*" * (end - self.keep_prefix) + text[end:]).encode("utf-8")
+
+    def mask_element(self, data: bytes | memoryview) -> bytes | memoryview:
+        """One element, masked; the same object when nothing matched."""
+        out: bytes | memoryview = data
+        for rule in self.rules:
+            if rule.pattern.search(out) is None:
+                continue
+            if self.style == "token":
+                token = rule.replacement  # a function, so the token is never read as a template
+                out = rule.pattern.sub(lambda _m, token=token: token, out)
+            else:
+                out = rule.pattern.sub(self._partial, out)
+        return out
+
+    def mask_tensor(self, tensor: Tensor) -> Tensor:
+        """The tensor with its elements masked; the same object when nothing matched."""
+        view = memoryview(tensor.raw)
+        offsets = bytes_offsets(view, name=tensor.name)
+        parts: list[bytes | memoryview] = []
+        changed = False
+        for start, end in zip(offsets, offsets[1:]):
+            element = view[start + 4 : end]
+            masked = self.mask_element(element)
+            if masked is not element:
+                changed = True
+            parts.append(struct.pack("<I", len(masked)))
+            parts.append(masked)
+        if not changed:
+            return tensor
+        return Tensor(tensor.name, tensor.datatype, tensor.shape, b"".join(parts), dict(tensor.parameters))
+
+    def applies_to(self, tensor: Tensor) -> bool:
+        return tensor.datatype == "BYTES" and (self.outputs is None or tensor.name in self.outputs)
+
+    def mask_response(self, response: InferResponse) -> InferResponse:
+        """Mask the response's BYTES outputs in place, and return it."""
+        for i, tensor in enumerate(response.outputs):
+            if self.applies_to(tensor):
+                response.outputs[i] = self.mask_tensor(tensor)
+        return response
+
+
+class MaskingPolicies:
+    """Maskers by model version, compiled once per distinct config and reused.
+
+    A model's parameters can change when it is reloaded, so the cache key is
+    the masking parameters themselves, not just the name and version.
+    """
+
+    def __init__(self, max_entries: int = 1024):
+        self.max_entries = max_entries
+        self._maskers: dict[tuple, Masker | None] = {}
+
+    def for_spec(self, spec: ModelSpec) -> Masker | None:
+        relevant = tuple(sorted((k, v) for k, v in spec.parameters.items() if k.startswith("mask_")))
+        if not relevant:
+            return None
+        key = (spec.name, spec.version, relevant)
+        try:
+            return self._maskers[key]
+        except KeyError:
+            pass
+        try:
+            masker = Masker.from_spec(spec)
+        except InvalidArgument as exc:  # the model's config is wrong, not the client's request
+            raise Internal(f"output masking is misconfigured: {exc.message}") from None
+        if len(self._maskers) >= self.max_entries:
+            self._maskers.pop(next(iter(self._maskers)))
+        self._maskers[key] = masker
+        return masker
+
+    def mask(self, spec: ModelSpec, response: InferResponse) -> InferResponse:
+        """The response with the model's masking applied (unchanged when it has none)."""
+        masker = self.for_spec(spec)
+        return masker.mask_response(response) if masker is not None else response

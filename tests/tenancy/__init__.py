@@ -1,0 +1,1 @@
+"""Tests of multi-tenancy and security: tenants, auth, limits, metering, input filters, output masking."""

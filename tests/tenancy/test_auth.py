@@ -1,0 +1,263 @@
+"""Credentials to tenants: API keys by hash, JWTs with HMAC and public keys, and the 401/403 that say why."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import time
+
+import grpc.aio
+import jwt
+import pytest
+import yaml
+from aiworks.gateway.auth import Authenticator, add_api_key, generate_api_key, hash_api_key, load_jwt_key
+from aiworks.gateway.tenancy import load_tenancy
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from starlette.datastructures import Headers
+
+from aiworks.core.errors import AIWorksError, InvalidArgument, Status
+
+KEY_ACME, HASH_ACME = generate_api_key()
+KEY_LAB, HASH_LAB = generate_api_key()
+HMAC_SECRET = b"0123456789abcdef0123456789abcdef-hs256-test-secret"
+
+
+def tenants_doc(jwt_settings: dict | None = None) -> dict:
+    doc = {
+        "tenants": [
+            {"id": "acme", "models": ["*"], "api_keys": [HASH_ACME], "jwt_subjects": ["acme-backend"]},
+            {"id": "lab", "models": ["iris"]},
+        ]
+    }
+    if jwt_settings is not None:
+        doc["jwt"] = jwt_settings
+    return doc
+
+
+@pytest.fixture
+def config(write_yaml):
+    tenants = write_yaml("tenants.yaml", tenants_doc())
+    keys = write_yaml("keys.yaml", {"keys": [{"hash": HASH_LAB, "tenant": "lab", "label": "notebook"}]})
+    return load_tenancy(tenants, keys)
+
+
+def status_of(call) -> tuple[Status, str]:
+    with pytest.raises(AIWorksError) as info:
+        call()
+    return info.value.status, info.value.message
+
+
+# ---- API keys --------------------------------------------------------------------------------------------
+
+
+def test_api_key_forms(config):
+    auth = Authenticator(config)
+    assert auth.required
+    assert auth.authenticate({"x-api-key": KEY_ACME}).tenant_id == "acme"
+    assert auth.authenticate({"Authorization": f"Bearer {KEY_LAB}"}).tenant_id == "lab"  # HTTP, any case
+    principal = auth.authenticate([("user-agent", "grpc"), ("authorization", f"bearer {KEY_ACME}")])  # gRPC metadata
+    assert principal.tenant_id == "acme" and principal.method == "api_key"
+    assert principal.subject == HASH_ACME[:19]  # a hash prefix, never the key
+    # The transports' own types, as the gateway will pass them.
+    http_headers = Headers(raw=[(b"Authorization", f"Bearer {KEY_LAB}".encode())])
+    assert auth.authenticate(http_headers).tenant_id == "lab"
+    assert auth.authenticate(grpc.aio.Metadata(("x-api-key", KEY_ACME))).tenant_id == "acme"
+
+
+def test_missing_and_bad_credentials_are_401_and_say_why(config):
+    auth = Authenticator(config)
+    status, message = status_of(lambda: auth.authenticate({}))
+    assert status is Status.UNAUTHENTICATED and "credentials required" in message
+    status, message = status_of(lambda: auth.authenticate({"x-api-key": KEY_ACME + "x"}))
+    assert status is Status.UNAUTHENTICATED and message == "API key is not recognised"
+    assert KEY_ACME not in message
+    status, message = status_of(lambda: auth.authenticate({"authorization": f"Basic {KEY_ACME}"}))
+    assert status is Status.UNAUTHENTICATED and "scheme 'Basic' is not supported" in message
+    status, message = status_of(lambda: auth.authenticate({"authorization": "Bearer "}))
+    assert status is Status.UNAUTHENTICATED and "no bearer token" in message
+    status, message = status_of(lambda: auth.authenticate({"authorization": "Bearer eyJhbGciOi.eyJzdWIi.c2ln"}))
+    assert status is Status.UNAUTHENTICATED and "JWTs are not accepted" in message
+
+
+def test_model_not_allowed_is_403_naming_tenant_and_model(config):
+    auth = Authenticator(config)
+    assert auth.authenticate_for({"x-api-key": KEY_LAB}, "iris").tenant_id == "lab"
+    status, message = status_of(lambda: auth.authenticate_for({"x-api-key": KEY_LAB}, "digits"))
+    assert status is Status.PERMISSION_DENIED
+    assert message == "tenant 'lab' may not use model 'digits'"
+
+
+def test_demo_mode_is_anonymous():
+    auth = Authenticator(load_tenancy(None))
+    assert not auth.required
+    principal = auth.authenticate_for({}, "anything")
+    assert principal.tenant_id == "" and principal.method == "anonymous"
+
+
+def test_start_up_refuses_a_config_no_request_could_pass(write_yaml):
+    config = load_tenancy(write_yaml("t.yaml", {"tenants": [{"id": "acme"}]}))
+    with pytest.raises(
+        InvalidArgument, match="no API key hashes .* and no JWT settings: every request would be refused"
+    ):
+        Authenticator(config)
+    with pytest.raises(InvalidArgument, match="a JWT key is configured but tenants file .* has no 'jwt' section"):
+        Authenticator(config, HMAC_SECRET)
+    with_jwt = load_tenancy(write_yaml("j.yaml", tenants_doc({"algorithms": ["HS256"]})))
+    with pytest.raises(InvalidArgument, match="'jwt' section but no JWT key is configured"):
+        Authenticator(with_jwt)
+    with pytest.raises(InvalidArgument, match="HMAC secret is 5 bytes; HS256 needs at least 32"):
+        Authenticator(with_jwt, b"short")
+
+
+def test_add_api_key_round_trip(write_yaml, tmp_path):
+    tenants = write_yaml("tenants.yaml", tenants_doc())
+    keys_file = tmp_path / "api-keys.yaml"
+    key = add_api_key(keys_file, "lab", "ci pipeline", tenants_file=tenants)
+    assert key.startswith("aiw_") and len(key) > 40
+    assert key not in keys_file.read_text()
+    assert yaml.safe_load(keys_file.read_text())["keys"] == [
+        {"hash": hash_api_key(key), "tenant": "lab", "label": "ci pipeline"}
+    ]
+    assert keys_file.stat().st_mode & 0o077 == 0
+    second = add_api_key(keys_file, "lab")
+    auth = Authenticator(load_tenancy(tenants, keys_file))
+    assert auth.authenticate({"x-api-key": key}).tenant_id == "lab"
+    assert auth.authenticate({"x-api-key": second}).tenant_id == "lab"
+    with pytest.raises(InvalidArgument, match="defines no tenant 'ghost'"):
+        add_api_key(keys_file, "ghost", tenants_file=tenants)
+
+
+# ---- JWTs --------------------------------------------------------------------------------------------------
+
+ISSUER = "https://auth.example.com/"
+AUDIENCE = "aiworks"
+
+
+def claims(**extra) -> dict:
+    now = int(time.time())
+    return {"iss": ISSUER, "aud": AUDIENCE, "iat": now, "exp": now + 300, "sub": "user-1", **extra}
+
+
+def pem_public(private) -> bytes:
+    return private.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+
+
+def jwt_authenticator(write_yaml, algorithm: str, verify_key: bytes, **settings) -> Authenticator:
+    jwt_settings = {"algorithms": [algorithm], "issuer": ISSUER, "audience": AUDIENCE, **settings}
+    path = write_yaml(f"tenants-{algorithm}.yaml", tenants_doc(jwt_settings))
+    key_file = path.with_suffix(".key")
+    key_file.write_bytes(verify_key + b"\n")
+    return Authenticator.from_files(load_tenancy(path), key_file)
+
+
+KEYS = {
+    "HS256": lambda: (HMAC_SECRET, HMAC_SECRET),
+    "RS256": lambda: (lambda k: (k, pem_public(k)))(rsa.generate_private_key(public_exponent=65537, key_size=2048)),
+    "ES256": lambda: (lambda k: (k, pem_public(k)))(ec.generate_private_key(ec.SECP256R1())),
+    "EdDSA": lambda: (lambda k: (k, pem_public(k)))(ed25519.Ed25519PrivateKey.generate()),
+}
+
+
+@pytest.mark.parametrize("algorithm", sorted(KEYS))
+def test_jwt_maps_its_tenant_claim(write_yaml, algorithm):
+    signing, verify = KEYS[algorithm]()
+    auth = jwt_authenticator(write_yaml, algorithm, verify)
+    token = jwt.encode(claims(tenant="lab"), signing, algorithm=algorithm)
+    principal = auth.authenticate({"authorization": f"Bearer {token}"})
+    assert (principal.tenant_id, principal.method, principal.subject) == ("lab", "jwt", "user-1")
+    # Falls back to "sub"; a tenant's jwt_subjects map to it too.
+    assert (
+        auth.authenticate({"authorization": "Bearer " + jwt.encode(claims(sub="acme"), signing, algorithm)}).tenant_id
+        == "acme"
+    )
+    token = jwt.encode(claims(tenant="acme-backend"), signing, algorithm=algorithm)
+    assert auth.authenticate({"authorization": f"Bearer {token}"}).tenant_id == "acme"
+    # API keys keep working beside JWTs.
+    assert auth.authenticate({"x-api-key": KEY_ACME}).tenant_id == "acme"
+
+
+def test_jwt_tenant_claim_is_configurable(write_yaml):
+    auth = jwt_authenticator(write_yaml, "HS256", HMAC_SECRET, tenant_claim="org")
+    token = jwt.encode(claims(org="lab", tenant="acme"), HMAC_SECRET, algorithm="HS256")
+    assert auth.authenticate({"authorization": f"Bearer {token}"}).tenant_id == "lab"
+
+
+@pytest.mark.parametrize(
+    ("token_claims", "message"),
+    [
+        (claims(tenant="lab", exp=int(time.time()) - 60), "Signature has expired"),
+        (claims(tenant="lab", aud="someone-else"), "Audience doesn't match"),
+        (claims(tenant="lab", iss="https://evil.example.com/"), "Invalid issuer"),
+        ({k: v for k, v in claims(tenant="lab").items() if k != "exp"}, 'missing the "exp" claim'),
+        (claims(tenant="lab", nbf=int(time.time()) + 600), "not yet valid"),
+    ],
+)
+def test_invalid_jwts_are_401_and_say_why(write_yaml, token_claims, message):
+    auth = jwt_authenticator(write_yaml, "HS256", HMAC_SECRET)
+    token = jwt.encode(token_claims, HMAC_SECRET, algorithm="HS256")
+    status, text = status_of(lambda: auth.authenticate({"authorization": f"Bearer {token}"}))
+    assert status is Status.UNAUTHENTICATED
+    assert text.startswith("bearer JWT is not valid") and message in text
+
+
+def test_forged_and_confused_jwts_are_refused(write_yaml):
+    private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    public_pem = pem_public(private)
+    auth = jwt_authenticator(write_yaml, "RS256", public_pem)
+    other = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    forged = jwt.encode(claims(tenant="acme"), other, algorithm="RS256")
+    assert status_of(lambda: auth.authenticate({"authorization": f"Bearer {forged}"}))[0] is Status.UNAUTHENTICATED
+    unsigned = jwt.encode(claims(tenant="acme"), None, algorithm="none")
+    status, text = status_of(lambda: auth.authenticate({"authorization": f"Bearer {unsigned}"}))
+    assert status is Status.UNAUTHENTICATED and "alg value is not allowed" in text
+    # Algorithm confusion: HS256 "signed" with the public key as the HMAC secret.
+    signing_input = (
+        b64(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+        + b"."
+        + b64(json.dumps(claims(tenant="acme")).encode())
+    )
+    confused = signing_input + b"." + b64(hmac.new(public_pem, signing_input, hashlib.sha256).digest())
+    status, text = status_of(lambda: auth.authenticate({"authorization": f"Bearer {confused.decode()}"}))
+    assert status is Status.UNAUTHENTICATED and "alg value is not allowed" in text
+
+
+def b64(data: bytes) -> bytes:
+    return base64.urlsafe_b64encode(data).rstrip(b"=")
+
+
+def test_jwt_of_an_unknown_tenant_is_403(write_yaml):
+    auth = jwt_authenticator(write_yaml, "HS256", HMAC_SECRET)
+    token = jwt.encode(claims(tenant="nobody"), HMAC_SECRET, algorithm="HS256")
+    status, text = status_of(lambda: auth.authenticate({"authorization": f"Bearer {token}"}))
+    assert status is Status.PERMISSION_DENIED and text == "JWT claim 'tenant' is 'nobody', which maps to no tenant"
+
+
+def test_verified_tokens_are_remembered_until_they_expire(write_yaml, monkeypatch):
+    auth = jwt_authenticator(write_yaml, "HS256", HMAC_SECRET, leeway_s=0)
+    token = jwt.encode(claims(tenant="lab", exp=int(time.time()) + 2), HMAC_SECRET, algorithm="HS256")
+    calls = []
+    real_decode = jwt.decode
+    monkeypatch.setattr(jwt, "decode", lambda *a, **k: calls.append(1) or real_decode(*a, **k))
+    for _ in range(5):
+        assert auth.authenticate({"authorization": f"Bearer {token}"}).tenant_id == "lab"
+    assert len(calls) == 1  # one signature check for five requests
+    time.sleep(2.1)
+    status, text = status_of(lambda: auth.authenticate({"authorization": f"Bearer {token}"}))
+    assert status is Status.UNAUTHENTICATED and "expired" in text
+
+
+def test_key_type_must_fit_the_algorithms(write_yaml, tmp_path):
+    ec_pem = pem_public(ec.generate_private_key(ec.SECP256R1()))
+    with pytest.raises(InvalidArgument, match="an EC public key, which cannot verify RS256"):
+        jwt_authenticator(write_yaml, "RS256", ec_pem)
+    with pytest.raises(InvalidArgument, match="PEM key, but the algorithms are HMAC"):
+        jwt_authenticator(write_yaml, "HS256", ec_pem + b"\n" + b"x" * 40)
+    with pytest.raises(InvalidArgument, match="must be a PEM public key"):
+        jwt_authenticator(write_yaml, "ES256", HMAC_SECRET)
+    with pytest.raises(InvalidArgument, match="cannot be read"):
+        load_jwt_key(tmp_path / "missing.pem")
