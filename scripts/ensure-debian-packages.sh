@@ -1,10 +1,27 @@
 #!/bin/sh
 # Installs the Debian packages the test suite needs when they are missing:
-# redis-server (tests/cache start a private one on a free port).
+# - redis-server: tests/cache start a private one on a free port;
+# - prometheus (prometheus and promtool): tests/observability check the rules
+#   with promtool and start a private Prometheus on a free port.
 # Usage: scripts/ensure-debian-packages.sh   (as root, or with sudo available)
 set -eu
 
-if command -v redis-server >/dev/null 2>&1; then
+# "command package" pairs: the package is installed when its command is missing.
+NEEDED="redis-server:redis-server prometheus:prometheus promtool:prometheus"
+
+missing=""
+for pair in $NEEDED; do
+    command_name=${pair%%:*}
+    package=${pair#*:}
+    if ! command -v "$command_name" >/dev/null 2>&1; then
+        case " $missing " in
+            *" $package "*) ;;
+            *) missing="$missing $package" ;;
+        esac
+    fi
+done
+
+if [ -z "$missing" ]; then
     exit 0
 fi
 
@@ -12,8 +29,12 @@ SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
     SUDO="sudo"
 fi
-echo "redis-server not found; installing the Debian package" >&2
+echo "installing missing Debian packages:$missing" >&2
 $SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends redis-server
-# The package may start a system service on 6379; the tests never use it.
-command -v redis-server >/dev/null 2>&1
+# shellcheck disable=SC2086  # one word per package
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing
+# The packages may start system services (Redis on 6379, Prometheus on 9090);
+# the tests never use them: each starts its own on a free port.
+for pair in $NEEDED; do
+    command -v "${pair%%:*}" >/dev/null 2>&1
+done

@@ -5,15 +5,16 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from aiworks.cache.dataplane import CacheDataPlane
 from aiworks.cache.servicer import CacheServicer
 from aiworks.cache.settings import CacheSettings
 from aiworks.cache.store import MemoryStore, Store
+from aiworks.core import metrics
 from aiworks.core.lifecycle import stop_event
 from aiworks.core.rpc import create_server, set_serving
+from aiworks.core.tracing import setup_tracing, shutdown_tracing
 from aiworks.pb.cache.v1 import cache_pb2_grpc
 
 log = logging.getLogger("aiworks.cache")
@@ -39,8 +40,14 @@ def build_dataplane(settings: CacheSettings) -> CacheDataPlane:
     )
 
 
-class _CountersCollector:
-    """Exposes the data plane's counters as ``aiworks_cache_<name>_total``."""
+class CacheCollector(metrics.ScrapeCollector):
+    """The data plane's counters as ``aiworks_cache_<name>_total``, and ``aiworks_cache_backend_up{store}``.
+
+    The store is up (1) while its circuit breaker is closed: the breaker opens
+    after ``failure_threshold`` failed or slow calls in a row, and closes on the
+    first call that succeeds again. Both are plain reads, safe from the scrape
+    thread.
+    """
 
     def __init__(self, dataplane: CacheDataPlane):
         self.dataplane = dataplane
@@ -48,35 +55,41 @@ class _CountersCollector:
     def collect(self):
         for name, value in self.dataplane.counters.as_dict().items():
             yield CounterMetricFamily(f"aiworks_cache_{name}", f"Cache {name.replace('_', ' ')}.", value=value)
+        up = GaugeMetricFamily(
+            metrics.CACHE_BACKEND_UP, "1 when the cache's store answers, 0 while its breaker is open.", labels=["store"]
+        )
+        up.add_metric([self.dataplane.store.name], 0.0 if self.dataplane.breaker.is_open else 1.0)
+        yield up
 
 
 async def serve(settings: CacheSettings) -> None:
     stop = stop_event()
+    setup_tracing("cache", settings)
     dataplane = build_dataplane(settings)
     server, health = create_server(settings.max_message_bytes)
     cache_pb2_grpc.add_CacheServiceServicer_to_server(CacheServicer(dataplane), server)
     port = server.add_insecure_port(f"{settings.host}:{settings.port}")
     await server.start()
-    metrics = None
-    if settings.metrics_port:
-        registry = CollectorRegistry()
-        registry.register(_CountersCollector(dataplane))
-        metrics, _ = start_http_server(settings.metrics_port, settings.host, registry=registry)
+    collector = CacheCollector(dataplane).register()
+    exposition, metrics_port = None, None
+    if settings.metrics_port:  # 0 turns /metrics off here (the suite's local default)
+        exposition, metrics_port = metrics.serve_metrics_or_warn(settings.metrics_port, settings.host)
     await set_serving(health, True)
     log.info(
         "cache serving gRPC on %s:%d with the %s store%s",
         settings.host,
         port,
         dataplane.store.name,
-        f" (metrics on :{settings.metrics_port})" if metrics else "",
+        f" (metrics on :{metrics_port})" if exposition else "",
     )
     await stop.wait()
     log.info("cache stopping")
     await set_serving(health, False)
     await server.stop(grace=5)
-    if metrics is not None:
-        metrics.shutdown()
+    await metrics.stop_metrics(exposition)
+    collector.unregister()
     await dataplane.close()
+    shutdown_tracing()
 
 
 def main(settings: CacheSettings) -> None:

@@ -29,6 +29,7 @@ from aiworks.cache.breaker import CircuitBreaker
 from aiworks.cache.converters import decode_response, encode_response
 from aiworks.cache.keys import request_key
 from aiworks.cache.policy import CachePolicy, skip_reason
+from aiworks.core import metrics, tracing
 from aiworks.core.errors import AIWorksError
 from aiworks.core.inference import InferRequest, InferResponse
 from aiworks.core.model_config import ModelSpec
@@ -40,6 +41,10 @@ from aiworks.pb.cache.v1 import cache_pb2_grpc
 log = logging.getLogger(__name__)
 
 HIT = "cache_hit"
+# Results of aiworks_gateway_cache_lookups_total: the cache answered (hit, miss); it was not asked
+# (bypass: the request opted out, an invalidation is pending, or the cache's own store is down);
+# or asking failed (error: timeout, unreachable, or the breaker is open after such failures).
+LOOKUP_RESULTS = (R_HIT, R_MISS, R_BYPASS, R_ERROR) = ("hit", "miss", "bypass", "error")
 _PUT_TIMEOUT_S = 1.0
 _INVALIDATE_TIMEOUT_S = 5.0
 
@@ -105,32 +110,43 @@ class CacheClient:
         self._pending_invalidations: set[str] = set()
         self._retry_task: asyncio.Task | None = None
         self._last_warning_s = -1e9
+        self._lookup_children: dict[str, dict[str, object]] = {}
 
     # ---- the request path ---------------------------------------------------------------------
 
     async def infer(self, request: InferRequest, compute: Compute) -> InferResponse:
         """Answer ``request`` from the cache, or with ``compute`` and store the result."""
+        resolved = await self._resolve(request.model, request.version)
+        if resolved is None:  # not a cached model (or an unknown one): no lookup at all
+            if skip_reason(request.parameters):
+                self.counters.skipped += 1
+            return await compute(request)
+        lookups = self._lookups(request.model)
         if skip_reason(request.parameters):
             self.counters.skipped += 1
-            return await compute(request)
-        resolved = await self._resolve(request.model, request.version)
-        if resolved is None:
+            lookups[R_BYPASS].inc()
             return await compute(request)
         if request.model in self._pending_invalidations:
             self.counters.bypassed += 1
+            lookups[R_BYPASS].inc()
             return self._mark(await compute(request), False)
-        key = request_key(
-            request.model, resolved.version, request.inputs, request.outputs, request.parameters, resolved.policy
-        )
-        found = await self._lookup(request.model, key)
-        if found is not None and found.found:
-            try:
-                response = decode_response(found.value, request.id)
-            except Exception as exc:  # a corrupt entry is a miss
-                log.warning("unreadable cache entry for %s: %s", request.model, exc)
-            else:
-                self.counters.hits += 1
-                return self._mark(response, True)
+        with tracing.child_span("cache lookup", {"aiworks.model": request.model}) as span:
+            key = request_key(
+                request.model, resolved.version, request.inputs, request.outputs, request.parameters, resolved.policy
+            )
+            found, result = await self._lookup(request.model, key)
+            response = None
+            if result == R_HIT:
+                try:
+                    response = decode_response(found.value, request.id)
+                except Exception as exc:  # a corrupt entry is a miss
+                    log.warning("unreadable cache entry for %s: %s", request.model, exc)
+                    result = R_MISS
+            span.set("aiworks.cache.result", result)
+        lookups[result].inc()
+        if response is not None:
+            self.counters.hits += 1
+            return self._mark(response, True)
         response = await compute(request)
         if found is not None:
             self.counters.misses += 1
@@ -138,28 +154,36 @@ class CacheClient:
                 self._store_later(request.model, key, found.epoch, response, resolved.policy)
         return self._mark(response, False)
 
+    def _lookups(self, model: str) -> dict[str, object]:
+        """The lookup counters of ``model`` (a cached model, so the label stays bounded), by result."""
+        children = self._lookup_children.get(model)
+        if children is None:
+            children = {r: metrics.GATEWAY_CACHE_LOOKUPS.labels(model, r) for r in LOOKUP_RESULTS}
+            self._lookup_children[model] = children
+        return children
+
     @staticmethod
     def _mark(response: InferResponse, hit: bool) -> InferResponse:
         response.parameters[HIT] = hit
         return response
 
-    async def _lookup(self, model: str, key: bytes) -> pb.GetResponse | None:
-        """The cache's answer, or None when it is skipped, slow or failing."""
-        if not self.breaker.allow():
+    async def _lookup(self, model: str, key: bytes) -> tuple[pb.GetResponse | None, str]:
+        """The cache's answer and the lookup's result; no answer when it is skipped, slow or failing."""
+        if not self.breaker.allow():  # open after failures: counted as an error, as they were
             self.counters.bypassed += 1
-            return None
+            return None, R_ERROR
         try:
             reply = await self._gets.call(pb.GetRequest(model=model, key=key), self.lookup_timeout_s)
         except AIWorksError as exc:
             self.counters.lookup_errors += 1
             self.counters.bypassed += 1
             self._failed(f"lookup failed: {exc.message}")
-            return None
+            return None, R_ERROR
         self.breaker.success()
         if reply.bypassed:  # the cache answered, but its store is down: nothing to store into either
             self.counters.bypassed += 1
-            return None
-        return reply
+            return None, R_BYPASS
+        return reply, (R_HIT if reply.found else R_MISS)
 
     def _failed(self, why: str) -> None:
         self.breaker.failure()

@@ -15,6 +15,7 @@ from aiworks.core.inference import InferRequest, InferResponse
 from aiworks.core.model_config import ModelSpec
 from aiworks.gateway.cache_client import CacheClient
 from aiworks.gateway.scheduler_client import SchedulerClient
+from aiworks.gateway.telemetry import GatewayTelemetry
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,8 @@ class GatewayDataPlane:
         self.scheduler = scheduler
         self.server_name = server_name
         self.cache = cache
+        # Per-request metrics and the server span; the front ends wrap each inference in it.
+        self.telemetry = GatewayTelemetry()
 
     async def live(self) -> bool:
         return True

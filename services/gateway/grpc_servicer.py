@@ -14,6 +14,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 
 from aiworks.core.rpc import handle_errors
+from aiworks.core.tracing import carrier_from_metadata
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -57,7 +58,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @handle_errors
     async def ModelInfer(self, request, context):
-        return from_infer_response(await self.dataplane.infer(to_infer_request(request)))
+        carrier = carrier_from_metadata(context.invocation_metadata())
+        with self.dataplane.telemetry.infer("grpc", request.model_name, request.model_version, carrier) as call:
+            call.request = to_infer_request(request)
+            call.response = await self.dataplane.infer(call.request)
+            return from_infer_response(call.response)
 
     @handle_errors
     async def ModelStatistics(self, request, context):

@@ -54,7 +54,8 @@ def create_app(dataplane: GatewayDataPlane, *, max_request_bytes: int) -> FastAP
 
     @app.exception_handler(AIWorksError)
     async def _aiworks_error(request: Request, exc: AIWorksError):
-        if exc.status.http >= 500:
+        # Inference failures are logged by the gateway's telemetry, inside the request's trace.
+        if exc.status.http >= 500 and not request.url.path.endswith("/infer"):
             log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status.http, exc.message)
         headers = {"Retry-After": str(int(max(1, exc.retry_after_s)))} if exc.retry_after_s is not None else None
         return _error(exc.status.http, exc.message, headers)
@@ -112,10 +113,12 @@ def create_app(dataplane: GatewayDataPlane, *, max_request_bytes: int) -> FastAP
     @app.post("/v2/models/{model}/infer")
     @app.post("/v2/models/{model}/versions/{version}/infer")
     async def infer(model: str, request: Request, version: str = ""):
-        body = await read_body(request, max_request_bytes)
-        infer_request, fmt = parse_infer_request(body, request.headers.get(HEADER_LENGTH), model, version)
-        response = await dataplane.infer(infer_request)
-        payload, header_length = encode_infer_response(response, fmt)
+        headers = request.headers
+        with dataplane.telemetry.infer("http", model, version, headers) as call:
+            body = await read_body(request, max_request_bytes)
+            call.request, fmt = parse_infer_request(body, headers.get(HEADER_LENGTH), model, version)
+            call.response = response = await dataplane.infer(call.request)
+            payload, header_length = encode_infer_response(response, fmt)
         if header_length is None:
             return Response(payload, media_type="application/json")
         return Response(

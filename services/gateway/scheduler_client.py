@@ -10,6 +10,7 @@ from aiworks.core.inference import InferRequest, InferResponse, ModelStatistics
 from aiworks.core.model_config import ModelSpec
 from aiworks.core.rpc import insecure_channel
 from aiworks.core.stream import MultiplexedStream
+from aiworks.core.tracing import inject
 from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
 from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
 
@@ -50,6 +51,7 @@ class SchedulerClient:
         than that, so the scheduler's DEADLINE_EXCEEDED arrives first.
         """
         message = from_infer_request(request)
+        inject(message.trace_context)  # the gateway's span (or the client's context) is the parent
         wait_s = self._timeout_s
         timeout_us = _timeout_us(request.parameters.get("timeout"))
         if timeout_us:

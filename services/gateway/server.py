@@ -10,7 +10,9 @@ import uvicorn
 from tritonclient.grpc import service_pb2_grpc
 
 from aiworks.core.lifecycle import stop_event
+from aiworks.core.metrics import serve_metrics_or_warn, stop_metrics
 from aiworks.core.rpc import create_server, set_serving
+from aiworks.core.tracing import setup_tracing, shutdown_tracing
 from aiworks.gateway.cache_client import CacheClient
 from aiworks.gateway.dataplane import GatewayDataPlane
 from aiworks.gateway.grpc_servicer import InferenceServicer
@@ -31,6 +33,8 @@ class _HttpServer(uvicorn.Server):
 
 async def serve(settings: GatewaySettings) -> None:
     stop = stop_event()
+    setup_tracing("gateway", settings)
+    metrics, metrics_port = serve_metrics_or_warn(settings.metrics_port, settings.host)
     scheduler = SchedulerClient(settings.scheduler_address, settings.max_message_bytes, settings.request_timeout_s)
     cache = None
     if settings.cache_address:
@@ -70,13 +74,14 @@ async def serve(settings: GatewaySettings) -> None:
         await asyncio.sleep(0.01)
     await set_serving(health, True)
     log.info(
-        "gateway serving HTTP on %s:%d and gRPC on %s:%d (scheduler %s, cache %s)",
+        "gateway serving HTTP on %s:%d and gRPC on %s:%d (scheduler %s, cache %s, metrics %s)",
         settings.host,
         settings.http_port,
         settings.host,
         grpc_port,
         settings.scheduler_address,
         settings.cache_address or "off",
+        metrics_port or "off",
     )
     await stop.wait()
     log.info("gateway stopping")
@@ -88,6 +93,8 @@ async def serve(settings: GatewaySettings) -> None:
         await cache.close()
         log.info("result cache client: %s", cache.counters.as_dict())
     await scheduler.close()
+    await stop_metrics(metrics)
+    shutdown_tracing()
 
 
 def main(settings: GatewaySettings) -> None:

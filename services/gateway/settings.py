@@ -16,6 +16,7 @@ class GatewaySettings(ServiceSettings):
     host: str = Field("127.0.0.1", description="Interface both servers bind.")
     http_port: int = Field(8000, description="Port of the Open Inference Protocol over HTTP.")
     grpc_port: int = Field(8001, description="Port of the Open Inference Protocol over gRPC.")
+    metrics_port: int = Field(8002, description="Port of the Prometheus /metrics endpoint; 0 picks a free one.")
     scheduler_address: str = Field(..., description="host:port of the scheduler (required).")
     max_request_bytes: int = Field(
         32 * 1024 * 1024, description="Largest request body (HTTP) or message (gRPC) accepted, in bytes."

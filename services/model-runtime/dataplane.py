@@ -20,6 +20,7 @@ from aiworks.runtime.residency import (
     warmup_batches,
 )
 
+from aiworks.core import metrics
 from aiworks.core.datatypes import Tensor, decode, encode
 from aiworks.core.errors import AIWorksError, Internal, InvalidArgument, NotFound
 from aiworks.core.inference import ModelStatistics
@@ -43,6 +44,8 @@ class LoadedVersion:
     size_bytes: int = 0
     load_requested_ns: int = 0
     first_request_pending: bool = True
+    # Label children of this version's execution metrics, made on its first batch.
+    observe: tuple | None = None
 
 
 class RuntimeDataPlane:
@@ -69,7 +72,9 @@ class RuntimeDataPlane:
         memory_budget_bytes: int = 0,
         warmup: bool = True,
         debug_delay_ms: float = 0.0,
+        replica_id: str = "",
     ):
+        self.replica_id = replica_id
         self.inline_below_ns = inline_below_us * 1000
         self.residency = ResidencyLRU(memory_budget_bytes)
         self.warmup = warmup
@@ -80,6 +85,8 @@ class RuntimeDataPlane:
         self._locks: dict[str, asyncio.Lock] = {}
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="backend")
         self.inflight_batches = 0
+        self._inflight_gauge = metrics.RUNTIME_INFLIGHT.labels(replica_id)
+        self._executions = metrics.Children(metrics.RUNTIME_EXECUTIONS)
         # TESTS ONLY (RuntimeSettings.debug_delay_ms): a replica made slow on purpose.
         self._debug_delay_s = debug_delay_ms / 1e3
 
@@ -275,6 +282,32 @@ class RuntimeDataPlane:
 
     async def execute(self, name: str, version: str, inputs: list[Tensor], outputs: list[str]) -> tuple[list[Tensor], int]:
         """Run one batch; returns the output tensors and the compute time in ns."""
+        try:
+            out, compute_ns, loaded, rows = await self._execute(name, version, inputs, outputs)
+        except BaseException as exc:
+            known = self._models.get(name)
+            # Only a loaded version becomes a label: callers cannot grow the series.
+            if known and (not version or version in known):
+                labels = (name, version or max(known, key=int))
+            else:
+                labels = ("", "")
+            self._executions(*labels, metrics.status_label(exc)).inc()
+            raise
+        observe = loaded.observe
+        if observe is None:
+            key = (loaded.spec.name, loaded.spec.version)
+            observe = loaded.observe = (
+                metrics.RUNTIME_EXECUTIONS.labels(*key, "ok"),
+                metrics.RUNTIME_INFERENCES.labels(*key),
+                metrics.RUNTIME_COMPUTE_DURATION.labels(*key),
+            )
+        executions, inferences, compute = observe
+        executions.inc()
+        inferences.inc(rows)
+        compute.observe(compute_ns / 1e9)
+        return out, compute_ns
+
+    async def _execute(self, name: str, version: str, inputs: list[Tensor], outputs: list[str]):
         entered_ns = time.perf_counter_ns()
         loaded = self._version(name, version)
         model = loaded.model
@@ -293,6 +326,7 @@ class RuntimeDataPlane:
         stats = loaded.stats
         async with loaded.slots:
             self.inflight_batches += 1
+            self._inflight_gauge.inc()
             try:
                 if self._debug_delay_s:  # TESTS ONLY: see RuntimeSettings.debug_delay_ms
                     await asyncio.sleep(self._debug_delay_s)
@@ -310,6 +344,7 @@ class RuntimeDataPlane:
                 raise
             finally:
                 self.inflight_batches -= 1
+                self._inflight_gauge.dec()
         loaded.recent_compute_ns = compute_ns if recent is None else (3 * recent + compute_ns) // 4
         stats.inference_count += rows
         stats.execution_count += 1
@@ -326,7 +361,7 @@ class RuntimeDataPlane:
             stats.first_request_ns = now_ns - entered_ns
             if not stats.cold_start_ns:
                 stats.cold_start_ns = now_ns - loaded.load_requested_ns
-        return out, compute_ns
+        return out, compute_ns, loaded, rows
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -7,6 +7,8 @@ from aiworks.runtime.dataplane import RuntimeDataPlane
 from aiworks.core.converters import from_model_spec, from_statistics, from_tensor, to_tensor
 from aiworks.core.rpc import handle_errors
 from aiworks.core.stream import serve_stream
+from aiworks.core.tracing import enabled as tracing_enabled
+from aiworks.core.tracing import server_span
 from aiworks.pb.runtime.v1 import runtime_pb2 as pb
 from aiworks.pb.runtime.v1 import runtime_pb2_grpc
 
@@ -19,10 +21,18 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
         self.replica_id = replica_id
 
     async def _execute(self, request) -> pb.ExecuteResponse:
-        outputs, compute_ns = await self.dataplane.execute(
-            request.model, request.version, [to_tensor(t) for t in request.inputs], list(request.outputs)
-        )
+        # A child of the scheduler's batch span (its context rides in the message).
+        with server_span("runtime execute", request.trace_context, self._span_attributes(request)) as span:
+            outputs, compute_ns = await self.dataplane.execute(
+                request.model, request.version, [to_tensor(t) for t in request.inputs], list(request.outputs)
+            )
+            span.set("aiworks.compute_ms", compute_ns / 1e6)
         return pb.ExecuteResponse(outputs=[from_tensor(t) for t in outputs], compute_ns=compute_ns)
+
+    def _span_attributes(self, request) -> dict | None:
+        if not tracing_enabled():
+            return None
+        return {"aiworks.model": request.model, "aiworks.version": request.version, "aiworks.replica": self.replica_id}
 
     @handle_errors
     async def Execute(self, request, context):

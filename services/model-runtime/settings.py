@@ -18,6 +18,7 @@ class RuntimeSettings(ServiceSettings):
 
     host: str = Field("127.0.0.1", description="Interface the gRPC server binds.")
     port: int = Field(8020, description="gRPC port of the RuntimeService.")
+    metrics_port: int = Field(8021, description="Port of the Prometheus /metrics endpoint; 0 picks a free one.")
     advertise_address: str | None = Field(None, description="host:port the scheduler dials; default host:port.")
     replica_id: str | None = Field(None, description="Unique replica name; default <hostname>-<port>.")
     scheduler_address: str = Field(..., description="host:port of the scheduler to register with (required).")

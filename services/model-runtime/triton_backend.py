@@ -435,6 +435,12 @@ def connection() -> TritonConnection:
     return configure(RuntimeSettings(scheduler_address=""))
 
 
+def device_metrics() -> dict[str, dict[str, float]] | None:
+    """Triton's device metrics while this replica has a connection open; None otherwise (never opens one)."""
+    conn = _connection
+    return conn.gpu_metrics() if conn is not None else None
+
+
 def shutdown() -> None:
     """Close the replica's Triton connection, stopping a tritonserver it started."""
     global _connection

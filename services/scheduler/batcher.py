@@ -20,16 +20,27 @@ three classes with aging); sending a batch, with retries, in
 A request waits for its answer until its own deadline at most; if it gives up
 (deadline, or the caller cancelled), it leaves the queue at once and frees
 its room.
+
+Telemetry: each request's wait is a "scheduler queue" span (when tracing
+records) and an observation of ``aiworks_scheduler_queue_duration_seconds``,
+from enqueue until its batch is sent; each batch is a "scheduler batch" span
+in the trace of its first request, linked to every request's queue span
+(:func:`aiworks.core.tracing.batch_scope`). The metrics' label children are
+made once per queue.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from dataclasses import dataclass
 from collections.abc import Callable
 
+from opentelemetry.trace import SpanContext
+
+from aiworks.core import metrics, tracing
 from aiworks.core.datatypes import Tensor, split_rows
 from aiworks.core.errors import AIWorksError, DeadlineExceeded, Internal, PayloadTooLarge, Status, Unavailable
 from aiworks.core.inference import InferRequest
@@ -60,6 +71,14 @@ class _Pending:
     request: InferRequest
     rows: int
     future: asyncio.Future
+    trace_parent: SpanContext | None = None  # the caller's span (or only its propagated context)
+    span: object = None  # the queue span while it waits, when tracing records
+
+    def link(self) -> SpanContext | None:
+        return self.span.get_span_context() if self.span is not None else self.trace_parent
+
+
+REJECTION_REASONS = ("queue_full", "queue_bytes", "no_replica")
 
 
 class ModelQueue:
@@ -92,8 +111,16 @@ class ModelQueue:
         self.rows_done = 0
         self.rejected = 0
         self.expired = 0
+        labels = self.key
+        self._queue_wait = {p: metrics.SCHEDULER_QUEUE_DURATION.labels(*labels, p.label) for p in Priority}
+        self._batch_size = metrics.SCHEDULER_BATCH_SIZE.labels(*labels)
+        self._batch_duration = metrics.SCHEDULER_BATCH_DURATION.labels(*labels)
+        self._rejections = {r: metrics.SCHEDULER_REJECTIONS.labels(*labels, r) for r in REJECTION_REASONS}
+        self._span_attributes = {"aiworks.model": spec.name, "aiworks.version": spec.version}
+        # A fresh context: the queue is made while serving some request, whose trace context
+        # (contextvars) the loop and every batch task it starts would otherwise inherit.
         self._loop_task = asyncio.get_running_loop().create_task(
-            self._run(), name=f"batcher-{spec.name}-{spec.version}"
+            self._run(), name=f"batcher-{spec.name}-{spec.version}", context=contextvars.Context()
         )
 
     @property
@@ -116,6 +143,7 @@ class ModelQueue:
             raise DeadlineExceeded("the request's deadline passed before it was queued")
         nbytes = sum(len(t.raw) for t in request.inputs)
         if nbytes > self.state.max_bytes:
+            self._rejections["queue_bytes"].inc()
             raise PayloadTooLarge(
                 f"request of {nbytes} bytes exceeds the queue bound of {self.state.max_bytes} bytes of model "
                 f"'{self.key[0]}'"
@@ -124,16 +152,21 @@ class ModelQueue:
             tuple(sorted((t.name, t.shape[1:] if self.spec.max_batch_size > 0 else t.shape) for t in request.inputs)),
             tuple(request.outputs),
         )
-        pending = _Pending(request, rows, asyncio.get_running_loop().create_future())
+        pending = _Pending(request, rows, asyncio.get_running_loop().create_future(), tracing.current_span_context())
         entry = Entry(pending, priority, rows, nbytes, signature, now, deadline_s)
-        shed = self.state.admit(entry)
+        state = self.state
+        reason = "queue_full" if state.requests >= state.max_requests else "queue_bytes"
+        shed = state.admit(entry)
         if shed is None:
             self.rejected += 1
+            self._rejections[reason].inc()
             raise self._full(f"the queue of model '{self.key[0]}' version {self.key[1]} is full")
         for victim in shed:
             self.rejected += 1
+            self._rejections[reason].inc()
             if not victim.future.done():
                 victim.future.set_exception(self._full("shed from a full queue for a higher-priority request"))
+        pending.span = tracing.start_span("scheduler queue", attributes=self._span_attributes)
         self._arrived.set()
         future = pending.future
         try:
@@ -143,10 +176,20 @@ class ModelQueue:
         except TimeoutError:
             if entry.queued:  # dropped before it ran; one that ran late is not counted
                 self.expired += 1
-            raise DeadlineExceeded(
+            error = DeadlineExceeded(
                 f"the request's deadline passed while it {'was queued' if entry.queued else 'ran'}"
-            ) from None
+            )
+            if pending.span is not None:
+                tracing.fail(pending.span, error)
+            raise error from None
+        except BaseException as exc:
+            if pending.span is not None:  # it never left the queue in a batch
+                tracing.fail(pending.span, exc)
+            raise
         finally:
+            if pending.span is not None:
+                pending.span.end()
+                pending.span = None
             if not future.done():
                 future.cancel()
             self.state.remove(entry)
@@ -183,6 +226,7 @@ class ModelQueue:
         try:
             replica = await self._router.acquire(self.key, head.priority)
         except AIWorksError as exc:
+            self._rejections["no_replica"].inc(self.state.requests)
             self._fail_all(exc)
             return
         if self._batching and self._delay_s > 0 and self.state.rows < self._target_rows:
@@ -224,29 +268,54 @@ class ModelQueue:
         pendings: list[_Pending] = [e.payload for e in batch]
         deadlines = [e.deadline_s for e in batch]
         deadline_s = None if None in deadlines else max(deadlines)
-        try:
-            inputs = self._join_inputs(pendings, rows)
-            result = await self._sender.send(
-                self.key,
-                replica,
-                rows,
-                inputs,
-                list(pendings[0].request.outputs),
-                priority=min(e.priority for e in batch),
-                deadline_s=deadline_s,
-            )
-            self._deliver(pendings, rows, result)
-        except AIWorksError as exc:
-            for p in pendings:
-                if not p.future.done():
-                    p.future.set_exception(_copy(exc))
-        except Exception as exc:
-            log.exception("batch for %s/%s failed", *self.key)
-            for p in pendings:
-                if not p.future.done():
-                    p.future.set_exception(Internal(f"batch failed: {exc}"))
+        now = self._clock()
+        for e in batch:
+            self._queue_wait[e.priority].observe(now - e.enqueued_s)
+        scope = self._batch_scope(pendings, rows)
+        for p in pendings:
+            if p.span is not None:
+                p.span.end()
+                p.span = None
+        self._batch_size.observe(rows)
+        started = time.perf_counter()
+        with scope:
+            try:
+                inputs = self._join_inputs(pendings, rows)
+                try:
+                    result = await self._sender.send(
+                        self.key,
+                        replica,
+                        rows,
+                        inputs,
+                        list(pendings[0].request.outputs),
+                        priority=min(e.priority for e in batch),
+                        deadline_s=deadline_s,
+                    )
+                finally:  # before any answer leaves, so a scrape after the answers sees the batch
+                    self._batch_duration.observe(time.perf_counter() - started)
+                self._deliver(pendings, rows, result)
+            except AIWorksError as exc:
+                scope.fail(exc)
+                for p in pendings:
+                    if not p.future.done():
+                        p.future.set_exception(_copy(exc))
+            except Exception as exc:
+                scope.fail(exc)
+                log.exception("batch for %s/%s failed", *self.key)
+                for p in pendings:
+                    if not p.future.done():
+                        p.future.set_exception(Internal(f"batch failed: {exc}"))
         self.batches += 1
         self.rows_done += rows
+
+    def _batch_scope(self, pendings: list[_Pending], rows: int) -> tracing.Scope:
+        """The batch's span in its first request's trace, linked to every request (call before their spans end)."""
+        if not tracing.enabled():  # pass one request's context on; a batch of several belongs to none
+            parent = pendings[0].trace_parent if len(pendings) == 1 else None
+            return tracing.batch_scope("scheduler batch", parent, ())
+        links = [link for link in (p.link() for p in pendings) if link is not None]
+        attributes = {**self._span_attributes, "aiworks.batch.rows": rows, "aiworks.batch.requests": len(pendings)}
+        return tracing.batch_scope("scheduler batch", pendings[0].trace_parent, links, attributes)
 
     def _join_inputs(self, batch: list[_Pending], rows: int) -> list[Tensor]:
         if len(batch) == 1:

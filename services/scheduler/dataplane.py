@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from aiworks.core import metrics
 from aiworks.core.datatypes import Tensor
 from aiworks.core.errors import InvalidArgument, NotFound, Unavailable
 from aiworks.core.inference import InferRequest, InferResponse, ModelStatistics
@@ -23,6 +26,15 @@ from aiworks.scheduler.traffic_state import TrafficPolicy, TrafficState
 from aiworks.scheduler.views import QueueView, ReplicaView, StatusView
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Ejection:
+    """The outcome of :meth:`Scheduler.eject_replica`."""
+
+    ejected: bool
+    ejected_for_s: float
+    message: str
 
 
 class Scheduler:
@@ -73,26 +85,52 @@ class Scheduler:
             settings.max_queue_requests, settings.max_queue_bytes, settings.priority_aging_ms / 1e3
         )
         self._queues: dict[Key, ModelQueue] = {}
+        self._requests = metrics.Children(metrics.SCHEDULER_REQUESTS)
 
     # ---- the hot path --------------------------------------------------------------------
 
     async def infer(self, request: InferRequest, *, timeout_s: float | None = None) -> InferResponse:
         """Run one request; ``timeout_s`` is the transport's deadline, the ``timeout`` parameter applies too."""
-        priority = self.classes.priority(request)
-        param_timeout_s = parse_timeout_s(request.parameters.get("timeout"))
-        timeouts = [t for t in (timeout_s, param_timeout_s) if t is not None]
-        deadline_s = self.clock() + min(timeouts) if timeouts else None
-        version = request.version
-        if not version and self.traffic.get(request.model) is not None:
-            version = self.traffic.choose(request.model, self.registry.versions(request.model)) or ""
-        spec = self.registry.resolve(request.model, version)
-        rows = check_inputs(spec, request.inputs)
-        declared = {o.name for o in spec.outputs}
-        for name in request.outputs:
-            if name not in declared:
-                raise InvalidArgument(f"model '{spec.name}' has no output '{name}'; it has {sorted(declared)}")
-        outputs = await self._queue(spec).submit(request, rows, priority, deadline_s)
+        priority = self.classes.default
+        spec = None
+        try:
+            priority = self.classes.priority(request)
+            param_timeout_s = parse_timeout_s(request.parameters.get("timeout"))
+            timeouts = [t for t in (timeout_s, param_timeout_s) if t is not None]
+            deadline_s = self.clock() + min(timeouts) if timeouts else None
+            version = request.version
+            if not version and self.traffic.get(request.model) is not None:
+                version = self.traffic.choose(request.model, self.registry.versions(request.model)) or ""
+            spec = self.registry.resolve(request.model, version)
+            rows = check_inputs(spec, request.inputs)
+            declared = {o.name for o in spec.outputs}
+            for name in request.outputs:
+                if name not in declared:
+                    raise InvalidArgument(f"model '{spec.name}' has no output '{name}'; it has {sorted(declared)}")
+            outputs = await self._queue(spec).submit(request, rows, priority, deadline_s)
+        except BaseException as exc:
+            self._count_failure(request, spec, priority, exc)
+            raise
+        self._requests(spec.name, spec.version, priority.label, "ok").inc()
         return InferResponse(spec.name, spec.version, outputs, id=request.id)
+
+    def _count_failure(self, request: InferRequest, spec: ModelSpec | None, priority: Priority, exc) -> None:
+        """Count a failed request; before it resolved, only a known model (and version) becomes a label."""
+        known = self.registry.known
+        if spec is not None:
+            model, version = spec.name, spec.version
+        elif (request.model, request.version) in known:
+            model, version = request.model, request.version
+        elif any(k[0] == request.model for k in known):
+            model, version = request.model, ""
+        else:
+            model, version = "", ""
+        status = metrics.status_label(exc)
+        self._requests(model, version, priority.label, status).inc()
+        if status == "deadline_exceeded":
+            metrics.SCHEDULER_TIMEOUTS.labels(model, version).inc()
+        elif spec is None and status == "unavailable":  # known, but no live replica holds it
+            metrics.SCHEDULER_REJECTIONS.labels(model, version, "no_replica").inc()
 
     def _queue(self, spec: ModelSpec) -> ModelQueue:
         key = (spec.name, spec.version)
@@ -126,6 +164,36 @@ class Scheduler:
 
     def get_traffic(self, model: str) -> TrafficPolicy:
         return self.traffic.get(model) or TrafficPolicy(model)
+
+    # ---- ejection on request (the monitor) -------------------------------------------------
+
+    def eject_replica(self, replica_id: str, duration_s: float, reason: str) -> Ejection:
+        """Take a replica out of routing for ``duration_s`` (0: the base ejection time).
+
+        Refused (``ejected`` False, with a message) when it would exceed
+        ``outlier_max_ejection_percent``; an unknown replica is NOT_FOUND.
+        Batches already running on it finish.
+        """
+        if not (math.isfinite(duration_s) and duration_s >= 0):
+            raise InvalidArgument(f"duration_s must be a finite number of seconds, 0 or more, not {duration_s}")
+        replica = self.registry.replicas.get(replica_id)
+        if replica is None:
+            raise NotFound(f"unknown replica '{replica_id}'; known: {sorted(self.registry.replicas)}")
+        reason = reason or "unspecified"
+        population = [r.health for r in self.registry.replicas.values()]
+        ejected, for_s = self.outliers.eject(replica.health, population, duration_s, reason)
+        if not ejected:
+            percent = self.outliers.policy.max_ejection_percent
+            message = (
+                f"replica {replica_id} not ejected: with it, more than {percent:g}% of "
+                f"{len(population)} replica(s) would be out (outlier_max_ejection_percent)"
+            )
+            log.warning("%s (asked because: %s)", message, reason)
+            return Ejection(False, 0.0, message)
+        metrics.SCHEDULER_EJECTIONS.labels(replica_id, "monitor").inc()
+        message = f"replica {replica_id} ejected for {for_s:.1f} s: {reason}"
+        log.warning("%s", message)
+        return Ejection(True, for_s, message)
 
     # ---- model management ----------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from aiworks.core import metrics
 from aiworks.core.datatypes import Tensor
 from aiworks.core.errors import AIWorksError, DeadlineExceeded, Status, Unavailable
 from aiworks.scheduler.qos import Priority
@@ -91,6 +92,7 @@ class BatchSender:
                 holds_retry = True
                 log.warning("batch of %d rows for %s/%s failed (%s); retrying", rows, *key, error.message)
                 self.retries[key] = self.retries.get(key, 0) + 1
+                metrics.SCHEDULER_RETRIES.labels(*key).inc()
                 attempt += 1
                 replica = await self.router.acquire(key, priority, exclude=tried)
                 self.router.add_rows(replica, rows)

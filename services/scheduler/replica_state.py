@@ -16,6 +16,9 @@ detection) semantics:
 - ``max_ejection_percent``: at most this share of the replicas is ejected at
   once; one replica may always be ejected, as in Envoy.
 - An ejected replica comes back by itself once its time is up.
+- :meth:`OutlierDetector.eject` takes a replica out on request (the
+  monitor's ``EjectReplica``) for a given time, within the same
+  ``max_ejection_percent``; it does not change the multiplier above.
 
 Every method takes the time from the injected clock, so tests drive it with a
 fake one.
@@ -52,6 +55,7 @@ class ReplicaHealth:
     times_ejected: int = 0
     ejected_until_s: float | None = None
     returned_s: float | None = None
+    ejection_reason: str = ""  # why the current (or last) ejection happened
     # Moving average of batch latency per model version, in seconds.
     latency_s: dict[Key, float] = field(default_factory=dict)
     batches: int = 0
@@ -105,10 +109,7 @@ class OutlierDetector:
         health.consecutive_errors += 1
         if health.consecutive_errors < p.consecutive_errors:
             return False
-        everyone = list(population)
-        out_now = sum(1 for h in everyone if h is not health and self.ejected(h))
-        allowed = max(1, math.floor(len(everyone) * p.max_ejection_percent / 100))
-        if out_now >= allowed:
+        if not self._room_for(health, population):
             return False  # keeps counting; a later failure ejects it once there is room
         now = self._clock()
         if health.returned_s is not None and p.base_ejection_s > 0:
@@ -117,6 +118,7 @@ class OutlierDetector:
         health.times_ejected += 1
         duration = min(p.base_ejection_s * health.times_ejected, max(p.max_ejection_s, p.base_ejection_s))
         health.ejected_until_s = now + duration
+        health.ejection_reason = f"{p.consecutive_errors} consecutive errors"
         health.consecutive_errors = 0
         self.ejections += 1
         log.warning(
@@ -124,3 +126,28 @@ class OutlierDetector:
             health.name, duration, p.consecutive_errors, health.times_ejected,
         )  # fmt: skip
         return True
+
+    def eject(
+        self, health: ReplicaHealth, population: Iterable[ReplicaHealth], duration_s: float, reason: str
+    ) -> tuple[bool, float]:
+        """Take a replica out for ``duration_s`` (0: ``base_ejection_s``) because someone asked; (ejected, for s).
+
+        Refused (False) when it would put more than ``max_ejection_percent`` of
+        the replicas out at once. A replica already out stays out for the
+        longer of its current and the new time.
+        """
+        if not self._room_for(health, population):
+            return False, 0.0
+        now = self._clock()
+        duration = duration_s if duration_s > 0 else self.policy.base_ejection_s
+        current = health.ejected_until_s if self.ejected(health) else None
+        health.ejected_until_s = max(now + duration, current or 0.0)
+        health.ejection_reason = reason
+        self.ejections += 1
+        return True, health.ejected_until_s - now
+
+    def _room_for(self, health: ReplicaHealth, population: Iterable[ReplicaHealth]) -> bool:
+        """Whether ejecting ``health`` keeps within ``max_ejection_percent`` (one may always be out)."""
+        everyone = list(population)
+        out_now = sum(1 for h in everyone if h is not health and self.ejected(h))
+        return out_now < max(1, math.floor(len(everyone) * self.policy.max_ejection_percent / 100))

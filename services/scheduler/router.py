@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import random
 
+from aiworks.core import metrics
 from aiworks.core.errors import AIWorksError, Unavailable
 from aiworks.scheduler.qos import Priority
 from aiworks.scheduler.registry import Key, Replica, ReplicaRegistry
@@ -151,6 +152,7 @@ class Router:
         if key is not None and waited_s is not None:
             replica.health.observe_latency(key, waited_s, self.ewma_alpha)
         population = [r.health for r in self.registry.replicas.values()]
-        self.outliers.failure(replica.health, population)
+        if self.outliers.failure(replica.health, population):
+            metrics.SCHEDULER_EJECTIONS.labels(replica.replica_id, "outlier").inc()
         if exc.status is Unavailable.status:
             self.registry.mark_down(replica, exc.message)

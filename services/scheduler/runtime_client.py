@@ -11,6 +11,7 @@ from aiworks.core.errors import from_rpc_error
 from aiworks.core.model_config import ModelSpec
 from aiworks.core.rpc import insecure_channel
 from aiworks.core.stream import MultiplexedStream
+from aiworks.core.tracing import inject
 from aiworks.pb.runtime.v1 import runtime_pb2 as pb
 from aiworks.pb.runtime.v1 import runtime_pb2_grpc
 
@@ -43,6 +44,7 @@ class RuntimeClient:
         )
         if timeout_s is not None:
             request.timeout_us = max(1, int(timeout_s * 1e6))
+        inject(request.trace_context)  # the batch's span is the parent of the runtime's
         # The caller enforces timeout_s itself; the stream's own timeout is only a backstop.
         reply = await self._batches.call(request, (timeout_s or self._timeout_s) + _BACKSTOP_S)
         return [to_tensor(t) for t in reply.outputs]

@@ -6,8 +6,11 @@ import asyncio
 import logging
 
 from aiworks.core.lifecycle import stop_event
+from aiworks.core.metrics import on_loop, serve_metrics_or_warn, stop_metrics
 from aiworks.core.rpc import create_server, set_serving
+from aiworks.core.tracing import setup_tracing, shutdown_tracing
 from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
+from aiworks.scheduler.collector import SchedulerCollector
 from aiworks.scheduler.dataplane import Scheduler
 from aiworks.scheduler.registry import ReplicaRegistry
 from aiworks.scheduler.runtime_client import RuntimeClient
@@ -19,6 +22,7 @@ log = logging.getLogger("aiworks.scheduler")
 
 async def serve(settings: SchedulerSettings) -> None:
     stop = stop_event()
+    setup_tracing("scheduler", settings)
     registry = ReplicaRegistry(
         lambda address: RuntimeClient(address, settings.max_message_bytes, settings.runtime_timeout_s)
     )
@@ -28,9 +32,15 @@ async def serve(settings: SchedulerSettings) -> None:
     port = server.add_insecure_port(f"{settings.host}:{settings.port}")
     await server.start()
     expiry = asyncio.create_task(scheduler.expire_loop())
+    collector = SchedulerCollector(on_loop(asyncio.get_running_loop(), scheduler.status)).register()
+    metrics, metrics_port = serve_metrics_or_warn(settings.metrics_port, settings.host)
     await set_serving(health, True)
     log.info(
-        "scheduler serving gRPC on %s:%d (batching %s)", settings.host, port, "on" if settings.batching else "off"
+        "scheduler serving gRPC on %s:%d (batching %s, metrics %s)",
+        settings.host,
+        port,
+        "on" if settings.batching else "off",
+        metrics_port or "off",
     )
     await stop.wait()
     log.info("scheduler stopping")
@@ -38,6 +48,9 @@ async def serve(settings: SchedulerSettings) -> None:
     expiry.cancel()
     await server.stop(grace=5)
     await scheduler.close()
+    await stop_metrics(metrics)
+    collector.unregister()
+    shutdown_tracing()
 
 
 def main(settings: SchedulerSettings) -> None:

@@ -12,6 +12,7 @@ from aiworks.core.converters import (
 from aiworks.core.errors import AIWorksError
 from aiworks.core.rpc import handle_errors
 from aiworks.core.stream import error_fields, serve_stream
+from aiworks.core.tracing import remote_scope
 from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
 from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
 from aiworks.scheduler.dataplane import Scheduler
@@ -28,7 +29,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     async def _infer(self, request, timeout_s: float | None = None) -> pb.InferResponse:
         if request.timeout_us:
             timeout_s = min(timeout_s or float("inf"), request.timeout_us / 1e6)
-        return from_infer_response(await self.scheduler.infer(to_infer_request(request), timeout_s=timeout_s))
+        # The gateway's span is the parent of this request's spans here (the queue wait, its batch).
+        with remote_scope(request.trace_context):
+            response = await self.scheduler.infer(to_infer_request(request), timeout_s=timeout_s)
+        return from_infer_response(response)
 
     @handle_errors
     async def Infer(self, request, context):
@@ -116,6 +120,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     @handle_errors
     async def GetTrafficPolicy(self, request, context):
         return traffic_to_pb(self.scheduler.get_traffic(request.model))
+
+    @handle_errors
+    async def EjectReplica(self, request, context):
+        result = self.scheduler.eject_replica(request.replica_id, request.duration_s, request.reason)
+        return pb.EjectReplicaResponse(
+            ejected=result.ejected, ejected_for_s=result.ejected_for_s, message=result.message
+        )
 
 
 def traffic_to_pb(policy: TrafficPolicy) -> pb.TrafficPolicy:

@@ -17,6 +17,7 @@ class SchedulerSettings(ServiceSettings):
 
     host: str = Field("127.0.0.1", description="Interface the gRPC server binds.")
     port: int = Field(8010, description="gRPC port of the SchedulerService.")
+    metrics_port: int = Field(8011, description="Port of the Prometheus /metrics endpoint; 0 picks a free one.")
     batching: bool = Field(True, description="Dynamic batching; false sends every request as its own batch.")
     max_inflight_batches: int = Field(
         0, description="Batches in flight per replica and model version; 0 means the model's instance count."

@@ -46,8 +46,13 @@ def cmd_gateway(args) -> None:
     from aiworks.gateway.settings import GatewaySettings
 
     settings = _settings_from(
-        GatewaySettings, args, ["host", "http_port", "grpc_port", "scheduler_address", "cache_address", "max_request_bytes", "log_level"]
-    )
+        GatewaySettings,
+        args,
+        [
+            "host", "http_port", "grpc_port", "metrics_port", "scheduler_address", "cache_address",
+            "max_request_bytes", "log_level", "otlp_endpoint", "trace_file",
+        ],
+    )  # fmt: skip
     setup_logging("gateway", settings.log_level)
     main(settings)
 
@@ -59,7 +64,11 @@ def cmd_scheduler(args) -> None:
 
     if args.no_batching:
         args.batching = False
-    settings = _settings_from(SchedulerSettings, args, ["host", "port", "batching", "max_inflight_batches", "log_level"])
+    settings = _settings_from(
+        SchedulerSettings,
+        args,
+        ["host", "port", "metrics_port", "batching", "max_inflight_batches", "log_level", "otlp_endpoint", "trace_file"],
+    )
     setup_logging("scheduler", settings.log_level)
     main(settings)
 
@@ -72,7 +81,10 @@ def cmd_runtime(args) -> None:
     settings = _settings_from(
         RuntimeSettings,
         args,
-        ["host", "port", "replica_id", "scheduler_address", "model_repository", "models", "device", "log_level"],
+        [
+            "host", "port", "metrics_port", "replica_id", "scheduler_address", "model_repository", "models", "device",
+            "log_level", "otlp_endpoint", "trace_file",
+        ],  # fmt: skip
     )
     setup_logging(f"runtime[{settings.resolved_replica_id()}]", settings.log_level)
     main(settings)
@@ -102,6 +114,13 @@ def cmd_up(args) -> None:
         redis_url=args.redis_url,
         log_dir=Path(args.log_dir),
         log_level=args.log_level,
+        metrics_base_port=args.metrics_base_port,
+        monitor=not args.no_monitor,
+        monitor_port=args.monitor_port,
+        max_replicas=args.max_replicas,
+        control_port=args.control_port,
+        prometheus=args.prometheus,
+        prometheus_port=args.prometheus_port,
     )
     supervisor = Supervisor(config)
     stopping = []
@@ -109,20 +128,27 @@ def cmd_up(args) -> None:
     signal.signal(signal.SIGINT, lambda *_: stopping.append("SIGINT"))
     try:
         supervisor.start()
-        print(
-            "\nAIWorks is ready.\n"
-            f"  HTTP (KServe v2): http://{args.host}:{args.http_port}/v2\n"
-            f"  gRPC (KServe v2): {args.host}:{args.grpc_port}\n"
-            f"  scheduler:        {supervisor.scheduler_address}\n"
-            + (f"  cache:            {supervisor.cache_address} ({args.redis_url or 'in-process store'})\n"
-               if supervisor.cache_address else "")
-            + 
-            "  logs:             "
-            + ", ".join(str(c.log_path) for c in supervisor.children)
-            + "\nPress Ctrl-C to stop.",
-            flush=True,
-        )
+        lines = [
+            "",
+            "AIWorks is ready.",
+            f"  HTTP (KServe v2): http://{args.host}:{args.http_port}/v2",
+            f"  gRPC (KServe v2): {args.host}:{args.grpc_port}",
+            f"  scheduler:        {supervisor.scheduler_address}",
+        ]
+        if supervisor.cache_address:
+            lines.append(f"  cache:            {supervisor.cache_address} ({args.redis_url or 'in-process store'})")
+        if supervisor.monitor_url:
+            url = supervisor.monitor_url
+            lines.append(f"  monitor:          {url} (see `aiworks events --monitor {url}`)")
+        lines.append(f"  control API:      {supervisor.control_url}/v1/services")
+        if supervisor.prometheus is not None:
+            lines.append(f"  Prometheus:       {supervisor.prometheus.url}")
+        lines.append("  logs:             " + ", ".join(str(c.log_path) for c in supervisor.children))
+        lines.append("Press Ctrl-C to stop.")
+        print("\n".join(lines), flush=True)
         supervisor.watch(lambda: bool(stopping))
+        if supervisor.stop_requested and not stopping:
+            stopping.append("control API")
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         supervisor.stop()
@@ -162,14 +188,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    up = sub.add_parser("up", help="start the scheduler, runtime replicas and gateway as local processes")
+    up = sub.add_parser(
+        "up",
+        help="start the scheduler, runtime replicas, gateway, cache and monitor as local processes",
+        description=(
+            "Start the suite as local processes and wait until it is ready; Ctrl-C stops it. The monitor restarts "
+            "services that die, scales runtimes between --replicas and --max-replicas and ejects failing replicas "
+            "(`aiworks events` lists what it did; --no-monitor leaves it out)."
+        ),
+    )
     up.add_argument("--http-port", type=int, default=8000, help="gateway HTTP port (default 8000)")
     up.add_argument("--grpc-port", type=int, default=8001, help="gateway gRPC port (default 8001)")
     up.add_argument("--scheduler-port", type=int, default=8010, help="scheduler gRPC port; 0 picks a free one")
     up.add_argument(
         "--runtime-base-port", type=int, default=8020, help="first runtime port (one per replica); 0 picks free ones"
     )
-    up.add_argument("--replicas", type=int, default=2, help="runtime replicas to start (default 2)")
+    up.add_argument(
+        "--replicas", type=int, default=2, help="runtime replicas to start, and the fewest kept (default 2)"
+    )
+    up.add_argument(
+        "--max-replicas", type=int, default=4, help="most runtime replicas the monitor scales out to (default 4)"
+    )
     up.add_argument("--host", default="127.0.0.1", help="interface every service binds (default 127.0.0.1)")
     up.add_argument(
         "--model-repository",
@@ -179,6 +218,23 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--no-batching", action="store_true", help="send every request as its own batch")
     up.add_argument("--redis-url", help="result cache on this Redis (redis://host:port/db); default in-process store")
     up.add_argument("--no-cache", action="store_true", help="start no cache service")
+    up.add_argument(
+        "--no-monitor", action="store_true", help="start no monitor (no restarts, autoscaling or ejection)"
+    )
+    up.add_argument("--monitor-port", type=int, default=8040, help="monitor's events API and /metrics (default 8040)")
+    up.add_argument(
+        "--metrics-base-port",
+        type=int,
+        default=8100,
+        help="metrics ports: gateway +0, scheduler +1, cache +2, runtime-i +10+i (default 8100); 0 picks free ones",
+    )
+    up.add_argument(
+        "--control-port", type=int, default=8050, help="supervisor's control API on 127.0.0.1 (default 8050); 0: free"
+    )
+    up.add_argument(
+        "--prometheus", action="store_true", help="also run a local Prometheus that scrapes every service"
+    )
+    up.add_argument("--prometheus-port", type=int, default=9090, help="port of that Prometheus (default 9090)")
     up.add_argument("--log-dir", default=".aiworks/logs", help="folder for each service's log file")
     up.add_argument("--log-level", default="INFO", help="log level of every service")
     up.set_defaults(func=cmd_up)
@@ -187,29 +243,38 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--host")
     gw.add_argument("--http-port", type=int)
     gw.add_argument("--grpc-port", type=int)
+    gw.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default 8002); 0 picks a free one")
     gw.add_argument("--scheduler-address", help="host:port of the scheduler (required)")
     gw.add_argument("--cache-address", help="host:port of the cache service (optional)")
     gw.add_argument("--max-request-bytes", type=int, help="largest request accepted")
     gw.add_argument("--log-level")
+    gw.add_argument("--otlp-endpoint", help="export spans over OTLP/gRPC to this collector (http://host:4317)")
+    gw.add_argument("--trace-file", type=Path, help="append finished spans to this file, one JSON line each")
     gw.set_defaults(func=cmd_gateway)
 
     sc = sub.add_parser("scheduler", help="run the scheduler (env AIWORKS_SCHEDULER_*)")
     sc.add_argument("--host")
     sc.add_argument("--port", type=int)
+    sc.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default 8011); 0 picks a free one")
     sc.add_argument("--no-batching", action="store_true", help="disable dynamic batching")
     sc.add_argument("--max-inflight-batches", type=int, help="batches in flight per replica and model version")
     sc.add_argument("--log-level")
+    sc.add_argument("--otlp-endpoint", help="export spans over OTLP/gRPC to this collector (http://host:4317)")
+    sc.add_argument("--trace-file", type=Path, help="append finished spans to this file, one JSON line each")
     sc.set_defaults(func=cmd_scheduler, batching=None)
 
     rt = sub.add_parser("runtime", help="run one model-runtime replica (env AIWORKS_RUNTIME_*)")
     rt.add_argument("--host")
     rt.add_argument("--port", type=int, help="gRPC port; 0 picks a free one")
+    rt.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default 8021); 0 picks a free one")
     rt.add_argument("--replica-id")
     rt.add_argument("--scheduler-address", help="host:port of the scheduler (required)")
     rt.add_argument("--model-repository", type=Path)
     rt.add_argument("--models", nargs="*", help="models to load at start (default: all)")
     rt.add_argument("--device", choices=["cpu", "gpu"])
     rt.add_argument("--log-level")
+    rt.add_argument("--otlp-endpoint", help="export spans over OTLP/gRPC to this collector (http://host:4317)")
+    rt.add_argument("--trace-file", type=Path, help="append finished spans to this file, one JSON line each")
     rt.set_defaults(func=cmd_runtime)
 
     st = sub.add_parser("status", help="show queues, replicas and their load")
@@ -230,6 +295,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_cache_parser(sub)
     add_traffic_parser(sub)
     add_lifecycle_parsers(sub)
+    from aiworks.monitor.cli import add_monitor_parsers
+
+    add_monitor_parsers(sub)
     return parser
 
 

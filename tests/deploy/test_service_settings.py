@@ -16,16 +16,13 @@ from pydantic_settings import BaseSettings
 from .support import REPO, SERVICE_FOLDERS, Rendered
 
 # Settings the deployment files already pass but the services do not define
-# yet (metrics ports, the cache peer, tenants and model files). Each is
+# yet (the cache peer, tenants and model files). Each is
 # ignored until its service reads it; drop it from here when it lands.
 PENDING = {
-    "AIWORKS_GATEWAY_METRICS_PORT",
     "AIWORKS_GATEWAY_CACHE_ADDRESS",
     "AIWORKS_GATEWAY_TENANTS_FILE",
     "AIWORKS_GATEWAY_API_KEYS_FILE",
-    "AIWORKS_SCHEDULER_METRICS_PORT",
     "AIWORKS_SCHEDULER_MODELS_FILE",
-    "AIWORKS_RUNTIME_METRICS_PORT",
 }
 COMPOSE_SERVICES = {"gateway": "gateway", "scheduler": "scheduler", "runtime-1": "runtime", "runtime-2": "runtime",
                     "cache": "cache", "monitor": "monitor"}

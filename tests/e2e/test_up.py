@@ -43,6 +43,7 @@ def test_up_starts_serves_and_stops_without_orphans(model_repository, tmp_path, 
             sys.executable, "-m", "aiworks", "up",
             "--http-port", str(http_port), "--grpc-port", str(free_port()),
             "--scheduler-port", "0", "--runtime-base-port", "0", "--replicas", "1",
+            "--monitor-port", "0", "--control-port", "0", "--metrics-base-port", "0",
             "--model-repository", str(model_repository), "--log-dir", str(tmp_path / "logs"),
         ],
         stdout=subprocess.PIPE,
@@ -60,7 +61,7 @@ def test_up_starts_serves_and_stops_without_orphans(model_repository, tmp_path, 
         assert ready, "the suite never became ready"
         kids = children_of(proc.pid)
         cmdlines = [Path(f"/proc/{k}/cmdline").read_bytes().replace(b"\0", b" ").decode() for k in kids]
-        assert sorted(c.split()[3] for c in cmdlines) == ["cache", "gateway", "runtime", "scheduler"]
+        assert sorted(c.split()[3] for c in cmdlines) == ["cache", "gateway", "monitor", "runtime", "scheduler"]
         proc.send_signal(sig)
         out, _ = proc.communicate(timeout=60)
     finally:
@@ -68,5 +69,6 @@ def test_up_starts_serves_and_stops_without_orphans(model_repository, tmp_path, 
             proc.kill()
     assert proc.returncode == 0, out
     assert "AIWorks is ready" in out and "stopped." in out
+    assert "monitor:" in out and "control API:" in out
     assert (tmp_path / "logs" / "gateway.log").read_text()
     assert not [k for k in kids if alive(k)], "orphan processes left behind"

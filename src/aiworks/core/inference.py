@@ -18,6 +18,8 @@ class InferRequest:
     outputs: list[str] = field(default_factory=list)
     id: str = ""
     parameters: dict = field(default_factory=dict)
+    # The authenticated tenant, set at the gateway by the tenancy layer; "" when tenancy is off.
+    tenant: str = ""
 
 
 @dataclass(slots=True)

@@ -25,8 +25,12 @@ Labels:
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 from prometheus_client import gc_collector, platform_collector, process_collector
@@ -58,7 +62,7 @@ GATEWAY_INFLIGHT = Gauge(
 )
 GATEWAY_CACHE_LOOKUPS = Counter(
     "aiworks_gateway_cache_lookups",
-    "Result-cache lookups made by the gateway, by result: hit, miss, bypass (policy off) or error.",
+    "Result-cache lookups of cached models at the gateway, by result: hit, miss, bypass (not asked) or error.",
     ["model", "result"],
 )
 
@@ -151,11 +155,94 @@ MONITOR_REPLICAS = "aiworks_monitor_runtime_replicas"  # desired and running run
 
 
 def status_label(error: BaseException | None) -> str:
-    """``ok``, or the lower-case status name of an AIWorks error (``internal`` for anything else)."""
+    """``ok``, or the lower-case status name of an AIWorks error (``internal`` for anything else).
+
+    A cancelled call (the caller went away) is ``unavailable``, as the error
+    table maps gRPC's CANCELLED.
+    """
     if error is None:
         return "ok"
     status = getattr(error, "status", None)
-    return status.name.lower() if status is not None else "internal"
+    if status is not None:
+        return status.name.lower()
+    return "unavailable" if isinstance(error, asyncio.CancelledError) else "internal"
+
+
+class Children:
+    """The label children of one metric, cached by label values.
+
+    ``metric.labels(...)`` takes a lock and validates its arguments on every
+    call; on the request path a dict lookup does. ``max_size`` bounds the
+    cache (not the metric's series: callers keep label values bounded).
+    """
+
+    __slots__ = ("_metric", "_cache", "_max_size")
+
+    def __init__(self, metric, max_size: int = 4096):
+        self._metric = metric
+        self._cache: dict[tuple, object] = {}
+        self._max_size = max_size
+
+    def __call__(self, *values: str):
+        child = self._cache.get(values)
+        if child is None:
+            if len(self._cache) >= self._max_size:
+                self._cache.clear()
+            child = self._cache[values] = self._metric.labels(*values)
+        return child
+
+
+T = TypeVar("T")
+
+
+def on_loop(loop: asyncio.AbstractEventLoop, read: Callable[[], T], timeout_s: float = 2.0) -> Callable[[], T]:
+    """``read`` made callable from the metrics server's thread: it runs on ``loop``'s thread.
+
+    A service's state belongs to its event loop; iterating its dicts from the
+    scrape thread could meet them mid-change. Called on the loop's own thread
+    (tests), ``read`` runs directly. Raises TimeoutError if the loop does not
+    get to it within ``timeout_s``.
+    """
+
+    def call() -> T:
+        try:
+            if asyncio.get_running_loop() is loop:
+                return read()
+        except RuntimeError:  # no loop in this thread: the scrape thread
+            pass
+        done: concurrent.futures.Future = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                done.set_result(read())
+            except BaseException as exc:  # handed to the scrape thread
+                done.set_exception(exc)
+
+        loop.call_soon_threadsafe(run)
+        return done.result(timeout_s)
+
+    return call
+
+
+class ScrapeCollector:
+    """Base of the collectors that read a service's state when Prometheus scrapes.
+
+    ``describe`` returns nothing, so the default registry does not claim the
+    names: two servers of a kind in one process (tests) can both register.
+    """
+
+    def describe(self):
+        return []
+
+    def register(self) -> ScrapeCollector:
+        REGISTRY.register(self)
+        return self
+
+    def unregister(self) -> None:
+        try:
+            REGISTRY.unregister(self)
+        except KeyError:
+            pass
 
 
 _DEFAULTS_SWAPPED = False
@@ -191,3 +278,24 @@ def serve_metrics(port: int, host: str = "127.0.0.1"):
     bound = server.server_address[1]
     log.info("metrics on http://%s:%d/metrics", host, bound)
     return server, bound
+
+
+def serve_metrics_or_warn(port: int, host: str = "127.0.0.1"):
+    """:func:`serve_metrics`, but a port that cannot be bound is a warning, not a failed start.
+
+    Metrics are not on the request path: a taken metrics port (two replicas
+    given the same default on one machine) must not stop a service from
+    serving inference. Returns ``(server, port)`` or ``(None, None)``.
+    """
+    try:
+        return serve_metrics(port, host)
+    except OSError as exc:
+        log.warning("no /metrics: cannot listen on %s:%d (%s); set the service's metrics_port", host, port, exc)
+        return None, None
+
+
+async def stop_metrics(server) -> None:
+    """Stop a server from :func:`serve_metrics` without blocking the event loop (``None``: nothing to stop)."""
+    if server is not None:
+        await asyncio.to_thread(server.shutdown)
+        server.server_close()

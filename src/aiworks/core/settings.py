@@ -8,6 +8,8 @@ which take precedence over the environment.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field
 from pydantic_settings import BaseSettings
 
@@ -20,4 +22,15 @@ class ServiceSettings(BaseSettings):
     log_level: str = Field("INFO", description="Python log level: DEBUG, INFO, WARNING or ERROR.")
     max_message_bytes: int = Field(
         DEFAULT_MAX_MESSAGE_BYTES, description="Largest gRPC message sent or received, in bytes."
+    )
+
+    # ---- tracing (docs/observability.md); neither set: no spans, incoming trace context still passed on ----
+    otlp_endpoint: str | None = Field(
+        None, description="OTLP/gRPC collector to export spans to (http://host:4317; https:// for TLS)."
+    )
+    trace_file: Path | None = Field(
+        None, description="File to append finished spans to, one JSON object per line (tests, local debugging)."
+    )
+    trace_sample_ratio: float = Field(
+        1.0, ge=0.0, le=1.0, description="Share of new traces recorded; a caller's sampling decision is kept."
     )

@@ -12,6 +12,7 @@ gRPC status code and message, which map through the one error table.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 import logging
 from collections.abc import Awaitable, Callable
@@ -52,7 +53,10 @@ class MultiplexedStream:
     def _ensure_open(self) -> grpc.aio.StreamStreamCall:
         if self._call is None:
             self._call = self._open_call()
-            self._reader = asyncio.get_running_loop().create_task(self._read(self._call))
+            # Not in the context of the call that happened to open the stream (its trace, for one).
+            self._reader = asyncio.get_running_loop().create_task(
+                self._read(self._call), context=contextvars.Context()
+            )
         return self._call
 
     async def call(self, message, timeout_s: float):

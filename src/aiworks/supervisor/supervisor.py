@@ -3,9 +3,21 @@
 Each service is its own OS process whose command line names it
 (``python -m aiworks runtime --replica-id runtime-0 ...``), writing its log to
 a file of its own. Children run in their own sessions, so a terminal's Ctrl-C
-reaches only the supervisor, which then stops them in order (gateway first,
-scheduler last). Children also get PR_SET_PDEATHSIG, so even a SIGKILLed
+reaches only the supervisor, which then stops them in order (the monitor
+first, so it does not restart what is being stopped; then gateway to
+scheduler). Children also get PR_SET_PDEATHSIG, so even a SIGKILLed
 supervisor leaves no orphans.
+
+The supervisor keeps a registry of its children (kind, pid, addresses,
+metrics port, replica id) and serves it on a local control API
+(:mod:`aiworks.supervisor.control`). It never restarts a child by itself:
+deciding that is the monitor's job, which it does through that API (restart
+one child, scale the runtimes); the supervisor carries it out and notices it.
+
+PR_SET_PDEATHSIG fires when the *thread* that forked a child ends, not the
+process. Children are therefore forked by one long-lived spawner thread, so a
+child started on behalf of a control API request (served on a short-lived
+thread) does not die with that thread.
 """
 
 from __future__ import annotations
@@ -16,19 +28,26 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 
+from aiworks.core.errors import AIWorksError, NotFound, Status
 from aiworks.core.lifecycle import die_with_parent
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from aiworks.supervisor.control import ControlServer
 
 log = logging.getLogger(__name__)
 
 _GRPC_HOLD: grpc.Channel | None = None
+
+STOP_TIMEOUT_S = 10.0
 
 
 def _hold_grpc_initialized() -> None:
@@ -72,44 +91,178 @@ class SuiteConfig:
     cache: bool = True
     redis_url: str | None = None
     cache_port: int = 0
-
+    # Metrics endpoints: gateway base, scheduler base+1, cache base+2, runtime-i base+10+i;
+    # 0 gives every child a free port. Supervisor.metrics_targets() lists them.
+    metrics_base_port: int = 8100
+    # The monitor (docs/monitor.md): restarts, autoscaling between replicas and
+    # max_replicas, ejection; its events API and /metrics on monitor_port.
+    monitor: bool = True
+    monitor_port: int = 8040
+    max_replicas: int = 4
+    # The supervisor's control API on 127.0.0.1 (the monitor acts through it); 0 picks a free port.
+    control_port: int = 8050
+    # A local Prometheus scraping every metrics endpoint (needs the prometheus binary); 0 picks a free port.
+    prometheus: bool = False
+    prometheus_port: int = 9090
 
     @classmethod
     def on_free_ports(cls, **fields) -> SuiteConfig:
-        """A config whose every port is free on this machine (tests, benchmarks, side-by-side suites)."""
-        return cls(http_port=free_port(), grpc_port=free_port(), scheduler_port=0, runtime_base_port=0, **fields)
+        """A config whose every port is free on this machine (tests, benchmarks, side-by-side suites).
+
+        No monitor unless asked for (``monitor=True``): a test or benchmark
+        wants the suite it set up, not one the monitor rescales under it.
+        """
+        fields.setdefault("monitor", False)
+        return cls(
+            http_port=free_port(), grpc_port=free_port(), scheduler_port=0, runtime_base_port=0,
+            metrics_base_port=0, monitor_port=0, control_port=0, prometheus_port=0, **fields,
+        )  # fmt: skip
+
+
+# Offsets of each kind's metrics port from SuiteConfig.metrics_base_port.
+_METRICS_OFFSET = {"gateway": 0, "scheduler": 1, "cache": 2, "runtime": 10}
+_METRICS_ENV = {
+    "gateway": "AIWORKS_GATEWAY_METRICS_PORT",
+    "scheduler": "AIWORKS_SCHEDULER_METRICS_PORT",
+    "cache": "AIWORKS_CACHE_METRICS_PORT",
+    "runtime": "AIWORKS_RUNTIME_METRICS_PORT",
+}
 
 
 @dataclass
 class Child:
+    """One supervised process and what the registry knows about it."""
+
     name: str
     argv: list[str]
     log_path: Path
     process: subprocess.Popen | None = None
+    kind: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    grpc_address: str | None = None
+    metrics_port: int | None = None
+    replica_id: str | None = None
+    restarts: int = 0
+    seq: int = 0  # start order, for "newest first" on scale-in
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def describe(self, host: str) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "pid": self.process.pid if self.process else None,
+            "alive": self.alive,
+            "exit_code": self.process.returncode if self.process else None,
+            "grpc_address": self.grpc_address,
+            "metrics_address": f"{host}:{self.metrics_port}" if self.metrics_port else None,
+            "replica_id": self.replica_id,
+            "restarts": self.restarts,
+            "log_path": str(self.log_path),
+        }
+
+
+def _terminate(process: subprocess.Popen, name: str, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM, then SIGKILL after ``timeout_s``; reaps the process."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop in %.0f s; killing it", name, timeout_s)
+            process.kill()
+            process.wait()
 
 
 class Supervisor:
-    """Starts, watches and stops the suite's processes."""
+    """Starts, registers, watches and stops the suite's processes."""
 
     def __init__(self, config: SuiteConfig):
         _hold_grpc_initialized()
         self.config = config
         self.children: list[Child] = []
+        self._retiring: list[Child] = []  # runtimes scaled in, draining after SIGTERM
+        self._lock = threading.RLock()
+        self._seq = 0
+        self._stopping = False
+        self._stopped = False
+        self._stop_requested = threading.Event()
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aiworks-spawner")
+        # Addresses others dial: a wildcard bind is reached on loopback.
+        self.reach_host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
         if config.scheduler_port == 0:
             config.scheduler_port = free_port(config.host)
-        self.scheduler_address = f"{config.host}:{config.scheduler_port}"
+        self.scheduler_address = f"{self.reach_host}:{config.scheduler_port}"
         self.cache_address: str | None = None
         if config.cache:
             if config.cache_port == 0:
                 config.cache_port = free_port(config.host)
-            self.cache_address = f"{config.host}:{config.cache_port}"
+            self.cache_address = f"{self.reach_host}:{config.cache_port}"
+        if config.monitor and config.monitor_port == 0:
+            config.monitor_port = free_port(config.host)
+        self.control: ControlServer | None = None
+        self.prometheus = None  # aiworks.supervisor.prometheus.PrometheusProcess when config.prometheus
 
-    # ---- start ---------------------------------------------------------------------------
+    # ---- registry --------------------------------------------------------------------------
 
-    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Child:
-        self.config.log_dir.mkdir(parents=True, exist_ok=True)
-        child = Child(name, [sys.executable, "-m", "aiworks", *args], self.config.log_dir / f"{name}.log")
-        env = {**os.environ, **self.config.extra_env, **(env or {}), "PYTHONUNBUFFERED": "1"}
+    @property
+    def monitor_url(self) -> str | None:
+        return f"http://{self.reach_host}:{self.config.monitor_port}" if self.config.monitor else None
+
+    @property
+    def control_url(self) -> str | None:
+        return self.control.url if self.control else None
+
+    def child(self, name: str) -> Child:
+        with self._lock:
+            for c in self.children:
+                if c.name == name:
+                    return c
+        raise NotFound(f"no service named {name!r}; see GET /v1/services")
+
+    def runtimes(self) -> list[Child]:
+        with self._lock:
+            return [c for c in self.children if c.kind == "runtime"]
+
+    def describe(self) -> dict[str, Any]:
+        """The registry, as the control API's ``GET /v1/services`` returns it."""
+        with self._lock:
+            return {
+                "services": [c.describe(self.reach_host) for c in self.children],
+                "runtime_replicas": len(self.runtimes()),
+                "scheduler_address": self.scheduler_address,
+                "stopping": self._stopping,
+            }
+
+    def metrics_targets(self) -> dict[str, list[str]]:
+        """Service kind -> ``host:port`` of each child's metrics endpoint (the monitor's is its HTTP port)."""
+        targets: dict[str, list[str]] = {}
+        with self._lock:
+            for c in self.children:
+                if c.metrics_port:
+                    targets.setdefault(c.kind, []).append(f"{self.reach_host}:{c.metrics_port}")
+        return targets
+
+    def _targets_changed(self) -> None:
+        """Tell a running local Prometheus about replicas started or stopped after it."""
+        if self.prometheus is None:
+            return
+        try:
+            self.prometheus.set_targets(self.metrics_targets())
+        except Exception as exc:  # dashboards miss a replica; the suite itself is fine
+            log.warning("could not update Prometheus' targets: %s", exc)
+
+    # ---- start -----------------------------------------------------------------------------
+
+    def _metrics_port(self, kind: str, index: int = 0) -> int:
+        base = self.config.metrics_base_port
+        return base + _METRICS_OFFSET[kind] + index if base else free_port(self.config.host)
+
+    def _launch(self, child: Child) -> None:
+        """Fork ``child`` (on the spawner thread: see the module docstring)."""
+        env = {**os.environ, **self.config.extra_env, **child.env, "PYTHONUNBUFFERED": "1"}
         with open(child.log_path, "ab") as logfile:
             child.process = subprocess.Popen(
                 child.argv,
@@ -120,44 +273,98 @@ class Supervisor:
                 start_new_session=True,
                 preexec_fn=die_with_parent,
             )
-        log.info("started %s (pid %d), log %s", name, child.process.pid, child.log_path)
-        self.children.append(child)
+        log.info("started %s (pid %d), log %s", child.name, child.process.pid, child.log_path)
+
+    def _spawn(self, name: str, kind: str, args: list[str], env: dict[str, str] | None = None, **registry) -> Child:
+        self.config.log_dir.mkdir(parents=True, exist_ok=True)
+        env = dict(env or {})
+        metrics_port = registry.pop("metrics_port", None)
+        index = registry.pop("metrics_index", 0)
+        if kind in _METRICS_ENV:  # the monitor serves its metrics on its own HTTP port
+            if metrics_port is None:
+                metrics_port = self._metrics_port(kind, index)
+            env[_METRICS_ENV[kind]] = str(metrics_port)
+        with self._lock:
+            self._seq += 1
+            child = Child(
+                name, [sys.executable, "-m", "aiworks", *args], self.config.log_dir / f"{name}.log",
+                kind=kind, env=env, metrics_port=metrics_port, seq=self._seq, **registry,
+            )  # fmt: skip
+            self._spawner.submit(self._launch, child).result()
+            self.children.append(child)
+        self._targets_changed()
         return child
+
+    def _runtime_index(self) -> int:
+        taken = {c.name for c in self.children} | {c.name for c in self._retiring}
+        i = 0
+        while f"runtime-{i}" in taken:
+            i += 1
+        return i
+
+    def start_runtime(
+        self,
+        replica_id: str | None = None,
+        *,
+        model_repository: Path | None = None,
+        models: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Child:
+        """Start one more runtime replica (the next free ``runtime-<i>`` unless named); does not wait.
+
+        The same arguments as the replicas ``start`` began with, unless a
+        model repository or model list of its own is given.
+        """
+        c = self.config
+        with self._lock:
+            index = self._runtime_index()
+            name = replica_id or f"runtime-{index}"
+            if any(other.name == name for other in (*self.children, *self._retiring)):
+                raise AIWorksError(f"a service named {name!r} exists already", Status.ALREADY_EXISTS)
+            port = c.runtime_base_port + index if c.runtime_base_port and replica_id is None else 0
+            args = [
+                "runtime",
+                "--replica-id", name,
+                "--host", c.host,
+                "--port", str(port),
+                "--scheduler-address", self.scheduler_address,
+                "--model-repository", str(model_repository or c.model_repository),
+                "--log-level", c.log_level,
+            ]  # fmt: skip
+            if models:
+                args += ["--models", *models]
+            # runtime-<i> gets its fixed metrics port; a replica named by the caller a free one, so it
+            # never takes the port of a runtime-<i> started later.
+            metrics = {"metrics_index": index} if replica_id is None else {"metrics_port": free_port(c.host)}
+            return self._spawn(
+                name, "runtime", args, env,
+                grpc_address=f"{self.reach_host}:{port}" if port else None, replica_id=name, **metrics,
+            )  # fmt: skip
 
     def start(self) -> None:
         c = self.config
         level = ["--log-level", c.log_level]
+        self.control = ControlServer(self, "127.0.0.1", c.control_port)
+        self.control.start()
         scheduler = ["scheduler", "--host", c.host, "--port", str(c.scheduler_port), *level]
         if not c.batching:
             scheduler.append("--no-batching")
-        self._spawn("scheduler", scheduler)
+        self._spawn("scheduler", "scheduler", scheduler, grpc_address=self.scheduler_address)
         if self.cache_address:  # starts alongside the scheduler; the gateway needs it
-            cache = ["cache", "--host", c.host, "--port", str(c.cache_port), "--metrics-port", "0", *level]
+            cache = ["cache", "--host", c.host, "--port", str(c.cache_port), *level]
             if c.redis_url:
                 cache += ["--redis-url", c.redis_url]
-            self._spawn("cache", cache)
+            self._spawn("cache", "cache", cache, grpc_address=self.cache_address)
         self._wait(lambda: self._grpc_serving(self.scheduler_address), "scheduler")
-        for i in range(c.replicas):
-            port = c.runtime_base_port + i if c.runtime_base_port else 0
-            self._spawn(
-                f"runtime-{i}",
-                [
-                    "runtime",
-                    "--replica-id", f"runtime-{i}",
-                    "--host", c.host,
-                    "--port", str(port),
-                    "--scheduler-address", self.scheduler_address,
-                    "--model-repository", str(c.model_repository),
-                    *level,
-                ],
-            )  # fmt: skip
+        for _ in range(c.replicas):
+            self.start_runtime()
         self._wait(lambda: self._live_replicas() >= c.replicas, f"{c.replicas} runtime replica(s)")
         gateway_env = {}
         if self.cache_address:
             self._wait(lambda: self._grpc_serving(self.cache_address), "cache")
             gateway_env["AIWORKS_GATEWAY_CACHE_ADDRESS"] = self.cache_address
         self._spawn(
-            "gateway",
+            "gateway", "gateway",
             [
                 "gateway",
                 "--host", c.host,
@@ -167,13 +374,51 @@ class Supervisor:
                 *level,
             ],
             env=gateway_env,
+            grpc_address=f"{self.reach_host}:{c.grpc_port}",
         )  # fmt: skip
+        if c.monitor:
+            self._start_monitor()
         self._wait(lambda: self._http_ready(), "gateway")
+        if c.monitor:
+            self._wait(lambda: self._http_ok(f"{self.monitor_url}/healthz"), "monitor")
+        if c.prometheus:
+            self._start_prometheus()
+
+    def _start_monitor(self) -> None:
+        c = self.config
+        defaults = {
+            "AIWORKS_MONITOR_PLATFORM": "local",
+            "AIWORKS_MONITOR_SUPERVISOR_URL": self.control.url,
+            "AIWORKS_MONITOR_SCHEDULER_ADDRESS": self.scheduler_address,
+            "AIWORKS_MONITOR_MIN_REPLICAS": str(c.replicas),
+            "AIWORKS_MONITOR_MAX_REPLICAS": str(max(c.replicas, c.max_replicas)),
+            "AIWORKS_MONITOR_EVENTS_FILE": str(c.log_dir / "monitor-events.jsonl"),
+        }
+        # The caller's extra_env wins over these defaults (tests shorten cool-downs, for one).
+        env = {k: v for k, v in defaults.items() if k not in c.extra_env}
+        self._spawn(
+            "monitor", "monitor", ["monitor", "--host", c.host, "--port", str(c.monitor_port), "--log-level", c.log_level],
+            env=env, metrics_port=c.monitor_port,
+        )  # fmt: skip
+
+    def _start_prometheus(self) -> None:
+        from aiworks.supervisor.prometheus import PrometheusProcess
+
+        c = self.config
+        port = c.prometheus_port or free_port(c.host)
+        self.prometheus = PrometheusProcess(
+            self.metrics_targets(),
+            port,
+            data_dir=c.log_dir.parent / "prometheus",
+            log_path=c.log_dir / "prometheus.log",
+        )
+        # Forked on the spawner thread too, so it lives as long as the suite.
+        self._spawner.submit(self.prometheus.start).result()
 
     def _wait(self, check, what: str) -> None:
         deadline = time.monotonic() + self.config.ready_timeout_s
         while time.monotonic() < deadline:
-            for child in self.children:
+            for child in list(self.children):
                 if child.process.poll() is not None:
                     tail = child.log_path.read_text(errors="replace").splitlines()[-15:]
                     raise RuntimeError(
@@ -201,32 +446,112 @@ class Supervisor:
             return sum(1 for r in reply.replicas if r.live and r.models)
 
     def _http_ready(self) -> bool:
-        url = f"http://{self.config.host}:{self.config.http_port}/v2/health/ready"
+        return self._http_ok(f"http://{self.reach_host}:{self.config.http_port}/v2/health/ready")
+
+    @staticmethod
+    def _http_ok(url: str) -> bool:
         with urllib.request.urlopen(url, timeout=1) as resp:
             return resp.status == 200
 
-    # ---- run and stop --------------------------------------------------------------------
+    # ---- actions (the control API) ---------------------------------------------------------
+
+    def _refuse_while_stopping(self) -> None:
+        if self._stopping:
+            raise AIWorksError("the suite is stopping", Status.FAILED_PRECONDITION)
+
+    def restart(self, name: str) -> dict[str, Any]:
+        """Restart one child with its original command line (stopping it first if it still runs)."""
+        self._refuse_while_stopping()
+        child = self.child(name)
+        old = child.process
+        if old is not None and old.poll() is None:
+            _terminate(old, name)  # outside the lock: the registry stays readable while it drains
+        with self._lock:
+            self._refuse_while_stopping()
+            if child.process is not old and child.alive:
+                return child.describe(self.reach_host)  # restarted meanwhile by another request
+            child.restarts += 1
+            self._spawner.submit(self._launch, child).result()
+            log.info("restarted %s on request (restart %d, pid %d)", name, child.restarts, child.process.pid)
+            return child.describe(self.reach_host)
+
+    def scale_runtimes(self, replicas: int) -> dict[str, Any]:
+        """Start or stop runtime replicas until ``replicas`` run; scale-in SIGTERMs the newest (they drain)."""
+        self._refuse_while_stopping()
+        started, stopped = [], []
+        with self._lock:
+            self._refuse_while_stopping()
+            current = sorted(self.runtimes(), key=lambda c: c.seq)
+            for _ in range(replicas - len(current)):
+                started.append(self.start_runtime().name)
+            for child in reversed(current[replicas:]):
+                self.children.remove(child)
+                self._retiring.append(child)
+                if child.process.poll() is None:
+                    child.process.send_signal(signal.SIGTERM)
+                stopped.append(child.name)
+        if stopped:
+            self._targets_changed()
+        if started or stopped:
+            log.info("runtime replicas scaled to %d (started %s, stopping %s)", replicas, started, stopped)
+        return {"replicas": replicas, "started": started, "stopped": stopped}
+
+    def request_stop(self) -> None:
+        """Ask :meth:`watch` to return, so the caller stops the suite (``POST /v1/stop``)."""
+        self._stop_requested.set()
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop_requested.is_set()
+
+    # ---- run and stop ----------------------------------------------------------------------
+
+    def _reap_retiring(self) -> None:
+        with self._lock:
+            for child in list(self._retiring):
+                if child.process.poll() is not None:
+                    self._retiring.remove(child)
+                    log.info("%s stopped after scale-in (code %s)", child.name, child.process.returncode)
 
     def watch(self, stop_requested) -> None:
-        """Block until ``stop_requested()``; report children that exit on their own."""
-        reported = set()
-        while not stop_requested():
-            for child in self.children:
+        """Block until ``stop_requested()`` or ``POST /v1/stop``; report exits and restarts of children."""
+        seen_pid: dict[str, int] = {}
+        reported: set[int] = set()
+        while not (stop_requested() or self._stop_requested.is_set()):
+            with self._lock:
+                children = list(self.children)
+            for child in children:
+                pid = child.process.pid
+                before = seen_pid.get(child.name)
+                if before is not None and before != pid:
+                    log.info("%s was restarted (pid %d -> %d, restart %d)", child.name, before, pid, child.restarts)
+                seen_pid[child.name] = pid
                 code = child.process.poll()
-                if code is not None and child.name not in reported:
-                    reported.add(child.name)
-                    log.error("%s exited with code %s; see %s", child.name, code, child.log_path)
+                if code is not None and pid not in reported:
+                    reported.add(pid)
+                    watcher = " (the monitor restarts it)" if self.config.monitor and child.kind != "monitor" else ""
+                    log.error("%s exited with code %s%s; see %s", child.name, code, watcher, child.log_path)
+            self._reap_retiring()
             time.sleep(0.2)
 
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """SIGTERM the children in reverse start order, then SIGKILL whatever is left."""
-        for child in reversed(self.children):
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Stop the monitor, then the other children in reverse start order (SIGTERM, then SIGKILL)."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopping = self._stopped = True
+            children = list(self.children)
+            retiring = list(self._retiring)
+        order = [c for c in children if c.kind == "monitor"] + [c for c in reversed(children) if c.kind != "monitor"]
+        for child in order:
             if child.process and child.process.poll() is None:
-                child.process.send_signal(signal.SIGTERM)
-                try:
-                    child.process.wait(timeout_s)
-                except subprocess.TimeoutExpired:
-                    log.warning("%s did not stop in %.0f s; killing it", child.name, timeout_s)
-                    child.process.kill()
-                    child.process.wait()
+                _terminate(child.process, child.name, timeout_s)
                 log.info("stopped %s", child.name)
+        for child in retiring:
+            _terminate(child.process, child.name, timeout_s)
+        self._retiring.clear()
+        if self.prometheus is not None:
+            self.prometheus.stop()
+        if self.control is not None:
+            self.control.stop()
+        self._spawner.shutdown(wait=True)

@@ -1,0 +1,89 @@
+"""The runtime replica's state as Prometheus gauges, read when Prometheus scrapes.
+
+- ``aiworks_runtime_models_loaded``: model versions this replica reports ready,
+  read on the event loop's thread (:func:`aiworks.core.metrics.on_loop`).
+- GPU utilisation and memory, where something reports them: the Triton
+  backend's ``nv_gpu_*`` metrics while this replica has a Triton connection
+  open (:meth:`TritonConnection.gpu_metrics`), else NVML for a replica that
+  advertises ``device=gpu`` (:mod:`aiworks.core.gpu`). A CPU replica exports
+  no GPU series. These reads happen in the scrape thread, never on the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from prometheus_client.core import GaugeMetricFamily
+
+from aiworks.core import metrics
+
+log = logging.getLogger(__name__)
+
+# Triton's names for the catalogue's GPU gauges (the label is Triton's gpu_uuid).
+_TRITON_GPU = {
+    "nv_gpu_utilization": metrics.RUNTIME_GPU_UTILIZATION,
+    "nv_gpu_memory_used_bytes": metrics.RUNTIME_GPU_MEMORY_USED,
+    "nv_gpu_memory_total_bytes": metrics.RUNTIME_GPU_MEMORY_TOTAL,
+}
+_HELP = {
+    metrics.RUNTIME_GPU_UTILIZATION: "GPU busy fraction (0..1).",
+    metrics.RUNTIME_GPU_MEMORY_USED: "GPU memory in use.",
+    metrics.RUNTIME_GPU_MEMORY_TOTAL: "GPU memory in all.",
+}
+
+
+class RuntimeCollector(metrics.ScrapeCollector):
+    """Models loaded and, where reported, GPU utilisation and memory of one replica."""
+
+    def __init__(
+        self,
+        replica_id: str,
+        count_models: Callable[[], int],
+        triton_gpus: Callable[[], dict[str, dict[str, float]] | None] = lambda: None,
+        nvml=None,
+    ):
+        self.replica_id = replica_id
+        self._count_models = count_models
+        self._triton_gpus = triton_gpus
+        self._nvml = nvml
+
+    def collect(self):
+        try:
+            loaded = self._count_models()
+        except Exception as exc:
+            log.warning("models loaded not exported this scrape: %s", exc or type(exc).__name__)
+        else:
+            family = GaugeMetricFamily(
+                metrics.RUNTIME_MODELS_LOADED, "Model versions this replica has ready.", labels=["replica"]
+            )
+            family.add_metric([self.replica_id], loaded)
+            yield family
+        yield from self._gpu_families()
+
+    def _gpu_families(self):
+        try:
+            reported = self._triton_gpus()
+        except Exception as exc:  # Triton down or slow: no GPU series this scrape
+            log.warning("Triton's GPU metrics not exported this scrape: %s", exc or type(exc).__name__)
+            reported = None
+        if reported:
+            yield from triton_gpu_families(reported, self.replica_id)
+        elif self._nvml is not None:
+            from aiworks.core.gpu import gpu_metric_families
+
+            yield from gpu_metric_families(self._nvml.read(), self.replica_id)
+
+
+def triton_gpu_families(reported: dict[str, dict[str, float]], replica_id: str) -> list[GaugeMetricFamily]:
+    """The catalogue's GPU gauges from Triton's device metrics (``parse_device_metrics``' shape)."""
+    families = []
+    for triton_name, name in _TRITON_GPU.items():
+        per_gpu = reported.get(triton_name)
+        if not per_gpu:
+            continue
+        family = GaugeMetricFamily(name, _HELP[name], labels=["replica", "gpu"])
+        for gpu, value in sorted(per_gpu.items()):
+            family.add_metric([replica_id, gpu], value)
+        families.append(family)
+    return families

@@ -1,0 +1,151 @@
+"""``aiworks monitor`` (run the monitor) and ``aiworks events`` (read what it did).
+
+``aiworks.cli`` adds both with ``add_monitor_parsers(sub)``; flags given
+override the ``AIWORKS_MONITOR_`` environment, as for every service. The
+events command is a small HTTP client of a running monitor, so it works the
+same against ``aiworks up``, a container or a port-forwarded pod.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+FLAGS = [
+    "host", "port", "platform", "supervisor_url", "scheduler_address", "prometheus_url", "namespace", "release",
+    "interval_s", "events_file", "min_replicas", "max_replicas", "log_level",
+]  # fmt: skip
+
+DEFAULT_MONITOR_URL = "http://127.0.0.1:8040"
+
+MONITOR_HELP = """\
+Watch the suite and act on what it sees: restart services that died, scale
+runtime replicas out on sustained queue depth or p99 latency and back in when
+quiet, ask the scheduler to eject replicas that keep failing, and report
+anomalies against each replica's learned baseline (latency spike, error
+surge, steady memory growth). Every action is an event (see `aiworks events`).
+
+`aiworks up` starts one for you. Every flag has an AIWORKS_MONITOR_<FLAG>
+variable; thresholds and cool-downs are variables only (docs/monitor.md).
+
+HTTP API on --port: GET /v1/events, GET /v1/replicas, GET /healthz, GET /metrics.
+"""
+
+EVENTS_HELP = """\
+List the events of a running monitor: restarts, scaling, ejections and
+anomalies, oldest first, each with its time, target and reason.
+
+examples:
+  aiworks events                          the last 50 events of the local suite's monitor
+  aiworks events --kind restart           restarts only
+  aiworks events --follow                 keep printing new events until Ctrl-C
+  aiworks events --json | jq .details     one JSON object per line
+"""
+
+
+def cmd_monitor(args: argparse.Namespace) -> None:
+    from aiworks.monitor.server import main
+    from aiworks.monitor.settings import MonitorSettings
+
+    from aiworks.cli import _settings_from
+    from aiworks.core.logging import setup_logging
+
+    settings = _settings_from(MonitorSettings, args, FLAGS)
+    setup_logging("monitor", settings.log_level)
+    main(settings)
+
+
+def fetch_events(monitor_url: str, since: int = 0, kind: str | None = None, limit: int | None = None) -> dict:
+    """``GET /v1/events`` of the monitor at ``monitor_url``."""
+    query = {"since": since}
+    if kind:
+        query["kind"] = kind
+    if limit is not None:
+        query["limit"] = limit
+    url = f"{monitor_url.rstrip('/')}/v1/events?{urllib.parse.urlencode(query)}"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return json.load(resp)
+
+
+def format_event(event: dict) -> str:
+    return f"{event['time']}  {event['kind']:<15} {event['target']:<16} {event['reason']:<14} {event['message']}"
+
+
+def _print(event: dict, as_json: bool) -> None:
+    print(json.dumps(event, sort_keys=True) if as_json else format_event(event), flush=True)
+
+
+def cmd_events(args: argparse.Namespace) -> None:
+    try:
+        doc = fetch_events(args.monitor, kind=args.kind, limit=args.limit)
+    except (urllib.error.URLError, OSError) as exc:
+        raise SystemExit(f"error: cannot reach the monitor at {args.monitor}: {exc}") from None
+    for event in doc["events"]:
+        _print(event, args.json)
+    if not args.follow:
+        if not doc["events"] and not args.json:
+            print("no events yet", file=sys.stderr)
+        return
+    cursor = doc["last_id"]
+    warned = False
+    try:
+        while True:
+            time.sleep(args.interval_s)
+            try:
+                doc = fetch_events(args.monitor, since=cursor, kind=args.kind)
+            except (urllib.error.URLError, OSError) as exc:
+                if not warned:
+                    print(f"monitor unreachable ({exc}); retrying", file=sys.stderr, flush=True)
+                    warned = True
+                continue
+            warned = False
+            for event in doc["events"]:
+                _print(event, args.json)
+            cursor = doc["next"]
+    except KeyboardInterrupt:
+        pass
+
+
+def add_monitor_parsers(sub) -> None:
+    """Add the ``monitor`` and ``events`` commands to the ``aiworks`` subparsers."""
+    p = sub.add_parser(
+        "monitor",
+        help="run the monitor: restarts, autoscaling, ejection, anomalies (env AIWORKS_MONITOR_*)",
+        description=MONITOR_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--host", help="interface the HTTP server binds (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port of the events API and /metrics (default 8040)")
+    p.add_argument("--platform", choices=["local", "kubernetes"], help="what it acts on (default local)")
+    p.add_argument("--supervisor-url", help="control API of `aiworks up` (local platform)")
+    p.add_argument("--scheduler-address", help="host:port of the scheduler, asked to eject replicas (required)")
+    p.add_argument("--prometheus-url", help="query this Prometheus instead of scraping every /metrics")
+    p.add_argument("--namespace", help="Kubernetes namespace of the release (kubernetes platform)")
+    p.add_argument("--release", help="Helm release to watch (kubernetes platform)")
+    p.add_argument("--interval-s", type=float, help="seconds between rounds of the control loop (default 1)")
+    p.add_argument("--events-file", help="also append every event to this JSON-lines file")
+    p.add_argument("--min-replicas", type=int, help="fewest runtime replicas per pool (default 1)")
+    p.add_argument("--max-replicas", type=int, help="most runtime replicas per pool (default 4)")
+    p.add_argument("--log-level")
+    p.set_defaults(func=cmd_monitor)
+
+    e = sub.add_parser(
+        "events",
+        help="list what the monitor did and saw (restarts, scaling, ejections, anomalies)",
+        description=EVENTS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    e.add_argument(
+        "--monitor", default=DEFAULT_MONITOR_URL, help=f"URL of the monitor's HTTP API (default {DEFAULT_MONITOR_URL})"
+    )
+    e.add_argument("--kind", help="only events of this kind: restart, scale_out, scale_in, eject, anomaly, ...")
+    e.add_argument("--limit", type=int, default=50, help="show at most the newest N events at first (default 50)")
+    e.add_argument("-f", "--follow", action="store_true", help="keep printing new events until Ctrl-C")
+    e.add_argument("--json", action="store_true", help="print one JSON object per event and line")
+    e.add_argument("--interval-s", type=float, default=1.0, help="polling interval of --follow (default 1 s)")
+    e.set_defaults(func=cmd_events)

@@ -1,0 +1,131 @@
+"""Wires the monitor together and runs it: ``aiworks monitor``.
+
+One aiohttp server on ``host:port`` serves the events API, the replicas'
+health, ``/healthz`` and ``/metrics`` (one port, as the Helm chart and
+docker-compose expect), while the control loop runs as a task beside it.
+The routes only translate HTTP to calls on the :class:`EventLog` and the
+:class:`Controller`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+from aiworks.monitor import events as ev
+from aiworks.monitor.collect import Collector, PrometheusCollector, Scraper
+from aiworks.monitor.controller import Controller
+from aiworks.monitor.events import EventLog
+from aiworks.monitor.metrics import MonitorMetrics
+from aiworks.monitor.platform import LocalPlatform, Platform, SchedulerEjector
+from aiworks.monitor.settings import MonitorSettings
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from aiworks.core.errors import AIWorksError, InvalidArgument
+from aiworks.core.lifecycle import stop_event
+
+log = logging.getLogger("aiworks.monitor")
+
+DEFAULT_EVENTS_LIMIT = 100
+
+
+def build_platform(settings: MonitorSettings) -> Platform:
+    ejector = SchedulerEjector(settings.scheduler_address, settings.max_message_bytes)
+    if settings.platform == "kubernetes":
+        from aiworks.monitor.k8s import KubernetesPlatform
+
+        return KubernetesPlatform(settings.namespace, settings.release, ejector)
+    return LocalPlatform(settings.supervisor_url, ejector)
+
+
+def build_collector(settings: MonitorSettings) -> Collector:
+    if settings.prometheus_url:
+        return PrometheusCollector(settings.prometheus_url, settings.scrape_timeout_s)
+    return Scraper(settings.scrape_timeout_s)
+
+
+def _int_param(request: web.Request, name: str, default: int | None) -> int | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidArgument(f"query parameter {name} must be an integer, not {raw!r}") from None
+    if value < 0:
+        raise InvalidArgument(f"query parameter {name} must not be negative")
+    return value
+
+
+@web.middleware
+async def _errors(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except AIWorksError as exc:
+        return web.json_response({"error": exc.message}, status=exc.status.http)
+
+
+def create_app(controller: Controller, events: EventLog, metrics: MonitorMetrics) -> web.Application:
+    """The HTTP API; see docs/monitor.md."""
+
+    async def list_events(request: web.Request) -> web.Response:
+        since = _int_param(request, "since", 0)
+        limit = _int_param(request, "limit", DEFAULT_EVENTS_LIMIT) or None
+        last_id = events.last_id  # read first: events recorded meanwhile are left for the next call
+        found = [e for e in events.since(since, kind=request.query.get("kind") or None, limit=limit) if e.id <= last_id]
+        # Where to continue: after the last event returned if the page was full, else after everything seen.
+        following = found[-1].id if limit and len(found) == limit and since else last_id
+        return web.json_response({"events": [e.to_json() for e in found], "last_id": last_id, "next": following})
+
+    async def replicas(request: web.Request) -> web.Response:
+        return web.json_response(controller.report())
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "platform": controller.platform.name})
+
+    async def prometheus(request: web.Request) -> web.Response:
+        return web.Response(body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application(middlewares=[_errors])
+    app.router.add_get("/v1/events", list_events)
+    app.router.add_get("/v1/replicas", replicas)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", prometheus)
+    return app
+
+
+async def serve(settings: MonitorSettings) -> None:
+    stop = stop_event()
+    events = EventLog(settings.events_max, settings.events_file)
+    metrics = MonitorMetrics(process=True)
+    platform = build_platform(settings)
+    collector = build_collector(settings)
+    controller = Controller(settings, platform, collector, events, metrics=metrics)
+    runner = web.AppRunner(create_app(controller, events, metrics), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, settings.host, settings.port).start()
+    source = f"Prometheus at {settings.prometheus_url}" if settings.prometheus_url else "each /metrics endpoint"
+    if platform.name == "kubernetes":
+        where = f" (release {settings.release} in {settings.namespace})"
+    else:
+        where = f" through {settings.supervisor_url}" if settings.supervisor_url else " (no supervisor: observing only)"
+    events.record(
+        ev.STARTED, "monitor", "started",
+        f"watching the {platform.name} platform{where} every {settings.interval_s:g} s, reading {source}",
+        platform=platform.name, scheduler=settings.scheduler_address,
+    )  # fmt: skip
+    if platform.name == "local" and not settings.supervisor_url:
+        log.warning("no supervisor URL: nothing is discovered, restarted or scaled (AIWORKS_MONITOR_SUPERVISOR_URL)")
+    log.info("monitor serving HTTP on %s:%d", settings.host, settings.port)
+    loop_task = asyncio.create_task(controller.run(stop))
+    await stop.wait()
+    log.info("monitor stopping")
+    await loop_task
+    await runner.cleanup()
+    await collector.close()
+    await platform.close()
+
+
+def main(settings: MonitorSettings) -> None:
+    asyncio.run(serve(settings))

@@ -1,0 +1,333 @@
+"""Distributed tracing for every service: OpenTelemetry set-up, W3C trace context in and out, spans.
+
+One request's trace: the gateway's server span (a child of the client's
+``traceparent`` when it sends one), a child span for the result-cache lookup,
+a "queue" span per request in the scheduler (from enqueue until its batch is
+sent), one "batch" span per batch, and the runtime's "execute" span as the
+batch span's child. A batch serves several requests, and a span has one
+parent: the batch span belongs to the trace of its oldest request and links
+to every request's queue span, as OpenTelemetry advises for batch processing.
+
+Context travels as W3C ``traceparent``/``tracestate``: HTTP headers and gRPC
+metadata at the gateway, then the ``trace_context`` map fields of the
+internal messages, since messages on a multiplexed stream have no metadata
+of their own.
+
+Cost when off. Nothing is exported unless ``otlp_endpoint`` or
+``trace_file`` is set; then no tracer exists and no span object is made. An
+incoming ``traceparent`` is still parsed and made current (a non-recording
+span context), so the next hop receives it and log lines carry its trace id;
+a request without one costs a header lookup and returns the shared no-op
+scope. Export runs in the SDK's batch processor thread, never on the event
+loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
+from pathlib import Path
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+log = logging.getLogger(__name__)
+
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
+_HEADERS = (TRACEPARENT, TRACESTATE)
+_PROPAGATOR = TraceContextTextMapPropagator()
+_EXPORT_DELAY_MS = 500
+# An unreachable collector must not hold up a service's stop (the supervisor kills after 10 s).
+_OTLP_TIMEOUT_S = 2.0
+
+_tracer: trace.Tracer | None = None
+_provider = None  # the SDK's TracerProvider, while tracing is on
+
+
+def enabled() -> bool:
+    """Whether this process records spans (an exporter is configured)."""
+    return _tracer is not None
+
+
+def setup_tracing(service: str, settings, *, instance: str = "") -> bool:
+    """Record and export spans when ``settings`` name an OTLP endpoint or a trace file; True if so.
+
+    ``settings`` is the service's :class:`~aiworks.core.settings.ServiceSettings`.
+    The SDK is imported only here, and only when something exports.
+    """
+    global _tracer, _provider
+    shutdown_tracing()
+    endpoint, path = settings.otlp_endpoint, settings.trace_file
+    if not endpoint and not path:
+        return False
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    attributes = {"service.name": f"aiworks-{service}", "service.namespace": "aiworks"}
+    if instance:
+        attributes["service.instance.id"] = instance
+    provider = TracerProvider(
+        resource=Resource.create(attributes),
+        sampler=ParentBased(TraceIdRatioBased(settings.trace_sample_ratio)),
+    )
+    if endpoint:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        # A bare host:port would parse as a URL scheme; plain text unless https:// is asked for.
+        url = endpoint if "://" in endpoint else f"http://{endpoint}"
+        provider.add_span_processor(
+            BatchSpanProcessor(
+                OTLPSpanExporter(endpoint=url, timeout=_OTLP_TIMEOUT_S), schedule_delay_millis=_EXPORT_DELAY_MS
+            )
+        )
+    if path:
+        provider.add_span_processor(
+            BatchSpanProcessor(JsonLinesExporter(Path(path)), schedule_delay_millis=_EXPORT_DELAY_MS)
+        )
+    _provider = provider
+    _tracer = provider.get_tracer("aiworks")
+    log.info("tracing on: %s", ", ".join(filter(None, [endpoint and f"OTLP {endpoint}", path and f"file {path}"])))
+    return True
+
+
+def shutdown_tracing() -> None:
+    """Export what is pending and stop recording (also safe when tracing is off)."""
+    global _tracer, _provider
+    provider, _provider, _tracer = _provider, None, None
+    if provider is not None:
+        provider.shutdown()
+
+
+# ---- context in and out --------------------------------------------------------------------------
+
+
+def carrier_from_metadata(metadata: Iterable[tuple[str, str]] | None) -> dict[str, str] | None:
+    """The W3C trace headers among gRPC metadata (keys arrive lower-case); None when there are none."""
+    if not metadata:
+        return None
+    found = None
+    for key, value in metadata:
+        if key in _HEADERS:
+            if found is None:
+                found = {}
+            found[key] = value
+    return found
+
+
+def extract(carrier: Mapping[str, str] | None) -> otel_context.Context | None:
+    """The context a W3C ``traceparent`` in ``carrier`` names; None when there is none or it is malformed."""
+    if not carrier or TRACEPARENT not in carrier:
+        return None
+    ctx = _PROPAGATOR.extract(carrier)
+    return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
+
+
+def inject(carrier: MutableMapping[str, str]) -> None:
+    """Write the current span's context into ``carrier``; nothing when no trace is current."""
+    if trace.get_current_span().get_span_context().is_valid:
+        _PROPAGATOR.inject(carrier)
+
+
+def current_span_context() -> SpanContext | None:
+    """The current span's context (recording or only propagated), or None."""
+    span_context = trace.get_current_span().get_span_context()
+    return span_context if span_context.is_valid else None
+
+
+def current_trace_id() -> str | None:
+    """The current trace id as 32 hex digits, or None."""
+    span_context = current_span_context()
+    return None if span_context is None else trace.format_trace_id(span_context.trace_id)
+
+
+# ---- spans ---------------------------------------------------------------------------------------
+
+
+class Scope:
+    """A span and/or a context made current for a ``with`` block.
+
+    ``span`` is None when nothing records (only a propagated context is
+    current then). On leaving, the span ends; an error of the server's making
+    (5xx-like, or not an AIWorks error) marks it failed, a client's error
+    (4xx-like) is only recorded as the ``aiworks.status`` attribute.
+    """
+
+    __slots__ = ("span", "_context", "_token")
+
+    def __init__(self, span, ctx: otel_context.Context | None):
+        self.span = span
+        self._context = ctx
+        self._token = None
+
+    def __enter__(self) -> Scope:
+        if self._context is not None:
+            self._token = otel_context.attach(self._context)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._token is not None:
+            otel_context.detach(self._token)
+            self._token = None
+        if self.span is not None:
+            if exc is not None:
+                fail(self.span, exc)
+            self.span.end()
+        return False
+
+    def set(self, key: str, value) -> None:
+        if self.span is not None:
+            self.span.set_attribute(key, value)
+
+    def fail(self, exc: BaseException) -> None:
+        """Record an error the block handled itself (see :func:`fail`)."""
+        if self.span is not None:
+            fail(self.span, exc)
+
+
+_NOOP = Scope(None, None)
+
+
+def _with_parent(parent: SpanContext | otel_context.Context | None) -> otel_context.Context | None:
+    if parent is None or isinstance(parent, otel_context.Context):
+        return parent
+    return trace.set_span_in_context(NonRecordingSpan(parent))
+
+
+_ROOT = otel_context.Context()  # no current span: a span started in it begins a new trace
+
+
+def server_span(name: str, carrier: Mapping[str, str] | None, attributes: Mapping | None = None) -> Scope:
+    """A SERVER span whose parent is the caller's context in ``carrier``, made current.
+
+    Off: the caller's context alone is made current (propagation), or nothing.
+    """
+    parent = extract(carrier)
+    if _tracer is None:
+        return _NOOP if parent is None else Scope(None, parent)
+    span = _tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attributes)
+    return Scope(span, trace.set_span_in_context(span, parent))
+
+
+def remote_scope(carrier: Mapping[str, str] | None) -> Scope:
+    """Make the caller's context in ``carrier`` current, without a span of its own."""
+    parent = extract(carrier)
+    return _NOOP if parent is None else Scope(None, parent)
+
+
+def child_span(name: str, attributes: Mapping | None = None) -> Scope:
+    """An INTERNAL span under the current one, made current; the no-op scope when off or outside a trace."""
+    if _tracer is None:
+        return _NOOP
+    span = _tracer.start_span(name, attributes=attributes)
+    return Scope(span, trace.set_span_in_context(span))
+
+
+def start_span(
+    name: str,
+    parent: SpanContext | otel_context.Context | None = None,
+    attributes: Mapping | None = None,
+    kind: SpanKind = SpanKind.INTERNAL,
+):
+    """A span that is not made current (its caller ends it, e.g. a request's wait in a queue); None when off."""
+    if _tracer is None:
+        return None
+    return _tracer.start_span(name, context=_with_parent(parent), kind=kind, attributes=attributes)
+
+
+def batch_scope(
+    name: str,
+    parent: SpanContext | None,
+    links: Sequence[SpanContext],
+    attributes: Mapping | None = None,
+) -> Scope:
+    """The span of work done for many requests: child of ``parent`` (the oldest request's), linked to all.
+
+    Off: ``parent`` alone is made current when the batch serves one request,
+    so a downstream service that records still joins that request's trace.
+    """
+    if _tracer is None:
+        if parent is None or len(links) > 1:
+            return _NOOP
+        return Scope(None, _with_parent(parent))
+    span = _tracer.start_span(
+        name,
+        context=_with_parent(parent) if parent is not None else _ROOT,
+        kind=SpanKind.INTERNAL,
+        attributes=attributes,
+        links=[Link(link) for link in links],
+    )
+    return Scope(span, trace.set_span_in_context(span))
+
+
+def fail(span, exc: BaseException) -> None:
+    """Record ``exc``'s status on ``span``; only server-side errors mark the span failed."""
+    status = getattr(exc, "status", None)
+    span.set_attribute("aiworks.status", status.name.lower() if status is not None else type(exc).__name__)
+    if status is None or status.http >= 500:
+        span.set_status(Status(StatusCode.ERROR, str(exc) or type(exc).__name__))
+
+
+# ---- the trace file ------------------------------------------------------------------------------
+
+
+def span_record(span) -> dict:
+    """One finished SDK span as a flat JSON-able dict (ids as W3C hex strings)."""
+    ctx = span.get_span_context()
+    return {
+        "service": span.resource.attributes.get("service.name", ""),
+        "name": span.name,
+        "trace_id": trace.format_trace_id(ctx.trace_id),
+        "span_id": trace.format_span_id(ctx.span_id),
+        "parent_span_id": trace.format_span_id(span.parent.span_id) if span.parent is not None else None,
+        "kind": span.kind.name,
+        "start_unix_ns": span.start_time,
+        "end_unix_ns": span.end_time,
+        "status": span.status.status_code.name,
+        "attributes": dict(span.attributes or {}),
+        "links": [
+            {
+                "trace_id": trace.format_trace_id(link.context.trace_id),
+                "span_id": trace.format_span_id(link.context.span_id),
+                "attributes": dict(link.attributes or {}),
+            }
+            for link in span.links
+        ],
+    }
+
+
+class JsonLinesExporter:
+    """Appends each finished span to a file as one JSON line; the SDK's SpanExporter interface.
+
+    It runs in the batch processor's thread, so file writes never block the event loop.
+    """
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in shutdown()
+        self._lock = threading.Lock()
+
+    def export(self, spans):
+        import orjson
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        text = "".join(orjson.dumps(span_record(s)).decode() + "\n" for s in spans)
+        with self._lock:
+            if self._file.closed:
+                return SpanExportResult.FAILURE
+            self._file.write(text)  # one write per batch: lines of processes sharing the file stay whole
+            self._file.flush()
+        return SpanExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._file.close()

@@ -1,0 +1,108 @@
+"""The committed dashboards are what scripts/gen_dashboards.py builds now, read the ``prometheus``
+datasource, and query only metrics the suite exports (checked against real data in
+test_prometheus_live.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+
+from .support import DASHBOARDS_DIR, REPO, catalogue, load_dashboards, metric_names, panel_queries, panels, rules
+from .support import variables as board_variables
+
+
+@pytest.fixture(scope="module")
+def generator():
+    spec = importlib.util.spec_from_file_location("gen_dashboards", REPO / "scripts" / "gen_dashboards.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
+
+
+def test_committed_dashboards_are_current(generator, tmp_path):
+    generator.generate(tmp_path)
+    fresh = {p.name: p.read_text() for p in tmp_path.glob("*.json")}
+    committed = {p.name: p.read_text() for p in DASHBOARDS_DIR.glob("*.json")}
+    stale = sorted(name for name in fresh.keys() | committed.keys() if fresh.get(name) != committed.get(name))
+    assert not stale, f"dashboards are stale, run `python scripts/gen_dashboards.py`: {stale}"
+
+
+def test_the_dashboards_cover_the_views_the_suite_needs():
+    assert set(load_dashboards()) == {
+        "aiworks-overview",
+        "aiworks-models",
+        "aiworks-tenants",
+        "aiworks-cache",
+        "aiworks-scheduler",
+        "aiworks-replicas",
+    }
+
+
+@pytest.mark.parametrize("uid", sorted(load_dashboards()))
+def test_every_panel_reads_the_prometheus_datasource(uid):
+    board = load_dashboards()[uid]
+    ids = [p["id"] for p in board["panels"]] + [p["id"] for row in board["panels"] for p in row.get("panels", [])]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    assert board["tags"] == ["aiworks"]
+    for panel in panels(board):
+        assert panel["datasource"] == {"type": "prometheus", "uid": "prometheus"}, panel["title"]
+        assert panel.get("targets"), f"{panel['title']} has no query"
+        ref_ids = [t["refId"] for t in panel["targets"]]
+        assert len(ref_ids) == len(set(ref_ids)) and all(ref_ids), panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == "prometheus" and target["expr"].strip(), panel["title"]
+    for variable in board_variables(board):
+        assert variable["datasource"]["uid"] == "prometheus" and variable["query"].startswith("label_values(")
+
+
+def test_queries_and_rules_read_only_catalogued_metrics():
+    known = catalogue()
+    exprs = [q.expr for board in load_dashboards().values() for q in panel_queries(board)]
+    exprs += [v["query"] for board in load_dashboards().values() for v in board_variables(board)]
+    exprs += [rule["expr"] for rule in rules("record") + rules("alert")]
+    unknown = {name for expr in exprs for name in metric_names(expr)} - known
+    assert not unknown, f"not in src/aiworks/core/metrics.py: {sorted(unknown)}"
+
+
+def test_the_dashboards_answer_the_questions_of_the_issue():
+    """The panels the observability issue asks for, by the metric each must show."""
+    shown = {
+        uid: {name for q in panel_queries(board) for name in metric_names(q.expr)}
+        for uid, board in load_dashboards().items()
+    }
+    assert {
+        "aiworks_gateway_requests_total",
+        "aiworks_gateway_request_duration_seconds_bucket",
+        "aiworks_process_cpu_seconds_total",
+        "aiworks_process_resident_memory_bytes",
+        "aiworks_runtime_gpu_utilization_ratio",
+    } <= shown["aiworks-overview"]
+    assert {"aiworks_cache_hits_total", "aiworks_cache_misses_total", "aiworks_cache_backend_up"} <= shown[
+        "aiworks-cache"
+    ]
+    assert {
+        "aiworks_scheduler_queue_depth_requests",
+        "aiworks_scheduler_queue_duration_seconds_bucket",
+        "aiworks_scheduler_batch_size_rows_bucket",
+        "aiworks_scheduler_retries_total",
+        "aiworks_scheduler_timeouts_total",
+        "aiworks_scheduler_rejections_total",
+        "aiworks_scheduler_ejections_total",
+    } <= shown["aiworks-scheduler"]
+    assert {
+        "aiworks_monitor_replica_health_score",
+        "aiworks_scheduler_replica_up",
+        "aiworks_scheduler_replica_ejected",
+    } <= shown["aiworks-replicas"]
+    heatmaps = {p["title"] for p in panels(load_dashboards()["aiworks-replicas"]) if p["type"] == "heatmap"}
+    assert heatmaps == {"Health score by replica"}
+    tenant_queries = panel_queries(load_dashboards()["aiworks-tenants"])
+    assert all('tenant=~"$tenant"' in q.expr for q in tenant_queries)
+    model_queries = panel_queries(load_dashboards()["aiworks-models"])
+    assert sum('version=~"$version"' in q.expr for q in model_queries) >= len(model_queries) - 1
