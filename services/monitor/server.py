@@ -19,6 +19,10 @@ from aiworks.monitor.controller import Controller
 from aiworks.monitor.events import EventLog
 from aiworks.monitor.metrics import MonitorMetrics
 from aiworks.monitor.platform import LocalPlatform, Platform, SchedulerEjector
+from aiworks.monitor.rollout import RolloutController, RolloutPolicy, parse_steps
+from aiworks.monitor.rollout_judge import PrometheusSource, ScrapeSource
+from aiworks.monitor.rollout_routes import add_rollout_routes
+from aiworks.monitor.rollout_targets import KubernetesTraffic, LocalTraffic
 from aiworks.monitor.settings import MonitorSettings
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -43,6 +47,42 @@ def build_collector(settings: MonitorSettings) -> Collector:
     if settings.prometheus_url:
         return PrometheusCollector(settings.prometheus_url, settings.scrape_timeout_s)
     return Scraper(settings.scrape_timeout_s)
+
+
+def build_rollouts(settings: MonitorSettings, platform: Platform, events: EventLog, audit=None) -> RolloutController:
+    """The canary controller (docs/rollouts.md): weights through the scheduler (and Istio on Kubernetes)."""
+    scheduler = LocalTraffic(settings.scheduler_address, max_message_bytes=settings.max_message_bytes)
+    if settings.platform == "kubernetes":
+        target = KubernetesTraffic(settings.namespace, settings.release, scheduler)
+    else:
+        target = scheduler
+    if settings.prometheus_url:
+        source = PrometheusSource(
+            settings.prometheus_url, settings.scrape_timeout_s, min_range_s=settings.rollout_prometheus_min_range_s
+        )
+    else:
+
+        async def targets() -> list[str]:
+            inventory = await platform.inventory()
+            return [
+                s.metrics_address for s in inventory.services if s.kind in ("gateway", "scheduler") and s.metrics_address
+            ]
+
+        source = ScrapeSource(targets, settings.scrape_timeout_s)
+    policy = RolloutPolicy(
+        steps=parse_steps(settings.rollout_steps),
+        dwell_s=settings.rollout_dwell_s,
+        max_error_rate_increase=settings.rollout_max_error_rate_increase,
+        max_p99_ratio=settings.rollout_max_p99_ratio,
+        min_requests=settings.rollout_min_requests,
+        max_extensions=settings.rollout_max_extensions,
+        p99_floor_s=settings.rollout_p99_floor_s,
+    )
+
+    def emit(kind, target, reason, message, details):
+        events.record(kind, target, reason, message, **details)
+
+    return RolloutController(target, source, emit, audit, defaults=policy, interval_s=settings.interval_s)
 
 
 def _int_param(request: web.Request, name: str, default: int | None) -> int | None:
@@ -102,7 +142,24 @@ async def serve(settings: MonitorSettings) -> None:
     platform = build_platform(settings)
     collector = build_collector(settings)
     controller = Controller(settings, platform, collector, events, metrics=metrics)
-    runner = web.AppRunner(create_app(controller, events, metrics), access_log=None)
+    audit_log = None
+    audit = None
+    if settings.audit_log:
+        from aiworks.security.audit import AuditLog
+
+        audit_log = AuditLog(settings.audit_log)
+        await audit_log.start()
+
+        def audit(action: str, details: dict) -> None:
+            audit_log.admin(
+                actor="monitor", action=action, model=details.get("model"), version=details.get("canary"),
+                details={k: v for k, v in details.items() if isinstance(v, (str, int, float, bool))},
+            )  # fmt: skip
+
+    rollouts = build_rollouts(settings, platform, events, audit)
+    app = create_app(controller, events, metrics)
+    add_rollout_routes(app, rollouts)
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, settings.host, settings.port).start()
     source = f"Prometheus at {settings.prometheus_url}" if settings.prometheus_url else "each /metrics endpoint"
@@ -119,9 +176,14 @@ async def serve(settings: MonitorSettings) -> None:
         log.warning("no supervisor URL: nothing is discovered, restarted or scaled (AIWORKS_MONITOR_SUPERVISOR_URL)")
     log.info("monitor serving HTTP on %s:%d", settings.host, settings.port)
     loop_task = asyncio.create_task(controller.run(stop))
+    rollout_task = asyncio.create_task(rollouts.run(stop))
     await stop.wait()
     log.info("monitor stopping")
     await loop_task
+    await rollout_task
+    await rollouts.close()
+    if audit_log is not None:
+        await audit_log.close()
     await runner.cleanup()
     await collector.close()
     await platform.close()

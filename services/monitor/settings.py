@@ -113,3 +113,20 @@ class MonitorSettings(ServiceSettings):
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"min_replicas ({self.min_replicas}) is above max_replicas ({self.max_replicas})")
         return self
+
+    # ---- canary rollouts (docs/rollouts.md) ----
+    rollout_steps: str = Field("5,20,50,100", description="Default canary percent per rollout step, rising, ending at 100.")
+    rollout_dwell_s: float = Field(60.0, gt=0, description="Default time at each rollout step before it is judged.")
+    rollout_max_error_rate_increase: float = Field(
+        0.01, ge=0, le=1, description="Canary error rate above stable's (a fraction: 0.01 = 1 point) that rolls back."
+    )
+    rollout_max_p99_ratio: float = Field(1.5, ge=1, description="Canary p99 over stable p99 that rolls back.")
+    rollout_min_requests: int = Field(50, ge=1, description="Canary requests a window needs before it is judged.")
+    rollout_max_extensions: int = Field(3, ge=0, description="Dwell extensions while short of data; then it rolls back.")
+    rollout_p99_floor_s: float = Field(0.005, ge=0, description="A canary p99 below this never counts as slow.")
+    rollout_prometheus_min_range_s: float = Field(
+        30.0, gt=0, description="Shortest increase() window asked of Prometheus (at least 2 scrape intervals)."
+    )
+    audit_log: Path | None = Field(
+        None, description="Append every rollout step to this hash-chained audit log (aiworks audit verify)."
+    )

@@ -290,12 +290,14 @@ def build_parser() -> argparse.ArgumentParser:
     from aiworks.cache.cli import add_cache_parser
     from aiworks.lifecycle.cli import add_lifecycle_parsers
     from aiworks.monitor.cli import add_monitor_parsers
+    from aiworks.rollout_cli import add_rollout_parser
     from aiworks.security.cli import add_security_parsers
     from aiworks.traffic_cli import add_traffic_parser
 
     add_bench_parser(sub).set_defaults(func=cmd_bench)
     add_cache_parser(sub)
     add_traffic_parser(sub)
+    add_rollout_parser(sub)
     add_lifecycle_parsers(sub)
     add_monitor_parsers(sub)
     add_security_parsers(sub)

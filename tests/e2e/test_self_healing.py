@@ -116,6 +116,7 @@ def healing_suite(model_repository, tmp_path_factory):
         "AIWORKS_MONITOR_EJECT_MIN_ERRORS": "5",
         "AIWORKS_MONITOR_EJECT_DURATION_S": "120",
         "AIWORKS_SCHEDULER_OUTLIER_CONSECUTIVE_ERRORS": "0",
+        "AIWORKS_MONITOR_AUDIT_LOG": str(tmp_path_factory.mktemp("healing-audit") / "audit.jsonl"),
     }
     suite = start_suite(
         model_repository, tmp_path_factory.mktemp("healing-logs"),
@@ -297,3 +298,43 @@ async def test_a_sustained_spike_scales_out_within_15_s_and_back_in_after(scalin
     print(f"scaled in {time.monotonic() - quiet:.1f} s after the load stopped: {scale_in['message']}")
     assert scale_in["reason"] == "quiet" and scale_in["details"]["replicas"] == 1
     assert runtime_names(suite) == ["runtime-0"]
+
+
+# ---- rollouts through the running monitor --------------------------------------------------------
+
+
+def aiworks(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "aiworks", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_a_rollout_started_with_the_cli_drives_the_schedulers_weights_and_is_audited(healing_suite):
+    """The monitor hosts the canary controller: the CLI starts a rollout, the first step's weights are in
+    force at the scheduler, abort returns all traffic to stable, and each step is an event and an audit line."""
+    suite = healing_suite
+    url = suite.supervisor.monitor_url
+    started = aiworks("rollout", "start", "digits", "--from", "1", "--to", "2", "--steps", "20,100",
+                      "--dwell", "60s", "--monitor", url, "--json")  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    weights = subprocess.run(
+        [sys.executable, "-m", "aiworks", "traffic", "--scheduler", suite.supervisor.scheduler_address, "get", "digits"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert weights.returncode == 0, weights.stderr
+    assert "1" in weights.stdout and "80" in weights.stdout and "20" in weights.stdout, weights.stdout
+    status = aiworks("rollout", "status", "digits", "--monitor", url, "--json")
+    assert status.returncode == 0, status.stderr
+    doc = json.loads(status.stdout)
+    assert doc["model"] == "digits" and doc["canary"] == "2" and doc["stable"] == "1", doc
+    aborted = aiworks("rollout", "abort", "digits", "--monitor", url)
+    assert aborted.returncode == 0, aborted.stderr
+    after = subprocess.run(
+        [sys.executable, "-m", "aiworks", "traffic", "--scheduler", suite.supervisor.scheduler_address, "get", "digits"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert "100" in after.stdout, after.stdout
+    kinds = {e["kind"] for e in events(suite) if e["target"] == "digits"}
+    assert {"rollout_started", "rollout_aborted"} <= kinds, kinds
+    audit_file = suite.supervisor.config.extra_env["AIWORKS_MONITOR_AUDIT_LOG"]
+    wait_for(lambda: "rollout" in open(audit_file).read(), 5.0, "rollout lines in the audit log")
+    verified = aiworks("audit", "verify", audit_file)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
