@@ -13,7 +13,7 @@ from aiworks.cache.settings import CacheSettings
 from aiworks.cache.store import MemoryStore, Store
 from aiworks.core import metrics
 from aiworks.core.lifecycle import stop_event
-from aiworks.core.rpc import create_server, set_serving
+from aiworks.core.rpc import add_port, create_server, set_serving
 from aiworks.core.tracing import setup_tracing, shutdown_tracing
 from aiworks.pb.cache.v1 import cache_pb2_grpc
 
@@ -68,7 +68,8 @@ async def serve(settings: CacheSettings) -> None:
     dataplane = build_dataplane(settings)
     server, health = create_server(settings.max_message_bytes)
     cache_pb2_grpc.add_CacheServiceServicer_to_server(CacheServicer(dataplane), server)
-    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    tls = settings.tls_files()
+    port = add_port(server, f"{settings.host}:{settings.port}", tls)
     await server.start()
     collector = CacheCollector(dataplane).register()
     exposition, metrics_port = None, None
@@ -76,7 +77,8 @@ async def serve(settings: CacheSettings) -> None:
         exposition, metrics_port = metrics.serve_metrics_or_warn(settings.metrics_port, settings.host)
     await set_serving(health, True)
     log.info(
-        "cache serving gRPC on %s:%d with the %s store%s",
+        "cache serving gRPC%s on %s:%d with the %s store%s",
+        " with mutual TLS" if tls else "",
         settings.host,
         port,
         dataplane.store.name,

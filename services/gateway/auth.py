@@ -56,7 +56,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
-from aiworks.core.errors import AIWorksError, InvalidArgument, Status
+from aiworks.core.errors import InvalidArgument, PermissionDenied, Unauthenticated
 
 log = logging.getLogger(__name__)
 
@@ -79,12 +79,12 @@ _KEY_KINDS = {
 }
 
 
-def unauthenticated(message: str) -> AIWorksError:
-    return AIWorksError(message, Status.UNAUTHENTICATED)
+def unauthenticated(message: str) -> Unauthenticated:
+    return Unauthenticated(message)
 
 
-def permission_denied(message: str) -> AIWorksError:
-    return AIWorksError(message, Status.PERMISSION_DENIED)
+def permission_denied(message: str) -> PermissionDenied:
+    return PermissionDenied(message)
 
 
 # ---- API keys --------------------------------------------------------------------------------------------

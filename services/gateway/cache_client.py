@@ -33,10 +33,11 @@ from aiworks.core import metrics, tracing
 from aiworks.core.errors import AIWorksError
 from aiworks.core.inference import InferRequest, InferResponse
 from aiworks.core.model_config import ModelSpec
-from aiworks.core.rpc import insecure_channel
+from aiworks.core.rpc import client_channel
 from aiworks.core.stream import MultiplexedStream
 from aiworks.pb.cache.v1 import cache_pb2 as pb
 from aiworks.pb.cache.v1 import cache_pb2_grpc
+from aiworks.security.tls import TLSFiles
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,7 @@ class CacheClient:
         retry_after_s: float = 1.0,
         max_pending_stores: int = 256,
         clock: Callable[[], float] = time.monotonic,
+        tls: TLSFiles | None = None,
     ):
         self.address = address
         self._metadata = metadata
@@ -98,7 +100,7 @@ class CacheClient:
         self.metadata_ttl_s = metadata_ttl_s
         self.max_pending_stores = max_pending_stores
         self._clock = clock
-        self._channel = insecure_channel(address, max_message_bytes)
+        self._channel = client_channel(address, max_message_bytes, tls, server_name="cache")
         self._stub = cache_pb2_grpc.CacheServiceStub(self._channel)
         self._gets = MultiplexedStream(self._stub.GetStream, f"cache {address}")
         self._puts = MultiplexedStream(self._stub.PutStream, f"cache {address}")

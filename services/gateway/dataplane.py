@@ -3,34 +3,245 @@
 Both transports translate their requests into the domain types of
 :mod:`aiworks.core.inference` and call this class; it answers with plain
 Python structures shaped like the Open Inference Protocol's responses.
-Later layers (tenancy, the result cache) hook in here, once, for both.
+The tenancy layer (docs/tenancy.md) and the result cache hook in here, once,
+for both.
+
+Which operations need credentials (in tenancy mode; demo mode lets every
+caller in as the anonymous tenant, which may do everything):
+
+- none: liveness, readiness and server metadata (probes and load balancers
+  call them without credentials, as they do with Triton and KServe);
+- a tenant that may use the model: inference, model metadata, config,
+  readiness and statistics;
+- a tenant: the repository index and all-model statistics (each filtered to
+  the models it may use), and its own usage;
+- an admin tenant (``admin: true``): model load and unload, and every
+  tenant's usage.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiworks.gateway.auth import Authenticator, Headers, Principal
+from aiworks.gateway.cache_client import HIT, CacheClient
+from aiworks.gateway.filters import InputFilter
+from aiworks.gateway.limits import TenantLimiter
+from aiworks.gateway.masking import MaskingPolicies
+from aiworks.gateway.metering import UsageMeter
+from aiworks.gateway.scheduler_client import SchedulerClient
+from aiworks.gateway.settings import GatewaySettings
+from aiworks.gateway.telemetry import GatewayTelemetry, short
+from aiworks.gateway.tenancy import apply_tenant_defaults, demo_config, load_tenancy
 
 from aiworks import __version__
+from aiworks.core import metrics
+from aiworks.core.errors import AIWorksError, InvalidArgument, PermissionDenied, Status
 from aiworks.core.inference import InferRequest, InferResponse
 from aiworks.core.model_config import ModelSpec
-from aiworks.gateway.cache_client import CacheClient
-from aiworks.gateway.scheduler_client import SchedulerClient
-from aiworks.gateway.telemetry import GatewayTelemetry
+from aiworks.security.audit import AuditLog
 
 log = logging.getLogger(__name__)
 
 EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics", "schedule_policy"]
 
+Metadata = Callable[[str, str], Awaitable[tuple[ModelSpec, list[str]]]]
+
+
+class ModelSpecs:
+    """Model specs for the request path (input filters, masking), fetched from the scheduler and reused.
+
+    A spec younger than ``ttl_s`` is answered from memory. An older one is
+    still answered while one background fetch refreshes it, so a request waits
+    for the scheduler only the first time a model version is asked for.
+    Unknown models (NOT_FOUND) are remembered for ``ttl_s`` as well, so a
+    client sending made-up names costs no metadata call per request; other
+    errors are not remembered.
+    """
+
+    def __init__(
+        self,
+        fetch: Metadata,
+        ttl_s: float = 1.0,
+        *,
+        max_entries: int = 4096,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self._fetch = fetch
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self._clock = clock
+        self._entries: dict[tuple[str, str], tuple[float, ModelSpec | AIWorksError]] = {}
+        self._pending: dict[tuple[str, str], asyncio.Task] = {}
+
+    async def get(self, name: str, version: str) -> ModelSpec:
+        ref = (name, version)
+        entry = self._entries.get(ref)
+        if entry is not None:
+            expires, value = entry
+            fresh = self._clock() < expires
+            if isinstance(value, ModelSpec):
+                if not fresh:
+                    self._refresh(ref)
+                return value
+            if fresh:
+                raise type(value)(value.message, value.status)
+        value = await asyncio.shield(self._refresh(ref))
+        if isinstance(value, AIWorksError):
+            raise type(value)(value.message, value.status)
+        return value
+
+    def _refresh(self, ref: tuple[str, str]) -> asyncio.Task:
+        task = self._pending.get(ref)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._load(ref))
+            self._pending[ref] = task
+            task.add_done_callback(lambda _: self._pending.pop(ref, None))
+        return task
+
+    async def _load(self, ref: tuple[str, str]) -> ModelSpec | AIWorksError:
+        try:
+            spec, _ = await self._fetch(*ref)
+        except AIWorksError as exc:
+            if exc.status is Status.NOT_FOUND:
+                self._store(ref, exc)
+            return exc  # a transient error: a stale spec, if any, is kept
+        except Exception as exc:  # never leave a background refresh's exception unretrieved
+            return AIWorksError(f"model metadata of '{ref[0]}' could not be read: {exc}")
+        self._store(ref, spec)
+        return spec
+
+    def _store(self, ref: tuple[str, str], value: ModelSpec | AIWorksError) -> None:
+        if ref not in self._entries and len(self._entries) >= self.max_entries:
+            self._entries.pop(next(iter(self._entries)))
+        self._entries[ref] = (self._clock() + self.ttl_s, value)
+
+    def forget(self, name: str) -> None:
+        """Drop what is known about ``name`` (after a load or unload through this gateway)."""
+        for ref in [r for r in self._entries if r[0] == name]:
+            del self._entries[ref]
+
+
+@dataclass
+class Tenancy:
+    """The gateway's tenancy layer (docs/tenancy.md), built once at start-up; demo mode without a tenants file."""
+
+    auth: Authenticator
+    filters: InputFilter
+    limiter: TenantLimiter
+    meter: UsageMeter
+    masking: MaskingPolicies
+    audit: AuditLog | None = None
+
+    @classmethod
+    def demo(cls) -> Tenancy:
+        """No tenants, no limits, no shared state, no audit: a gateway without tenancy settings."""
+        return cls(Authenticator(demo_config()), InputFilter(), TenantLimiter(), UsageMeter(), MaskingPolicies())
+
+    @classmethod
+    def from_settings(cls, settings: GatewaySettings) -> Tenancy:
+        """Read the tenants, API keys, JWT key and audit key files the settings name; errors name the file."""
+        config = load_tenancy(settings.tenants_file, settings.api_keys_file)
+        audit = None
+        if settings.audit_log is not None:
+            key = None
+            if settings.audit_key_file is not None:
+                key = Path(settings.audit_key_file).read_bytes().strip()
+                if not key:
+                    raise InvalidArgument(f"audit key file {settings.audit_key_file} is empty")
+            audit = AuditLog(settings.audit_log, key=key, flush_interval_s=settings.audit_flush_interval_s)
+        return cls(
+            auth=Authenticator.from_files(config, settings.jwt_key_file),
+            filters=InputFilter(
+                max_tensor_elements=settings.max_tensor_elements,
+                max_string_bytes=settings.max_string_bytes,
+                deny_patterns=config.deny_patterns,
+            ),
+            limiter=TenantLimiter(
+                settings.redis_url,
+                timeout_s=settings.limits_timeout_s,
+                expected_replicas=settings.limits_expected_replicas,
+                lease_ttl_s=settings.limits_lease_ttl_s,
+                retry_after_s=settings.limits_retry_after_s,
+            ),
+            meter=UsageMeter(
+                settings.redis_url,
+                window_s=settings.usage_window_s,
+                flush_interval_s=settings.usage_flush_interval_s,
+                timeout_s=settings.usage_timeout_s,
+                retention_s=settings.usage_retention_s,
+            ),
+            masking=MaskingPolicies(),
+            audit=audit,
+        )
+
+    @property
+    def demo_mode(self) -> bool:
+        return not self.auth.required
+
+    async def start(self) -> None:
+        await self.limiter.start()
+        await self.meter.start()
+        if self.audit is not None:
+            await self.audit.start()
+
+    async def close(self) -> None:
+        await self.limiter.close()
+        await self.meter.close()
+        if self.audit is not None:
+            await self.audit.close()
+
+
+def request_limit(principal: Principal, gateway_limit: int) -> int:
+    """The largest request body ``principal`` may send: the gateway's limit, or its tenant's lower one."""
+    own = principal.tenant.max_request_bytes
+    return min(gateway_limit, own) if own else gateway_limit
+
 
 class GatewayDataPlane:
     """Open Inference Protocol operations, transport-agnostic."""
 
-    def __init__(self, scheduler: SchedulerClient, server_name: str = "aiworks", cache: CacheClient | None = None):
+    def __init__(
+        self,
+        scheduler: SchedulerClient,
+        server_name: str = "aiworks",
+        cache: CacheClient | None = None,
+        tenancy: Tenancy | None = None,
+        spec_ttl_s: float = 1.0,
+    ):
         self.scheduler = scheduler
         self.server_name = server_name
         self.cache = cache
-        # Per-request metrics and the server span; the front ends wrap each inference in it.
-        self.telemetry = GatewayTelemetry()
+        self.tenancy = tenancy if tenancy is not None else Tenancy.demo()
+        self.specs = ModelSpecs(scheduler.metadata, spec_ttl_s)
+        # Per-request metrics, the server span and the audit line; the front ends wrap each inference in it.
+        self.telemetry = GatewayTelemetry(audit=self.tenancy.audit)
+
+    # ---- who is asking ------------------------------------------------------------------------
+
+    def authenticate(self, credentials: Headers = ()) -> Principal:
+        """The caller's principal from HTTP headers or gRPC metadata; 401 without valid credentials."""
+        return self.tenancy.auth.authenticate(credentials)
+
+    def _for_model(self, credentials: Headers, model: str) -> Principal:
+        return self.tenancy.auth.authenticate_for(credentials, model)
+
+    @staticmethod
+    def is_admin(principal: Principal) -> bool:
+        return principal.method == "anonymous" or principal.tenant.admin
+
+    def _require_admin(self, principal: Principal, what: str) -> None:
+        if not self.is_admin(principal):
+            raise PermissionDenied(
+                f"tenant '{principal.tenant_id}' may not {what}; only tenants with 'admin: true' in the tenants file may"
+            )
+
+    # ---- health and metadata ------------------------------------------------------------------
 
     async def live(self) -> bool:
         return True
@@ -45,7 +256,8 @@ class GatewayDataPlane:
     def server_metadata(self) -> dict:
         return {"name": self.server_name, "version": __version__, "extensions": EXTENSIONS}
 
-    async def model_metadata(self, name: str, version: str) -> dict:
+    async def model_metadata(self, name: str, version: str, credentials: Headers = ()) -> dict:
+        self._for_model(credentials, name)
         spec, versions = await self.scheduler.metadata(name, version)
         return {
             "name": spec.name,
@@ -55,45 +267,145 @@ class GatewayDataPlane:
             "outputs": [{"name": t.name, "datatype": t.datatype, "shape": spec.full_shape(t)} for t in spec.outputs],
         }
 
-    async def model_config(self, name: str, version: str) -> dict:
+    async def model_config(self, name: str, version: str, credentials: Headers = ()) -> dict:
         """The model's config in Triton's JSON form (the fields the suite uses)."""
+        self._for_model(credentials, name)
         spec, _ = await self.scheduler.metadata(name, version)
         return spec_to_triton_config(spec)
 
-    async def model_ready(self, name: str, version: str) -> bool:
+    async def model_ready(self, name: str, version: str, credentials: Headers = ()) -> bool:
+        self._for_model(credentials, name)
         return await self.scheduler.model_ready(name, version)
 
-    async def infer(self, request: InferRequest) -> InferResponse:
-        # ---- result cache hook (docs/cache.md): lookup, schedule on a miss, store in the background.
-        if self.cache is not None:
-            return await self.cache.infer(request, self.scheduler.infer)
-        return await self.scheduler.infer(request)
+    # ---- inference ----------------------------------------------------------------------------
 
-    async def repository_index(self, ready_only: bool = False) -> list[dict]:
+    async def infer(self, request: InferRequest, principal: Principal | None = None) -> InferResponse:
+        """One inference, in the order of docs/tenancy.md.
+
+        The front end has authenticated the caller (``principal``) and read
+        the body within :func:`request_limit`; here: authorize the model,
+        filter the inputs against its spec, apply the tenant's defaults, admit
+        (rate, concurrency, quota), answer from the cache or the scheduler,
+        release the slot charging the time it took, meter, and mask outputs.
+        """
+        tenancy = self.tenancy
+        if principal is None:
+            principal = tenancy.auth.authenticate(())
+        tenant = principal.tenant
+        request.tenant = tenant.id
+        tenancy.auth.authorize(principal, request.model)
+        spec = await self.specs.get(request.model, request.version)
+        rows = tenancy.filters.check(request, spec, against_metadata=not tenancy.demo_mode)
+        apply_tenant_defaults(request, tenant)
+        admission = await tenancy.limiter.admit(tenant)
+        compute_s, hit = 0.0, False
+        try:
+            started = time.perf_counter()
+            if self.cache is not None:
+                # ---- result cache hook (docs/cache.md): lookup, schedule on a miss, store in the background.
+                response = await self.cache.infer(request, self.scheduler.infer)
+            else:
+                response = await self.scheduler.infer(request)
+            hit = response.parameters.get(HIT) is True
+            if not hit:  # a cache hit costs the tenant no compute
+                compute_s = time.perf_counter() - started
+        finally:  # the Redis round trip of a release stays off the answer's latency
+            tenancy.limiter.release_soon(admission, compute_s)
+        tenancy.meter.record(tenant.id, spec.name, rows=rows, compute_s=compute_s, cache_hit=hit)
+        return tenancy.masking.mask(spec, response)
+
+    # ---- usage --------------------------------------------------------------------------------
+
+    async def usage(
+        self,
+        credentials: Headers = (),
+        *,
+        start: float,
+        end: float | None = None,
+        tenant: str | None = None,
+        model: str | None = None,
+    ) -> dict:
+        """Usage per tenant and model (docs/tenancy.md): a tenant sees its own, an admin anyone's."""
+        principal = self.authenticate(credentials)
+        if not self.is_admin(principal):
+            if tenant is not None and tenant != principal.tenant_id:
+                raise PermissionDenied(
+                    f"tenant '{principal.tenant_id}' may read only its own usage, not tenant '{short(tenant, 64)}'s"
+                )
+            tenant = principal.tenant_id
+        report = await self.tenancy.meter.report(start, end, tenant=tenant, model=model)
+        return report.to_dict()
+
+    # ---- model repository ---------------------------------------------------------------------
+
+    async def repository_index(self, ready_only: bool = False, credentials: Headers = ()) -> list[dict]:
+        principal = self.authenticate(credentials)
         specs = await self.scheduler.index(ready_only)
+        if not self.is_admin(principal):
+            specs = [s for s in specs if principal.tenant.allows(s.name)]
         return [{"name": s.name, "version": s.version, "state": s.state.value, "reason": s.reason} for s in specs]
 
-    async def load(self, name: str) -> None:
+    async def load(self, name: str, credentials: Headers = ()) -> None:
+        await self._admin("model.load", name, credentials, self._load)
+
+    async def unload(self, name: str, credentials: Headers = ()) -> None:
+        await self._admin("model.unload", name, credentials, self._unload)
+
+    async def _load(self, name: str) -> None:
         try:
             await self.scheduler.load(name)
         finally:
+            self.specs.forget(name)
             # ---- result cache hook: a (re)loaded model's old results must not be served.
             if self.cache is not None:
                 await self.cache.invalidate(name)
 
-    async def unload(self, name: str) -> None:
+    async def _unload(self, name: str) -> None:
         try:
             await self.scheduler.unload(name)
         finally:
+            self.specs.forget(name)
             # ---- result cache hook: an unloaded model's results go with it.
             if self.cache is not None:
                 await self.cache.invalidate(name)
 
-    async def statistics(self, name: str, version: str) -> list[dict]:
+    async def _admin(self, action: str, model: str, credentials: Headers, run) -> None:
+        """Run an admin action for an admin tenant, and audit the attempt whatever its outcome."""
+        started = time.perf_counter()
+        principal: Principal | None = None
+        error: BaseException | None = None
+        try:
+            principal = self.authenticate(credentials)
+            self._require_admin(principal, f"{action.replace('model.', '')} models")
+            await run(model)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            audit = self.tenancy.audit
+            if audit is not None:
+                actor = None if principal is None else (principal.tenant_id or "anonymous")
+                details = {"latency_ms": round((time.perf_counter() - started) * 1e3, 3)}
+                if principal is not None:
+                    details.update(auth=principal.method, subject=principal.subject or None)
+                try:
+                    audit.admin(
+                        actor=actor, action=action, status=metrics.status_label(error),
+                        tenant=None if principal is None else principal.tenant_id,
+                        model=short(model), details=details,
+                    )  # fmt: skip
+                except AIWorksError as exc:
+                    log.warning("audit of %s %s failed: %s", action, short(model, 64), exc)
+
+    async def statistics(self, name: str, version: str, credentials: Headers = ()) -> list[dict]:
         """Triton's statistics extension, summed over replicas, with a per-replica breakdown."""
+        principal = self._for_model(credentials, name) if name else self.authenticate(credentials)
+        allowed = None if self.is_admin(principal) else principal.tenant.allows
         merged: dict[tuple[str, str], dict] = {}
         for replica_id, models in await self.scheduler.statistics(name, version):
             for s in models:
+                if allowed is not None and not allowed(s.name):
+                    continue
                 entry = merged.setdefault(
                     (s.name, s.version),
                     {

@@ -3,25 +3,38 @@
 Messages and stubs come from tritonclient, so the wire format is exactly what
 Triton clients speak. Each method translates and delegates to the gateway's
 data plane; errors map through the one table via :func:`handle_errors`.
+Credentials travel as metadata (``authorization: Bearer <key or JWT>`` or
+``x-api-key``), which tritonclient sends with ``headers={...}``.
 """
 
 from __future__ import annotations
 
 from aiworks.gateway.converters import from_infer_response, to_infer_request
-from aiworks.gateway.dataplane import GatewayDataPlane
+from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
+from aiworks.gateway.filters import check_body_size
+from aiworks.gateway.telemetry import REQUEST_ID_HEADER
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 
 from aiworks.core.rpc import handle_errors
+from aiworks.core.settings import DEFAULT_MAX_MESSAGE_BYTES
 from aiworks.core.tracing import carrier_from_metadata
+
+
+def _request_id(metadata) -> str:
+    for key, value in metadata or ():
+        if key == REQUEST_ID_HEADER and isinstance(value, str):
+            return value
+    return ""
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     """The OIP gRPC front end of the gateway."""
 
-    def __init__(self, dataplane: GatewayDataPlane):
+    def __init__(self, dataplane: GatewayDataPlane, max_request_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
         self.dataplane = dataplane
+        self.max_request_bytes = max_request_bytes
 
     @handle_errors
     async def ServerLive(self, request, context):
@@ -33,7 +46,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @handle_errors
     async def ModelReady(self, request, context):
-        return pb.ModelReadyResponse(ready=await self.dataplane.model_ready(request.name, request.version))
+        ready = await self.dataplane.model_ready(request.name, request.version, context.invocation_metadata())
+        return pb.ModelReadyResponse(ready=ready)
 
     @handle_errors
     async def ServerMetadata(self, request, context):
@@ -41,7 +55,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @handle_errors
     async def ModelMetadata(self, request, context):
-        meta = await self.dataplane.model_metadata(request.name, request.version)
+        meta = await self.dataplane.model_metadata(request.name, request.version, context.invocation_metadata())
         tensor = pb.ModelMetadataResponse.TensorMetadata
         return pb.ModelMetadataResponse(
             name=meta["name"],
@@ -53,35 +67,41 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @handle_errors
     async def ModelConfig(self, request, context):
-        config = await self.dataplane.model_config(request.name, request.version)
+        config = await self.dataplane.model_config(request.name, request.version, context.invocation_metadata())
         return pb.ModelConfigResponse(config=json_format.ParseDict(config, model_config_pb2.ModelConfig()))
 
     @handle_errors
     async def ModelInfer(self, request, context):
-        carrier = carrier_from_metadata(context.invocation_metadata())
+        metadata = context.invocation_metadata()
+        carrier = carrier_from_metadata(metadata)
         with self.dataplane.telemetry.infer("grpc", request.model_name, request.model_version, carrier) as call:
+            call.request_id = _request_id(metadata)
+            principal = self.dataplane.authenticate(metadata)
+            call.tenant = principal.tenant_id
+            if principal.tenant.max_request_bytes:  # the server already bounds messages by the gateway's limit
+                check_body_size(request.ByteSize(), request_limit(principal, self.max_request_bytes), call.tenant)
             call.request = to_infer_request(request)
-            call.response = await self.dataplane.infer(call.request)
+            call.response = await self.dataplane.infer(call.request, principal)
             return from_infer_response(call.response)
 
     @handle_errors
     async def ModelStatistics(self, request, context):
-        stats = await self.dataplane.statistics(request.name, request.version)
+        stats = await self.dataplane.statistics(request.name, request.version, context.invocation_metadata())
         for s in stats:
             s.pop("replicas", None)
         return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse())
 
     @handle_errors
     async def RepositoryIndex(self, request, context):
-        models = await self.dataplane.repository_index(request.ready)
+        models = await self.dataplane.repository_index(request.ready, context.invocation_metadata())
         return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**m) for m in models])
 
     @handle_errors
     async def RepositoryModelLoad(self, request, context):
-        await self.dataplane.load(request.model_name)
+        await self.dataplane.load(request.model_name, context.invocation_metadata())
         return pb.RepositoryModelLoadResponse()
 
     @handle_errors
     async def RepositoryModelUnload(self, request, context):
-        await self.dataplane.unload(request.model_name)
+        await self.dataplane.unload(request.model_name, context.invocation_metadata())
         return pb.RepositoryModelUnloadResponse()

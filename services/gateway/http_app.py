@@ -1,24 +1,37 @@
 """The Open Inference Protocol over HTTP (FastAPI): routes translate and delegate.
 
 Every error leaves as OIP's ``{"error": "..."}`` with the HTTP status from the
-one error table in :mod:`aiworks.core.errors`.
+one error table in :mod:`aiworks.core.errors`; a 401 carries
+``WWW-Authenticate: Bearer``, a 429 ``Retry-After``.
+
+Credentials (``authorization: Bearer <API key or JWT>`` or ``x-api-key``) are
+checked before a request body is read; which routes need them is said in
+:mod:`aiworks.gateway.dataplane`. ``GET /v2/usage`` is this gateway's own
+extension: usage per tenant and model (docs/tenancy.md).
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import time
 
 import orjson
-from aiworks.gateway.dataplane import GatewayDataPlane
+from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
+from aiworks.gateway.filters import check_body_size
 from aiworks.gateway.http_codec import HEADER_LENGTH, encode_infer_response, parse_infer_request
+from aiworks.gateway.metering import DEFAULT_USAGE_SPAN_S, parse_time
+from aiworks.gateway.telemetry import REQUEST_ID_HEADER
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from aiworks.core.errors import AIWorksError, InvalidArgument, PayloadTooLarge
+from aiworks.core.errors import AIWorksError, InvalidArgument, PayloadTooLarge, Status
 
 log = logging.getLogger(__name__)
+
+_CHALLENGE = 'Bearer realm="aiworks"'
 
 
 def _json(doc, status: int = 200, headers: dict | None = None) -> Response:
@@ -29,7 +42,7 @@ def _error(status: int, message: str, headers: dict | None = None) -> Response:
     return _json({"error": message}, status, headers)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, tenant_id: str = "") -> bytes:
     """The request body, refusing more than ``limit`` bytes before reading them all."""
     declared = request.headers.get("content-length")
     if declared is not None:
@@ -37,16 +50,21 @@ async def read_body(request: Request, limit: int) -> bytes:
             size = int(declared)
         except ValueError:
             raise InvalidArgument(f"Content-Length '{declared}' is not an integer") from None
-        if size > limit:
-            raise PayloadTooLarge(f"request body of {size} bytes exceeds the limit of {limit} bytes")
+        check_body_size(size, limit, tenant_id)
     chunks = []
     total = 0
     async for chunk in request.stream():
         total += len(chunk)
         if total > limit:
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+            whose = f" for tenant '{tenant_id}'" if tenant_id else ""
+            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes{whose} (rule max_request_bytes)")
         chunks.append(chunk)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _time_param(request: Request, name: str) -> float | None:
+    value = request.query_params.get(name)
+    return None if value is None or value == "" else parse_time(value, name)
 
 
 def create_app(dataplane: GatewayDataPlane, *, max_request_bytes: int) -> FastAPI:
@@ -57,7 +75,11 @@ def create_app(dataplane: GatewayDataPlane, *, max_request_bytes: int) -> FastAP
         # Inference failures are logged by the gateway's telemetry, inside the request's trace.
         if exc.status.http >= 500 and not request.url.path.endswith("/infer"):
             log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status.http, exc.message)
-        headers = {"Retry-After": str(int(max(1, exc.retry_after_s)))} if exc.retry_after_s is not None else None
+        headers = None
+        if exc.retry_after_s is not None:
+            headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
+        elif exc.status is Status.UNAUTHENTICATED:
+            headers = {"WWW-Authenticate": _CHALLENGE}
         return _error(exc.status.http, exc.message, headers)
 
     @app.exception_handler(RequestValidationError)
@@ -84,29 +106,29 @@ def create_app(dataplane: GatewayDataPlane, *, max_request_bytes: int) -> FastAP
         return _json(dataplane.server_metadata())
 
     @app.get("/v2/models/stats")
-    async def all_stats():
-        return _json({"model_stats": await dataplane.statistics("", "")})
+    async def all_stats(request: Request):
+        return _json({"model_stats": await dataplane.statistics("", "", request.headers)})
 
     @app.get("/v2/models/{model}")
     @app.get("/v2/models/{model}/versions/{version}")
-    async def model_metadata(model: str, version: str = ""):
-        return _json(await dataplane.model_metadata(model, version))
+    async def model_metadata(model: str, request: Request, version: str = ""):
+        return _json(await dataplane.model_metadata(model, version, request.headers))
 
     @app.get("/v2/models/{model}/config")
     @app.get("/v2/models/{model}/versions/{version}/config")
-    async def model_config(model: str, version: str = ""):
-        return _json(await dataplane.model_config(model, version))
+    async def model_config(model: str, request: Request, version: str = ""):
+        return _json(await dataplane.model_config(model, version, request.headers))
 
     @app.get("/v2/models/{model}/ready")
     @app.get("/v2/models/{model}/versions/{version}/ready")
-    async def model_ready(model: str, version: str = ""):
-        ok = await dataplane.model_ready(model, version)
+    async def model_ready(model: str, request: Request, version: str = ""):
+        ok = await dataplane.model_ready(model, version, request.headers)
         return _json({"name": model, "ready": ok}, 200 if ok else 503)
 
     @app.get("/v2/models/{model}/stats")
     @app.get("/v2/models/{model}/versions/{version}/stats")
-    async def model_stats(model: str, version: str = ""):
-        return _json({"model_stats": await dataplane.statistics(model, version)})
+    async def model_stats(model: str, request: Request, version: str = ""):
+        return _json({"model_stats": await dataplane.statistics(model, version, request.headers)})
 
     # ---- inference ------------------------------------------------------------------------
 
@@ -115,9 +137,12 @@ def create_app(dataplane: GatewayDataPlane, *, max_request_bytes: int) -> FastAP
     async def infer(model: str, request: Request, version: str = ""):
         headers = request.headers
         with dataplane.telemetry.infer("http", model, version, headers) as call:
-            body = await read_body(request, max_request_bytes)
+            call.request_id = headers.get(REQUEST_ID_HEADER, "")
+            principal = dataplane.authenticate(headers)  # before a byte of the body is read
+            call.tenant = principal.tenant_id
+            body = await read_body(request, request_limit(principal, max_request_bytes), principal.tenant_id)
             call.request, fmt = parse_infer_request(body, headers.get(HEADER_LENGTH), model, version)
-            call.response = response = await dataplane.infer(call.request)
+            call.response = response = await dataplane.infer(call.request, principal)
             payload, header_length = encode_infer_response(response, fmt)
         if header_length is None:
             return Response(payload, media_type="application/json")
@@ -129,6 +154,7 @@ def create_app(dataplane: GatewayDataPlane, *, max_request_bytes: int) -> FastAP
 
     @app.post("/v2/repository/index")
     async def repository_index(request: Request):
+        dataplane.authenticate(request.headers)  # before the body; the data plane filters by tenant
         body = await read_body(request, max_request_bytes)
         ready_only = False
         if body.strip():
@@ -137,16 +163,31 @@ def create_app(dataplane: GatewayDataPlane, *, max_request_bytes: int) -> FastAP
             except orjson.JSONDecodeError as exc:
                 raise InvalidArgument(f"malformed JSON in request body: {exc}") from None
             ready_only = bool(isinstance(doc, dict) and doc.get("ready"))
-        return _json(await dataplane.repository_index(ready_only))
+        return _json(await dataplane.repository_index(ready_only, request.headers))
 
     @app.post("/v2/repository/models/{model}/load")
-    async def load(model: str):
-        await dataplane.load(model)
+    async def load(model: str, request: Request):
+        await dataplane.load(model, request.headers)
         return _json({})
 
     @app.post("/v2/repository/models/{model}/unload")
-    async def unload(model: str):
-        await dataplane.unload(model)
+    async def unload(model: str, request: Request):
+        await dataplane.unload(model, request.headers)
         return _json({})
+
+    # ---- usage (docs/tenancy.md) ----------------------------------------------------------------
+
+    @app.get("/v2/usage")
+    async def usage(request: Request):
+        """?start=&end= (ISO 8601 or epoch seconds; default the last 24 h), &tenant=, &model=."""
+        end = _time_param(request, "end")
+        start = _time_param(request, "start")
+        if start is None:
+            start = (time.time() if end is None else end) - DEFAULT_USAGE_SPAN_S
+        query = request.query_params
+        report = await dataplane.usage(
+            request.headers, start=start, end=end, tenant=query.get("tenant") or None, model=query.get("model") or None
+        )
+        return _json(report)
 
     return app

@@ -22,8 +22,8 @@ gateway's usage endpoint: a billing-friendly list of (tenant, model, window)
 rows plus per tenant and model totals. It flushes first, so it includes
 everything this replica recorded.
 
-Prometheus counters (``tenant`` is ``""`` in demo mode):
-``aiworks_tenant_requests_total``, ``aiworks_tenant_rows_total``,
+Prometheus counters (declared in :mod:`aiworks.core.metrics`; ``tenant`` is
+``""`` in demo mode): ``aiworks_tenant_requests_total``, ``aiworks_tenant_rows_total``,
 ``aiworks_tenant_compute_seconds_total``, ``aiworks_tenant_cache_hits_total``.
 """
 
@@ -38,34 +38,46 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
 import redis.asyncio as redis
-from prometheus_client import Counter
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from aiworks.core import metrics
 from aiworks.core.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
-
-TENANT_REQUESTS = Counter(
-    "aiworks_tenant_requests", "Inference requests answered, by tenant and model (metered usage).", ["tenant", "model"]
-)
-TENANT_ROWS = Counter(
-    "aiworks_tenant_rows", "Batch rows of answered requests, by tenant and model.", ["tenant", "model"]
-)
-TENANT_COMPUTE_SECONDS = Counter(
-    "aiworks_tenant_compute_seconds", "Runtime compute seconds charged, by tenant and model.", ["tenant", "model"]
-)
-TENANT_CACHE_HITS = Counter(
-    "aiworks_tenant_cache_hits", "Requests answered from the result cache, by tenant and model.", ["tenant", "model"]
-)
 
 COUNTERS = ("requests", "rows", "compute_seconds", "cache_hits")
 MAX_REPORT_WINDOWS = 10_000
 
 
+DEFAULT_USAGE_SPAN_S = 86400.0  # a report without a start covers the last day
+
+
 def _iso(epoch_s: float) -> str:
     return datetime.fromtimestamp(epoch_s, UTC).isoformat().replace("+00:00", "Z")
+
+
+def parse_time(text: str, name: str = "time") -> float:
+    """Epoch seconds from epoch seconds or ISO 8601 (``2026-01-01T00:00:00Z``; no zone means UTC)."""
+    value = text.strip()
+    try:
+        epoch = float(value)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(epoch):
+            raise InvalidArgument(f"'{name}' is {value[:40]!r}: not a time")
+        return epoch
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise InvalidArgument(
+            f"'{name}' is {value[:40]!r}: use epoch seconds or ISO 8601, e.g. 2026-01-01T00:00:00Z"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp()
 
 
 @dataclass(slots=True)
@@ -154,6 +166,11 @@ class UsageMeter:
         self.retention_s = retention_s
         self.prefix = prefix
         self._clock = clock
+        # Label children cached by (tenant, model): tenants come from the config, models are served ones.
+        self._requests = metrics.Children(metrics.TENANT_REQUESTS)
+        self._rows = metrics.Children(metrics.TENANT_ROWS)
+        self._compute = metrics.Children(metrics.TENANT_COMPUTE_SECONDS)
+        self._hits = metrics.Children(metrics.TENANT_CACHE_HITS)
         self._pending: _Deltas = {}
         self._local: _Deltas = {}  # this replica's totals: the report when Redis is absent or away
         self._failing = False
@@ -186,12 +203,12 @@ class UsageMeter:
             else:
                 for i, v in enumerate(values):
                     acc[i] += v
-        TENANT_REQUESTS.labels(tenant, model).inc()
-        TENANT_ROWS.labels(tenant, model).inc(rows)
+        self._requests(tenant, model).inc()
+        self._rows(tenant, model).inc(rows)
         if compute_s > 0:
-            TENANT_COMPUTE_SECONDS.labels(tenant, model).inc(compute_s)
+            self._compute(tenant, model).inc(compute_s)
         if cache_hit:
-            TENANT_CACHE_HITS.labels(tenant, model).inc()
+            self._hits(tenant, model).inc()
 
     # ---- flushing ----------------------------------------------------------------------------------
 

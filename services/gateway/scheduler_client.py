@@ -8,11 +8,12 @@ from aiworks.core.converters import from_infer_request, to_infer_response, to_mo
 from aiworks.core.errors import from_rpc_error
 from aiworks.core.inference import InferRequest, InferResponse, ModelStatistics
 from aiworks.core.model_config import ModelSpec
-from aiworks.core.rpc import insecure_channel
+from aiworks.core.rpc import client_channel
 from aiworks.core.stream import MultiplexedStream
 from aiworks.core.tracing import inject
 from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
 from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
+from aiworks.security.tls import TLSFiles
 
 
 _DEADLINE_GRACE_S = 0.5
@@ -30,9 +31,9 @@ def _timeout_us(value) -> int:
 class SchedulerClient:
     """Calls the SchedulerService; failures become AIWorksError with the peer's status."""
 
-    def __init__(self, address: str, max_message_bytes: int, timeout_s: float):
+    def __init__(self, address: str, max_message_bytes: int, timeout_s: float, tls: TLSFiles | None = None):
         self.address = address
-        self._channel = insecure_channel(address, max_message_bytes)
+        self._channel = client_channel(address, max_message_bytes, tls, server_name="scheduler")
         self._stub = scheduler_pb2_grpc.SchedulerServiceStub(self._channel)
         self._timeout_s = timeout_s
         self._requests = MultiplexedStream(self._stub.InferStream, f"scheduler {address}")

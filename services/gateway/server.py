@@ -9,16 +9,18 @@ import logging
 import uvicorn
 from tritonclient.grpc import service_pb2_grpc
 
+from aiworks.core.errors import AIWorksError
 from aiworks.core.lifecycle import stop_event
 from aiworks.core.metrics import serve_metrics_or_warn, stop_metrics
-from aiworks.core.rpc import create_server, set_serving
+from aiworks.core.rpc import add_port, create_server, set_serving
 from aiworks.core.tracing import setup_tracing, shutdown_tracing
 from aiworks.gateway.cache_client import CacheClient
-from aiworks.gateway.dataplane import GatewayDataPlane
+from aiworks.gateway.dataplane import GatewayDataPlane, Tenancy
 from aiworks.gateway.grpc_servicer import InferenceServicer
 from aiworks.gateway.http_app import create_app
 from aiworks.gateway.scheduler_client import SchedulerClient
 from aiworks.gateway.settings import GatewaySettings
+from aiworks.security.tls import uvicorn_ssl_options
 
 log = logging.getLogger("aiworks.gateway")
 
@@ -31,11 +33,33 @@ class _HttpServer(uvicorn.Server):
         yield
 
 
+async def _start_tenancy(settings: GatewaySettings) -> Tenancy:
+    """Tenants, keys, limits, usage and audit log, built once; a bad file stops the gateway naming it."""
+    try:
+        tenancy = Tenancy.from_settings(settings)
+        await tenancy.start()
+    except (AIWorksError, OSError) as exc:
+        raise SystemExit(f"gateway: {exc}") from None
+    log.info(
+        "tenancy: %s; limits and usage %s; audit log %s",
+        "demo mode (no tenants file)" if tenancy.demo_mode else f"tenants from {settings.tenants_file}",
+        "shared through Redis" if settings.redis_url else "in this process",
+        settings.audit_log or "off",
+    )
+    return tenancy
+
+
 async def serve(settings: GatewaySettings) -> None:
     stop = stop_event()
     setup_tracing("gateway", settings)
+    tenancy = await _start_tenancy(settings)
     metrics, metrics_port = serve_metrics_or_warn(settings.metrics_port, settings.host)
-    scheduler = SchedulerClient(settings.scheduler_address, settings.max_message_bytes, settings.request_timeout_s)
+    # TLS on the public ports with a certificate; mutual TLS to the scheduler and cache once a CA is set too.
+    public_tls = settings.tls_files(mutual=False)
+    internal_tls = public_tls if public_tls and public_tls.ca else None
+    scheduler = SchedulerClient(
+        settings.scheduler_address, settings.max_message_bytes, settings.request_timeout_s, internal_tls
+    )
     cache = None
     if settings.cache_address:
         cache = CacheClient(
@@ -45,12 +69,16 @@ async def serve(settings: GatewaySettings) -> None:
             lookup_timeout_s=settings.cache_lookup_timeout_s,
             metadata_ttl_s=settings.cache_metadata_ttl_s,
             retry_after_s=settings.cache_retry_after_s,
+            tls=internal_tls,
         )
-    dataplane = GatewayDataPlane(scheduler, settings.server_name, cache=cache)
+    dataplane = GatewayDataPlane(
+        scheduler, settings.server_name, cache=cache, tenancy=tenancy, spec_ttl_s=settings.cache_metadata_ttl_s
+    )
 
     grpc_server, health = create_server(settings.max_request_bytes)
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane), grpc_server)
-    grpc_port = grpc_server.add_insecure_port(f"{settings.host}:{settings.grpc_port}")
+    servicer = InferenceServicer(dataplane, settings.max_request_bytes)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, grpc_server)
+    grpc_port = add_port(grpc_server, f"{settings.host}:{settings.grpc_port}", public_tls, require_client_cert=False)
     await grpc_server.start()
 
     app = create_app(dataplane, max_request_bytes=settings.max_request_bytes)
@@ -64,6 +92,7 @@ async def serve(settings: GatewaySettings) -> None:
             lifespan="off",
             http="httptools",
             timeout_keep_alive=30,
+            **(uvicorn_ssl_options(public_tls) if public_tls else {}),
         )
     )
     http_task = asyncio.create_task(http.serve())
@@ -89,6 +118,7 @@ async def serve(settings: GatewaySettings) -> None:
     http.should_exit = True
     await http_task
     await grpc_server.stop(grace=5)
+    await tenancy.close()  # the last usage to Redis, the last audit lines to disk
     if cache is not None:
         await cache.close()
         log.info("result cache client: %s", cache.counters.as_dict())

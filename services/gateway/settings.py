@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
@@ -36,4 +38,49 @@ class GatewaySettings(ServiceSettings):
     )
     cache_metadata_ttl_s: float = Field(
         1.0, description="How long a model's resolved version and cache policy are reused before asking again."
+    )
+
+    # ---- tenancy (docs/tenancy.md); no tenants file: demo mode, nothing authenticated, no limits ----
+    tenants_file: Path | None = Field(
+        None, description="Tenants file (YAML or JSON): tenants, their models, limits, JWT settings and deny-list."
+    )
+    api_keys_file: Path | None = Field(
+        None, description="API keys file: SHA-256 hashes of API keys and their tenants (`aiworks tenants add-key`)."
+    )
+    jwt_key_file: Path | None = Field(
+        None, description="Key that verifies bearer JWTs: an HMAC secret or a PEM public key or certificate."
+    )
+    redis_url: str | None = Field(
+        None, description="Redis shared by the gateway replicas for limits and usage; unset: this process's own."
+    )
+    limits_timeout_s: float = Field(
+        0.005, gt=0, description="Bound of one limits call to Redis; slower: this replica enforces its share locally."
+    )
+    limits_expected_replicas: int = Field(
+        1, ge=1, description="Gateway replicas sharing the limits; each enforces 1/N of a limit while Redis is away."
+    )
+    limits_lease_ttl_s: float = Field(
+        30.0, gt=0, description="Life of a concurrency slot not renewed (a crashed replica's slots free themselves)."
+    )
+    limits_retry_after_s: float = Field(1.0, gt=0, description="How long Redis is left alone after a failed call.")
+    usage_window_s: int = Field(3600, ge=1, description="Length of one usage window (the report's granularity).")
+    usage_flush_interval_s: float = Field(1.0, gt=0, description="How often this replica adds its usage to Redis.")
+    usage_timeout_s: float = Field(0.05, gt=0, description="Bound of one usage flush to Redis.")
+    usage_retention_s: float = Field(35 * 86400.0, gt=0, description="How long usage windows are kept in Redis.")
+    max_tensor_elements: int | None = Field(
+        None, ge=1, description="Largest element count of one input tensor (rule max_tensor_elements); unset: none."
+    )
+    max_string_bytes: int | None = Field(
+        None, ge=0, description="Longest BYTES element of an input, in bytes (rule max_string_bytes); unset: none."
+    )
+
+    # ---- audit log (docs/security.md) ----
+    audit_log: Path | None = Field(
+        None, description="Hash-chained JSON-lines audit log of inferences and admin actions; unset: no audit log."
+    )
+    audit_key_file: Path | None = Field(
+        None, description="HMAC key of the audit chain (`aiworks audit verify --key-file`); unset: plain SHA-256."
+    )
+    audit_flush_interval_s: float = Field(
+        0.05, gt=0, description="How often audit lines are written and fsynced; a crash loses at most this much."
     )

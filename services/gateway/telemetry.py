@@ -6,7 +6,10 @@ codec refuses counts as well as one the scheduler fails, and the duration
 runs from receipt to answer. Labels follow :mod:`aiworks.core.metrics`.
 
 A server-side failure is logged here, inside the request's trace, so the
-line carries its trace id (a successful request, at DEBUG only).
+line carries its trace id (a successful request, at DEBUG only). With an
+audit log configured, every inference, answered or refused, is appended to it
+here as well: tenant, model, version, status, latency and request id, never
+the payload.
 
 Label values stay bounded whatever clients send: a model name (and a
 version) becomes a label only once this gateway has answered with it;
@@ -22,18 +25,28 @@ import time
 from collections.abc import Mapping
 
 from aiworks.core import metrics, tracing
+from aiworks.core.errors import AIWorksError
 from aiworks.core.inference import InferRequest, InferResponse
+from aiworks.security.audit import AuditLog
 
 log = logging.getLogger(__name__)
 
 PROTOCOLS = ("http", "grpc")
+REQUEST_ID_HEADER = "x-request-id"  # set by Envoy and most proxies; else the OIP request's "id"
 _MAX_MODEL_VERSIONS = 4096
+_AUDIT_TEXT = 256
+
+
+def short(text: str, limit: int = _AUDIT_TEXT) -> str:
+    """``text`` cut to ``limit`` characters: client-chosen strings stay bounded in logs and the audit log."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class GatewayTelemetry:
     """Per-request metrics of one gateway; the label children are cached."""
 
-    def __init__(self):
+    def __init__(self, audit: AuditLog | None = None):
+        self.audit = audit
         self._requests = metrics.Children(metrics.GATEWAY_REQUESTS)
         self._duration = metrics.Children(metrics.GATEWAY_REQUEST_DURATION)
         self._inflight = {p: metrics.GATEWAY_INFLIGHT.labels(p) for p in PROTOCOLS}
@@ -62,17 +75,42 @@ class GatewayTelemetry:
             model, version = self._labels(response.model, response.version, error is None)
         else:
             model, version = self._labels(call.model, call.version, False)
-        tenant = request.tenant if request is not None else ""
+        if call.tenant is None and request is not None:
+            call.tenant = request.tenant  # the data plane sets it on the request (tenant-less callers of infer)
+        tenant = call.tenant or ""
         self._requests(model, version, tenant, call.protocol, status).inc()
         self._duration(model, version, tenant, call.protocol).observe(elapsed_s)
         self._inflight[call.protocol].dec()
+        if self.audit is not None:
+            self._audit(call, status, elapsed_s)
         return status
+
+    def _audit(self, call: InferCall, status: str, elapsed_s: float) -> None:
+        request, response = call.request, call.response
+        request_id = call.request_id or (request.id if request is not None else "")
+        try:
+            self.audit.inference(
+                tenant=call.tenant,
+                model=short(response.model if response is not None else call.model),
+                version=short(response.version if response is not None else call.version) or None,
+                status=status,
+                latency_ms=elapsed_s * 1e3,
+                request_id=short(request_id) if request_id else None,
+            )
+        except AIWorksError as exc:  # the log is closed (shutting down) or refused a field: the answer stands
+            log.warning("audit of a %s inference of %s failed: %s", call.protocol, short(call.model, 64), exc)
 
 
 class InferCall:
-    """One request in flight: set ``request`` once parsed and ``response`` once answered."""
+    """One request in flight: set ``tenant`` once authenticated, ``request`` once parsed, ``response`` once answered.
 
-    __slots__ = ("_owner", "protocol", "model", "version", "request", "response", "_started", "_scope")
+    ``tenant`` stays None while the caller is unknown (no or bad credentials);
+    it is ``""`` in demo mode.
+    """
+
+    __slots__ = (
+        "_owner", "protocol", "model", "version", "tenant", "request_id", "request", "response", "_started", "_scope",
+    )  # fmt: skip
 
     def __init__(
         self, owner: GatewayTelemetry, protocol: str, model: str, version: str, carrier: Mapping[str, str] | None
@@ -81,6 +119,8 @@ class InferCall:
         self.protocol = protocol
         self.model = model
         self.version = version  # as the client asked; the served one once answered
+        self.tenant: str | None = None
+        self.request_id = ""
         self.request: InferRequest | None = None
         self.response: InferResponse | None = None
         attributes = {"aiworks.model": model, "aiworks.protocol": protocol} if tracing.enabled() else None
@@ -104,8 +144,8 @@ class InferCall:
         if scope.span is not None:
             if self.response is not None:
                 scope.set("aiworks.version", self.response.version)
-            if self.request is not None and self.request.tenant:
-                scope.set("aiworks.tenant", self.request.tenant)
+            if self.tenant:
+                scope.set("aiworks.tenant", self.tenant)
             scope.set("aiworks.status", status)
         return scope.__exit__(exc_type, exc, tb)
 

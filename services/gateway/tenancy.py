@@ -82,6 +82,7 @@ class Tenant(_Section):
     compute_quota: ComputeQuota | None = None
     api_keys: tuple[str, ...] = Field((), description='Hashes of its API keys, "sha256:<hex>".')
     jwt_subjects: tuple[str, ...] = Field((), description="Tenant-claim values besides its id that map to it.")
+    admin: bool = Field(False, description="May load and unload models and read every tenant's usage.")
 
     @field_validator("models")
     @classmethod

@@ -1,12 +1,25 @@
-"""The runtime's logic, free of transport: load models and execute batches."""
+"""The runtime's logic, free of transport: load models and execute batches.
+
+Retiring a version never fails a batch of it (docs/scheduler.md, "Hot
+update"): a version a reload no longer selects stops being reported, but
+stays executable by its explicit version until no batch of it is running and
+none arrived for ``retire_quiet_s`` (the scheduler drains its queue meanwhile;
+at most ``drain_timeout_s``); an unload stops new executions at once and waits
+for those in progress (at most ``drain_timeout_s``) before freeing the model.
+
+Pipeline models (``platform: "ensemble"``, aiworks.scheduler.pipeline) are not
+loaded here: their config is reported as a spec, with the steps in the
+``ensemble_scheduling`` parameter, for the scheduler to run.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +41,10 @@ from aiworks.core.model_config import ModelConfig, ModelSpec, ModelState
 
 log = logging.getLogger(__name__)
 
+# Run by the scheduler step by step (aiworks.scheduler.pipeline), never loaded here.
+PIPELINE_PLATFORMS = ("ensemble", "pipeline")
+PIPELINE_STEPS_PARAMETER = "ensemble_scheduling"
+
 
 @dataclass
 class LoadedVersion:
@@ -46,6 +63,25 @@ class LoadedVersion:
     first_request_pending: bool = True
     # Label children of this version's execution metrics, made on its first batch.
     observe: tuple | None = None
+    # Executions that hold this version now (waiting for a slot or running), for unload and retirement.
+    running: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+    last_used_s: float = 0.0
+    pipeline: bool = False
+
+    def __post_init__(self):
+        self.idle.set()
+
+    def enter(self) -> None:
+        self.running += 1
+        self.idle.clear()
+        self.last_used_s = time.monotonic()
+
+    def leave(self) -> None:
+        self.running -= 1
+        self.last_used_s = time.monotonic()
+        if not self.running:
+            self.idle.set()
 
 
 class RuntimeDataPlane:
@@ -73,6 +109,8 @@ class RuntimeDataPlane:
         warmup: bool = True,
         debug_delay_ms: float = 0.0,
         replica_id: str = "",
+        drain_timeout_s: float = 30.0,
+        retire_quiet_s: float = 2.0,
     ):
         self.replica_id = replica_id
         self.inline_below_ns = inline_below_us * 1000
@@ -83,6 +121,13 @@ class RuntimeDataPlane:
         self._models: dict[str, dict[str, LoadedVersion]] = {}
         self._failed: dict[str, str] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        # Versions a reload retired, still executable by explicit version until idle (see the module docstring).
+        self._retiring: dict[tuple[str, str], LoadedVersion] = {}
+        self._retire_tasks: set[asyncio.Task] = set()
+        # Objects a reload replaced (same version, new session) while batches still ran on them.
+        self._superseded: dict[str, list[LoadedVersion]] = {}
+        self.drain_timeout_s = drain_timeout_s
+        self.retire_quiet_s = retire_quiet_s
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="backend")
         self.inflight_batches = 0
         self._inflight_gauge = metrics.RUNTIME_INFLIGHT.labels(replica_id)
@@ -102,6 +147,8 @@ class RuntimeDataPlane:
                 self._failed[name] = entry.error
                 raise InvalidArgument(f"cannot load model '{name}': {entry.error}")
             config = entry.config
+            if config.platform in PIPELINE_PLATFORMS:
+                return self._load_pipeline(entry.versions, config, preloaded)
             backend = BACKENDS.get(config.backend)
             if backend is None:
                 raise InvalidArgument(f"model '{name}': backend '{config.backend}' is not available on this replica")
@@ -156,24 +203,106 @@ class RuntimeDataPlane:
                     stats.warmup_ns / 1e6,
                     size / 2**20,
                 )
-            previous = self._models.get(name, {})
-            self._models[name] = loaded
-            self._failed.pop(name, None)
-            for v in previous:
-                self.residency.remove((name, v))
-            for v, version_loaded in loaded.items():
-                self.residency.add((name, v), version_loaded.size_bytes)
-            for gone in sorted(set(previous) - set(loaded)):
-                log.info("retired %s version %s", name, gone)
+            self._install(name, loaded)
             return [v.spec for v in loaded.values()]
 
+    def _install(self, name: str, loaded: dict[str, LoadedVersion]) -> None:
+        """Serve ``loaded`` as the model's versions; versions it no longer has retire."""
+        previous = self._models.get(name, {})
+        self._models[name] = loaded
+        self._failed.pop(name, None)
+        for v in previous:
+            self.residency.remove((name, v))
+        superseded = [lv for lv in self._superseded.get(name, []) if lv.running]
+        superseded += [lv for v, lv in previous.items() if v in loaded and lv.running]
+        self._superseded[name] = superseded
+        for v, version_loaded in loaded.items():
+            if not version_loaded.pipeline:
+                self.residency.add((name, v), version_loaded.size_bytes)
+            self._retiring.pop((name, v), None)  # loaded again: served as usual
+        for gone in sorted(set(previous) - set(loaded)):
+            self._retire(name, gone, previous[gone])
+
+    def _load_pipeline(self, on_disk: tuple[int, ...], config: ModelConfig, preloaded: bool) -> list[ModelSpec]:
+        """A pipeline's spec for the scheduler; no session: the scheduler runs its steps on their own models."""
+        name = config.name
+        steps = config.document.get(PIPELINE_STEPS_PARAMETER, {}).get("step")
+        if not steps:
+            raise InvalidArgument(f"pipeline '{name}' has no ensemble_scheduling steps")
+        if not config.inputs or not config.outputs:
+            raise InvalidArgument(f"pipeline '{name}' must declare its input and output tensors")
+        wanted = config.version_policy.select(list(on_disk)) if on_disk else [1]
+        if not wanted:
+            raise NotFound(f"model '{name}' has no version folder that its version policy selects")
+        parameters = {PIPELINE_STEPS_PARAMETER: json.dumps(config.document[PIPELINE_STEPS_PARAMETER])}
+        loaded = {}
+        for version in wanted:
+            spec = config.spec(str(version))
+            spec = replace(spec, parameters={**spec.parameters, **parameters})
+            stats = RuntimeModelStatistics(name, str(version), preloaded=preloaded, load_count=1)
+            loaded[str(version)] = LoadedVersion(spec, None, asyncio.Semaphore(1), stats, config=config, pipeline=True)
+        self._install(name, loaded)
+        log.info("pipeline %s version(s) %s: %d step(s), run by the scheduler", name, list(loaded), len(steps))
+        return [v.spec for v in loaded.values()]
+
+    def _retire(self, name: str, version: str, loaded: LoadedVersion) -> None:
+        """Keep a version the reload dropped executable until no batch of it comes any more."""
+        if loaded.pipeline:
+            log.info("retired pipeline %s version %s", name, version)
+            return
+        key = (name, version)
+        self._retiring[key] = loaded
+        loaded.last_used_s = time.monotonic()
+        log.info("retiring %s version %s: it serves its remaining batches first", name, version)
+        task = asyncio.get_running_loop().create_task(self._free_when_idle(key, loaded))
+        self._retire_tasks.add(task)
+        task.add_done_callback(self._retire_tasks.discard)
+
+    async def _free_when_idle(self, key: tuple[str, str], loaded: LoadedVersion) -> None:
+        started = time.monotonic()
+        while True:
+            await asyncio.sleep(min(0.25, self.retire_quiet_s))
+            now = time.monotonic()
+            if loaded.running == 0 and now - loaded.last_used_s >= self.retire_quiet_s:
+                break
+            if now - started >= self.drain_timeout_s:
+                log.warning("retired %s version %s freed with work left after %.0f s", *key, self.drain_timeout_s)
+                break
+        if self._retiring.get(key) is loaded:
+            del self._retiring[key]
+        loaded.model = None  # executions still running keep their own reference
+        loaded.stats.resident = False
+        log.info("retired %s version %s (%.1f s after it was retired)", *key, time.monotonic() - started)
+
+    async def _wait_idle(self, versions: list[LoadedVersion], what: str) -> None:
+        busy = [v for v in versions if v.running]
+        if not busy:
+            return
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self.drain_timeout_s):
+                for v in busy:
+                    await v.idle.wait()
+        except TimeoutError:
+            log.warning("%s: executions still running after %.0f s; freeing anyway", what, self.drain_timeout_s)
+            return
+        log.info("%s: waited %.0f ms for executions in progress", what, (time.monotonic() - started) * 1e3)
+
     async def unload(self, name: str) -> None:
+        """Stop new executions of ``name`` at once; free it once those in progress finished."""
         async with self._locks.setdefault(name, asyncio.Lock()):
             versions = self._models.pop(name, None)
-            if versions is None:
+            retiring = [k for k in self._retiring if k[0] == name]
+            if versions is None and not retiring:
                 raise NotFound(f"model '{name}' is not loaded")
-            for v in versions:
+            held = list((versions or {}).values()) + [self._retiring.pop(k) for k in retiring]
+            held += self._superseded.pop(name, [])
+            for v in versions or {}:
                 self.residency.remove((name, v))
+            await self._wait_idle(held, f"unload of {name}")
+            for v in held:
+                v.model = None
+                v.stats.resident = False
             log.info("unloaded %s", name)
 
     # ---- residency ---------------------------------------------------------------------------
@@ -255,6 +384,10 @@ class RuntimeDataPlane:
 
     def _version(self, name: str, version: str) -> LoadedVersion:
         versions = self._models.get(name)
+        if version and (not versions or version not in versions):
+            retiring = self._retiring.get((name, version))
+            if retiring is not None:  # retired by a reload; its last batches still run
+                return retiring
         if not versions:
             raise NotFound(f"model '{name}' is not loaded on this replica")
         if not version:
@@ -310,11 +443,20 @@ class RuntimeDataPlane:
     async def _execute(self, name: str, version: str, inputs: list[Tensor], outputs: list[str]):
         entered_ns = time.perf_counter_ns()
         loaded = self._version(name, version)
+        if loaded.pipeline:
+            raise InvalidArgument(f"model '{name}' is a pipeline: the scheduler runs its steps, not a runtime")
         model = loaded.model
         if model is None:
             loaded, model = await self._reside(name, version, entered_ns)
         else:
             self.residency.touch((name, loaded.spec.version))
+        loaded.enter()
+        try:
+            return await self._run_loaded(name, loaded, model, inputs, outputs, entered_ns)
+        finally:
+            loaded.leave()
+
+    async def _run_loaded(self, name: str, loaded: LoadedVersion, model, inputs, outputs, entered_ns: int):
         spec = loaded.spec
         feeds = _feeds(inputs)
         declared_out = {o.name: o for o in spec.outputs}
@@ -364,6 +506,8 @@ class RuntimeDataPlane:
         return out, compute_ns, loaded, rows
 
     def close(self) -> None:
+        for task in list(self._retire_tasks):
+            task.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 

@@ -1,4 +1,10 @@
-"""The ONNX Runtime (CPU) backend."""
+"""The ONNX Runtime (CPU) backend.
+
+Model files are opened through the replica's :class:`~aiworks.security.model_guard.ModelGuard`
+(:func:`use_model_guard`, set once at start): an encrypted, signed or
+watermarked model reaches ONNX Runtime as checked plaintext bytes in memory,
+never as a decrypted file; a refused one raises ``ModelRefused``.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ import onnxruntime as ort
 from aiworks.core.datatypes import ONNX_TO_DATATYPE
 from aiworks.core.errors import InvalidArgument
 from aiworks.core.model_config import ModelConfig, TensorSpec
+from aiworks.security.model_guard import ModelGuard
 
 # Triton's onnxruntime backend reads optimization.graph.level this way.
 _GRAPH_LEVELS = {
@@ -17,6 +24,14 @@ _GRAPH_LEVELS = {
     1: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
     0: ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
+
+_guard = ModelGuard()  # no keys: plain files load from their path, encrypted ones are refused
+
+
+def use_model_guard(guard: ModelGuard) -> None:
+    """Open every model file through ``guard`` from now on (the runtime's main, once)."""
+    global _guard
+    _guard = guard
 
 
 class OnnxRuntimeModel:
@@ -36,7 +51,15 @@ class OnnxRuntimeModel:
             import onnxruntime_extensions
 
             options.register_custom_ops_library(onnxruntime_extensions.get_library_path())
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        source = _guard.open(path, model=config.name, version=Path(path).parent.name)
+        if isinstance(source, bytes):
+            # Weights kept in external files beside the model are found here when it loads from memory.
+            options.add_session_config_entry(
+                "session.model_external_initializers_file_folder_path", str(Path(path).parent)
+            )
+        else:
+            source = str(source)
+        self.session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
         self.output_names = [o.name for o in self.session.get_outputs()]
 
     def io_specs(self, batched: bool) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
@@ -58,4 +81,3 @@ class OnnxRuntimeModel:
             return self.session.run(outputs or self.output_names, feeds)
         except (ort.capi.onnxruntime_pybind11_state.InvalidArgument, ValueError) as exc:
             raise InvalidArgument(f"the model rejected the batch: {exc}") from None
-

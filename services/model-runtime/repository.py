@@ -2,7 +2,8 @@
 
 ```
 <repo>/<model>/config.pbtxt
-<repo>/<model>/<version>/model.onnx
+<repo>/<model>/<version>/model.onnx        (plain or encrypted; or model.onnx.enc)
+<repo>/<model>/<version>/model.onnx.sig    (optional Ed25519 signature, docs/security.md)
 ```
 """
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from aiworks.core.errors import NotFound
 from aiworks.core.model_config import ModelConfig, read_config
+from aiworks.security.model_crypto import ENC_SUFFIX
 
 MODEL_FILES = {"onnxruntime": "model.onnx"}
 
@@ -52,6 +54,9 @@ class ModelRepository:
     def model_file(self, config: ModelConfig, version: int) -> Path:
         filename = MODEL_FILES.get(config.backend, "model.onnx")
         path = self.root / config.name / str(version) / filename
-        if not path.is_file():
-            raise NotFound(f"model '{config.name}' version {version} has no {filename}")
-        return path
+        if path.is_file():
+            return path
+        encrypted = path.with_name(filename + ENC_SUFFIX)  # an encrypted model kept under its .enc name
+        if encrypted.is_file():
+            return encrypted
+        raise NotFound(f"model '{config.name}' version {version} has no {filename} (nor {filename}{ENC_SUFFIX})")

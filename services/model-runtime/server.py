@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 
-from aiworks.runtime import triton_backend
+from aiworks.runtime import onnxruntime_backend, triton_backend
 from aiworks.runtime.collector import RuntimeCollector
 from aiworks.runtime.dataplane import RuntimeDataPlane
 from aiworks.runtime.registrar import Registrar
@@ -15,11 +15,14 @@ from aiworks.runtime.residency import startup_models
 from aiworks.runtime.servicer import RuntimeServicer
 from aiworks.runtime.settings import RuntimeSettings
 
+from aiworks.core.errors import AIWorksError
 from aiworks.core.lifecycle import stop_event
 from aiworks.core.metrics import on_loop, serve_metrics_or_warn, stop_metrics
-from aiworks.core.rpc import create_server, insecure_channel, set_serving
+from aiworks.core.rpc import add_port, client_channel, create_server, set_serving
 from aiworks.core.tracing import setup_tracing, shutdown_tracing
 from aiworks.pb.runtime.v1 import runtime_pb2_grpc
+from aiworks.security.audit import AuditLog
+from aiworks.security.model_guard import ModelGuard
 
 log = logging.getLogger("aiworks.runtime")
 
@@ -35,6 +38,40 @@ def _nvml(device: str):
     return NvmlGpus.open()
 
 
+async def _start_audit(settings: RuntimeSettings, replica_id: str) -> AuditLog | None:
+    path = settings.resolved_audit_log(replica_id)
+    if path is None:
+        return None
+    key = settings.audit_key_file.read_bytes().strip() if settings.audit_key_file else None
+    audit = AuditLog(path, key=key)
+    try:
+        await audit.start()
+    except AIWorksError as exc:  # another process writes it, or its last line is broken
+        raise SystemExit(f"cannot open the audit log: {exc}") from None
+    return audit
+
+
+def _model_guard(settings: RuntimeSettings, replica_id: str, audit: AuditLog | None) -> ModelGuard:
+    """Keys from the settings' files and variables; a bad key file stops the replica at start-up."""
+    try:
+        guard = ModelGuard.load(
+            repository=settings.model_repository,
+            data_key_files=settings.model_key_files,
+            data_keys=[k.get_secret_value() for k in settings.model_keys],
+            public_key_files=settings.model_public_key_files,
+            require_signature=settings.require_signed_models,
+            watermark_key_file=settings.model_watermark_key_file,
+            watermark_owner=settings.model_watermark_owner,
+            audit=audit,
+            actor=replica_id,
+        )
+    except AIWorksError as exc:
+        raise SystemExit(f"cannot use the model keys: {exc}") from None
+    if guard.checks:
+        log.info("model files are checked: %s", "; ".join(guard.checks))
+    return guard
+
+
 async def serve(settings: RuntimeSettings) -> None:
     stop = stop_event()
     repository = ModelRepository(settings.model_repository)
@@ -42,6 +79,9 @@ async def serve(settings: RuntimeSettings) -> None:
         raise SystemExit(f"model repository {repository.root} does not exist")
     replica_id = settings.resolved_replica_id()
     setup_tracing("runtime", settings, instance=replica_id)
+    tls = settings.tls_files()  # mutual TLS with the scheduler when set
+    audit = await _start_audit(settings, replica_id)
+    onnxruntime_backend.use_model_guard(_model_guard(settings, replica_id, audit))
     dataplane = RuntimeDataPlane(
         repository,
         intra_op_threads=settings.intra_op_threads,
@@ -63,9 +103,16 @@ async def serve(settings: RuntimeSettings) -> None:
 
     server, health = create_server(settings.max_message_bytes)
     runtime_pb2_grpc.add_RuntimeServiceServicer_to_server(RuntimeServicer(dataplane, replica_id), server)
-    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    port = add_port(server, f"{settings.host}:{settings.port}", tls)
     await server.start()
-    log.info("runtime %s serving gRPC on %s:%d (metrics %s)", replica_id, settings.host, port, metrics_port or "off")
+    log.info(
+        "runtime %s serving gRPC%s on %s:%d (metrics %s)",
+        replica_id,
+        " with mutual TLS" if tls else "",
+        settings.host,
+        port,
+        metrics_port or "off",
+    )
 
     configs = {}
     for name in repository.names():
@@ -81,7 +128,7 @@ async def serve(settings: RuntimeSettings) -> None:
             log.error("could not load model %s: %s", name, exc)
     log.info("start-up loads took %.0f ms", (time.perf_counter() - started) * 1e3)
 
-    channel = insecure_channel(settings.scheduler_address, settings.max_message_bytes)
+    channel = client_channel(settings.scheduler_address, settings.max_message_bytes, tls, server_name="scheduler")
     registrar = Registrar(
         channel,
         dataplane,
@@ -107,6 +154,8 @@ async def serve(settings: RuntimeSettings) -> None:
     collector.unregister()
     if nvml is not None:
         nvml.close()
+    if audit is not None:
+        await audit.close()
     shutdown_tracing()
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field
-from pydantic_settings import SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from aiworks.core.settings import ServiceSettings
 
@@ -23,7 +25,9 @@ class RuntimeSettings(ServiceSettings):
     replica_id: str | None = Field(None, description="Unique replica name; default <hostname>-<port>.")
     scheduler_address: str = Field(..., description="host:port of the scheduler to register with (required).")
     model_repository: Path = Field(Path("model-repository"), description="Triton-layout model repository.")
-    models: list[str] | None = Field(None, description="Models to load at start; default every model in the repository.")
+    models: list[str] | None = Field(
+        None, description="Models to load at start; default every model in the repository."
+    )
     device: str = Field("cpu", description="Device kind this replica advertises: cpu or gpu.")
     labels: dict[str, str] = Field(default_factory=dict, description="Pool labels advertised to the scheduler.")
     intra_op_threads: int = Field(1, description="ONNX Runtime intra-op threads unless a model config sets them.")
@@ -38,11 +42,50 @@ class RuntimeSettings(ServiceSettings):
     # For tests only: makes a replica slow on purpose (tests/qos). Leave at 0.
     debug_delay_ms: float = Field(0.0, description="TESTS ONLY: extra delay added to every batch, in milliseconds.")
 
+    # ---- models at rest (docs/security.md); keys come from files or variables, never from the repository ----
+    model_key_files: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
+        description="Data-key files (base64, `aiworks model keygen`) for encrypted models; comma-separated.",
+    )
+    model_keys: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list, description="Data keys themselves (base64, comma-separated), e.g. a secret as a variable."
+    )
+    model_public_key_files: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list, description="Ed25519 public keys whose model signatures are trusted; comma-separated."
+    )
+    require_signed_models: bool = Field(False, description="Refuse every model without a valid trusted signature.")
+    model_watermark_key_file: Path | None = Field(
+        None, description="Owner key (base64) every model's watermark is checked with; set with model_watermark_owner."
+    )
+    model_watermark_owner: str | None = Field(None, description="Owner id every model's watermark must name.")
+    audit_log: Path | None = Field(
+        None, description="Hash-chained audit file of model loads and refusals; {replica_id} in it: one per replica."
+    )
+    audit_key_file: Path | None = Field(None, description="HMAC key file for the audit chain; unset: plain SHA-256.")
+
+    @field_validator("model_key_files", "model_keys", "model_public_key_files", mode="before")
+    @classmethod
+    def _comma_list(cls, value):
+        if isinstance(value, str):
+            text = value.strip()
+            return json.loads(text) if text.startswith("[") else [v.strip() for v in text.split(",") if v.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _watermark_pair(self):
+        if bool(self.model_watermark_key_file) != bool(self.model_watermark_owner):
+            missing = "MODEL_WATERMARK_OWNER" if self.model_watermark_key_file else "MODEL_WATERMARK_KEY_FILE"
+            raise ValueError(f"a watermark check needs both the owner key and the owner: set AIWORKS_RUNTIME_{missing}")
+        return self
+
     def resolved_replica_id(self) -> str:
         return self.replica_id or f"{socket.gethostname()}-{self.port}"
 
     def resolved_advertise_address(self, bound_port: int) -> str:
         return self.advertise_address or f"{self.host}:{bound_port}"
+
+    def resolved_audit_log(self, replica_id: str) -> Path | None:
+        return Path(str(self.audit_log).replace("{replica_id}", replica_id)) if self.audit_log else None
 
     # ---- Triton backend (models whose config says backend: "triton"; see docs/triton.md) ----
     triton_url: str | None = Field(

@@ -3,13 +3,16 @@
 ``aiworks.cli`` adds both with ``add_monitor_parsers(sub)``; flags given
 override the ``AIWORKS_MONITOR_`` environment, as for every service. The
 events command is a small HTTP client of a running monitor, so it works the
-same against ``aiworks up``, a container or a port-forwarded pod.
+same against ``aiworks up``, a container or a port-forwarded pod; an
+``https://`` monitor URL is verified with the CA of ``--tls-dir`` (or
+``$AIWORKS_TLS_DIR``), whose certificate it also presents.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import ssl
 import sys
 import time
 import urllib.error
@@ -45,6 +48,7 @@ examples:
   aiworks events --kind restart           restarts only
   aiworks events --follow                 keep printing new events until Ctrl-C
   aiworks events --json | jq .details     one JSON object per line
+  aiworks events --monitor https://monitor.example:8040 --tls-dir certs/admin
 """
 
 
@@ -54,22 +58,41 @@ def cmd_monitor(args: argparse.Namespace) -> None:
 
     from aiworks.cli import _settings_from
     from aiworks.core.logging import setup_logging
+    from aiworks.core.rpc import use_process_tls
 
     settings = _settings_from(MonitorSettings, args, FLAGS)
     setup_logging("monitor", settings.log_level)
+    use_process_tls(settings.tls_files())  # its calls to the scheduler use mutual TLS when set
     main(settings)
 
 
-def fetch_events(monitor_url: str, since: int = 0, kind: str | None = None, limit: int | None = None) -> dict:
-    """``GET /v1/events`` of the monitor at ``monitor_url``."""
+def fetch_events(
+    monitor_url: str,
+    since: int = 0,
+    kind: str | None = None,
+    limit: int | None = None,
+    context: ssl.SSLContext | None = None,
+) -> dict:
+    """``GET /v1/events`` of the monitor at ``monitor_url`` (``context`` for an https URL)."""
     query = {"since": since}
     if kind:
         query["kind"] = kind
     if limit is not None:
         query["limit"] = limit
     url = f"{monitor_url.rstrip('/')}/v1/events?{urllib.parse.urlencode(query)}"
-    with urllib.request.urlopen(url, timeout=5) as resp:
+    with urllib.request.urlopen(url, timeout=5, context=context) as resp:
         return json.load(resp)
+
+
+def _tls_context(tls_dir: str | None) -> ssl.SSLContext | None:
+    from aiworks.core.errors import AIWorksError
+    from aiworks.security.tls import client_ssl_context, tool_tls
+
+    try:
+        files = tool_tls(tls_dir)
+        return client_ssl_context(files) if files else None
+    except AIWorksError as exc:
+        raise SystemExit(f"error: {exc}") from None
 
 
 def format_event(event: dict) -> str:
@@ -81,8 +104,9 @@ def _print(event: dict, as_json: bool) -> None:
 
 
 def cmd_events(args: argparse.Namespace) -> None:
+    context = _tls_context(args.tls_dir) if args.monitor.startswith("https://") else None
     try:
-        doc = fetch_events(args.monitor, kind=args.kind, limit=args.limit)
+        doc = fetch_events(args.monitor, kind=args.kind, limit=args.limit, context=context)
     except (urllib.error.URLError, OSError) as exc:
         raise SystemExit(f"error: cannot reach the monitor at {args.monitor}: {exc}") from None
     for event in doc["events"]:
@@ -97,7 +121,7 @@ def cmd_events(args: argparse.Namespace) -> None:
         while True:
             time.sleep(args.interval_s)
             try:
-                doc = fetch_events(args.monitor, since=cursor, kind=args.kind)
+                doc = fetch_events(args.monitor, since=cursor, kind=args.kind, context=context)
             except (urllib.error.URLError, OSError) as exc:
                 if not warned:
                     print(f"monitor unreachable ({exc}); retrying", file=sys.stderr, flush=True)
@@ -148,4 +172,7 @@ def add_monitor_parsers(sub) -> None:
     e.add_argument("-f", "--follow", action="store_true", help="keep printing new events until Ctrl-C")
     e.add_argument("--json", action="store_true", help="print one JSON object per event and line")
     e.add_argument("--interval-s", type=float, default=1.0, help="polling interval of --follow (default 1 s)")
+    e.add_argument(
+        "--tls-dir", help="tls.crt, tls.key and ca.crt for an https:// monitor URL (default $AIWORKS_TLS_DIR)"
+    )
     e.set_defaults(func=cmd_events)

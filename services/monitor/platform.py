@@ -22,8 +22,9 @@ import grpc
 from aiworks.monitor.discovery import Inventory, Service, from_supervisor
 
 from aiworks.core.errors import AIWorksError, Status, Unavailable, from_rpc_error
-from aiworks.core.rpc import insecure_channel
+from aiworks.core.rpc import client_channel, process_tls
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from aiworks.security.tls import TLSFiles
 
 log = logging.getLogger(__name__)
 
@@ -63,17 +64,20 @@ class Platform(ABC):
 
 
 class SchedulerEjector:
-    """Calls the scheduler's ``EjectReplica`` RPC."""
+    """Calls the scheduler's ``EjectReplica`` RPC (over mutual TLS with ``tls``, default the monitor's own files)."""
 
-    def __init__(self, address: str, max_message_bytes: int = 4 << 20, timeout_s: float = 5.0):
+    def __init__(
+        self, address: str, max_message_bytes: int = 4 << 20, timeout_s: float = 5.0, tls: TLSFiles | None = None
+    ):
         self.address = address
         self.timeout_s = timeout_s
         self._max_message_bytes = max_message_bytes
+        self._tls = tls or process_tls()
         self._channel: grpc.aio.Channel | None = None
 
     async def eject(self, replica_id: str, duration_s: float, reason: str) -> EjectResult:
         if self._channel is None:
-            self._channel = insecure_channel(self.address, self._max_message_bytes)
+            self._channel = client_channel(self.address, self._max_message_bytes, self._tls, server_name="scheduler")
         stub = scheduler_pb2_grpc.SchedulerServiceStub(self._channel)
         request = scheduler_pb2.EjectReplicaRequest(replica_id=replica_id, duration_s=duration_s, reason=reason)
         try:

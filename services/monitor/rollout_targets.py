@@ -32,7 +32,7 @@ from typing import Protocol
 import grpc
 
 from aiworks.core.errors import AIWorksError, InvalidArgument, NotFound, Status, Unavailable, from_rpc_error
-from aiworks.core.rpc import insecure_channel
+from aiworks.core.rpc import client_channel, process_tls
 from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
 from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
 
@@ -93,7 +93,8 @@ class LocalTraffic:
 
     def _stub(self) -> scheduler_pb2_grpc.SchedulerServiceStub:
         if self._channel is None:
-            self._channel = insecure_channel(self.address, self._max_message_bytes)
+            # mTLS when the monitor runs with certificates (aiworks up --tls): its process-wide identity.
+            self._channel = client_channel(self.address, self._max_message_bytes, process_tls(), server_name="scheduler")
         return scheduler_pb2_grpc.SchedulerServiceStub(self._channel)
 
     async def _call(self, method: str, request):

@@ -131,6 +131,11 @@ class ModelQueue:
     def queued_rows(self) -> int:
         return self.state.rows
 
+    @property
+    def running(self) -> int:
+        """Batches taken from the queue whose answers are not delivered yet."""
+        return len(self._tasks)
+
     # ---- admission -----------------------------------------------------------------------
 
     async def submit(
@@ -346,9 +351,10 @@ class ModelQueue:
             if not p.future.done():
                 p.future.set_result(outs)
 
-    async def close(self) -> None:
+    async def close(self, error: AIWorksError | None = None) -> None:
+        """Stop the loop; requests still queued fail with ``error`` (default: the scheduler is shutting down)."""
         self._loop_task.cancel()
-        self._fail_all(Unavailable("the scheduler is shutting down"))
+        self._fail_all(error or Unavailable("the scheduler is shutting down"))
 
 
 def _copy(exc: AIWorksError) -> AIWorksError:

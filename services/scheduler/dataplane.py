@@ -1,4 +1,10 @@
-"""The scheduler's logic, free of transport."""
+"""The scheduler's logic, free of transport.
+
+:class:`Scheduler` wires the parts together: queues and batching
+(``batcher``), routing (``router``), retries (``dispatch``), version weights
+and shadows (``traffic_state``, ``shadow``), pipelines (``pipeline``) and the
+drain that lets a retired version finish its work (``drain``).
+"""
 
 from __future__ import annotations
 
@@ -11,17 +17,20 @@ from dataclasses import dataclass
 
 from aiworks.core import metrics
 from aiworks.core.datatypes import Tensor
-from aiworks.core.errors import InvalidArgument, NotFound, Unavailable
+from aiworks.core.errors import AIWorksError, InvalidArgument, NotFound, Unavailable
 from aiworks.core.inference import InferRequest, InferResponse, ModelStatistics
 from aiworks.core.model_config import ModelSpec, ModelState, check_inputs
 from aiworks.scheduler.batcher import ModelQueue, QueueLimits
 from aiworks.scheduler.dispatch import BatchSender
+from aiworks.scheduler.drain import Drainer
+from aiworks.scheduler.pipeline import PipelineRunner, is_pipeline
 from aiworks.scheduler.qos import ClassResolver, Priority, parse_timeout_s
 from aiworks.scheduler.registry import Key, Replica, ReplicaRegistry
 from aiworks.scheduler.replica_state import OutlierDetector, OutlierPolicy
 from aiworks.scheduler.retry_state import RetryBudget
 from aiworks.scheduler.router import PoolPolicy, Router
 from aiworks.scheduler.settings import SchedulerSettings
+from aiworks.scheduler.shadow import ShadowMirror
 from aiworks.scheduler.traffic_state import TrafficPolicy, TrafficState
 from aiworks.scheduler.views import QueueView, ReplicaView, StatusView
 
@@ -86,6 +95,12 @@ class Scheduler:
         )
         self._queues: dict[Key, ModelQueue] = {}
         self._requests = metrics.Children(metrics.SCHEDULER_REQUESTS)
+        self.shadows = ShadowMirror(
+            self._run_shadow, max_inflight=settings.shadow_max_inflight, timeout_s=settings.shadow_timeout_s
+        )
+        self.pipelines = PipelineRunner(self._run_stage, micro_batch_rows=settings.pipeline_micro_batch_rows)
+        self.drainer = Drainer(self._busy, timeout_s=settings.drain_timeout_s, clock=clock)
+        self._background: set[asyncio.Task] = set()
 
     # ---- the hot path --------------------------------------------------------------------
 
@@ -107,7 +122,16 @@ class Scheduler:
             for name in request.outputs:
                 if name not in declared:
                     raise InvalidArgument(f"model '{spec.name}' has no output '{name}'; it has {sorted(declared)}")
-            outputs = await self._queue(spec).submit(request, rows, priority, deadline_s)
+            if is_pipeline(spec):
+                outputs = await self.pipelines.run(spec, request, rows, priority, deadline_s)
+            else:
+                # The copy runs on a task of its own (copies batch together); the client never waits for it.
+                copy = self.shadows.begin(self.traffic.shadow(spec.name), request, spec.version)
+                outputs = None
+                try:
+                    outputs = await self._queue(spec).submit(request, rows, priority, deadline_s)
+                finally:
+                    self.shadows.finish(copy, outputs)
         except BaseException as exc:
             self._count_failure(request, spec, priority, exc)
             raise
@@ -149,17 +173,56 @@ class Scheduler:
     ):
         return await replica.client.execute(model, version, inputs, outputs, timeout_s)
 
+    async def _run_stage(
+        self,
+        model: str,
+        version: str,
+        inputs: list[Tensor],
+        outputs: list[str],
+        priority: Priority,
+        deadline_s: float | None,
+    ) -> list[Tensor]:
+        """One pipeline step: the stage model's own queue, so stage requests batch across pipeline requests."""
+        spec = self.registry.resolve(model, version)
+        request = InferRequest(model, spec.version, inputs, outputs)
+        rows = check_inputs(spec, inputs)
+        if is_pipeline(spec):  # a pipeline as a step of another
+            return await self.pipelines.run(spec, request, rows, priority, deadline_s)
+        return await self._queue(spec).submit(request, rows, priority, deadline_s)
+
+    async def _run_shadow(self, request: InferRequest, timeout_s: float) -> list[Tensor]:
+        """A shadow copy: the batch class, its own time limit; errors stay with the shadow's counts."""
+        spec = self.registry.resolve(request.model, request.version)
+        rows = check_inputs(spec, request.inputs)
+        return await self._queue(spec).submit(request, rows, Priority.BATCH, self.clock() + timeout_s)
+
     # ---- traffic policy ------------------------------------------------------------------
 
-    def set_traffic(self, policy: TrafficPolicy) -> TrafficPolicy:
+    def set_traffic(self, policy: TrafficPolicy, *, keep_shadow: bool = False) -> TrafficPolicy:
+        """Put ``policy`` in force; ``keep_shadow``: its shadow is ignored and the one in force stays."""
         known = {k[1] for k in self.registry.known if k[0] == policy.model}
         if not known:
             raise NotFound(f"unknown model '{policy.model}'")
+        if keep_shadow:
+            policy = TrafficPolicy(policy.model, policy.weights, self.traffic.shadow(policy.model))
         unknown = sorted(set(policy.weights) - known)
         if unknown:
             raise InvalidArgument(f"model '{policy.model}' has no version(s) {unknown}; it has {sorted(known)}")
+        shadow = policy.shadow
+        if shadow is not None:
+            if shadow.version not in known:
+                raise InvalidArgument(
+                    f"model '{policy.model}' has no version {shadow.version} to shadow; it has {sorted(known)}"
+                )
+            if any(is_pipeline(s) for k, s in self.registry.known.items() if k[0] == policy.model):
+                raise InvalidArgument(f"model '{policy.model}' is a pipeline; shadow its stage models instead")
         self.traffic.set(policy)
-        log.info("traffic policy of %s: %s", policy.model, dict(policy.weights) or "latest version")
+        log.info(
+            "traffic policy of %s: %s%s",
+            policy.model,
+            dict(policy.weights) or "latest version",
+            f", shadow v{shadow.version} ({shadow.fraction:.0%} of requests, {shadow.compare})" if shadow else "",
+        )
         return policy
 
     def get_traffic(self, model: str) -> TrafficPolicy:
@@ -202,6 +265,11 @@ class Scheduler:
 
     def model_ready(self, model: str, version: str) -> bool:
         spec = self.registry.resolve(model, version)
+        if is_pipeline(spec):  # ready when every step's model is
+            try:
+                return all(self.model_ready(s.model, s.version) for s in self.pipelines.steps(spec))
+            except AIWorksError:
+                return False
         return bool(self.registry.holders((spec.name, spec.version)))
 
     def metadata(self, model: str, version: str) -> tuple[ModelSpec, list[str]]:
@@ -227,6 +295,13 @@ class Scheduler:
         return list(zip(replicas, results))
 
     async def load(self, model: str) -> list[ModelSpec]:
+        """(Re)load ``model`` on every replica; versions the reload retires drain before they go.
+
+        While the reload runs, a version that vanishes from a replica stays
+        routable there (the registry's guard); once all replicas answered,
+        such versions that no replica still serves are drained in the
+        background: the runtimes keep them until no batch arrives any more.
+        """
         started = time.perf_counter()
 
         async def one(replica: Replica):
@@ -235,20 +310,73 @@ class Scheduler:
             self.registry.set_models(replica, others + specs)
             return specs
 
-        results = await self._on_all(one, f"load of {model}")
+        protected = self.registry.guard(model)
+        try:
+            results = await self._on_all(one, f"load of {model}")
+        finally:
+            # Gone from every replica: drain. Still served somewhere: those replicas take its queue.
+            retired = [k for k in protected if k in self.registry.retiring and not self.registry.advertisers(k)]
+            self.registry.release(protected - set(retired))
+            self._drain_later(retired)
         log.info(
             "loaded model %s on %d replica(s) in %.0f ms", model, len(results), (time.perf_counter() - started) * 1e3
         )
         return next(r for _, r in results if not isinstance(r, BaseException))
 
     async def unload(self, model: str) -> None:
-        async def one(replica: Replica):
-            await replica.client.unload(model)
-            self.registry.set_models(replica, [s for s in replica.models.values() if s.name != model])
+        """Stop taking requests for ``model``, let its queued and running batches finish, then unload it."""
+        keys = {k for r in self.registry.live() for k in r.models if k[0] == model}
+        self.registry.close(keys)
+        try:
+            await self.drainer.wait(keys)
 
-        await self._on_all(one, f"unload of {model}")
+            async def one(replica: Replica):
+                await replica.client.unload(model)
+                self.registry.set_models(replica, [s for s in replica.models.values() if s.name != model])
+
+            await self._on_all(one, f"unload of {model}")
+        except BaseException:
+            self.registry.release(keys)  # still loaded somewhere: it serves again
+            raise
+        self.registry.release(keys)
+        self._forget_queues(keys)
         self.registry.forget_model(model)
         log.info("unloaded model %s", model)
+
+    # ---- draining retired versions ----------------------------------------------------------
+
+    def _busy(self, key: Key) -> bool:
+        queue = self._queues.get(key)
+        if queue is not None and (queue.depth or queue.running):
+            return True
+        return any(r.outstanding_batches.get(key, 0) for r in self.registry.replicas.values())
+
+    def _drain_later(self, keys: list[Key]) -> None:
+        if not keys:
+            return
+        log.info("retiring %s: draining", ", ".join(f"{m}/{v}" for m, v in keys))
+
+        async def drain():
+            try:
+                await self.drainer.wait(keys)
+            finally:
+                self.registry.release(keys)
+                self._forget_queues(keys)
+
+        task = asyncio.get_running_loop().create_task(drain())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _forget_queues(self, keys) -> None:
+        """Close the queues of retired versions (failing whatever is left after a drain timeout)."""
+        for key in keys:
+            if self.registry.advertisers(key):  # loaded again meanwhile
+                continue
+            queue = self._queues.pop(key, None)
+            if queue is not None:
+                asyncio.ensure_future(
+                    queue.close(Unavailable(f"model '{key[0]}' version {key[1]} was retired before this request ran"))
+                )
 
     async def index(self, ready_only: bool) -> list[ModelSpec]:
         results = await self._on_all(lambda r: r.client.index(ready_only), "repository index")
@@ -313,10 +441,14 @@ class Scheduler:
                 rejected=q.rejected,
                 expired=q.expired,
                 retries=self.sender.retries.get(k, 0),
+                draining=self.registry.draining(k),
             )
             for k, q in self._queues.items()
         ]
-        return StatusView(replicas, queues, self.traffic.policies(), self.retry_budget)
+        active = {p.model: p.shadow for p in self.traffic.policies() if p.shadow is not None}
+        return StatusView(
+            replicas, queues, self.traffic.policies(), self.retry_budget, shadows=self.shadows.views(active)
+        )
 
     async def expire_loop(self) -> None:
         while True:
@@ -324,5 +456,7 @@ class Scheduler:
             self.registry.expire(self.settings.heartbeat_timeout_s)
 
     async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
         for queue in self._queues.values():
             await queue.close()

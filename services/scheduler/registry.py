@@ -1,4 +1,18 @@
-"""Which runtime replicas exist, what they hold, and how busy they are."""
+"""Which runtime replicas exist, what they hold, and how busy they are.
+
+Retiring a model version (docs/scheduler.md, "Hot update") adds two marks:
+
+- **closing** keys take no new requests (resolution skips them), while their
+  replicas still advertise them: an unload in progress;
+- **retiring** keys are no longer advertised by some replica (a reload
+  retired them there) but that replica still executes them until the
+  scheduler has drained their queue: :meth:`holders` keeps routing the
+  queue's batches to it. A key that vanishes from a replica while it is
+  protected (:meth:`guard`, from the start of a reload until the key is
+  released) or closing becomes retiring, whether the runtime's heartbeat or
+  the load's answer tells first, and also when a heartbeat sent before the
+  reload arrives after it.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +20,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 from aiworks.core.errors import NotFound, Unavailable
 from aiworks.core.model_config import ModelSpec
@@ -55,6 +69,9 @@ class ReplicaRegistry:
         # Every model version seen, so "known but nowhere live" is UNAVAILABLE, not NOT_FOUND.
         self.known: dict[Key, ModelSpec] = {}
         self.changed = asyncio.Condition()
+        self.closing: set[Key] = set()
+        self.retiring: dict[Key, dict[str, ModelSpec]] = {}  # key -> replica id -> the spec it held
+        self.protected: set[Key] = set()  # keys of models being reloaded, until released
 
     # ---- membership ----------------------------------------------------------------------
 
@@ -85,10 +102,48 @@ class ReplicaRegistry:
         return True
 
     def set_models(self, replica: Replica, specs: list[ModelSpec]) -> None:
+        old = replica.models
         replica.models = {(s.name, s.version): s for s in specs}
+        for key, spec in old.items():
+            if key not in replica.models and spec.ready and (key in self.closing or key in self.protected):
+                self.retiring.setdefault(key, {})[replica.replica_id] = spec
+        for key in replica.models:  # loaded again: it is served as usual
+            held = self.retiring.get(key)
+            if held is not None and held.pop(replica.replica_id, None) is not None and not held:
+                del self.retiring[key]
         for s in specs:
             self.known[(s.name, s.version)] = s
         self._notify()
+
+    # ---- retiring versions ---------------------------------------------------------------
+
+    def guard(self, model: str) -> set[Key]:
+        """A reload of ``model`` starts: versions it retires stay routable until released; returns them."""
+        keys = {k for r in self.live() for k, s in r.models.items() if k[0] == model and s.ready}
+        self.protected |= keys
+        return keys
+
+    def close(self, keys) -> None:
+        """``keys`` take no new requests from now on (their queued and running batches still run)."""
+        self.closing.update(keys)
+
+    def release(self, keys) -> None:
+        """Draining ``keys`` is over: forget the closing and retiring marks."""
+        for key in keys:
+            self.closing.discard(key)
+            self.protected.discard(key)
+            self.retiring.pop(key, None)
+        self._notify()
+
+    def draining(self, key: Key) -> bool:
+        return key in self.closing or key in self.retiring
+
+    def spec_on(self, replica: Replica, key: Key) -> ModelSpec | None:
+        """The spec of ``key`` on ``replica``: advertised, or retiring there."""
+        spec = replica.models.get(key)
+        if spec is None:
+            spec = self.retiring.get(key, {}).get(replica.replica_id)
+        return spec
 
     def mark_down(self, replica: Replica, why: str) -> None:
         if replica.live:
@@ -135,6 +190,12 @@ class ReplicaRegistry:
         return [r for r in self.replicas.values() if r.live]
 
     def holders(self, key: Key) -> list[Replica]:
+        """Live replicas that can run ``key``'s batches: those that hold it, and those still retiring it."""
+        retiring = self.retiring.get(key, ())
+        return [r for r in self.replicas.values() if r.live and (r.holds(key) or r.replica_id in retiring)]
+
+    def advertisers(self, key: Key) -> list[Replica]:
+        """Live replicas that hold ``key`` as loaded (retiring ones not included)."""
         return [r for r in self.replicas.values() if r.live and r.holds(key)]
 
     def resolve(self, model: str, version: str) -> ModelSpec:
@@ -142,11 +203,18 @@ class ReplicaRegistry:
 
         Unknown model or version: NOT_FOUND. Known, but no live replica holds it: UNAVAILABLE.
         """
-        live_specs = {k: s for r in self.live() for k, s in r.models.items() if k[0] == model and s.ready}
+        live_specs = {
+            k: s
+            for r in self.live()
+            for k, s in r.models.items()
+            if k[0] == model and s.ready and k not in self.closing
+        }
         if version:
             spec = live_specs.get((model, version))
             if spec is not None:
                 return spec
+            if (model, version) in self.closing:
+                raise Unavailable(f"model '{model}' version {version} is being unloaded")
             if (model, version) in self.known:
                 raise Unavailable(f"model '{model}' version {version} has no live replica")
             if any(k[0] == model for k in self.known):
@@ -154,12 +222,19 @@ class ReplicaRegistry:
             raise NotFound(f"unknown model '{model}'")
         if live_specs:
             return live_specs[max(live_specs, key=lambda k: _version_order(k[1]))]
+        if any(k[0] == model for k in self.closing):
+            raise Unavailable(f"model '{model}' is being unloaded")
         if any(k[0] == model for k in self.known):
             raise Unavailable(f"model '{model}' has no live replica")
         raise NotFound(f"unknown model '{model}'")
 
     def versions(self, model: str) -> list[str]:
-        found = {k[1] for r in self.live() for k, s in r.models.items() if k[0] == model and s.ready}
+        found = {
+            k[1]
+            for r in self.live()
+            for k, s in r.models.items()
+            if k[0] == model and s.ready and k not in self.closing
+        }
         return sorted(found, key=_version_order)
 
 

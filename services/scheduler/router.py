@@ -1,7 +1,8 @@
 """Chooses the replica for each batch.
 
-1. **Candidates**: live replicas that hold the model version, minus those
-   already tried for this batch.
+1. **Candidates**: live replicas that hold the model version (or still
+   retire it while its queue drains), minus those already tried for this
+   batch.
 2. **Ejection**: replicas ejected as outliers are left out, unless every
    candidate is ejected; then all serve (Envoy's panic routing: better a
    suspect replica than none).
@@ -96,7 +97,10 @@ class Router:
         return self.pools.prefer(priority, healthy)
 
     def _cap(self, replica: Replica, key: Key) -> int:
-        return self.max_inflight or replica.models[key].instance_count
+        if self.max_inflight:
+            return self.max_inflight
+        spec = self.registry.spec_on(replica, key)  # a retiring version is no longer in replica.models
+        return spec.instance_count if spec is not None else 1
 
     def _cost(self, replica: Replica, key: Key) -> float:
         inflight = sum(replica.outstanding_batches.values())

@@ -9,11 +9,12 @@ from aiworks.core.inference import ModelStatistics
 from aiworks.core.datatypes import Tensor
 from aiworks.core.errors import from_rpc_error
 from aiworks.core.model_config import ModelSpec
-from aiworks.core.rpc import insecure_channel
+from aiworks.core.rpc import client_channel
 from aiworks.core.stream import MultiplexedStream
 from aiworks.core.tracing import inject
 from aiworks.pb.runtime.v1 import runtime_pb2 as pb
 from aiworks.pb.runtime.v1 import runtime_pb2_grpc
+from aiworks.security.tls import TLSFiles
 
 
 _BACKSTOP_S = 1.0
@@ -22,9 +23,9 @@ _BACKSTOP_S = 1.0
 class RuntimeClient:
     """Calls one replica's RuntimeService; failures become AIWorksError."""
 
-    def __init__(self, address: str, max_message_bytes: int, timeout_s: float):
+    def __init__(self, address: str, max_message_bytes: int, timeout_s: float, tls: TLSFiles | None = None):
         self.address = address
-        self._channel = insecure_channel(address, max_message_bytes)
+        self._channel = client_channel(address, max_message_bytes, tls, server_name="runtime")
         self._stub = runtime_pb2_grpc.RuntimeServiceStub(self._channel)
         self._timeout_s = timeout_s
         self._batches = MultiplexedStream(self._stub.ExecuteStream, f"runtime {address}")

@@ -7,7 +7,7 @@ import logging
 
 from aiworks.core.lifecycle import stop_event
 from aiworks.core.metrics import on_loop, serve_metrics_or_warn, stop_metrics
-from aiworks.core.rpc import create_server, set_serving
+from aiworks.core.rpc import add_port, create_server, set_serving
 from aiworks.core.tracing import setup_tracing, shutdown_tracing
 from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
 from aiworks.scheduler.collector import SchedulerCollector
@@ -23,20 +23,22 @@ log = logging.getLogger("aiworks.scheduler")
 async def serve(settings: SchedulerSettings) -> None:
     stop = stop_event()
     setup_tracing("scheduler", settings)
+    tls = settings.tls_files()  # mutual TLS with gateways, runtimes and tools when set
     registry = ReplicaRegistry(
-        lambda address: RuntimeClient(address, settings.max_message_bytes, settings.runtime_timeout_s)
+        lambda address: RuntimeClient(address, settings.max_message_bytes, settings.runtime_timeout_s, tls)
     )
     scheduler = Scheduler(settings, registry)
     server, health = create_server(settings.max_message_bytes)
     scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(SchedulerServicer(scheduler), server)
-    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    port = add_port(server, f"{settings.host}:{settings.port}", tls)
     await server.start()
     expiry = asyncio.create_task(scheduler.expire_loop())
     collector = SchedulerCollector(on_loop(asyncio.get_running_loop(), scheduler.status)).register()
     metrics, metrics_port = serve_metrics_or_warn(settings.metrics_port, settings.host)
     await set_serving(health, True)
     log.info(
-        "scheduler serving gRPC on %s:%d (batching %s, metrics %s)",
+        "scheduler serving gRPC%s on %s:%d (batching %s, metrics %s)",
+        " with mutual TLS" if tls else "",
         settings.host,
         port,
         "on" if settings.batching else "off",

@@ -16,7 +16,7 @@ from aiworks.core.tracing import remote_scope
 from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
 from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
 from aiworks.scheduler.dataplane import Scheduler
-from aiworks.scheduler.traffic_state import TrafficPolicy
+from aiworks.scheduler.traffic_state import DEFAULT_TOLERANCE, ShadowPolicy, TrafficPolicy
 from aiworks.scheduler.views import StatusView
 
 
@@ -114,8 +114,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     @handle_errors
     async def SetTrafficPolicy(self, request, context):
-        policy = TrafficPolicy(request.policy.model, dict(request.policy.weights))
-        return traffic_to_pb(self.scheduler.set_traffic(policy))
+        message = request.policy
+        has_shadow = message.HasField("shadow")
+        shadow = shadow_from_pb(message.shadow) if has_shadow else None
+        policy = TrafficPolicy(message.model, dict(message.weights), shadow)
+        return traffic_to_pb(self.scheduler.set_traffic(policy, keep_shadow=not has_shadow))
 
     @handle_errors
     async def GetTrafficPolicy(self, request, context):
@@ -129,8 +132,26 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         )
 
 
+def shadow_from_pb(message: pb.ShadowPolicy) -> ShadowPolicy | None:
+    """A shadow with an empty version is "no shadow"; 0 fraction and tolerance mean their defaults."""
+    if not message.version:
+        return None
+    return ShadowPolicy(
+        message.version,
+        fraction=message.fraction or 1.0,
+        compare=message.compare or "allclose",
+        tolerance=message.tolerance or DEFAULT_TOLERANCE,
+    )
+
+
 def traffic_to_pb(policy: TrafficPolicy) -> pb.TrafficPolicy:
-    return pb.TrafficPolicy(model=policy.model, weights=dict(policy.weights))
+    message = pb.TrafficPolicy(model=policy.model, weights=dict(policy.weights))
+    if policy.shadow is not None:
+        s = policy.shadow
+        message.shadow.CopyFrom(
+            pb.ShadowPolicy(version=s.version, fraction=s.fraction, compare=s.compare, tolerance=s.tolerance)
+        )
+    return message
 
 
 def status_to_pb(view: StatusView) -> pb.StatusResponse:
@@ -142,4 +163,5 @@ def status_to_pb(view: StatusView) -> pb.StatusResponse:
         retry_budget=pb.RetryBudgetStatus(
             active=budget.active, active_retries=budget.active_retries, allowed=budget.allowed, denied=budget.denied
         ),
+        shadows=[pb.ShadowStatus(**vars(s)) for s in view.shadows],
     )

@@ -68,6 +68,22 @@ class SchedulerSettings(ServiceSettings):
         ),
     )
 
+    # ---- model lifecycle: hot update, shadow traffic, pipelines (docs/scheduler.md) ----
+    drain_timeout_s: float = Field(
+        30.0, description="Longest a retired model version's queued and running batches may take to finish."
+    )
+    shadow_max_inflight: int = Field(
+        64, description="Copies outstanding per shadow version; more are dropped (and counted), never queued."
+    )
+    shadow_timeout_s: float = Field(10.0, description="Longest a shadow copy may take; later counts as an error.")
+    pipeline_micro_batch_rows: int = Field(
+        0,
+        description=(
+            "Rows per micro-batch of a pipeline request whose config sets no micro_batch_rows; "
+            "0: a request flows through the stages whole."
+        ),
+    )
+
     @field_validator("default_priority")
     @classmethod
     def _known_priority(cls, value: str) -> str:

@@ -8,8 +8,15 @@ average, and the versions interleave instead of arriving in runs. Versions
 without a live replica are left out and the others share their part; with no
 weighted version available the caller falls back to the latest version.
 
+A policy may also name a **shadow** version (:class:`ShadowPolicy`): it gets
+a copy of live requests, whose answers are compared with the primary's and
+discarded (:mod:`aiworks.scheduler.shadow`). Weights and shadow are set
+independently: a canary controller that writes weights leaves the shadow an
+operator set alone.
+
 Locally the scheduler applies the policy itself; in a mesh the same object is
-what gets rendered to VirtualService weights.
+what gets rendered to VirtualService weights (and a shadow to Istio's
+``mirror`` with ``mirrorPercentage``).
 """
 
 from __future__ import annotations
@@ -19,13 +26,41 @@ from collections.abc import Collection, Mapping
 
 from aiworks.core.errors import InvalidArgument
 
+COMPARE_MODES = ("allclose", "argmax")
+DEFAULT_TOLERANCE = 1e-4
+
+
+@dataclass(frozen=True)
+class ShadowPolicy:
+    """A version that gets a copy of ``fraction`` of the live requests, compared with the primary by ``compare``."""
+
+    version: str
+    fraction: float = 1.0
+    compare: str = "allclose"
+    tolerance: float = DEFAULT_TOLERANCE
+
+    def __post_init__(self):
+        if not self.version:
+            raise InvalidArgument("a shadow policy needs a version")
+        if not (0.0 < self.fraction <= 1.0):
+            raise InvalidArgument(f"shadow fraction is {self.fraction}; use a share in (0, 1]")
+        if self.compare not in COMPARE_MODES:
+            raise InvalidArgument(f"shadow comparison '{self.compare}' is not one of {', '.join(COMPARE_MODES)}")
+        if not (self.tolerance >= 0.0 and self.tolerance < float("inf")):
+            raise InvalidArgument(f"shadow tolerance is {self.tolerance}; use a finite number, 0 or more")
+
 
 @dataclass(frozen=True)
 class TrafficPolicy:
-    """A model's version weights; empty weights mean "no policy" (the latest version serves)."""
+    """A model's version weights and shadow; neither means "no policy" (the latest version serves)."""
 
     model: str
     weights: Mapping[str, int] = field(default_factory=dict)
+    shadow: ShadowPolicy | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not self.weights and self.shadow is None
 
     def __post_init__(self):
         if not self.model:
@@ -64,11 +99,13 @@ class TrafficState:
         self._current: dict[str, dict[str, int]] = {}
 
     def set(self, policy: TrafficPolicy) -> TrafficPolicy:
-        """Put ``policy`` in force (empty weights clear the model's policy)."""
-        if not policy.weights:
+        """Put ``policy`` in force (no weights and no shadow clear the model's policy)."""
+        if policy.empty:
             self.clear(policy.model)
-        else:
-            self._policies[policy.model] = policy
+            return policy
+        old = self._policies.get(policy.model)
+        self._policies[policy.model] = policy
+        if old is None or dict(old.weights) != dict(policy.weights):
             self._current[policy.model] = {v: 0 for v in policy.weights}
         return policy
 
@@ -79,13 +116,17 @@ class TrafficState:
     def get(self, model: str) -> TrafficPolicy | None:
         return self._policies.get(model)
 
+    def shadow(self, model: str) -> ShadowPolicy | None:
+        policy = self._policies.get(model)
+        return policy.shadow if policy is not None else None
+
     def policies(self) -> list[TrafficPolicy]:
         return [self._policies[m] for m in sorted(self._policies)]
 
     def choose(self, model: str, ready: Collection[str]) -> str | None:
         """The version for the next request that names none, among ``ready``; None: no policy applies."""
         policy = self._policies.get(model)
-        if policy is None:
+        if policy is None or not policy.weights:
             return None
         current = self._current[model]
         chosen, total = None, 0

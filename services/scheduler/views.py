@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from aiworks.scheduler.retry_state import RetryBudget
+from aiworks.scheduler.shadow import ShadowView
 from aiworks.scheduler.traffic_state import TrafficPolicy
 
 
@@ -43,6 +44,7 @@ class QueueView:
     rejected: int = 0
     expired: int = 0
     retries: int = 0
+    draining: bool = False
 
 
 @dataclass
@@ -51,3 +53,4 @@ class StatusView:
     queues: list[QueueView]
     traffic: list[TrafficPolicy]
     retry_budget: RetryBudget
+    shadows: list[ShadowView] = field(default_factory=list)

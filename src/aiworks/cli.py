@@ -121,6 +121,8 @@ def cmd_up(args) -> None:
         control_port=args.control_port,
         prometheus=args.prometheus,
         prometheus_port=args.prometheus_port,
+        tls=args.tls or bool(args.tls_dir),
+        tls_dir=Path(args.tls_dir) if args.tls_dir else None,
     )
     supervisor = Supervisor(config)
     stopping = []
@@ -131,8 +133,8 @@ def cmd_up(args) -> None:
         lines = [
             "",
             "AIWorks is ready.",
-            f"  HTTP (KServe v2): http://{args.host}:{args.http_port}/v2",
-            f"  gRPC (KServe v2): {args.host}:{args.grpc_port}",
+            f"  HTTP (KServe v2): {supervisor.http_url}/v2",
+            f"  gRPC (KServe v2): {args.host}:{args.grpc_port}" + (" (TLS)" if supervisor.tls_dir else ""),
             f"  scheduler:        {supervisor.scheduler_address}",
         ]
         if supervisor.cache_address:
@@ -144,6 +146,8 @@ def cmd_up(args) -> None:
         if supervisor.prometheus is not None:
             lines.append(f"  Prometheus:       {supervisor.prometheus.url}")
         lines.append("  logs:             " + ", ".join(str(c.log_path) for c in supervisor.children))
+        if supervisor.tls_dir:
+            lines += _tls_hints(supervisor, args.grpc_port)
         lines.append("Press Ctrl-C to stop.")
         print("\n".join(lines), flush=True)
         supervisor.watch(lambda: bool(stopping))
@@ -158,6 +162,27 @@ def cmd_up(args) -> None:
             print(f"stopping ({stopping[0] if stopping else 'interrupt'})...", flush=True)
         supervisor.stop()
     print("stopped.", flush=True)
+
+
+def _tls_hints(supervisor, grpc_port: int) -> list[str]:
+    """How to call a suite started with --tls: the CA to trust, and the admin certificate for the tools."""
+    certs = supervisor.tls_dir
+    try:
+        certs = certs.relative_to(Path.cwd())
+    except ValueError:
+        pass
+    admin = certs / "admin" if (supervisor.tls_dir / "admin").is_dir() else certs  # a --tls-dir of your own
+    host = supervisor.reach_host
+    http = supervisor.http_url.removeprefix("https://")
+    return [
+        f"  TLS:              mutual TLS between the services; certificates in {certs} (CA {certs}/ca.crt)",
+        "Call it over TLS:",
+        f"  curl --cacert {certs}/ca.crt {supervisor.http_url}/v2/health/ready",
+        f'  tritonclient.http.InferenceServerClient("{http}", ssl=True, ssl_options={{"ca_certs": "{certs}/ca.crt"}})',
+        f'  tritonclient.grpc.InferenceServerClient("{host}:{grpc_port}", ssl=True, root_certificates="{certs}/ca.crt")',
+        f"  AIWORKS_TLS_DIR={admin} aiworks status --scheduler {supervisor.scheduler_address}",
+        f"  aiworks traffic --tls-dir {admin} --scheduler {supervisor.scheduler_address} get digits",
+    ]
 
 
 def cmd_demo_models(args) -> None:
@@ -236,6 +261,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--prometheus-port", type=int, default=9090, help="port of that Prometheus (default 9090)")
     up.add_argument("--log-dir", default=".aiworks/logs", help="folder for each service's log file")
+    up.add_argument(
+        "--tls",
+        action="store_true",
+        help="mutual TLS between the services and TLS on the gateway's ports; certificates in .aiworks/certs",
+    )
+    up.add_argument(
+        "--tls-dir",
+        help="certificates for --tls: used as they are if the folder has one per service, else written there",
+    )
     up.add_argument("--log-level", default="INFO", help="log level of every service")
     up.set_defaults(func=cmd_up)
 
@@ -301,6 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_lifecycle_parsers(sub)
     add_monitor_parsers(sub)
     add_security_parsers(sub)
+    from aiworks.tenancy_cli import add_tenancy_parsers
+    add_tenancy_parsers(sub)
     return parser
 
 

@@ -1,18 +1,30 @@
-"""``aiworks status``: the scheduler's view of queues, replicas, ejections and weights, as tables."""
+"""``aiworks status``: the scheduler's view of queues, replicas, ejections and weights, as tables.
+
+Against a suite with mutual TLS (``aiworks up --tls``), set ``AIWORKS_TLS_DIR``
+to a folder holding the client certificate, its key and the CA
+(``tls.crt``, ``tls.key``, ``ca.crt``; ``.aiworks/certs/admin`` for ``aiworks up``).
+"""
 
 from __future__ import annotations
 
 import grpc
 
+from aiworks.core.errors import AIWorksError
+from aiworks.core.rpc import blocking_channel
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from aiworks.security.tls import TLSFiles, tool_tls
+from aiworks.traffic_cli import format_shadows
 
 
-def fetch_status(address: str) -> scheduler_pb2.StatusResponse:
+def fetch_status(address: str, tls: TLSFiles | None = None) -> scheduler_pb2.StatusResponse:
     try:
-        with grpc.insecure_channel(address) as ch:
+        with blocking_channel(address, tls, server_name="scheduler") as ch:
             return scheduler_pb2_grpc.SchedulerServiceStub(ch).Status(scheduler_pb2.StatusRequest(), timeout=3)
     except grpc.RpcError as exc:
-        raise SystemExit(f"error: cannot reach the scheduler at {address}: {exc.details()}") from None
+        hint = ""
+        if tls is None and exc.code() == grpc.StatusCode.UNAVAILABLE:
+            hint = " (if the suite runs with mutual TLS, set AIWORKS_TLS_DIR to a certificate folder)"
+        raise SystemExit(f"error: cannot reach the scheduler at {address}: {exc.details()}{hint}") from None
 
 
 def format_status(reply: scheduler_pb2.StatusResponse) -> str:
@@ -41,13 +53,22 @@ def format_status(reply: scheduler_pb2.StatusResponse) -> str:
         lines.append(
             f"  {q.model:<16} {q.version:<8} {q.queued_requests:>7} {classes:>13} {q.queued_rows:>6} "
             f"{q.queued_bytes / 1024:>7.0f} {q.batches:>9} {q.rows:>10} {avg:>10.2f} {q.rejected:>6} {q.expired:>6} "
-            f"{q.retries:>7}"
+            f"{q.retries:>7}" + ("  draining" if q.draining else "")
         )
     lines.append(f"version weights ({len(reply.traffic)}):")
     for p in reply.traffic:
         total = sum(p.weights.values()) or 1
         shares = ", ".join(f"v{v} {w} ({100 * w / total:.0f}%)" for v, w in sorted(p.weights.items()))
+        if p.HasField("shadow") and p.shadow.version:
+            shares = (shares + "; " if shares else "") + f"shadow v{p.shadow.version} ({100 * p.shadow.fraction:g}%)"
         lines.append(f"  {p.model:<16} {shares}")
+    if reply.shadows:
+        lines.append(f"shadow traffic ({len(reply.shadows)}):")
+        for model in sorted({s.model for s in reply.shadows}):
+            lines.append(f"  {model}:")
+            lines.extend(
+                "  " + line for line in format_shadows([s for s in reply.shadows if s.model == model]).splitlines()
+            )
     b = reply.retry_budget
     lines.append(
         f"retry budget: {b.active_retries} retries of {b.active} batches in flight; "
@@ -56,5 +77,9 @@ def format_status(reply: scheduler_pb2.StatusResponse) -> str:
     return "\n".join(lines)
 
 
-def show_status(address: str) -> None:
-    print(format_status(fetch_status(address)))
+def show_status(address: str, tls_dir: str | None = None) -> None:
+    try:
+        tls = tool_tls(tls_dir)
+    except AIWorksError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    print(format_status(fetch_status(address, tls)))

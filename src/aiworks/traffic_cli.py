@@ -1,8 +1,13 @@
-"""``aiworks traffic``: set and read a model's version weights (canary releases).
+"""``aiworks traffic``: set and read a model's version weights (canary releases) and shadow version.
 
     aiworks traffic set digits 1=90 2=10     90% of requests without a version to v1, 10% to v2
     aiworks traffic set digits --clear       back to the latest version
+    aiworks traffic set digits --shadow 2    mirror every request to v2, compare, discard its answers
+    aiworks traffic set digits --shadow 2 --shadow-fraction 0.1 --shadow-compare argmax
+    aiworks traffic set digits --no-shadow   stop mirroring
     aiworks traffic get digits
+    aiworks traffic show digits              the policy and the shadow's agreement counts
+    aiworks traffic --tls-dir .aiworks/certs/admin get digits     against `aiworks up --tls`
 
 Heavy imports happen inside the command, so ``aiworks --help`` stays fast.
 """
@@ -23,13 +28,38 @@ def add_traffic_parser(sub) -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("--scheduler", default="127.0.0.1:8010", help="scheduler address (default 127.0.0.1:8010)")
+    p.add_argument(
+        "--tls-dir",
+        help="folder with tls.crt, tls.key and ca.crt for a suite with mutual TLS (default $AIWORKS_TLS_DIR)",
+    )
     actions = p.add_subparsers(dest="traffic_action", metavar="ACTION", required=True)
-    set_ = actions.add_parser("set", help="set version weights, e.g. `aiworks traffic set digits 1=90 2=10`")
+    set_ = actions.add_parser(
+        "set",
+        help="set version weights, e.g. `aiworks traffic set digits 1=90 2=10`, or a shadow version",
+        description=(
+            "Weights and shadow are set independently: weights alone keep the shadow in force, "
+            "--shadow or --no-shadow alone keep the weights."
+        ),
+    )
     set_.add_argument("model")
     set_.add_argument("weights", nargs="*", metavar="VERSION=WEIGHT")
     set_.add_argument("--clear", action="store_true", help="remove the weights: the latest version serves")
-    get = actions.add_parser("get", help="show a model's version weights")
+    set_.add_argument(
+        "--shadow", metavar="VERSION", help="mirror live requests to VERSION; its answers are compared, then discarded"
+    )
+    set_.add_argument("--shadow-fraction", type=float, default=1.0, help="share of requests mirrored (default 1)")
+    set_.add_argument(
+        "--shadow-compare",
+        choices=["allclose", "argmax"],
+        default="allclose",
+        help="allclose: floats within the tolerance, others exactly (default); argmax: per-row class decisions",
+    )
+    set_.add_argument("--shadow-tolerance", type=float, default=1e-4, help="rtol and atol of allclose (default 1e-4)")
+    set_.add_argument("--no-shadow", action="store_true", help="stop mirroring to the shadow version")
+    get = actions.add_parser("get", help="show a model's version weights and shadow")
     get.add_argument("model")
+    show = actions.add_parser("show", help="show a model's policy and its shadow's comparison counts")
+    show.add_argument("model")
     p.set_defaults(func=run_traffic)
     return p
 
@@ -37,12 +67,21 @@ def add_traffic_parser(sub) -> argparse.ArgumentParser:
 def run_traffic(args) -> None:
     import grpc
 
+    from aiworks.core.errors import AIWorksError
+    from aiworks.core.rpc import blocking_channel
     from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
     from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
+    from aiworks.security.tls import tool_tls
 
     if args.traffic_action == "set":
-        if bool(args.weights) == bool(args.clear):
-            raise SystemExit("error: give VERSION=WEIGHT terms (for example 1=90 2=10), or --clear")
+        if args.weights and args.clear:
+            raise SystemExit("error: give VERSION=WEIGHT terms (for example 1=90 2=10) or --clear, not both")
+        if args.shadow and args.no_shadow:
+            raise SystemExit("error: give --shadow VERSION or --no-shadow, not both")
+        if not (args.weights or args.clear or args.shadow or args.no_shadow):
+            raise SystemExit(
+                "error: give VERSION=WEIGHT terms (for example 1=90 2=10), --clear, --shadow or --no-shadow"
+            )
         weights = {}
         for term in args.weights:
             version, sep, weight = term.partition("=")
@@ -50,21 +89,67 @@ def run_traffic(args) -> None:
                 raise SystemExit(f"error: '{term}' is not VERSION=WEIGHT (for example 1=90)")
             weights[version] = int(weight)
     try:
-        with grpc.insecure_channel(args.scheduler) as channel:
+        tls = tool_tls(args.tls_dir)
+    except AIWorksError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    try:
+        with blocking_channel(args.scheduler, tls, server_name="scheduler") as channel:
             stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
             if args.traffic_action == "set":
+                if not (args.weights or args.clear):  # a shadow change keeps the weights in force
+                    current = stub.GetTrafficPolicy(pb.GetTrafficPolicyRequest(model=args.model), timeout=5)
+                    weights = dict(current.weights)
                 policy = pb.TrafficPolicy(model=args.model, weights=weights)
+                if args.shadow:
+                    policy.shadow.CopyFrom(
+                        pb.ShadowPolicy(
+                            version=args.shadow,
+                            fraction=args.shadow_fraction,
+                            compare=args.shadow_compare,
+                            tolerance=args.shadow_tolerance,
+                        )
+                    )
+                elif args.no_shadow:
+                    policy.shadow.SetInParent()  # present with no version: removes the shadow
                 reply = stub.SetTrafficPolicy(pb.SetTrafficPolicyRequest(policy=policy), timeout=5)
+                shadows = None
             else:
                 reply = stub.GetTrafficPolicy(pb.GetTrafficPolicyRequest(model=args.model), timeout=5)
+                shadows = None
+                if args.traffic_action == "show":
+                    status = stub.Status(pb.StatusRequest(), timeout=5)
+                    shadows = [s for s in status.shadows if s.model == args.model]
     except grpc.RpcError as exc:
         raise SystemExit(f"error: {exc.details()}") from None
     print(format_policy(reply))
+    if shadows is not None:
+        print(format_shadows(shadows) if shadows else "  no shadow traffic yet")
 
 
 def format_policy(policy) -> str:
     if not policy.weights:
-        return f"{policy.model}: no weights; requests without a version go to the latest ready version"
-    total = sum(policy.weights.values()) or 1
-    parts = [f"v{v}={w} ({100 * w / total:.0f}%)" for v, w in sorted(policy.weights.items(), key=lambda i: i[0])]
-    return f"{policy.model}: " + "  ".join(parts)
+        text = f"{policy.model}: no weights; requests without a version go to the latest ready version"
+    else:
+        total = sum(policy.weights.values()) or 1
+        parts = [f"v{v}={w} ({100 * w / total:.0f}%)" for v, w in sorted(policy.weights.items(), key=lambda i: i[0])]
+        text = f"{policy.model}: " + "  ".join(parts)
+    if policy.HasField("shadow") and policy.shadow.version:
+        s = policy.shadow
+        how = f"allclose, tolerance {s.tolerance:g}" if s.compare == "allclose" else s.compare
+        text += f"\n  shadow: v{s.version}, {100 * s.fraction:g}% of requests mirrored, compared by {how}"
+    return text
+
+
+def format_shadows(shadows) -> str:
+    """Comparison counts per shadow version (``StatusResponse.shadows`` entries)."""
+    lines = [
+        f"  {'shadow':<8} {'active':<6} {'mirrored':>9} {'compared':>9} {'agreed':>9} {'agreement':>9} "
+        f"{'errors':>7} {'dropped':>8} {'inflight':>8}  compare"
+    ]
+    for s in shadows:
+        agreement = f"{100 * s.agreement:.1f}%" if s.compared else "-"
+        lines.append(
+            f"  v{s.shadow_version:<7} {'yes' if s.active else 'no':<6} {s.mirrored:>9} {s.compared:>9} "
+            f"{s.agreed:>9} {agreement:>9} {s.errors:>7} {s.dropped:>8} {s.inflight:>8}  {s.compare}"
+        )
+    return "\n".join(lines)

@@ -20,8 +20,6 @@ from .support import REPO, SERVICE_FOLDERS, Rendered
 # ignored until its service reads it; drop it from here when it lands.
 PENDING = {
     "AIWORKS_GATEWAY_CACHE_ADDRESS",
-    "AIWORKS_GATEWAY_TENANTS_FILE",
-    "AIWORKS_GATEWAY_API_KEYS_FILE",
     "AIWORKS_SCHEDULER_MODELS_FILE",
 }
 COMPOSE_SERVICES = {"gateway": "gateway", "scheduler": "scheduler", "runtime-1": "runtime", "runtime-2": "runtime",

@@ -312,8 +312,8 @@ def test_a_rollout_started_with_the_cli_drives_the_schedulers_weights_and_is_aud
     force at the scheduler, abort returns all traffic to stable, and each step is an event and an audit line."""
     suite = healing_suite
     url = suite.supervisor.monitor_url
-    started = aiworks("rollout", "start", "digits", "--from", "1", "--to", "2", "--steps", "20,100",
-                      "--dwell", "60s", "--monitor", url, "--json")  # fmt: skip
+    started = aiworks("rollout", "--monitor", url, "start", "digits", "--from", "1", "--to", "2",
+                      "--steps", "20,100", "--dwell", "60s", "--json")  # fmt: skip
     assert started.returncode == 0, started.stderr
     weights = subprocess.run(
         [sys.executable, "-m", "aiworks", "traffic", "--scheduler", suite.supervisor.scheduler_address, "get", "digits"],
@@ -321,11 +321,11 @@ def test_a_rollout_started_with_the_cli_drives_the_schedulers_weights_and_is_aud
     )  # fmt: skip
     assert weights.returncode == 0, weights.stderr
     assert "1" in weights.stdout and "80" in weights.stdout and "20" in weights.stdout, weights.stdout
-    status = aiworks("rollout", "status", "digits", "--monitor", url, "--json")
+    status = aiworks("rollout", "--monitor", url, "status", "digits", "--json")
     assert status.returncode == 0, status.stderr
     doc = json.loads(status.stdout)
     assert doc["model"] == "digits" and doc["canary"] == "2" and doc["stable"] == "1", doc
-    aborted = aiworks("rollout", "abort", "digits", "--monitor", url)
+    aborted = aiworks("rollout", "--monitor", url, "abort", "digits")
     assert aborted.returncode == 0, aborted.stderr
     after = subprocess.run(
         [sys.executable, "-m", "aiworks", "traffic", "--scheduler", suite.supervisor.scheduler_address, "get", "digits"],

@@ -16,6 +16,7 @@ import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from aiworks.core.errors import InvalidArgument
+from aiworks.core.rpc import add_port, client_channel, create_server, set_serving, tls_options
 from aiworks.security.tls import (
     TLSFiles,
     certificate_names,
@@ -189,3 +190,72 @@ async def test_https_client_refuses_a_server_from_another_ca(https_server, other
     ctx = client_ssl_context(TLSFiles.from_dir(other_pki / "gateway"))
     with pytest.raises(OSError, match="CERTIFICATE_VERIFY_FAILED"):
         await asyncio.to_thread(_get, https_server, ctx)
+
+
+# ---- the suite's one place for ports and channels (aiworks.core.rpc) and the services' settings ---------
+
+
+async def test_rpc_port_and_channel_speak_mutual_tls_by_service_name(pki):
+    server, health_servicer = create_server(1 << 20)
+    port = add_port(server, "127.0.0.1:0", TLSFiles.from_dir(pki / "scheduler"))
+    await server.start()
+    await set_serving(health_servicer, True)
+    try:
+        # Dialled by IP: verified against the service's name, which the certificate carries.
+        channel = client_channel(
+            f"127.0.0.1:{port}", 1 << 20, TLSFiles.from_dir(pki / "gateway"), server_name="scheduler"
+        )
+        assert await _check(channel) == health_pb2.HealthCheckResponse.SERVING
+        await _refused(client_channel(f"127.0.0.1:{port}", 1 << 20))  # plaintext
+        # The name override names the peer: a certificate issued to another service does not pass as this one.
+        wrong = client_channel(f"127.0.0.1:{port}", 1 << 20, TLSFiles.from_dir(pki / "gateway"), server_name="cache")
+        await _refused(wrong)
+    finally:
+        await server.stop(grace=None)
+
+
+async def test_a_replica_dialled_by_a_name_of_its_own_verifies_as_its_service(pki):
+    # runtime-1:8020 under compose, a pod IP on Kubernetes: the certificate names the service, not the replica.
+    server, health_servicer = create_server(1 << 20)
+    port = add_port(server, "localhost:0", TLSFiles.from_dir(pki / "scheduler"))
+    await server.start()
+    await set_serving(health_servicer, True)
+    try:
+        gateway = TLSFiles.from_dir(pki / "gateway")
+        assert tls_options(f"localhost:{port}", "scheduler") == [("grpc.ssl_target_name_override", "scheduler")]
+        channel = client_channel(f"localhost:{port}", 1 << 20, gateway, server_name="scheduler")
+        assert await _check(channel) == health_pb2.HealthCheckResponse.SERVING
+        assert (
+            await _check(client_channel(f"localhost:{port}", 1 << 20, gateway))
+            == health_pb2.HealthCheckResponse.SERVING
+        )
+    finally:
+        await server.stop(grace=None)
+
+
+def test_service_settings_name_the_missing_tls_variable(monkeypatch, pki):
+    from aiworks.scheduler.settings import SchedulerSettings
+    from pydantic import ValidationError
+
+    for key in ("CERT", "KEY", "CA"):
+        monkeypatch.delenv(f"AIWORKS_SCHEDULER_TLS_{key}", raising=False)
+    assert SchedulerSettings().tls_files() is None
+    with pytest.raises(ValidationError, match="AIWORKS_SCHEDULER_TLS_KEY"):
+        SchedulerSettings(tls_cert=pki / "scheduler" / "tls.crt")
+    no_ca = SchedulerSettings(tls_cert=pki / "scheduler" / "tls.crt", tls_key=pki / "scheduler" / "tls.key")
+    with pytest.raises(InvalidArgument, match="AIWORKS_SCHEDULER_TLS_CA"):
+        no_ca.tls_files()
+    assert no_ca.tls_files(mutual=False).ca is None  # the gateway's public ports: TLS without client certificates
+    monkeypatch.setenv("AIWORKS_SCHEDULER_TLS_CERT", str(pki / "scheduler" / "tls.crt"))
+    monkeypatch.setenv("AIWORKS_SCHEDULER_TLS_KEY", str(pki / "scheduler" / "tls.key"))
+    monkeypatch.setenv("AIWORKS_SCHEDULER_TLS_CA", str(pki / "scheduler" / "ca.crt"))
+    assert SchedulerSettings().tls_files() == TLSFiles.from_dir(pki / "scheduler")
+
+
+def test_tools_find_their_certificate_folder(tmp_path, pki):
+    from aiworks.security.tls import tool_tls
+
+    assert tool_tls(environ={}) is None
+    assert tool_tls(environ={"AIWORKS_TLS_DIR": str(pki / "gateway")}) == TLSFiles.from_dir(pki / "gateway")
+    with pytest.raises(InvalidArgument, match="has no tls.crt, tls.key, ca.crt"):
+        tool_tls(tmp_path)

@@ -187,19 +187,22 @@ def test_jwt_tenant_claim_is_configurable(write_yaml):
     assert auth.authenticate({"authorization": f"Bearer {token}"}).tenant_id == "lab"
 
 
+# The claims are made when the test runs, not at collection: in a long session a token built at
+# collection time would have expired (exp is 300 s after iat) before its test ran.
 @pytest.mark.parametrize(
-    ("token_claims", "message"),
+    ("make_claims", "message"),
     [
-        (claims(tenant="lab", exp=int(time.time()) - 60), "Signature has expired"),
-        (claims(tenant="lab", aud="someone-else"), "Audience doesn't match"),
-        (claims(tenant="lab", iss="https://evil.example.com/"), "Invalid issuer"),
-        ({k: v for k, v in claims(tenant="lab").items() if k != "exp"}, 'missing the "exp" claim'),
-        (claims(tenant="lab", nbf=int(time.time()) + 600), "not yet valid"),
+        (lambda: claims(tenant="lab", exp=int(time.time()) - 60), "Signature has expired"),
+        (lambda: claims(tenant="lab", aud="someone-else"), "Audience doesn't match"),
+        (lambda: claims(tenant="lab", iss="https://evil.example.com/"), "Invalid issuer"),
+        (lambda: {k: v for k, v in claims(tenant="lab").items() if k != "exp"}, 'missing the "exp" claim'),
+        (lambda: claims(tenant="lab", nbf=int(time.time()) + 600), "not yet valid"),
     ],
+    ids=["expired", "audience", "issuer", "no-exp", "not-yet-valid"],
 )
-def test_invalid_jwts_are_401_and_say_why(write_yaml, token_claims, message):
+def test_invalid_jwts_are_401_and_say_why(write_yaml, make_claims, message):
     auth = jwt_authenticator(write_yaml, "HS256", HMAC_SECRET)
-    token = jwt.encode(token_claims, HMAC_SECRET, algorithm="HS256")
+    token = jwt.encode(make_claims(), HMAC_SECRET, algorithm="HS256")
     status, text = status_of(lambda: auth.authenticate({"authorization": f"Bearer {token}"}))
     assert status is Status.UNAUTHENTICATED
     assert text.startswith("bearer JWT is not valid") and message in text

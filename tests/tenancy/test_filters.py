@@ -121,3 +121,15 @@ def test_size_rules_run_before_the_model_check(scale_spec):
     huge = Tensor("x", "FP32", (1_000_000, 4), b"")
     err = refused(lambda: InputFilter(max_tensor_elements=1000).check(InferRequest("scale", inputs=[huge]), scale_spec))
     assert err.status is Status.PAYLOAD_TOO_LARGE
+
+
+def test_without_the_metadata_check_the_other_rules_still_apply(scale_spec):
+    """Demo mode: shape and datatype are the scheduler's to refuse, the model's NaN rule still holds."""
+    rules = InputFilter()
+    wrong_shape = InferRequest("scale", inputs=[Tensor.from_numpy("x", np.ones((3, 5), dtype=np.float32))])
+    assert rules.check(wrong_shape, scale_spec, against_metadata=False) == 3
+    assert refused(lambda: rules.check(wrong_shape, scale_spec)).status is Status.INVALID_ARGUMENT
+    torn = InferRequest("scale", inputs=[Tensor("x", "FP32", (1, 4), b"\x00" * 15)])  # not whole floats
+    assert rules.check(torn, scale_spec, against_metadata=False) == 1
+    nan = InferRequest("scale", inputs=[floats(1, float("nan"))])
+    assert "(rule reject_nonfinite)" in refused(lambda: rules.check(nan, scale_spec, against_metadata=False)).message

@@ -128,6 +128,77 @@ async def test_live_leases_are_renewed_past_their_ttl(redis_server):
     await close(a, b)
 
 
+async def test_release_soon_frees_the_slot_within_a_round_trip(redis_server):
+    """What the gateway calls: the answer leaves at once, the Redis release follows in the background."""
+    a, b = await replicas(redis_server.url)
+    acme = tenant(max_concurrent_requests=1, compute_quota=ComputeQuota(seconds=100.0, window_s=86400))
+    slot = await a.admit(acme)
+    a.release_soon(slot, 0.25)
+    a.release_soon(slot, 0.25)  # once only, like release()
+    deadline = time.monotonic() + 2
+    while True:
+        try:
+            again = await b.admit(acme)
+            break
+        except AIWorksError:
+            assert time.monotonic() < deadline, "the slot was never released"
+            await asyncio.sleep(0.005)
+    store = redis.Redis.from_url(redis_server.url)
+    assert float(store.hget("aiworks:limits:v1:{acme}:quota", "used")) == pytest.approx(0.25)
+    b.release_soon(again, 0.25)
+    await close(a, b)  # waits for the release on its way
+    assert float(store.hget("aiworks:limits:v1:{acme}:quota", "used")) == pytest.approx(0.5)
+
+
+async def test_a_rate_limit_alone_needs_no_release_call(redis_server):
+    (a,) = await replicas(redis_server.url, 1)
+    acme = tenant(requests_per_second=100.0)
+    slot = await a.admit(acme)
+    assert slot.backend == "redis"
+    redis_server.kill()
+    await a.release(slot, compute_s=1.0)  # nothing to give back: Redis is not asked, so its death goes unnoticed
+    assert not a.fallback
+    await close(a)
+
+
+# ---- the pipelined connection -----------------------------------------------------------------------------------
+
+
+async def test_scripts_flushed_from_redis_are_loaded_again(redis_server):
+    (a,) = await replicas(redis_server.url, 1)
+    acme = tenant(requests_per_second=100.0, max_concurrent_requests=5)
+    await a.release(await a.admit(acme))
+    redis.Redis.from_url(redis_server.url).script_flush()  # as a restarted Redis forgets them
+    slot = await a.admit(acme)
+    assert slot.backend == "redis" and not a.fallback
+    await a.release(slot)
+    await close(a)
+
+
+async def test_the_pipelined_connection_authenticates_and_selects_its_database(redis_server):
+    redis.Redis.from_url(redis_server.url).config_set("requirepass", "s3cret")
+    url = f"redis://:s3cret@127.0.0.1:{redis_server.port}/3"
+    (a,) = await replicas(url, 1)
+    slot = await a.admit(tenant(max_concurrent_requests=5))
+    assert slot.backend == "redis" and not a.fallback
+    assert redis.Redis.from_url(url).zcard("aiworks:limits:v1:{acme}:leases") == 1
+    await a.release(slot)
+    await close(a)
+    (wrong,) = await replicas(f"redis://:wrong@127.0.0.1:{redis_server.port}/3", 1)
+    assert (await wrong.admit(tenant(max_concurrent_requests=5))).backend == "local" and wrong.fallback
+    await close(wrong)
+
+
+async def test_concurrent_calls_share_the_connection_and_get_their_own_answers(redis_server):
+    a, b = await replicas(redis_server.url)
+    tenants = [tenant(id=f"t{i}", max_concurrent_requests=i + 1) for i in range(6)]
+    held = await asyncio.gather(*(a.admit(t) for t in tenants for _ in range(t.max_concurrent_requests)))
+    for t in tenants:  # each tenant's slots are exactly full: the replies were not mixed up
+        await refused(b.admit(t))
+    await asyncio.gather(*(a.release(slot) for slot in held))
+    await close(a, b)
+
+
 # ---- compute quota ----------------------------------------------------------------------------------------------
 
 

@@ -81,6 +81,18 @@ class InvalidArgument(AIWorksError):
     status = Status.INVALID_ARGUMENT
 
 
+class Unauthenticated(AIWorksError):
+    """No credentials, or credentials that prove nothing (HTTP 401 with ``WWW-Authenticate: Bearer``)."""
+
+    status = Status.UNAUTHENTICATED
+
+
+class PermissionDenied(AIWorksError):
+    """A known caller asking for something it may not do."""
+
+    status = Status.PERMISSION_DENIED
+
+
 class NotFound(AIWorksError):
     status = Status.NOT_FOUND
 
@@ -93,6 +105,12 @@ class PayloadTooLarge(AIWorksError):
     status = Status.PAYLOAD_TOO_LARGE
 
 
+class ResourceExhausted(AIWorksError):
+    """A limit reached (rate, concurrency, quota, queue); ``retry_after_s`` says when to try again."""
+
+    status = Status.RESOURCE_EXHAUSTED
+
+
 class DeadlineExceeded(AIWorksError):
     status = Status.DEADLINE_EXCEEDED
 
@@ -103,7 +121,10 @@ class Internal(AIWorksError):
 
 _CLASS_BY_STATUS: dict[Status, type[AIWorksError]] = {
     Status.INVALID_ARGUMENT: InvalidArgument,
+    Status.UNAUTHENTICATED: Unauthenticated,
+    Status.PERMISSION_DENIED: PermissionDenied,
     Status.NOT_FOUND: NotFound,
+    Status.RESOURCE_EXHAUSTED: ResourceExhausted,
     Status.UNAVAILABLE: Unavailable,
     Status.DEADLINE_EXCEEDED: DeadlineExceeded,
     Status.INTERNAL: Internal,

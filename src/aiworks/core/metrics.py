@@ -66,6 +66,23 @@ GATEWAY_CACHE_LOOKUPS = Counter(
     ["model", "result"],
 )
 
+# ---- tenants (metered usage at the gateway, docs/tenancy.md; tenant "" in demo mode) ---------
+
+TENANT_REQUESTS = Counter(
+    "aiworks_tenant_requests", "Inference requests answered, by tenant and model (metered usage).", ["tenant", "model"]
+)
+TENANT_ROWS = Counter(
+    "aiworks_tenant_rows", "Batch rows of answered requests, by tenant and model.", ["tenant", "model"]
+)
+TENANT_COMPUTE_SECONDS = Counter(
+    "aiworks_tenant_compute_seconds",
+    "Compute seconds charged to tenants' quotas (scheduler time of answered requests), by tenant and model.",
+    ["tenant", "model"],
+)
+TENANT_CACHE_HITS = Counter(
+    "aiworks_tenant_cache_hits", "Requests answered from the result cache, by tenant and model.", ["tenant", "model"]
+)
+
 # ---- scheduler -----------------------------------------------------------------------------
 
 SCHEDULER_REQUESTS = Counter(

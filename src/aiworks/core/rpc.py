@@ -1,5 +1,16 @@
 """gRPC plumbing shared by every service: servers, channels, health and errors.
 
+Every server port and client channel of the suite is made here, plaintext or
+TLS: :func:`add_port` binds a server (mutual TLS when given the service's
+:class:`~aiworks.security.tls.TLSFiles`), :func:`client_channel` dials a peer
+(presenting the service's certificate, trusting only its CA), and
+:func:`blocking_channel` does the same for the synchronous tools (the
+supervisor's health checks, ``aiworks status``). A peer is verified against
+its service's name (``scheduler``, ``runtime``, ``cache``), which every
+certificate from ``aiworks certs --services`` carries, not against the address
+dialled: replicas advertise whatever they bound (an IP, ``runtime-1:8020``)
+and all share one certificate, as all share one identity.
+
 Servicer methods are wrapped by :func:`handle_errors`, which turns an
 :class:`AIWorksError` into the gRPC status from the one error table, and any
 other exception into INTERNAL with a log line. Clients turn failures back into
@@ -10,11 +21,13 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from aiworks.core.errors import AIWorksError
+from aiworks.security.tls import TLSFiles, channel_credentials, server_credentials
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +57,68 @@ async def set_serving(health_servicer, serving: bool, service: str = "") -> None
     await health_servicer.set(service, status)
 
 
+def add_port(server, address: str, tls: TLSFiles | None, *, require_client_cert: bool = True) -> int:
+    """Bind ``address`` (``host:port``) on ``server``: plaintext without ``tls``, else TLS.
+
+    Internal services require a client certificate signed by ``tls.ca`` (mutual
+    TLS); the gateway's public port passes ``require_client_cert=False``.
+    Returns the bound port.
+    """
+    if tls is None:
+        return server.add_insecure_port(address)
+    return server.add_secure_port(address, server_credentials(tls, require_client_cert=require_client_cert))
+
+
 def insecure_channel(address: str, max_message_bytes: int) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(address, options=channel_options(max_message_bytes))
+
+
+def client_channel(
+    address: str, max_message_bytes: int, tls: TLSFiles | None = None, *, server_name: str | None = None
+) -> grpc.aio.Channel:
+    """A channel to a peer service: plaintext without ``tls``, mutual TLS with it.
+
+    ``server_name`` is the peer's service name, checked against its
+    certificate instead of the host in ``address`` (see :func:`tls_options`).
+    """
+    options = channel_options(max_message_bytes)
+    if tls is None:
+        return grpc.aio.insecure_channel(address, options=options)
+    return grpc.aio.secure_channel(
+        address, channel_credentials(tls), options=options + tls_options(address, server_name)
+    )
+
+
+def blocking_channel(address: str, tls: TLSFiles | None = None, *, server_name: str | None = None) -> grpc.Channel:
+    """A synchronous channel (tools, the supervisor's health checks), plaintext or mutual TLS."""
+    if tls is None:
+        return grpc.insecure_channel(address)
+    return grpc.secure_channel(address, channel_credentials(tls), options=tls_options(address, server_name))
+
+
+def tls_options(address: str, server_name: str | None) -> list[tuple[str, Any]]:
+    """The name a TLS channel checks the server's certificate against: ``server_name`` when given.
+
+    Without it the host in ``address`` is checked, as usual. With it, a peer
+    dialled by IP (a runtime's advertised ``127.0.0.1:8020``, a pod IP) or by a
+    replica's own DNS name (``runtime-1``) still verifies as the service it is.
+    """
+    return [("grpc.ssl_target_name_override", server_name)] if server_name else []
+
+
+# Who this process is, for code its service's main cannot hand the files to.
+_process_tls: TLSFiles | None = None
+
+
+def use_process_tls(files: TLSFiles | None) -> None:
+    """Record this process's TLS files (its service's ``tls_files()``), once, in its main."""
+    global _process_tls
+    _process_tls = files
+
+
+def process_tls() -> TLSFiles | None:
+    """The TLS files :func:`use_process_tls` recorded; ``None`` (plaintext) unless it was called."""
+    return _process_tls
 
 
 def handle_errors(method):

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings
+
+from aiworks.core.errors import InvalidArgument
+from aiworks.security.tls import TLSFiles, tls_files
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
@@ -34,3 +37,33 @@ class ServiceSettings(BaseSettings):
     trace_sample_ratio: float = Field(
         1.0, ge=0.0, le=1.0, description="Share of new traces recorded; a caller's sampling decision is kept."
     )
+
+    # ---- TLS (docs/security.md); none set: plaintext, the embedded default ----
+    tls_cert: Path | None = Field(None, description="PEM certificate this service serves and calls its peers with.")
+    tls_key: Path | None = Field(None, description="PEM private key of tls_cert.")
+    tls_ca: Path | None = Field(
+        None, description="PEM CA that signs every peer's certificate; set: mutual TLS between the services."
+    )
+
+    @model_validator(mode="after")
+    def _tls_pair(self):
+        if bool(self.tls_cert) != bool(self.tls_key) or (self.tls_ca and not self.tls_cert):
+            prefix = self.model_config.get("env_prefix", "")
+            missing = [f"{prefix}TLS_{n}" for n, v in (("CERT", self.tls_cert), ("KEY", self.tls_key)) if not v]
+            raise ValueError(f"TLS needs both a certificate and a key; set {' and '.join(missing)}")
+        return self
+
+    def tls_files(self, *, mutual: bool = True) -> TLSFiles | None:
+        """This service's certificate, key and CA; ``None`` when TLS is off.
+
+        ``mutual`` (every internal service): the CA is required, since servers
+        check their clients' certificates against it and clients check servers'.
+        """
+        prefix = self.model_config.get("env_prefix", "")
+        files = tls_files(self.tls_cert, self.tls_key, self.tls_ca, env_prefix=prefix)
+        if files is not None and mutual and files.ca is None:
+            raise InvalidArgument(
+                f"mutual TLS between the services needs the CA that signs them: set {prefix}TLS_CA "
+                "(`aiworks certs` writes it as ca.crt)"
+            )
+        return files

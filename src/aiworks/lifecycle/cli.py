@@ -139,6 +139,11 @@ def cmd_split(args) -> None:
         _fail(str(exc))
     for f in folders:
         print(f"wrote {f}")
+    if args.pipeline:
+        from aiworks.lifecycle.pipeline import write_pipeline
+
+        folder = write_pipeline(Path(args.out), args.pipeline, folders, micro_batch_rows=args.micro_batch_rows)
+        print(f"wrote {folder} (a pipeline of {len(folders)} stages, run by the scheduler)")
     report = measure_split(src, folders, _split_feeds(args.data, find_onnx(folders[0]), args.batch))
     print(report.format())
     if args.report:
@@ -235,7 +240,8 @@ def add_lifecycle_parsers(sub) -> None:
         help="cut an ONNX graph at named tensors into stages, one model folder each",
         formatter_class=fmt,
         description="Writes OUT/NAME_stage1 ... and reports bytes sent between stages against the raw input, and\n"
-        "latency against the unsplit model (in-process). --list shows the tensors a cut can name.",
+        "latency against the unsplit model (in-process). --list shows the tensors a cut can name.\n"
+        "--pipeline NAME also writes OUT/NAME, an ensemble of the stages the suite serves as one model.",
     )
     sp.add_argument("model", help="an .onnx file or a model folder (its latest version)")
     sp.add_argument("--list", action="store_true", help="list intermediate tensors with their shapes and exit")
@@ -248,6 +254,15 @@ def add_lifecycle_parsers(sub) -> None:
     sp.add_argument("--batch", type=int, default=32, help="rows measured in the report (default 32)")
     sp.add_argument("--report", help="also save the report as JSON to this file")
     sp.add_argument("--max-batch-size", type=int, default=64)
+    sp.add_argument(
+        "--pipeline", metavar="NAME", help="also write a pipeline model NAME chaining the stages (served by the suite)"
+    )
+    sp.add_argument(
+        "--micro-batch-rows",
+        type=int,
+        default=0,
+        help="pipeline requests with more rows flow through the stages in micro-batches of this many (default: whole)",
+    )
     sp.set_defaults(func=cmd_split)
 
     ml = sub.add_parser("minilm", help="the MiniLM-L6 sentence-embedding model (text in, embeddings out)")

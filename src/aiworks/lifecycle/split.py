@@ -2,7 +2,11 @@
 
 Stage *k* reads the tensors of cut *k-1* (and any original graph inputs it
 still needs) and produces the tensors of cut *k*; the last stage produces the
-original outputs. Stages are cut with ``onnx.utils.extract_model``.
+original outputs. Stages are cut with ``onnx.utils.extract_model``. When the
+source sits in a model folder (``<repo>/<name>/<version>/model.onnx``), each
+stage inherits its config's serving settings (dynamic batching, instance
+group, optimization, parameters), so a stage batches and runs as the unsplit
+model does.
 
 :class:`EdgeStage` runs the front stage on the device with onnxruntime and
 returns the intermediate tensors to send; :func:`measure_split` reports the
@@ -147,9 +151,36 @@ def split_model(
             onnx.utils.extract_model(str(src), str(path), inputs, outputs, check_model=True)
             stage = onnx.load(str(path))
             stage_name = f"{name}_stage{k}"
-            config = make_config(stage_name, stage, max_batch_size=max_batch_size)
+            config = _inherit(make_config(stage_name, stage, max_batch_size=max_batch_size), src)
             folders.append(write_model_folder(Path(out), stage_name, stage, config))
     return folders
+
+
+def _inherit(config_text: str, src: Path) -> str:
+    """The stage's config with the serving settings of the source's model folder config, if there is one."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    folder = src.parent.parent if src.name == "model.onnx" and src.parent.name.isdigit() else None
+    source = folder / "config.pbtxt" if folder is not None else None
+    if source is None or not source.is_file():
+        return config_text
+    original = text_format.Parse(source.read_text(), mc.ModelConfig())
+    stage = text_format.Parse(config_text, mc.ModelConfig())
+    if original.HasField("dynamic_batching") and stage.HasField("dynamic_batching"):
+        stage.dynamic_batching.CopyFrom(original.dynamic_batching)
+        largest = stage.max_batch_size
+        kept = [b for b in original.dynamic_batching.preferred_batch_size if b <= largest]
+        del stage.dynamic_batching.preferred_batch_size[:]
+        stage.dynamic_batching.preferred_batch_size.extend(kept)
+    if original.instance_group:
+        stage.ClearField("instance_group")
+        stage.instance_group.extend(original.instance_group)
+    for key, value in original.parameters.items():  # the stage's own (onnxruntime_extensions) stay
+        stage.parameters[key].CopyFrom(value)
+    if original.HasField("optimization"):
+        stage.optimization.CopyFrom(original.optimization)
+    return text_format.MessageToString(stage)
 
 
 class EdgeStage:

@@ -14,8 +14,9 @@ takes effect at the next restart.
 
 from __future__ import annotations
 
+import os
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,27 @@ def tls_files(
         missing = [f"{env_prefix}TLS_{n}" for n, v in (("CERT", cert), ("KEY", key)) if not v]
         raise InvalidArgument(f"TLS needs both a certificate and a key; set {' and '.join(missing)}")
     return TLSFiles(Path(cert), Path(key), Path(ca) if ca else None)
+
+
+TLS_DIR_ENV = "AIWORKS_TLS_DIR"
+
+
+def tool_tls(tls_dir: str | Path | None = None, environ: Mapping[str, str] | None = None) -> TLSFiles | None:
+    """A command-line tool's client files: ``tls_dir``, else ``$AIWORKS_TLS_DIR``; ``None`` (plaintext) without either.
+
+    The folder holds ``tls.crt``, ``tls.key`` and ``ca.crt`` (``.aiworks/certs/admin`` under ``aiworks up --tls``).
+    """
+    folder = tls_dir or (os.environ if environ is None else environ).get(TLS_DIR_ENV)
+    if not folder:
+        return None
+    files = TLSFiles.from_dir(folder)
+    missing = [p.name for p in (files.cert, files.key, files.ca) if not p.is_file()]
+    if missing:
+        raise InvalidArgument(
+            f"TLS folder {folder} has no {', '.join(missing)}: point --tls-dir or {TLS_DIR_ENV} at a folder "
+            "from `aiworks certs` (for `aiworks up --tls`: .aiworks/certs/admin)"
+        )
+    return files
 
 
 # ---- gRPC --------------------------------------------------------------------------------------

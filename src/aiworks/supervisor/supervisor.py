@@ -18,6 +18,13 @@ PR_SET_PDEATHSIG fires when the *thread* that forked a child ends, not the
 process. Children are therefore forked by one long-lived spawner thread, so a
 child started on behalf of a control API request (served on a short-lived
 thread) does not die with that thread.
+
+With ``tls`` the suite runs with mutual TLS inside and TLS on the gateway's
+ports: the supervisor writes a CA and one certificate per service (and one
+for itself and one for the operator's tools, ``admin``) with
+:func:`~aiworks.security.certs.write_certificates`, hands each child its files
+as ``AIWORKS_<SVC>_TLS_CERT/_KEY/_CA``, and runs its own health checks over
+TLS with its certificate.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -40,7 +48,10 @@ import grpc
 
 from aiworks.core.errors import AIWorksError, NotFound, Status
 from aiworks.core.lifecycle import die_with_parent
+from aiworks.core.rpc import blocking_channel
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from aiworks.security.certs import CA_CERT, DEFAULT_HOSTNAMES, TLS_CERT, TLS_KEY, write_certificates
+from aiworks.security.tls import TLSFiles, client_ssl_context
 from aiworks.supervisor.control import ControlServer
 
 log = logging.getLogger(__name__)
@@ -48,6 +59,11 @@ log = logging.getLogger(__name__)
 _GRPC_HOLD: grpc.Channel | None = None
 
 STOP_TIMEOUT_S = 10.0
+
+# Services that get a certificate of their own under SuiteConfig.tls; "supervisor" (its health checks) and
+# "admin" (aiworks status, traffic, events) are clients only.
+TLS_SERVICES = ("gateway", "scheduler", "runtime", "cache", "monitor")
+TLS_CLIENTS = ("supervisor", "admin")
 
 
 def _hold_grpc_initialized() -> None:
@@ -104,6 +120,11 @@ class SuiteConfig:
     # A local Prometheus scraping every metrics endpoint (needs the prometheus binary); 0 picks a free port.
     prometheus: bool = False
     prometheus_port: int = 9090
+    # Mutual TLS between the services and TLS on the gateway's HTTP and gRPC ports (docs/security.md).
+    # Certificates are written into tls_dir (default <log_dir>/../certs), reusing its CA; a tls_dir given
+    # that already holds a certificate for every service is used as it is.
+    tls: bool = False
+    tls_dir: Path | None = None
 
     @classmethod
     def on_free_ports(cls, **fields) -> SuiteConfig:
@@ -204,8 +225,19 @@ class Supervisor:
             config.monitor_port = free_port(config.host)
         self.control: ControlServer | None = None
         self.prometheus = None  # aiworks.supervisor.prometheus.PrometheusProcess when config.prometheus
+        # Where the certificates live with config.tls, and the supervisor's own (set by start()).
+        self.tls_dir: Path | None = None
+        if config.tls:
+            self.tls_dir = Path(config.tls_dir or config.log_dir.parent / "certs").resolve()
+        self.client_tls: TLSFiles | None = None
+        self._http_context: ssl.SSLContext | None = None
 
     # ---- registry --------------------------------------------------------------------------
+
+    @property
+    def http_url(self) -> str:
+        """The gateway's HTTP base URL (https with TLS)."""
+        return f"{'https' if self.tls_dir else 'http'}://{self.reach_host}:{self.config.http_port}"
 
     @property
     def monitor_url(self) -> str | None:
@@ -260,6 +292,37 @@ class Supervisor:
         base = self.config.metrics_base_port
         return base + _METRICS_OFFSET[kind] + index if base else free_port(self.config.host)
 
+    def _prepare_certificates(self) -> None:
+        """Write the CA and certificates into tls_dir (or take the ones a given tls_dir holds)."""
+        folder = self.tls_dir
+        assert folder is not None
+        given = self.config.tls_dir is not None and all(
+            (folder / svc / name).is_file() for svc in TLS_SERVICES for name in (TLS_CERT, TLS_KEY, CA_CERT)
+        )
+        if not given:
+            hosts = [*DEFAULT_HOSTNAMES, self.reach_host]
+            if self.config.host not in ("0.0.0.0", "::", ""):
+                hosts.append(self.config.host)
+            try:
+                write_certificates(folder, list(dict.fromkeys(hosts)), (*TLS_SERVICES, *TLS_CLIENTS))
+            except AIWorksError as exc:  # a CA certificate without its key, say
+                raise RuntimeError(f"cannot write TLS certificates into {folder}: {exc}") from None
+            log.info("certificates for mutual TLS in %s (CA %s)", folder, folder / CA_CERT)
+        # A folder from `aiworks certs --services ...` alone has no supervisor/: use its top-level certificate.
+        own = folder / "supervisor"
+        self.client_tls = TLSFiles.from_dir(own if (own / TLS_CERT).is_file() else folder)
+        self._http_context = client_ssl_context(self.client_tls)
+
+    def _tls_env(self, kind: str) -> dict[str, str]:
+        if self.tls_dir is None or kind not in TLS_SERVICES:
+            return {}
+        folder, prefix = self.tls_dir / kind, f"AIWORKS_{kind.upper()}_TLS_"
+        return {
+            f"{prefix}CERT": str(folder / TLS_CERT),
+            f"{prefix}KEY": str(folder / TLS_KEY),
+            f"{prefix}CA": str(folder / CA_CERT),
+        }
+
     def _launch(self, child: Child) -> None:
         """Fork ``child`` (on the spawner thread: see the module docstring)."""
         env = {**os.environ, **self.config.extra_env, **child.env, "PYTHONUNBUFFERED": "1"}
@@ -277,7 +340,7 @@ class Supervisor:
 
     def _spawn(self, name: str, kind: str, args: list[str], env: dict[str, str] | None = None, **registry) -> Child:
         self.config.log_dir.mkdir(parents=True, exist_ok=True)
-        env = dict(env or {})
+        env = {**self._tls_env(kind), **(env or {})}
         metrics_port = registry.pop("metrics_port", None)
         index = registry.pop("metrics_index", 0)
         if kind in _METRICS_ENV:  # the monitor serves its metrics on its own HTTP port
@@ -344,6 +407,8 @@ class Supervisor:
     def start(self) -> None:
         c = self.config
         level = ["--log-level", c.log_level]
+        if self.tls_dir is not None:
+            self._prepare_certificates()
         self.control = ControlServer(self, "127.0.0.1", c.control_port)
         self.control.start()
         scheduler = ["scheduler", "--host", c.host, "--port", str(c.scheduler_port), *level]
@@ -355,13 +420,13 @@ class Supervisor:
             if c.redis_url:
                 cache += ["--redis-url", c.redis_url]
             self._spawn("cache", "cache", cache, grpc_address=self.cache_address)
-        self._wait(lambda: self._grpc_serving(self.scheduler_address), "scheduler")
+        self._wait(lambda: self._grpc_serving(self.scheduler_address, "scheduler"), "scheduler")
         for _ in range(c.replicas):
             self.start_runtime()
         self._wait(lambda: self._live_replicas() >= c.replicas, f"{c.replicas} runtime replica(s)")
         gateway_env = {}
         if self.cache_address:
-            self._wait(lambda: self._grpc_serving(self.cache_address), "cache")
+            self._wait(lambda: self._grpc_serving(self.cache_address, "cache"), "cache")
             gateway_env["AIWORKS_GATEWAY_CACHE_ADDRESS"] = self.cache_address
         self._spawn(
             "gateway", "gateway",
@@ -433,24 +498,24 @@ class Supervisor:
             time.sleep(0.1)
         raise RuntimeError(f"timed out after {self.config.ready_timeout_s:.0f} s waiting for {what}")
 
-    def _grpc_serving(self, address: str) -> bool:
+    def _grpc_serving(self, address: str, service: str) -> bool:
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-        with grpc.insecure_channel(address) as ch:
+        with blocking_channel(address, self.client_tls, server_name=service) as ch:
             reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1)
             return reply.status == health_pb2.HealthCheckResponse.SERVING
 
     def _live_replicas(self) -> int:
-        with grpc.insecure_channel(self.scheduler_address) as ch:
+        with blocking_channel(self.scheduler_address, self.client_tls, server_name="scheduler") as ch:
             reply = scheduler_pb2_grpc.SchedulerServiceStub(ch).Status(scheduler_pb2.StatusRequest(), timeout=1)
             return sum(1 for r in reply.replicas if r.live and r.models)
 
     def _http_ready(self) -> bool:
-        return self._http_ok(f"http://{self.reach_host}:{self.config.http_port}/v2/health/ready")
+        return self._http_ok(f"{self.http_url}/v2/health/ready", self._http_context)
 
     @staticmethod
-    def _http_ok(url: str) -> bool:
-        with urllib.request.urlopen(url, timeout=1) as resp:
+    def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
+        with urllib.request.urlopen(url, timeout=1, context=context) as resp:
             return resp.status == 200
 
     # ---- actions (the control API) ---------------------------------------------------------

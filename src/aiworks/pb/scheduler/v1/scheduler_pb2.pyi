@@ -222,7 +222,7 @@ class ReplicaStatus(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., live: _Optional[bool] = ..., outstanding_batches: _Optional[int] = ..., outstanding_rows: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ..., models: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., ejected: _Optional[bool] = ..., ejected_for_s: _Optional[float] = ..., times_ejected: _Optional[int] = ..., consecutive_errors: _Optional[int] = ..., ewma_latency_ms: _Optional[float] = ..., batches_done: _Optional[int] = ..., rows_done: _Optional[int] = ...) -> None: ...
 
 class QueueStatus(_message.Message):
-    __slots__ = ("model", "version", "queued_requests", "queued_rows", "batches", "rows", "queued_realtime", "queued_standard", "queued_batch", "queued_bytes", "rejected", "expired", "retries")
+    __slots__ = ("model", "version", "queued_requests", "queued_rows", "batches", "rows", "queued_realtime", "queued_standard", "queued_batch", "queued_bytes", "rejected", "expired", "retries", "draining")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
@@ -236,6 +236,7 @@ class QueueStatus(_message.Message):
     REJECTED_FIELD_NUMBER: _ClassVar[int]
     EXPIRED_FIELD_NUMBER: _ClassVar[int]
     RETRIES_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: str
     queued_requests: int
@@ -249,7 +250,8 @@ class QueueStatus(_message.Message):
     rejected: int
     expired: int
     retries: int
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., queued_requests: _Optional[int] = ..., queued_rows: _Optional[int] = ..., batches: _Optional[int] = ..., rows: _Optional[int] = ..., queued_realtime: _Optional[int] = ..., queued_standard: _Optional[int] = ..., queued_batch: _Optional[int] = ..., queued_bytes: _Optional[int] = ..., rejected: _Optional[int] = ..., expired: _Optional[int] = ..., retries: _Optional[int] = ...) -> None: ...
+    draining: bool
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., queued_requests: _Optional[int] = ..., queued_rows: _Optional[int] = ..., batches: _Optional[int] = ..., rows: _Optional[int] = ..., queued_realtime: _Optional[int] = ..., queued_standard: _Optional[int] = ..., queued_batch: _Optional[int] = ..., queued_bytes: _Optional[int] = ..., rejected: _Optional[int] = ..., expired: _Optional[int] = ..., retries: _Optional[int] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class RetryBudgetStatus(_message.Message):
     __slots__ = ("active", "active_retries", "allowed", "denied")
@@ -264,19 +266,47 @@ class RetryBudgetStatus(_message.Message):
     def __init__(self, active: _Optional[int] = ..., active_retries: _Optional[int] = ..., allowed: _Optional[int] = ..., denied: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("replicas", "queues", "traffic", "retry_budget")
+    __slots__ = ("replicas", "queues", "traffic", "retry_budget", "shadows")
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     TRAFFIC_FIELD_NUMBER: _ClassVar[int]
     RETRY_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    SHADOWS_FIELD_NUMBER: _ClassVar[int]
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
     queues: _containers.RepeatedCompositeFieldContainer[QueueStatus]
     traffic: _containers.RepeatedCompositeFieldContainer[TrafficPolicy]
     retry_budget: RetryBudgetStatus
-    def __init__(self, replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[QueueStatus, _Mapping]]] = ..., traffic: _Optional[_Iterable[_Union[TrafficPolicy, _Mapping]]] = ..., retry_budget: _Optional[_Union[RetryBudgetStatus, _Mapping]] = ...) -> None: ...
+    shadows: _containers.RepeatedCompositeFieldContainer[ShadowStatus]
+    def __init__(self, replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[QueueStatus, _Mapping]]] = ..., traffic: _Optional[_Iterable[_Union[TrafficPolicy, _Mapping]]] = ..., retry_budget: _Optional[_Union[RetryBudgetStatus, _Mapping]] = ..., shadows: _Optional[_Iterable[_Union[ShadowStatus, _Mapping]]] = ...) -> None: ...
+
+class ShadowStatus(_message.Message):
+    __slots__ = ("model", "shadow_version", "active", "mirrored", "compared", "agreed", "errors", "dropped", "agreement", "inflight", "compare")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    MIRRORED_FIELD_NUMBER: _ClassVar[int]
+    COMPARED_FIELD_NUMBER: _ClassVar[int]
+    AGREED_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    AGREEMENT_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    COMPARE_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    shadow_version: str
+    active: bool
+    mirrored: int
+    compared: int
+    agreed: int
+    errors: int
+    dropped: int
+    agreement: float
+    inflight: int
+    compare: str
+    def __init__(self, model: _Optional[str] = ..., shadow_version: _Optional[str] = ..., active: _Optional[bool] = ..., mirrored: _Optional[int] = ..., compared: _Optional[int] = ..., agreed: _Optional[int] = ..., errors: _Optional[int] = ..., dropped: _Optional[int] = ..., agreement: _Optional[float] = ..., inflight: _Optional[int] = ..., compare: _Optional[str] = ...) -> None: ...
 
 class TrafficPolicy(_message.Message):
-    __slots__ = ("model", "weights")
+    __slots__ = ("model", "weights", "shadow")
     class WeightsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -286,9 +316,23 @@ class TrafficPolicy(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     MODEL_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_FIELD_NUMBER: _ClassVar[int]
     model: str
     weights: _containers.ScalarMap[str, int]
-    def __init__(self, model: _Optional[str] = ..., weights: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    shadow: ShadowPolicy
+    def __init__(self, model: _Optional[str] = ..., weights: _Optional[_Mapping[str, int]] = ..., shadow: _Optional[_Union[ShadowPolicy, _Mapping]] = ...) -> None: ...
+
+class ShadowPolicy(_message.Message):
+    __slots__ = ("version", "fraction", "compare", "tolerance")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    FRACTION_FIELD_NUMBER: _ClassVar[int]
+    COMPARE_FIELD_NUMBER: _ClassVar[int]
+    TOLERANCE_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    fraction: float
+    compare: str
+    tolerance: float
+    def __init__(self, version: _Optional[str] = ..., fraction: _Optional[float] = ..., compare: _Optional[str] = ..., tolerance: _Optional[float] = ...) -> None: ...
 
 class SetTrafficPolicyRequest(_message.Message):
     __slots__ = ("policy",)

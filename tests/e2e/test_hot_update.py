@@ -1,0 +1,210 @@
+"""Hot update: a new version comes in and the old one leaves under load, and no request fails.
+
+The first test keeps clients busy on digits while version 2 is added and
+loaded (it becomes the served version, the latest) and version 1 is then
+retired by a reload whose version policy no longer selects it: every request
+succeeds, and the answers switch from v1's to v2's.
+
+The second test makes batches slow on purpose (the runtimes' test-only delay)
+so requests queue, then unloads the model: every request queued before the
+unload is answered, one sent during it is refused (503), and a runtime's own
+unload waits for the batch it is running.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from aiworks.pb.runtime.v1 import runtime_pb2, runtime_pb2_grpc
+from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+
+def _start_suite():
+    """tests/e2e/conftest.py's start_suite (the folder is not a package, so load it by path)."""
+    spec = importlib.util.spec_from_file_location("e2e_conftest", Path(__file__).with_name("conftest.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("e2e_conftest", module)
+    spec.loader.exec_module(module)
+    return module.start_suite
+
+
+def _digits_rows(n: int) -> np.ndarray:
+    from aiworks.demo.models import digits_split
+
+    return digits_split()[1][:n].astype(np.float32)
+
+
+def _status(suite) -> scheduler_pb2.StatusResponse:
+    with grpc.insecure_channel(suite.supervisor.scheduler_address) as channel:
+        return scheduler_pb2_grpc.SchedulerServiceStub(channel).Status(scheduler_pb2.StatusRequest(), timeout=5)
+
+
+def test_new_version_in_old_version_out_under_load_fails_nothing(model_repository, tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "digits").mkdir(parents=True)
+    shutil.copytree(model_repository / "digits" / "1", repo / "digits" / "1")
+    config = (model_repository / "digits" / "config.pbtxt").read_text()
+    assert "version_policy: { all { } }" in config
+    (repo / "digits" / "config.pbtxt").write_text(config)
+    x = _digits_rows(64)
+    expected = {}
+    for v in ("1", "2"):
+        session = ort.InferenceSession(str(model_repository / "digits" / v / "model.onnx"))
+        expected[v] = session.run(["probabilities"], {"input": x})[0]
+
+    suite = _start_suite()(repo, tmp_path / "logs", replicas=2, cache=False)
+    try:
+        stop = threading.Event()
+        answers: list[tuple[float, str]] = []
+        failures: list[str] = []
+
+        def client_loop(seed: int) -> None:
+            client = grpcclient.InferenceServerClient(suite.grpc_url)
+            i = seed
+            try:
+                while not stop.is_set():
+                    rows = 1 + i % 4
+                    start = (i * 7) % (len(x) - rows)
+                    inp = grpcclient.InferInput("input", [rows, 64], "FP32")
+                    inp.set_data_from_numpy(x[start : start + rows])
+                    try:
+                        r = client.infer("digits", [inp])
+                    except InferenceServerException as exc:
+                        failures.append(str(exc))
+                    else:
+                        version = r.get_response().model_version
+                        got = r.as_numpy("probabilities")
+                        if not np.allclose(got, expected[version][start : start + rows], rtol=1e-5, atol=1e-6):
+                            failures.append(f"v{version} answered rows {start}..{start + rows} wrongly")
+                        answers.append((time.monotonic(), version))
+                    i += 1
+            finally:
+                client.close()
+
+        threads = [threading.Thread(target=client_loop, args=(k * 13,)) for k in range(6)]
+        for t in threads:
+            t.start()
+        admin = httpclient.InferenceServerClient(suite.http_url, network_timeout=180)
+        try:
+            time.sleep(1.5)
+            shutil.copytree(model_repository / "digits" / "2", repo / "digits" / "2")
+            admin.load_model("digits")  # v1 and v2 loaded; the latest, v2, serves from now on
+            loaded_2 = time.monotonic()
+            time.sleep(1.5)
+            (repo / "digits" / "config.pbtxt").write_text(
+                config.replace("version_policy: { all { } }", "version_policy: { specific { versions: [ 2 ] } }")
+            )
+            admin.load_model("digits")  # v1 retires: drained, then freed by the runtimes
+            retired_1 = time.monotonic()
+            time.sleep(3.0)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=60)
+        meta = admin.get_model_metadata("digits")
+        admin.close()
+
+        assert not failures, failures[:5]
+        assert len(answers) > 100
+        assert {v for t, v in answers if t < loaded_2 - 0.5} == {"1"}
+        assert {v for t, v in answers if t > loaded_2 + 0.5} == {"2"}  # answers switched to the new version
+        assert any(t > retired_1 + 1.0 for t, _ in answers)  # load went on after the retirement
+        assert meta["versions"] == ["2"]
+
+        deadline = time.monotonic() + 15
+        while True:  # the retired version's queue is closed once drained
+            queues = {(q.model, q.version): q for q in _status(suite).queues}
+            if ("digits", "1") not in queues:
+                break
+            assert time.monotonic() < deadline, queues[("digits", "1")]
+            time.sleep(0.2)
+        logs = "".join(c.log_path.read_text() for c in suite.supervisor.runtimes())
+        assert "retiring digits version 1" in logs
+    finally:
+        suite.supervisor.stop()
+
+
+def test_unload_answers_every_queued_request_first(model_repository, tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(model_repository / "iris", repo / "iris")
+    suite = _start_suite()(
+        repo,
+        tmp_path / "logs",
+        replicas=2,
+        cache=False,
+        batching=False,
+        extra_env={"AIWORKS_RUNTIME_DEBUG_DELAY_MS": "300"},
+    )
+    try:
+        x = np.array([[5.1, 3.5, 1.4, 0.2]], dtype=np.float32)
+
+        def infer(_):
+            client = httpclient.InferenceServerClient(suite.http_url, network_timeout=60)
+            try:
+                inp = httpclient.InferInput("input", [1, 4], "FP32")
+                inp.set_data_from_numpy(x)
+                return int(client.infer("iris", [inp]).as_numpy("label").reshape(-1)[0])
+            finally:
+                client.close()
+
+        with ThreadPoolExecutor(16) as pool:
+            queued = [pool.submit(infer, i) for i in range(16)]
+            deadline = time.monotonic() + 10
+            while sum(q.queued_requests for q in _status(suite).queues) < 8:  # 2 replicas run 2 at a time
+                assert time.monotonic() < deadline, "requests never queued"
+                time.sleep(0.02)
+
+            def unload():
+                client = httpclient.InferenceServerClient(suite.http_url, network_timeout=60)
+                try:
+                    client.unload_model("iris")
+                finally:
+                    client.close()
+
+            with ThreadPoolExecutor(1) as side:
+                unloading = side.submit(unload)
+                time.sleep(0.1)
+                with pytest.raises(InferenceServerException) as refused:  # no new requests while it drains
+                    infer(None)
+                assert not unloading.done()  # still draining the queue
+                unloading.result(timeout=60)
+            answers = [f.result(timeout=60) for f in queued]
+        assert answers == [0] * 16  # every request queued before the unload was answered
+        assert "503" in str(refused.value) or "unloaded" in str(refused.value)
+        admin = httpclient.InferenceServerClient(suite.http_url, network_timeout=60)
+        assert not admin.is_model_ready("iris")
+
+        # A runtime's own unload waits for the batch it is running (300 ms here).
+        admin.load_model("iris")
+        address = _status(suite).replicas[0].address
+        with grpc.insecure_channel(address) as channel:
+            stub = runtime_pb2_grpc.RuntimeServiceStub(channel)
+            request = runtime_pb2.ExecuteRequest(
+                model="iris",
+                version="1",
+                inputs=[runtime_pb2.Tensor(name="input", datatype="FP32", shape=[1, 4], raw=x.tobytes())],
+            )
+            running = stub.Execute.future(request, timeout=10)
+            time.sleep(0.15)
+            started = time.monotonic()
+            stub.UnloadModel(runtime_pb2.UnloadModelRequest(name="iris"), timeout=10)
+            waited = time.monotonic() - started
+            assert len(running.result().outputs) == 2  # the batch finished, not cut off
+            assert waited >= 0.05
+        admin.close()
+    finally:
+        suite.supervisor.stop()
