@@ -28,8 +28,14 @@ async def serve(settings: SchedulerSettings) -> None:
         lambda address: RuntimeClient(address, settings.max_message_bytes, settings.runtime_timeout_s, tls)
     )
     scheduler = Scheduler(settings, registry)
+    audit = None
+    if settings.audit_log:
+        from aiworks.security.audit import AuditLog
+
+        audit = AuditLog(settings.audit_log)
+        await audit.start()
     server, health = create_server(settings.max_message_bytes)
-    scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(SchedulerServicer(scheduler), server)
+    scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(SchedulerServicer(scheduler, audit), server)
     port = add_port(server, f"{settings.host}:{settings.port}", tls)
     await server.start()
     expiry = asyncio.create_task(scheduler.expire_loop())
@@ -50,6 +56,8 @@ async def serve(settings: SchedulerSettings) -> None:
     expiry.cancel()
     await server.stop(grace=5)
     await scheduler.close()
+    if audit is not None:
+        await audit.close()
     await stop_metrics(metrics)
     collector.unregister()
     shutdown_tracing()

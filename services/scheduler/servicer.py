@@ -23,8 +23,18 @@ from aiworks.scheduler.views import StatusView
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     """``aiworks.scheduler.v1.SchedulerService``."""
 
-    def __init__(self, scheduler: Scheduler):
+    def __init__(self, scheduler: Scheduler, audit=None):
         self.scheduler = scheduler
+        self.audit = audit  # aiworks.security.audit.AuditLog: admin actions, when configured
+
+    def _audit(self, context, action: str, model: str | None, status: str, **details) -> None:
+        """An admin line for ``action``; the actor is the caller's certificate name under mTLS, else its address."""
+        if self.audit is None:
+            return
+        from aiworks.security.tls import peer_identity
+
+        actor = peer_identity(context) or context.peer() or "unknown"
+        self.audit.admin(actor=actor, action=action, status=status, model=model, details=details)
 
     async def _infer(self, request, timeout_s: float | None = None) -> pb.InferResponse:
         if request.timeout_us:
@@ -118,7 +128,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         has_shadow = message.HasField("shadow")
         shadow = shadow_from_pb(message.shadow) if has_shadow else None
         policy = TrafficPolicy(message.model, dict(message.weights), shadow)
-        return traffic_to_pb(self.scheduler.set_traffic(policy, keep_shadow=not has_shadow))
+        try:
+            applied = self.scheduler.set_traffic(policy, keep_shadow=not has_shadow)
+        except AIWorksError as exc:
+            self._audit(context, "traffic_policy", message.model, exc.status.name.lower(), error=exc.message)
+            raise
+        self._audit(
+            context, "traffic_policy", message.model, "ok",
+            weights=",".join(f"{v}={w:g}" for v, w in sorted(applied.weights.items())) or "latest",
+            shadow=applied.shadow.version if applied.shadow else "",
+        )  # fmt: skip
+        return traffic_to_pb(applied)
 
     @handle_errors
     async def GetTrafficPolicy(self, request, context):
@@ -127,6 +147,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     @handle_errors
     async def EjectReplica(self, request, context):
         result = self.scheduler.eject_replica(request.replica_id, request.duration_s, request.reason)
+        self._audit(
+            context, "eject_replica", None, "ok" if result.ejected else "refused",
+            replica=request.replica_id, reason=request.reason[:200], ejected_for_s=round(result.ejected_for_s, 1),
+        )  # fmt: skip
         return pb.EjectReplicaResponse(
             ejected=result.ejected, ejected_for_s=result.ejected_for_s, message=result.message
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
@@ -82,6 +84,11 @@ class SchedulerSettings(ServiceSettings):
             "Rows per micro-batch of a pipeline request whose config sets no micro_batch_rows; "
             "0: a request flows through the stages whole."
         ),
+    )
+
+    # ---- audit (docs/security.md) ----
+    audit_log: Path | None = Field(
+        None, description="Append every traffic-policy change and ejection to this hash-chained audit log."
     )
 
     @field_validator("default_priority")

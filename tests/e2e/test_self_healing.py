@@ -117,6 +117,7 @@ def healing_suite(model_repository, tmp_path_factory):
         "AIWORKS_MONITOR_EJECT_DURATION_S": "120",
         "AIWORKS_SCHEDULER_OUTLIER_CONSECUTIVE_ERRORS": "0",
         "AIWORKS_MONITOR_AUDIT_LOG": str(tmp_path_factory.mktemp("healing-audit") / "audit.jsonl"),
+        "AIWORKS_SCHEDULER_AUDIT_LOG": str(tmp_path_factory.mktemp("scheduler-audit") / "audit.jsonl"),
     }
     suite = start_suite(
         model_repository, tmp_path_factory.mktemp("healing-logs"),
@@ -338,3 +339,14 @@ def test_a_rollout_started_with_the_cli_drives_the_schedulers_weights_and_is_aud
     wait_for(lambda: "rollout" in open(audit_file).read(), 5.0, "rollout lines in the audit log")
     verified = aiworks("audit", "verify", audit_file)
     assert verified.returncode == 0, verified.stdout + verified.stderr
+    # The scheduler audits every policy change itself, whoever asks (here the monitor, twice: start and abort).
+    scheduler_audit = suite.supervisor.config.extra_env["AIWORKS_SCHEDULER_AUDIT_LOG"]
+
+    def policy_lines():
+        lines = [json.loads(line) for line in open(scheduler_audit) if line.strip()]
+        return [x for x in lines if x["action"] == "traffic_policy" and x["model"] == "digits"] or None
+
+    lines = wait_for(policy_lines, 5.0, "traffic_policy lines in the scheduler's audit log")
+    assert len(lines) >= 2 and all(x["kind"] == "admin" and x["status"] == "ok" for x in lines), lines
+    assert "1=80" in lines[0]["details"]["weights"] and "2=20" in lines[0]["details"]["weights"], lines[0]
+    assert aiworks("audit", "verify", scheduler_audit).returncode == 0
