@@ -13,12 +13,16 @@ $(STAMP): $(DEPS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check pip==26.3 setuptools==84.2.1
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]' $(foreach r,$(wildcard requirements-*.txt),-r $(r))
+	# xds-protos (requirements-deploy.txt) ships an old copy of opentelemetry/proto/common/v1/common_pb2.py
+	# (no InstrumentationScope); whichever wheel is unpacked last wins that file. Put the tracing exporter's
+	# own copy back; Envoy's protos load with it too (tests/unit/test_packaging.py checks both).
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps opentelemetry-proto==1.45.2
 	touch $(STAMP)
 
 run: install            ## install, then start the whole suite locally (Ctrl-C stops it)
 	$(BIN)/aiworks up
 
-test: install           ## install, then run every test (installs redis-server if missing)
+test: install           ## install, then run every test (installs redis-server and prometheus if missing)
 	bash scripts/ensure-debian-packages.sh
 	$(BIN)/python -m pytest
 

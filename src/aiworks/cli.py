@@ -143,6 +143,10 @@ def cmd_up(args) -> None:
             url = supervisor.monitor_url
             lines.append(f"  monitor:          {url} (see `aiworks events --monitor {url}`)")
         lines.append(f"  control API:      {supervisor.control_url}/v1/services")
+        targets = supervisor.metrics_targets()
+        lines.append(
+            "  metrics:          " + ", ".join(f"{kind} {' '.join(addrs)}" for kind, addrs in sorted(targets.items()))
+        )
         if supervisor.prometheus is not None:
             lines.append(f"  Prometheus:       {supervisor.prometheus.url}")
         lines.append("  logs:             " + ", ".join(str(c.log_path) for c in supervisor.children))
