@@ -10,7 +10,7 @@ shared machine shows up as a difference between A's two runs:
 - iris over gRPC at concurrency 1 (latency: what the layers add),
 - digits v2 over gRPC at concurrency 16 (throughput with batching).
 
-Usage: python bench/observability_overhead.py [--duration-s 5] [--rounds 2] [--out FILE]
+Usage: python bench/observability_overhead.py [--duration-s 5] [--rounds 2] [--sample-ratio 1.0] [--out FILE]
 """
 
 from __future__ import annotations
@@ -30,11 +30,12 @@ ROOT = Path(__file__).resolve().parent.parent
 SERVICES = ("GATEWAY", "SCHEDULER", "RUNTIME", "CACHE")
 
 
-def start(repo: Path, logs: Path, trace_dir: Path | None) -> Supervisor:
+def start(repo: Path, logs: Path, trace_dir: Path | None, sample_ratio: float = 1.0) -> Supervisor:
     env = {}
     if trace_dir is not None:
         trace_dir.mkdir(parents=True, exist_ok=True)
         env = {f"AIWORKS_{s}_TRACE_FILE": str(trace_dir / f"{s.lower()}.jsonl") for s in SERVICES}
+        env |= {f"AIWORKS_{s}_TRACE_SAMPLE_RATIO": str(sample_ratio) for s in SERVICES}
     config = SuiteConfig.on_free_ports(model_repository=repo, log_dir=logs, replicas=2, extra_env=env)
     supervisor = Supervisor(config)
     supervisor.start()
@@ -52,6 +53,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration-s", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--sample-ratio", type=float, default=1.0, help="share of traces the traced suite records")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
@@ -60,7 +62,7 @@ def main() -> None:
     build_demo_repository(repo, progress=print)
     suites = {
         "off": start(repo, work / "logs-off", None),
-        "traced": start(repo, work / "logs-traced", work / "traces"),
+        "traced": start(repo, work / "logs-traced", work / "traces", args.sample_ratio),
     }
     cases = [("iris", "1", 1), ("digits", "2", 16)]
     results: dict[str, dict[str, list]] = {f"{m}@{c}": {"off": [], "traced": []} for m, _, c in cases}

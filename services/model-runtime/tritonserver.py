@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiworks.core.lifecycle import die_with_parent
+from aiworks.core.lifecycle import orphan_proof
 
 log = logging.getLogger(__name__)
 
@@ -199,8 +199,8 @@ class TritonServer:
                 with open(self.log_path, "ab") as logfile:
                     # Its own process group, so its Python-backend stubs can be ended with it.
                     self._process = subprocess.Popen(
-                        argv, stdin=subprocess.DEVNULL, stdout=logfile, stderr=subprocess.STDOUT,
-                        env=env, preexec_fn=die_with_parent, start_new_session=True,
+                        orphan_proof(argv), stdin=subprocess.DEVNULL, stdout=logfile, stderr=subprocess.STDOUT,
+                        env=env, start_new_session=True,
                     )  # fmt: skip
             except OSError as exc:
                 failure.append(exc)

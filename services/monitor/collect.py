@@ -72,33 +72,42 @@ def parse_exposition(text: str) -> list[Sample]:
     ]
 
 
-class Scraper:
-    """Reads ``http://<target>/metrics`` of every target concurrently."""
+class MetricsReader:
+    """Fetches ``http://<target>/metrics`` over one lazily opened session (the monitor's and the rollouts' scrapes)."""
 
     def __init__(self, timeout_s: float = 2.0):
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
 
-    async def _scrape(self, target: str) -> list[Sample] | None:
+    async def text(self, target: str) -> str | None:
+        """The exposition text, or None when the target did not answer in time (logged at DEBUG)."""
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self.timeout)
         try:
             async with self._session.get(f"http://{target}/metrics") as resp:
                 resp.raise_for_status()
-                text = await resp.text()
+                return await resp.text()
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.debug("scrape of %s failed: %s", target, exc)
             return None
-        return parse_exposition(text)
-
-    async def collect(self, targets: Sequence[str]) -> dict[str, list[Sample]]:
-        results = await asyncio.gather(*(self._scrape(t) for t in targets))
-        return {t: r for t, r in zip(targets, results) if r is not None}
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+class Scraper(MetricsReader):
+    """Reads ``http://<target>/metrics`` of every target concurrently."""
+
+    async def _scrape(self, target: str) -> list[Sample] | None:
+        text = await self.text(target)
+        return None if text is None else parse_exposition(text)
+
+    async def collect(self, targets: Sequence[str]) -> dict[str, list[Sample]]:
+        results = await asyncio.gather(*(self._scrape(t) for t in targets))
+        return {t: r for t, r in zip(targets, results) if r is not None}
+
 
 
 class PrometheusCollector:

@@ -44,6 +44,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from aiworks.core.errors import Unavailable
+from aiworks.monitor.collect import MetricsReader
 
 log = logging.getLogger(__name__)
 
@@ -291,8 +292,7 @@ class ScrapeSource:
 
     def __init__(self, targets: Targets, timeout_s: float = 2.0):
         self._targets = targets
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._session: aiohttp.ClientSession | None = None
+        self._reader = MetricsReader(timeout_s)
 
     async def _target_list(self) -> list[str]:
         found = self._targets() if callable(self._targets) else self._targets
@@ -301,16 +301,8 @@ class ScrapeSource:
         return list(found)
 
     async def _scrape(self, target: str, model: str) -> _Cumulative | None:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self.timeout)
-        try:
-            async with self._session.get(f"http://{target}/metrics") as resp:
-                resp.raise_for_status()
-                text = await resp.text()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            log.debug("scrape of %s failed: %s", target, exc)
-            return None
-        return parse_cumulative(text, model)
+        text = await self._reader.text(target)
+        return None if text is None else parse_cumulative(text, model)
 
     async def _scrape_all(self, model: str) -> dict[str, _Cumulative]:
         try:
@@ -348,9 +340,7 @@ class ScrapeSource:
         return out
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self._reader.close()
 
 
 def _label(value: str) -> str:

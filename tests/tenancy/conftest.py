@@ -7,76 +7,15 @@ started again on the same port, as a crashed and restarted Redis would be.
 
 from __future__ import annotations
 
-import shutil
-import signal
-import socket
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+# The cache tests' private redis-server (start, kill, start again on the same port).
+from cache.support import RedisServer
+
 from aiworks.core.model_config import ModelSpec, TensorSpec
-from aiworks.supervisor.supervisor import free_port
-
-
-class RedisServer:
-    """One redis-server process on a port of its own: start, kill, start again on the same port."""
-
-    def __init__(self, workdir: Path):
-        self.workdir = workdir
-        self.port = free_port()
-        self.process: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self, timeout_s: float = 10.0) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            pytest.fail("redis-server is not installed; run scripts/ensure-debian-packages.sh")
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        with open(self.workdir / "redis.log", "ab") as log:
-            self.process = subprocess.Popen(
-                [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                 "--dir", str(self.workdir)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            )  # fmt: skip
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"redis-server exited; see {self.workdir / 'redis.log'}")
-            if self.ping():
-                return
-            time.sleep(0.02)
-        raise RuntimeError("redis-server did not answer PING")
-
-    def ping(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
-        except OSError:
-            return False
-
-    def kill(self) -> None:
-        """Die at once, as a crashed Redis does."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(10)
-        self.process = None
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.process = None
 
 
 @pytest.fixture

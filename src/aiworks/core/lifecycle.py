@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import ctypes
+import os
 import signal
+import sys
 
 
 def stop_event() -> asyncio.Event:
@@ -16,12 +17,24 @@ def stop_event() -> asyncio.Event:
     return event
 
 
-_PR_SET_PDEATHSIG = 1
+# Run in the child *after* it was started: set the death signal (prctl PR_SET_PDEATHSIG = 1),
+# give up if the parent is already gone, then become the real program (the setting survives exec).
+_SHIM = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL('libc.so.6').prctl(1, signal.SIGTERM)\n"
+    "if os.getppid() != int(sys.argv[1]): sys.exit(1)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
 
 
-def die_with_parent() -> None:
-    """``preexec_fn`` for child processes: SIGTERM them when their parent dies, so none is orphaned."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
+def orphan_proof(argv: list[str]) -> list[str]:
+    """``argv`` wrapped so the child dies with this process (PR_SET_PDEATHSIG), without a ``preexec_fn``.
+
+    ``preexec_fn`` makes subprocess fork() the whole process and run Python in
+    the copy before exec; in a process whose gRPC threads are busy, gRPC's own
+    fork handlers then abort that copy now and then ("epoll_wait error: Bad
+    file descriptor", exit -6). Without ``preexec_fn`` CPython starts children
+    with vfork, which runs no fork handlers; the child sets its death signal
+    itself, in a few lines of Python, and then execs the real program.
+    """
+    return [sys.executable, "-c", _SHIM, str(os.getpid()), *argv]

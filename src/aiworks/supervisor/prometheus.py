@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from aiworks.core.lifecycle import die_with_parent
+from aiworks.core.lifecycle import orphan_proof
 
 log = logging.getLogger(__name__)
 
@@ -184,12 +184,11 @@ class PrometheusProcess:
         ]
         with open(self.log_path, "ab") as logfile:
             self.process = subprocess.Popen(
-                argv,
+                orphan_proof(argv),
                 stdin=subprocess.DEVNULL,
                 stdout=logfile,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=die_with_parent,
             )
         log.info("started prometheus (pid %d) on %s, log %s", self.process.pid, self.url, self.log_path)
         deadline = time.monotonic() + timeout_s

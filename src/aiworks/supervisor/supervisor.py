@@ -47,7 +47,7 @@ from typing import Any
 import grpc
 
 from aiworks.core.errors import AIWorksError, NotFound, Status
-from aiworks.core.lifecycle import die_with_parent
+from aiworks.core.lifecycle import orphan_proof
 from aiworks.core.rpc import blocking_channel
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from aiworks.security.certs import CA_CERT, DEFAULT_HOSTNAMES, TLS_CERT, TLS_KEY, write_certificates
@@ -328,13 +328,12 @@ class Supervisor:
         env = {**os.environ, **self.config.extra_env, **child.env, "PYTHONUNBUFFERED": "1"}
         with open(child.log_path, "ab") as logfile:
             child.process = subprocess.Popen(
-                child.argv,
+                orphan_proof(child.argv),
                 stdin=subprocess.DEVNULL,
                 stdout=logfile,
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=die_with_parent,
             )
         log.info("started %s (pid %d), log %s", child.name, child.process.pid, child.log_path)
 
