@@ -44,6 +44,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from aiworks.core.errors import Unavailable
+from aiworks.monitor import signals
 from aiworks.monitor.collect import MetricsReader
 
 log = logging.getLogger(__name__)
@@ -80,34 +81,8 @@ class VersionStats:
 
 
 def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
-    """The q-quantile of cumulative bucket counts ``{le: count}`` (``+Inf`` included), as Prometheus computes it.
-
-    Linear interpolation inside the bucket the rank falls in; the lowest
-    bucket starts at 0; a rank in the ``+Inf`` bucket answers the highest
-    finite bound. None without observations.
-    """
-    items = sorted(buckets.items())
-    if not items:
-        return None
-    # Window deltas of separately reset series can be non-monotonic by a little; counts only grow with le.
-    running, monotonic = 0.0, []
-    for le, count in items:
-        running = max(running, count)
-        monotonic.append((le, running))
-    total = monotonic[-1][1]
-    if total <= 0:
-        return None
-    rank = q * total
-    lower, below = 0.0, 0.0
-    for le, count in monotonic:
-        if count >= rank:
-            if math.isinf(le):
-                return lower
-            if count == below:
-                return le
-            return lower + (le - lower) * (rank - below) / (count - below)
-        lower, below = le, count
-    return lower
+    """The q-quantile of cumulative bucket counts ``{le: count}`` (``+Inf`` included), as Prometheus computes it."""
+    return signals.histogram_quantile(q, buckets.items())
 
 
 # ---- the judgement ---------------------------------------------------------------------------

@@ -69,7 +69,11 @@ def histogram_quantile(q: float, buckets: Iterable[tuple[float, float]]) -> floa
     Linear interpolation inside the bucket that holds the rank, as Prometheus
     does; a rank in the ``+Inf`` bucket gives the largest finite bound.
     """
-    points = sorted(buckets)
+    points, running = [], 0.0
+    for le, count in sorted(buckets):
+        # Deltas of separately reset series can dip a little; cumulative counts only grow with le.
+        running = max(running, count)
+        points.append((le, running))
     if not points or points[-1][1] <= 0:
         return None
     rank = q * points[-1][1]
