@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiworks.core.lifecycle import orphan_proof
+from aiworks.core.lifecycle import orphan_proof, terminate
 
 log = logging.getLogger(__name__)
 
@@ -265,13 +265,7 @@ class TritonServer:
         process = self._process
         if process is None or process.poll() is not None:
             return
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            log.warning("tritonserver did not stop in %.0f s; killing it", timeout_s)
-            process.kill()
-            process.wait()
+        terminate(process, "tritonserver", timeout_s)
         if self._watcher is not None:
             self._watcher.join(timeout_s)
         log.info("stopped tritonserver (pid %d)", process.pid)

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
+import subprocess
 import sys
+
+log = logging.getLogger(__name__)
 
 
 def stop_event() -> asyncio.Event:
@@ -38,3 +42,16 @@ def orphan_proof(argv: list[str]) -> list[str]:
     itself, in a few lines of Python, and then execs the real program.
     """
     return [sys.executable, "-c", _SHIM, str(os.getpid()), *argv]
+
+
+def terminate(process: subprocess.Popen, name: str, timeout_s: float = 10.0) -> None:
+    """SIGTERM ``process`` (it stops cleanly), SIGKILL it after ``timeout_s`` if it lingers; reaps it."""
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        log.warning("%s did not stop in %.0f s; killing it", name, timeout_s)
+        process.kill()
+        process.wait()

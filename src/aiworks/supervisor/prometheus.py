@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import time
 import urllib.error
@@ -28,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from aiworks.core.lifecycle import orphan_proof
+from aiworks.core.lifecycle import orphan_proof, terminate
 
 log = logging.getLogger(__name__)
 
@@ -247,13 +246,7 @@ class PrometheusProcess:
         process = self.process
         if process is None or process.poll() is not None:
             return
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            log.warning("prometheus did not stop in %.0f s; killing it", timeout_s)
-            process.kill()
-            process.wait()
+        terminate(process, "prometheus", timeout_s)
         log.info("stopped prometheus")
 
     def __enter__(self) -> PrometheusProcess:

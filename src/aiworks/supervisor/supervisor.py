@@ -47,7 +47,7 @@ from typing import Any
 import grpc
 
 from aiworks.core.errors import AIWorksError, NotFound, Status
-from aiworks.core.lifecycle import orphan_proof
+from aiworks.core.lifecycle import orphan_proof, terminate
 from aiworks.core.rpc import blocking_channel
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from aiworks.security.certs import CA_CERT, DEFAULT_HOSTNAMES, TLS_CERT, TLS_KEY, write_certificates
@@ -183,18 +183,6 @@ class Child:
             "restarts": self.restarts,
             "log_path": str(self.log_path),
         }
-
-
-def _terminate(process: subprocess.Popen, name: str, timeout_s: float = STOP_TIMEOUT_S) -> None:
-    """SIGTERM, then SIGKILL after ``timeout_s``; reaps the process."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            log.warning("%s did not stop in %.0f s; killing it", name, timeout_s)
-            process.kill()
-            process.wait()
 
 
 class Supervisor:
@@ -529,7 +517,7 @@ class Supervisor:
         child = self.child(name)
         old = child.process
         if old is not None and old.poll() is None:
-            _terminate(old, name)  # outside the lock: the registry stays readable while it drains
+            terminate(old, name, STOP_TIMEOUT_S)  # outside the lock: the registry stays readable while it drains
         with self._lock:
             self._refuse_while_stopping()
             if child.process is not old and child.alive:
@@ -609,10 +597,10 @@ class Supervisor:
         order = [c for c in children if c.kind == "monitor"] + [c for c in reversed(children) if c.kind != "monitor"]
         for child in order:
             if child.process and child.process.poll() is None:
-                _terminate(child.process, child.name, timeout_s)
+                terminate(child.process, child.name, timeout_s)
                 log.info("stopped %s", child.name)
         for child in retiring:
-            _terminate(child.process, child.name, timeout_s)
+            terminate(child.process, child.name, timeout_s)
         self._retiring.clear()
         if self.prometheus is not None:
             self.prometheus.stop()
