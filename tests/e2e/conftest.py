@@ -2,45 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
 import pytest
-
-from aiworks.supervisor.supervisor import SuiteConfig, Supervisor
+from e2e_support import start_suite
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
         if "/e2e/" in str(item.fspath):
             item.add_marker(pytest.mark.e2e)
-
-
-@dataclass
-class Suite:
-    supervisor: Supervisor
-    http_url: str  # host:port, as tritonclient.http wants it
-    grpc_url: str
-    model_repository: Path
-
-    @property
-    def base(self) -> str:
-        return f"http://{self.http_url}"
-
-
-def start_suite(model_repository: Path, log_dir: Path, **overrides) -> Suite:
-    config = SuiteConfig.on_free_ports(
-        model_repository=model_repository,
-        log_dir=log_dir,
-        **overrides,
-    )
-    supervisor = Supervisor(config)
-    try:
-        supervisor.start()
-    except Exception:
-        supervisor.stop()
-        raise
-    return Suite(supervisor, f"127.0.0.1:{config.http_port}", f"127.0.0.1:{config.grpc_port}", model_repository)
 
 
 @pytest.fixture(scope="session")

@@ -13,13 +13,10 @@ unload waits for the batch it is running.
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import grpc
 import numpy as np
@@ -27,19 +24,11 @@ import onnxruntime as ort
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from e2e_support import start_suite
 from tritonclient.utils import InferenceServerException
 
 from aiworks.pb.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-
-
-def _start_suite():
-    """tests/e2e/conftest.py's start_suite (the folder is not a package, so load it by path)."""
-    spec = importlib.util.spec_from_file_location("e2e_conftest", Path(__file__).with_name("conftest.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("e2e_conftest", module)
-    spec.loader.exec_module(module)
-    return module.start_suite
 
 
 def _digits_rows(n: int) -> np.ndarray:
@@ -66,7 +55,7 @@ def test_new_version_in_old_version_out_under_load_fails_nothing(model_repositor
         session = ort.InferenceSession(str(model_repository / "digits" / v / "model.onnx"))
         expected[v] = session.run(["probabilities"], {"input": x})[0]
 
-    suite = _start_suite()(repo, tmp_path / "logs", replicas=2, cache=False)
+    suite = start_suite(repo, tmp_path / "logs", replicas=2, cache=False)
     try:
         stop = threading.Event()
         answers: list[tuple[float, str]] = []
@@ -141,7 +130,7 @@ def test_new_version_in_old_version_out_under_load_fails_nothing(model_repositor
 def test_unload_answers_every_queued_request_first(model_repository, tmp_path):
     repo = tmp_path / "repo"
     shutil.copytree(model_repository / "iris", repo / "iris")
-    suite = _start_suite()(
+    suite = start_suite(
         repo,
         tmp_path / "logs",
         replicas=2,

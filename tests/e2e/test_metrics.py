@@ -8,10 +8,8 @@ http://host:port/metrics"), whoever chose it.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -22,16 +20,12 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from e2e_support import start_suite
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from aiworks.supervisor.supervisor import free_port
-
-_spec = importlib.util.spec_from_file_location("e2e_conftest", Path(__file__).with_name("conftest.py"))
-_conftest = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("e2e_conftest", _conftest)  # dataclasses look their module up
-_spec.loader.exec_module(_conftest)
 
 HTTP_ROWS = [1, 2, 3, 4]
 GRPC_ROWS = [2, 2, 2]
@@ -52,7 +46,7 @@ def _repository(demo: Path, target: Path) -> Path:
 def suite(model_repository, tmp_path_factory):
     repo = _repository(model_repository, tmp_path_factory.mktemp("metrics-repo"))
     env = {f"AIWORKS_{svc}_METRICS_PORT": str(free_port()) for svc in ("GATEWAY", "SCHEDULER", "RUNTIME")}
-    s = _conftest.start_suite(repo, tmp_path_factory.mktemp("metrics-logs"), replicas=1, extra_env=env)
+    s = start_suite(repo, tmp_path_factory.mktemp("metrics-logs"), replicas=1, extra_env=env)
     yield s
     s.supervisor.stop()
 

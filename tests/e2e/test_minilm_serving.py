@@ -5,23 +5,14 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from e2e_support import start_suite
 
 SENTENCES = ["A cat sits on the mat.", "A kitten rests on a rug.", "Stock markets fell sharply today."]
-
-
-def _start_suite():
-    """tests/e2e/conftest.py's start_suite (the folder is not a package, so load it by path)."""
-    spec = importlib.util.spec_from_file_location("e2e_conftest", Path(__file__).with_name("conftest.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("e2e_conftest", module)  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module.start_suite
 
 
 # Built in a child process: importing torch and onnxruntime-extensions into the
@@ -44,7 +35,7 @@ def minilm_suite(tmp_path_factory):
         pytest.skip("needs the lifecycle extras (requirements-lifecycle.txt)")
     root = tmp_path_factory.mktemp("minilm")
     subprocess.run([sys.executable, "-c", _BUILD, str(root), *SENTENCES], check=True, timeout=600)
-    suite = _start_suite()(root / "repo", root / "logs", replicas=1, cache=False)
+    suite = start_suite(root / "repo", root / "logs", replicas=1, cache=False)
     yield suite, np.load(root / "reference.npy")
     suite.supervisor.stop()
 

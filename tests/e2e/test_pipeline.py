@@ -7,32 +7,21 @@ that chains them. Both modes must answer what the unsplit model answers.
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from e2e_support import start_suite
 
 from aiworks.pb.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 CUT = "next_activations"  # after the first 4096-wide layer
 WIDTH = 4096
-
-
-def _start_suite():
-    """tests/e2e/conftest.py's start_suite (the folder is not a package, so load it by path)."""
-    spec = importlib.util.spec_from_file_location("e2e_conftest", Path(__file__).with_name("conftest.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("e2e_conftest", module)
-    spec.loader.exec_module(module)
-    return module.start_suite
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +36,7 @@ def pipeline_suite(model_repository, tmp_path_factory):
     shutil.copytree(model_repository / "digits" / "2", repo / "digits" / "2")
     stages = split_model(repo / "digits" / "2" / "model.onnx", [[CUT]], repo, name="digits")
     write_pipeline(repo, "digits_pipe", stages, micro_batch_rows=8)
-    suite = _start_suite()(repo, root / "logs", replicas=2, cache=False)
+    suite = start_suite(repo, root / "logs", replicas=2, cache=False)
     yield suite, stages
     suite.supervisor.stop()
 

@@ -9,7 +9,6 @@ and the monitor's events (HTTP and ``aiworks events``).
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 import shutil
@@ -24,15 +23,9 @@ import grpc
 import numpy as np
 import pytest
 import requests
+from e2e_support import start_suite
 
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-
-# tests/e2e/conftest.py's start_suite (the folder is not a package, so it is loaded by path).
-_spec = importlib.util.spec_from_file_location("e2e_conftest", Path(__file__).with_name("conftest.py"))
-_conftest = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("e2e_conftest", _conftest)  # dataclasses look their module up
-_spec.loader.exec_module(_conftest)
-start_suite = _conftest.start_suite
 
 pytestmark = pytest.mark.slow
 

@@ -7,31 +7,21 @@ half of the requests get the same class from v1 and v2.
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import grpc
 import numpy as np
 import onnxruntime as ort
 import pytest
 import tritonclient.http as httpclient
+from e2e_support import start_suite
 
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-
-
-def _start_suite():
-    """tests/e2e/conftest.py's start_suite (the folder is not a package, so load it by path)."""
-    spec = importlib.util.spec_from_file_location("e2e_conftest", Path(__file__).with_name("conftest.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("e2e_conftest", module)
-    spec.loader.exec_module(module)
-    return module.start_suite
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +30,7 @@ def shadow_suite(model_repository, tmp_path_factory):
     repo = root / "repo"
     shutil.copytree(model_repository / "digits", repo / "digits")
     shutil.copytree(repo / "digits" / "1", repo / "digits" / "3")
-    suite = _start_suite()(repo, root / "logs", replicas=2, cache=False)
+    suite = start_suite(repo, root / "logs", replicas=2, cache=False)
     yield suite
     suite.supervisor.stop()
 

@@ -8,11 +8,9 @@ server). The gateway logs at DEBUG, so its per-request line shows the trace id.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,14 +21,10 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from e2e_support import start_suite
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from aiworks.supervisor.supervisor import free_port
-
-_spec = importlib.util.spec_from_file_location("e2e_conftest", Path(__file__).with_name("conftest.py"))
-_conftest = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("e2e_conftest", _conftest)  # dataclasses look their module up
-_spec.loader.exec_module(_conftest)
 
 SERVICES = ("gateway", "scheduler", "runtime")
 # Every traced request to a model without the response cache: (service, span name).
@@ -75,7 +69,7 @@ def traced(model_repository, tmp_path_factory):
         env[f"AIWORKS_{svc.upper()}_TRACE_FILE"] = str(traces / f"{svc}.jsonl")
         env[f"AIWORKS_{svc.upper()}_OTLP_ENDPOINT"] = f"127.0.0.1:{otlp_port}"
         env[f"AIWORKS_{svc.upper()}_METRICS_PORT"] = "0"
-    suite = _conftest.start_suite(
+    suite = start_suite(
         repo, tmp_path_factory.mktemp("tracing-logs"), replicas=1, extra_env=env, log_level="DEBUG"
     )
     receiver = OtlpReceiver()
