@@ -1,7 +1,7 @@
 """QoS end-to-end fixtures: the suite as real processes with QoS settings, plus extra runtimes.
 
-``start_suite`` is tests/e2e's own (imported from its conftest by path, since
-the test folders are not packages). Each suite here runs with settings that
+``start_suite`` is tests/e2e's own (``tests/e2e/e2e_support.py``, loaded by
+path: when only tests/qos runs, tests/e2e is not on sys.path). Each suite here runs with settings that
 make the behaviour under test quick to provoke, listed next to it.
 """
 
@@ -23,12 +23,11 @@ import pytest
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from aiworks.supervisor.supervisor import SuiteConfig
 
-_spec = importlib.util.spec_from_file_location(
-    "aiworks_e2e_conftest", Path(__file__).parent.parent / "e2e" / "conftest.py"
-)
-_e2e = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = _e2e  # dataclasses look their module up there
-_spec.loader.exec_module(_e2e)
+_spec = importlib.util.spec_from_file_location("e2e_support", Path(__file__).parent.parent / "e2e" / "e2e_support.py")
+_e2e = sys.modules.get("e2e_support") or importlib.util.module_from_spec(_spec)
+if "e2e_support" not in sys.modules:  # one module, whichever folder's tests import it first
+    sys.modules[_spec.name] = _e2e  # dataclasses look their module up there
+    _spec.loader.exec_module(_e2e)
 start_suite = _e2e.start_suite
 Suite = _e2e.Suite
 
