@@ -41,6 +41,7 @@ class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
             context,
             self._get,
             lambda code, message: pb.GetResponse(error_code=code, error_message=message),
+            pb.GetResponseFrame,
         )
 
     async def PutStream(self, request_iterator, context):
@@ -49,6 +50,7 @@ class CacheServicer(cache_pb2_grpc.CacheServiceServicer):
             context,
             self._put,
             lambda code, message: pb.PutResponse(error_code=code, error_message=message),
+            pb.PutResponseFrame,
         )
 
     @handle_errors

@@ -102,8 +102,8 @@ class CacheClient:
         self._clock = clock
         self._channel = client_channel(address, max_message_bytes, tls, server_name="cache")
         self._stub = cache_pb2_grpc.CacheServiceStub(self._channel)
-        self._gets = MultiplexedStream(self._stub.GetStream, f"cache {address}")
-        self._puts = MultiplexedStream(self._stub.PutStream, f"cache {address}")
+        self._gets = MultiplexedStream(self._stub.GetStream, f"cache {address}", pb.GetRequestFrame, max_message_bytes)
+        self._puts = MultiplexedStream(self._stub.PutStream, f"cache {address}", pb.PutRequestFrame, max_message_bytes)
         self.breaker = CircuitBreaker(failure_threshold=failure_threshold, retry_after_s=retry_after_s, clock=clock)
         self.counters = GatewayCacheCounters()
         self._resolved: dict[tuple[str, str], tuple[float, _Resolved | None]] = {}

@@ -36,7 +36,9 @@ class SchedulerClient:
         self._channel = client_channel(address, max_message_bytes, tls, server_name="scheduler")
         self._stub = scheduler_pb2_grpc.SchedulerServiceStub(self._channel)
         self._timeout_s = timeout_s
-        self._requests = MultiplexedStream(self._stub.InferStream, f"scheduler {address}")
+        self._requests = MultiplexedStream(
+            self._stub.InferStream, f"scheduler {address}", pb.InferRequestFrame, max_message_bytes
+        )
 
     async def _call(self, method, request, timeout_s: float | None = None):
         try:

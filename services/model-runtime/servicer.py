@@ -44,6 +44,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
             context,
             self._execute,
             lambda code, message: pb.ExecuteResponse(error_code=code, error_message=message),
+            pb.ExecuteResponseFrame,
         )
 
     @handle_errors

@@ -28,7 +28,9 @@ class RuntimeClient:
         self._channel = client_channel(address, max_message_bytes, tls, server_name="runtime")
         self._stub = runtime_pb2_grpc.RuntimeServiceStub(self._channel)
         self._timeout_s = timeout_s
-        self._batches = MultiplexedStream(self._stub.ExecuteStream, f"runtime {address}")
+        self._batches = MultiplexedStream(
+            self._stub.ExecuteStream, f"runtime {address}", pb.ExecuteRequestFrame, max_message_bytes
+        )
 
     async def _call(self, method, request, timeout_s: float | None = None):
         try:

@@ -62,6 +62,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             context,
             self._infer_on_stream,
             lambda code, message: pb.InferResponse(error_code=code, error_message=message),
+            pb.InferResponseFrame,
         )
 
     @handle_errors

@@ -42,6 +42,11 @@ def _status(suite) -> scheduler_pb2.StatusResponse:
         return scheduler_pb2_grpc.SchedulerServiceStub(channel).Status(scheduler_pb2.StatusRequest(), timeout=5)
 
 
+def _all_arrived(queues, arrived: int, queued: int) -> bool:
+    waiting = sum(q.queued_requests for q in queues)
+    return waiting + sum(q.rows for q in queues) >= arrived and waiting >= queued
+
+
 def test_new_version_in_old_version_out_under_load_fails_nothing(model_repository, tmp_path):
     repo = tmp_path / "repo"
     (repo / "digits").mkdir(parents=True)
@@ -153,7 +158,9 @@ def test_unload_answers_every_queued_request_first(model_repository, tmp_path):
         with ThreadPoolExecutor(16) as pool:
             queued = [pool.submit(infer, i) for i in range(16)]
             deadline = time.monotonic() + 10
-            while sum(q.queued_requests for q in _status(suite).queues) < 8:  # 2 replicas run 2 at a time
+            # All 16 reached the scheduler: 2 replicas run 2 at a time (300 ms each), the rest are queued
+            # or done (rows), and at least 8 still queued.
+            while not _all_arrived(_status(suite).queues, 16 - 2, 8):
                 assert time.monotonic() < deadline, "requests never queued"
                 time.sleep(0.02)
 

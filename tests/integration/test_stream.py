@@ -23,11 +23,23 @@ async def handle(request: pb.ExecuteRequest) -> pb.ExecuteResponse:
 
 async def execute_stream(request_iterator, context):
     await serve_stream(
-        request_iterator, context, handle, lambda code, msg: pb.ExecuteResponse(error_code=code, error_message=msg)
+        request_iterator,
+        context,
+        handle,
+        lambda code, msg: pb.ExecuteResponse(error_code=code, error_message=msg),
+        pb.ExecuteResponseFrame,
     )
 
 
-async def start_server(port: int) -> grpc.aio.Server:
+async def start_server(port: int, frames: list | None = None) -> grpc.aio.Server:
+    """The echo server; ``frames`` collects (bytes, messages) of every request frame it reads."""
+
+    def read_frame(data: bytes) -> pb.ExecuteRequestFrame:
+        frame = pb.ExecuteRequestFrame.FromString(data)
+        if frames is not None:
+            frames.append((len(data), len(frame.items)))
+        return frame
+
     server = grpc.aio.server()
     server.add_generic_rpc_handlers(
         (
@@ -36,8 +48,8 @@ async def start_server(port: int) -> grpc.aio.Server:
                 {
                     "Stream": grpc.stream_stream_rpc_method_handler(
                         execute_stream,
-                        request_deserializer=pb.ExecuteRequest.FromString,
-                        response_serializer=pb.ExecuteResponse.SerializeToString,
+                        request_deserializer=read_frame,
+                        response_serializer=pb.ExecuteResponseFrame.SerializeToString,
                     )
                 },
             ),
@@ -48,14 +60,14 @@ async def start_server(port: int) -> grpc.aio.Server:
     return server
 
 
-def client(port: int) -> tuple[grpc.aio.Channel, MultiplexedStream]:
+def client(port: int, max_message_bytes: int = 4 << 20) -> tuple[grpc.aio.Channel, MultiplexedStream]:
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     method = channel.stream_stream(
         "/t.Echo/Stream",
-        request_serializer=pb.ExecuteRequest.SerializeToString,
-        response_deserializer=pb.ExecuteResponse.FromString,
+        request_serializer=pb.ExecuteRequestFrame.SerializeToString,
+        response_deserializer=pb.ExecuteResponseFrame.FromString,
     )
-    return channel, MultiplexedStream(method, "echo")
+    return channel, MultiplexedStream(method, "echo", pb.ExecuteRequestFrame, max_message_bytes)
 
 
 async def test_answers_out_of_order_reach_their_callers():
@@ -101,6 +113,52 @@ async def test_peer_death_fails_pending_calls_and_the_stream_reopens():
         else:
             pytest.fail("the stream never reopened")
         assert reply.outputs[0].name == "back"
+    finally:
+        await stream.close()
+        await channel.close()
+        await server.stop(0)
+
+
+async def test_a_busy_stream_packs_messages_into_frames_both_ways():
+    port = free_port()
+    frames: list[tuple[int, int]] = []
+    server = await start_server(port, frames)
+    channel, stream = client(port)
+    try:
+        replies = await asyncio.gather(*(stream.call(pb.ExecuteRequest(model=f"m{i}"), 5) for i in range(200)))
+        assert [r.outputs[0].name for r in replies] == [f"m{i}" for i in range(200)]
+        # 200 calls made at once leave in a handful of writes, and the answers come back the same way.
+        assert stream.outbox.messages == 200 and stream.outbox.frames <= 5
+        assert sum(n for _, n in frames) == 200 and len(frames) == stream.outbox.frames
+        assert stream.frames_received <= 10
+        # A lone call later is a frame of one: an idle stream adds no wait.
+        assert (await stream.call(pb.ExecuteRequest(model="alone"), 5)).outputs[0].name == "alone"
+        assert frames[-1][1] == 1
+    finally:
+        await stream.close()
+        await channel.close()
+        await server.stop(0)
+
+
+async def test_frames_stay_under_their_byte_budget_and_a_big_message_travels_alone():
+    port = free_port()
+    frames: list[tuple[int, int]] = []
+    server = await start_server(port, frames)
+    channel, stream = client(port, max_message_bytes=64 << 10)  # frames of at most 32 KiB
+    try:
+        big = [pb.ExecuteRequest(model=f"big{i}", inputs=[pb.Tensor(raw=b"b" * (40 << 10))]) for i in range(3)]
+        small = [pb.ExecuteRequest(model=f"s{i}", inputs=[pb.Tensor(raw=b"s" * 1000)]) for i in range(60)]
+        calls = [stream.call(m, 5) for pair in zip(small[:3], big) for m in pair] + [
+            stream.call(m, 5) for m in small[3:]
+        ]
+        replies = await asyncio.gather(*calls)
+        assert sorted(r.outputs[0].name for r in replies) == sorted(
+            [f"big{i}" for i in range(3)] + [f"s{i}" for i in range(60)]
+        )
+        assert sum(n for _, n in frames) == 63
+        assert all(size <= 32 << 10 for size, n in frames if n > 1)
+        assert sum(1 for size, n in frames if size > 40 << 10 and n == 1) == 3  # each big one by itself
+        assert len(frames) < 63  # the small ones still share frames
     finally:
         await stream.close()
         await channel.close()

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from aiworks.pb.runtime.v1 import runtime_pb2 as aiworks_dot_runtime_dot_v1_dot_runtime__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x61iworks/cache/v1/cache.proto\x12\x10\x61iworks.cache.v1\x1a aiworks/runtime/v1/runtime.proto\"]\n\x0e\x43\x61\x63hedResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12+\n\x07outputs\x18\x03 \x03(\x0b\x32\x1a.aiworks.runtime.v1.Tensor\";\n\nGetRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\x11\n\tstream_id\x18\x03 \x01(\x04\"\x8a\x01\n\x0bGetResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x10\n\x08\x62ypassed\x18\x04 \x01(\x08\x12\x11\n\tstream_id\x18\x05 \x01(\x04\x12\x12\n\nerror_code\x18\x06 \x01(\r\x12\x15\n\rerror_message\x18\x07 \x01(\t\"i\n\nPutRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\r\n\x05value\x18\x03 \x01(\x0c\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x0e\n\x06ttl_ms\x18\x05 \x01(\x04\x12\x11\n\tstream_id\x18\x06 \x01(\x04\"k\n\x0bPutResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x11\n\tstream_id\x18\x03 \x01(\x04\x12\x12\n\nerror_code\x18\x04 \x01(\r\x12\x15\n\rerror_message\x18\x05 \x01(\t\"\"\n\x11InvalidateRequest\x12\r\n\x05model\x18\x01 \x01(\t\"4\n\x12InvalidateResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\"\x0e\n\x0cStatsRequest\"\x90\x02\n\rStatsResponse\x12\r\n\x05store\x18\x01 \x01(\t\x12\x17\n\x0fstore_available\x18\x02 \x01(\x08\x12\x0f\n\x07\x65ntries\x18\x03 \x01(\x04\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\x12\x11\n\tmax_bytes\x18\x05 \x01(\x04\x12\x0c\n\x04hits\x18\x06 \x01(\x04\x12\x0e\n\x06misses\x18\x07 \x01(\x04\x12\x0c\n\x04puts\x18\x08 \x01(\x04\x12\x15\n\rrejected_puts\x18\t \x01(\x04\x12\x11\n\tevictions\x18\n \x01(\x04\x12\x0f\n\x07\x65xpired\x18\x0b \x01(\x04\x12\x15\n\rinvalidations\x18\x0c \x01(\x04\x12\x14\n\x0cstore_errors\x18\r \x01(\x04\x12\x10\n\x08\x62ypassed\x18\x0e \x01(\x04\x32\xd5\x03\n\x0c\x43\x61\x63heService\x12\x42\n\x03Get\x12\x1c.aiworks.cache.v1.GetRequest\x1a\x1d.aiworks.cache.v1.GetResponse\x12\x42\n\x03Put\x12\x1c.aiworks.cache.v1.PutRequest\x1a\x1d.aiworks.cache.v1.PutResponse\x12W\n\nInvalidate\x12#.aiworks.cache.v1.InvalidateRequest\x1a$.aiworks.cache.v1.InvalidateResponse\x12H\n\x05Stats\x12\x1e.aiworks.cache.v1.StatsRequest\x1a\x1f.aiworks.cache.v1.StatsResponse\x12L\n\tGetStream\x12\x1c.aiworks.cache.v1.GetRequest\x1a\x1d.aiworks.cache.v1.GetResponse(\x01\x30\x01\x12L\n\tPutStream\x12\x1c.aiworks.cache.v1.PutRequest\x1a\x1d.aiworks.cache.v1.PutResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x61iworks/cache/v1/cache.proto\x12\x10\x61iworks.cache.v1\x1a aiworks/runtime/v1/runtime.proto\"]\n\x0e\x43\x61\x63hedResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12+\n\x07outputs\x18\x03 \x03(\x0b\x32\x1a.aiworks.runtime.v1.Tensor\";\n\nGetRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\x11\n\tstream_id\x18\x03 \x01(\x04\"\x8a\x01\n\x0bGetResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x10\n\x08\x62ypassed\x18\x04 \x01(\x08\x12\x11\n\tstream_id\x18\x05 \x01(\x04\x12\x12\n\nerror_code\x18\x06 \x01(\r\x12\x15\n\rerror_message\x18\x07 \x01(\t\"i\n\nPutRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\r\n\x05value\x18\x03 \x01(\x0c\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x0e\n\x06ttl_ms\x18\x05 \x01(\x04\x12\x11\n\tstream_id\x18\x06 \x01(\x04\"k\n\x0bPutResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x11\n\tstream_id\x18\x03 \x01(\x04\x12\x12\n\nerror_code\x18\x04 \x01(\r\x12\x15\n\rerror_message\x18\x05 \x01(\t\">\n\x0fGetRequestFrame\x12+\n\x05items\x18\x01 \x03(\x0b\x32\x1c.aiworks.cache.v1.GetRequest\"@\n\x10GetResponseFrame\x12,\n\x05items\x18\x01 \x03(\x0b\x32\x1d.aiworks.cache.v1.GetResponse\">\n\x0fPutRequestFrame\x12+\n\x05items\x18\x01 \x03(\x0b\x32\x1c.aiworks.cache.v1.PutRequest\"@\n\x10PutResponseFrame\x12,\n\x05items\x18\x01 \x03(\x0b\x32\x1d.aiworks.cache.v1.PutResponse\"\"\n\x11InvalidateRequest\x12\r\n\x05model\x18\x01 \x01(\t\"4\n\x12InvalidateResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\"\x0e\n\x0cStatsRequest\"\x90\x02\n\rStatsResponse\x12\r\n\x05store\x18\x01 \x01(\t\x12\x17\n\x0fstore_available\x18\x02 \x01(\x08\x12\x0f\n\x07\x65ntries\x18\x03 \x01(\x04\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\x12\x11\n\tmax_bytes\x18\x05 \x01(\x04\x12\x0c\n\x04hits\x18\x06 \x01(\x04\x12\x0e\n\x06misses\x18\x07 \x01(\x04\x12\x0c\n\x04puts\x18\x08 \x01(\x04\x12\x15\n\rrejected_puts\x18\t \x01(\x04\x12\x11\n\tevictions\x18\n \x01(\x04\x12\x0f\n\x07\x65xpired\x18\x0b \x01(\x04\x12\x15\n\rinvalidations\x18\x0c \x01(\x04\x12\x14\n\x0cstore_errors\x18\r \x01(\x04\x12\x10\n\x08\x62ypassed\x18\x0e \x01(\x04\x32\xe9\x03\n\x0c\x43\x61\x63heService\x12\x42\n\x03Get\x12\x1c.aiworks.cache.v1.GetRequest\x1a\x1d.aiworks.cache.v1.GetResponse\x12\x42\n\x03Put\x12\x1c.aiworks.cache.v1.PutRequest\x1a\x1d.aiworks.cache.v1.PutResponse\x12W\n\nInvalidate\x12#.aiworks.cache.v1.InvalidateRequest\x1a$.aiworks.cache.v1.InvalidateResponse\x12H\n\x05Stats\x12\x1e.aiworks.cache.v1.StatsRequest\x1a\x1f.aiworks.cache.v1.StatsResponse\x12V\n\tGetStream\x12!.aiworks.cache.v1.GetRequestFrame\x1a\".aiworks.cache.v1.GetResponseFrame(\x01\x30\x01\x12V\n\tPutStream\x12!.aiworks.cache.v1.PutRequestFrame\x1a\".aiworks.cache.v1.PutResponseFrame(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,14 +42,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PUTREQUEST']._serialized_end=486
   _globals['_PUTRESPONSE']._serialized_start=488
   _globals['_PUTRESPONSE']._serialized_end=595
-  _globals['_INVALIDATEREQUEST']._serialized_start=597
-  _globals['_INVALIDATEREQUEST']._serialized_end=631
-  _globals['_INVALIDATERESPONSE']._serialized_start=633
-  _globals['_INVALIDATERESPONSE']._serialized_end=685
-  _globals['_STATSREQUEST']._serialized_start=687
-  _globals['_STATSREQUEST']._serialized_end=701
-  _globals['_STATSRESPONSE']._serialized_start=704
-  _globals['_STATSRESPONSE']._serialized_end=976
-  _globals['_CACHESERVICE']._serialized_start=979
-  _globals['_CACHESERVICE']._serialized_end=1448
+  _globals['_GETREQUESTFRAME']._serialized_start=597
+  _globals['_GETREQUESTFRAME']._serialized_end=659
+  _globals['_GETRESPONSEFRAME']._serialized_start=661
+  _globals['_GETRESPONSEFRAME']._serialized_end=725
+  _globals['_PUTREQUESTFRAME']._serialized_start=727
+  _globals['_PUTREQUESTFRAME']._serialized_end=789
+  _globals['_PUTRESPONSEFRAME']._serialized_start=791
+  _globals['_PUTRESPONSEFRAME']._serialized_end=855
+  _globals['_INVALIDATEREQUEST']._serialized_start=857
+  _globals['_INVALIDATEREQUEST']._serialized_end=891
+  _globals['_INVALIDATERESPONSE']._serialized_start=893
+  _globals['_INVALIDATERESPONSE']._serialized_end=945
+  _globals['_STATSREQUEST']._serialized_start=947
+  _globals['_STATSREQUEST']._serialized_end=961
+  _globals['_STATSRESPONSE']._serialized_start=964
+  _globals['_STATSRESPONSE']._serialized_end=1236
+  _globals['_CACHESERVICE']._serialized_start=1239
+  _globals['_CACHESERVICE']._serialized_end=1728
 # @@protoc_insertion_point(module_scope)

@@ -75,6 +75,30 @@ class PutResponse(_message.Message):
     error_message: str
     def __init__(self, stored: _Optional[bool] = ..., reason: _Optional[str] = ..., stream_id: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
 
+class GetRequestFrame(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[GetRequest]
+    def __init__(self, items: _Optional[_Iterable[_Union[GetRequest, _Mapping]]] = ...) -> None: ...
+
+class GetResponseFrame(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[GetResponse]
+    def __init__(self, items: _Optional[_Iterable[_Union[GetResponse, _Mapping]]] = ...) -> None: ...
+
+class PutRequestFrame(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[PutRequest]
+    def __init__(self, items: _Optional[_Iterable[_Union[PutRequest, _Mapping]]] = ...) -> None: ...
+
+class PutResponseFrame(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[PutResponse]
+    def __init__(self, items: _Optional[_Iterable[_Union[PutResponse, _Mapping]]] = ...) -> None: ...
+
 class InvalidateRequest(_message.Message):
     __slots__ = ("model",)
     MODEL_FIELD_NUMBER: _ClassVar[int]

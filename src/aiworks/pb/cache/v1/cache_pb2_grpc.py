@@ -56,13 +56,13 @@ class CacheServiceStub:
                 _registered_method=True)
         self.GetStream = channel.stream_stream(
                 '/aiworks.cache.v1.CacheService/GetStream',
-                request_serializer=aiworks_dot_cache_dot_v1_dot_cache__pb2.GetRequest.SerializeToString,
-                response_deserializer=aiworks_dot_cache_dot_v1_dot_cache__pb2.GetResponse.FromString,
+                request_serializer=aiworks_dot_cache_dot_v1_dot_cache__pb2.GetRequestFrame.SerializeToString,
+                response_deserializer=aiworks_dot_cache_dot_v1_dot_cache__pb2.GetResponseFrame.FromString,
                 _registered_method=True)
         self.PutStream = channel.stream_stream(
                 '/aiworks.cache.v1.CacheService/PutStream',
-                request_serializer=aiworks_dot_cache_dot_v1_dot_cache__pb2.PutRequest.SerializeToString,
-                response_deserializer=aiworks_dot_cache_dot_v1_dot_cache__pb2.PutResponse.FromString,
+                request_serializer=aiworks_dot_cache_dot_v1_dot_cache__pb2.PutRequestFrame.SerializeToString,
+                response_deserializer=aiworks_dot_cache_dot_v1_dot_cache__pb2.PutResponseFrame.FromString,
                 _registered_method=True)
 
 
@@ -132,13 +132,13 @@ def add_CacheServiceServicer_to_server(servicer, server):
             ),
             'GetStream': grpc.stream_stream_rpc_method_handler(
                     servicer.GetStream,
-                    request_deserializer=aiworks_dot_cache_dot_v1_dot_cache__pb2.GetRequest.FromString,
-                    response_serializer=aiworks_dot_cache_dot_v1_dot_cache__pb2.GetResponse.SerializeToString,
+                    request_deserializer=aiworks_dot_cache_dot_v1_dot_cache__pb2.GetRequestFrame.FromString,
+                    response_serializer=aiworks_dot_cache_dot_v1_dot_cache__pb2.GetResponseFrame.SerializeToString,
             ),
             'PutStream': grpc.stream_stream_rpc_method_handler(
                     servicer.PutStream,
-                    request_deserializer=aiworks_dot_cache_dot_v1_dot_cache__pb2.PutRequest.FromString,
-                    response_serializer=aiworks_dot_cache_dot_v1_dot_cache__pb2.PutResponse.SerializeToString,
+                    request_deserializer=aiworks_dot_cache_dot_v1_dot_cache__pb2.PutRequestFrame.FromString,
+                    response_serializer=aiworks_dot_cache_dot_v1_dot_cache__pb2.PutResponseFrame.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -274,8 +274,8 @@ class CacheService:
             request_iterator,
             target,
             '/aiworks.cache.v1.CacheService/GetStream',
-            aiworks_dot_cache_dot_v1_dot_cache__pb2.GetRequest.SerializeToString,
-            aiworks_dot_cache_dot_v1_dot_cache__pb2.GetResponse.FromString,
+            aiworks_dot_cache_dot_v1_dot_cache__pb2.GetRequestFrame.SerializeToString,
+            aiworks_dot_cache_dot_v1_dot_cache__pb2.GetResponseFrame.FromString,
             options,
             channel_credentials,
             insecure,
@@ -301,8 +301,8 @@ class CacheService:
             request_iterator,
             target,
             '/aiworks.cache.v1.CacheService/PutStream',
-            aiworks_dot_cache_dot_v1_dot_cache__pb2.PutRequest.SerializeToString,
-            aiworks_dot_cache_dot_v1_dot_cache__pb2.PutResponse.FromString,
+            aiworks_dot_cache_dot_v1_dot_cache__pb2.PutRequestFrame.SerializeToString,
+            aiworks_dot_cache_dot_v1_dot_cache__pb2.PutResponseFrame.FromString,
             options,
             channel_credentials,
             insecure,

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n aiworks/runtime/v1/runtime.proto\x12\x12\x61iworks.runtime.v1\"D\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x64\x61tatype\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0b\n\x03raw\x18\x04 \x01(\x0c\":\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x64\x61tatype\x18\x02 \x01(\t\x12\x0c\n\x04\x64ims\x18\x03 \x03(\x03\"Z\n\x0c\x42\x61tchingSpec\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x1a\n\x12max_queue_delay_us\x18\x02 \x01(\x04\x12\x1d\n\x15preferred_batch_sizes\x18\x03 \x03(\x03\"\xb6\x03\n\tModelSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x10\n\x08platform\x18\x03 \x01(\t\x12\x16\n\x0emax_batch_size\x18\x04 \x01(\x03\x12.\n\x06inputs\x18\x05 \x03(\x0b\x32\x1e.aiworks.runtime.v1.TensorSpec\x12/\n\x07outputs\x18\x06 \x03(\x0b\x32\x1e.aiworks.runtime.v1.TensorSpec\x12\x32\n\x08\x62\x61tching\x18\x07 \x01(\x0b\x32 .aiworks.runtime.v1.BatchingSpec\x12\x16\n\x0einstance_count\x18\x08 \x01(\x05\x12\x41\n\nparameters\x18\t \x03(\x0b\x32-.aiworks.runtime.v1.ModelSpec.ParametersEntry\x12-\n\x05state\x18\n \x01(\x0e\x32\x1e.aiworks.runtime.v1.ModelState\x12\x0e\n\x06reason\x18\x0b \x01(\t\x1a\x31\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x96\x02\n\x0e\x45xecuteRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12*\n\x06inputs\x18\x03 \x03(\x0b\x32\x1a.aiworks.runtime.v1.Tensor\x12\x0f\n\x07outputs\x18\x04 \x03(\t\x12\x11\n\tstream_id\x18\x05 \x01(\x04\x12\x12\n\ntimeout_us\x18\x06 \x01(\x04\x12K\n\rtrace_context\x18\x07 \x03(\x0b\x32\x34.aiworks.runtime.v1.ExecuteRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x90\x01\n\x0f\x45xecuteResponse\x12+\n\x07outputs\x18\x01 \x03(\x0b\x32\x1a.aiworks.runtime.v1.Tensor\x12\x12\n\ncompute_ns\x18\x02 \x01(\x04\x12\x11\n\tstream_id\x18\x03 \x01(\x04\x12\x12\n\nerror_code\x18\x04 \x01(\r\x12\x15\n\rerror_message\x18\x05 \x01(\t\" \n\x10LoadModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"D\n\x11LoadModelResponse\x12/\n\x08versions\x18\x01 \x03(\x0b\x32\x1d.aiworks.runtime.v1.ModelSpec\"\"\n\x12UnloadModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x15\n\x13UnloadModelResponse\"\'\n\x11ListModelsRequest\x12\x12\n\nready_only\x18\x01 \x01(\x08\"C\n\x12ListModelsResponse\x12-\n\x06models\x18\x01 \x03(\x0b\x32\x1d.aiworks.runtime.v1.ModelSpec\"5\n\x14ModelMetadataRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"D\n\x15ModelMetadataResponse\x12+\n\x04spec\x18\x01 \x01(\x0b\x32\x1d.aiworks.runtime.v1.ModelSpec\"\xfd\x02\n\x0fModelStatistics\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x17\n\x0finference_count\x18\x03 \x01(\x04\x12\x17\n\x0f\x65xecution_count\x18\x04 \x01(\x04\x12\x15\n\rsuccess_count\x18\x05 \x01(\x04\x12\x15\n\rfailure_count\x18\x06 \x01(\x04\x12\x12\n\ncompute_ns\x18\x07 \x01(\x04\x12\x19\n\x11last_inference_ms\x18\x08 \x01(\x04\x12\x10\n\x08resident\x18\t \x01(\x08\x12\x16\n\x0eresident_bytes\x18\n \x01(\x04\x12\x11\n\tpreloaded\x18\x0b \x01(\x08\x12\x0f\n\x07load_ns\x18\x0c \x01(\x04\x12\x11\n\twarmup_ns\x18\r \x01(\x04\x12\x15\n\rcold_start_ns\x18\x0e \x01(\x04\x12\x18\n\x10\x66irst_request_ns\x18\x0f \x01(\x04\x12\x12\n\nload_count\x18\x10 \x01(\x04\x12\x16\n\x0e\x65viction_count\x18\x11 \x01(\x04\"2\n\x11StatisticsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"]\n\x12StatisticsResponse\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x33\n\x06models\x18\x02 \x03(\x0b\x32#.aiworks.runtime.v1.ModelStatistics*v\n\nModelState\x12\x1b\n\x17MODEL_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11MODEL_STATE_READY\x10\x01\x12\x1b\n\x17MODEL_STATE_UNAVAILABLE\x10\x02\x12\x17\n\x13MODEL_STATE_LOADING\x10\x03\x32\x9c\x05\n\x0eRuntimeService\x12R\n\x07\x45xecute\x12\".aiworks.runtime.v1.ExecuteRequest\x1a#.aiworks.runtime.v1.ExecuteResponse\x12\\\n\rExecuteStream\x12\".aiworks.runtime.v1.ExecuteRequest\x1a#.aiworks.runtime.v1.ExecuteResponse(\x01\x30\x01\x12X\n\tLoadModel\x12$.aiworks.runtime.v1.LoadModelRequest\x1a%.aiworks.runtime.v1.LoadModelResponse\x12^\n\x0bUnloadModel\x12&.aiworks.runtime.v1.UnloadModelRequest\x1a\'.aiworks.runtime.v1.UnloadModelResponse\x12[\n\nListModels\x12%.aiworks.runtime.v1.ListModelsRequest\x1a&.aiworks.runtime.v1.ListModelsResponse\x12\x64\n\rModelMetadata\x12(.aiworks.runtime.v1.ModelMetadataRequest\x1a).aiworks.runtime.v1.ModelMetadataResponse\x12[\n\nStatistics\x12%.aiworks.runtime.v1.StatisticsRequest\x1a&.aiworks.runtime.v1.StatisticsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n aiworks/runtime/v1/runtime.proto\x12\x12\x61iworks.runtime.v1\"D\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x64\x61tatype\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0b\n\x03raw\x18\x04 \x01(\x0c\":\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x64\x61tatype\x18\x02 \x01(\t\x12\x0c\n\x04\x64ims\x18\x03 \x03(\x03\"Z\n\x0c\x42\x61tchingSpec\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x1a\n\x12max_queue_delay_us\x18\x02 \x01(\x04\x12\x1d\n\x15preferred_batch_sizes\x18\x03 \x03(\x03\"\xb6\x03\n\tModelSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x10\n\x08platform\x18\x03 \x01(\t\x12\x16\n\x0emax_batch_size\x18\x04 \x01(\x03\x12.\n\x06inputs\x18\x05 \x03(\x0b\x32\x1e.aiworks.runtime.v1.TensorSpec\x12/\n\x07outputs\x18\x06 \x03(\x0b\x32\x1e.aiworks.runtime.v1.TensorSpec\x12\x32\n\x08\x62\x61tching\x18\x07 \x01(\x0b\x32 .aiworks.runtime.v1.BatchingSpec\x12\x16\n\x0einstance_count\x18\x08 \x01(\x05\x12\x41\n\nparameters\x18\t \x03(\x0b\x32-.aiworks.runtime.v1.ModelSpec.ParametersEntry\x12-\n\x05state\x18\n \x01(\x0e\x32\x1e.aiworks.runtime.v1.ModelState\x12\x0e\n\x06reason\x18\x0b \x01(\t\x1a\x31\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x96\x02\n\x0e\x45xecuteRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12*\n\x06inputs\x18\x03 \x03(\x0b\x32\x1a.aiworks.runtime.v1.Tensor\x12\x0f\n\x07outputs\x18\x04 \x03(\t\x12\x11\n\tstream_id\x18\x05 \x01(\x04\x12\x12\n\ntimeout_us\x18\x06 \x01(\x04\x12K\n\rtrace_context\x18\x07 \x03(\x0b\x32\x34.aiworks.runtime.v1.ExecuteRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x90\x01\n\x0f\x45xecuteResponse\x12+\n\x07outputs\x18\x01 \x03(\x0b\x32\x1a.aiworks.runtime.v1.Tensor\x12\x12\n\ncompute_ns\x18\x02 \x01(\x04\x12\x11\n\tstream_id\x18\x03 \x01(\x04\x12\x12\n\nerror_code\x18\x04 \x01(\r\x12\x15\n\rerror_message\x18\x05 \x01(\t\"H\n\x13\x45xecuteRequestFrame\x12\x31\n\x05items\x18\x01 \x03(\x0b\x32\".aiworks.runtime.v1.ExecuteRequest\"J\n\x14\x45xecuteResponseFrame\x12\x32\n\x05items\x18\x01 \x03(\x0b\x32#.aiworks.runtime.v1.ExecuteResponse\" \n\x10LoadModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"D\n\x11LoadModelResponse\x12/\n\x08versions\x18\x01 \x03(\x0b\x32\x1d.aiworks.runtime.v1.ModelSpec\"\"\n\x12UnloadModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x15\n\x13UnloadModelResponse\"\'\n\x11ListModelsRequest\x12\x12\n\nready_only\x18\x01 \x01(\x08\"C\n\x12ListModelsResponse\x12-\n\x06models\x18\x01 \x03(\x0b\x32\x1d.aiworks.runtime.v1.ModelSpec\"5\n\x14ModelMetadataRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"D\n\x15ModelMetadataResponse\x12+\n\x04spec\x18\x01 \x01(\x0b\x32\x1d.aiworks.runtime.v1.ModelSpec\"\xfd\x02\n\x0fModelStatistics\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x17\n\x0finference_count\x18\x03 \x01(\x04\x12\x17\n\x0f\x65xecution_count\x18\x04 \x01(\x04\x12\x15\n\rsuccess_count\x18\x05 \x01(\x04\x12\x15\n\rfailure_count\x18\x06 \x01(\x04\x12\x12\n\ncompute_ns\x18\x07 \x01(\x04\x12\x19\n\x11last_inference_ms\x18\x08 \x01(\x04\x12\x10\n\x08resident\x18\t \x01(\x08\x12\x16\n\x0eresident_bytes\x18\n \x01(\x04\x12\x11\n\tpreloaded\x18\x0b \x01(\x08\x12\x0f\n\x07load_ns\x18\x0c \x01(\x04\x12\x11\n\twarmup_ns\x18\r \x01(\x04\x12\x15\n\rcold_start_ns\x18\x0e \x01(\x04\x12\x18\n\x10\x66irst_request_ns\x18\x0f \x01(\x04\x12\x12\n\nload_count\x18\x10 \x01(\x04\x12\x16\n\x0e\x65viction_count\x18\x11 \x01(\x04\"2\n\x11StatisticsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"]\n\x12StatisticsResponse\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x33\n\x06models\x18\x02 \x03(\x0b\x32#.aiworks.runtime.v1.ModelStatistics*v\n\nModelState\x12\x1b\n\x17MODEL_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11MODEL_STATE_READY\x10\x01\x12\x1b\n\x17MODEL_STATE_UNAVAILABLE\x10\x02\x12\x17\n\x13MODEL_STATE_LOADING\x10\x03\x32\xa6\x05\n\x0eRuntimeService\x12R\n\x07\x45xecute\x12\".aiworks.runtime.v1.ExecuteRequest\x1a#.aiworks.runtime.v1.ExecuteResponse\x12\x66\n\rExecuteStream\x12\'.aiworks.runtime.v1.ExecuteRequestFrame\x1a(.aiworks.runtime.v1.ExecuteResponseFrame(\x01\x30\x01\x12X\n\tLoadModel\x12$.aiworks.runtime.v1.LoadModelRequest\x1a%.aiworks.runtime.v1.LoadModelResponse\x12^\n\x0bUnloadModel\x12&.aiworks.runtime.v1.UnloadModelRequest\x1a\'.aiworks.runtime.v1.UnloadModelResponse\x12[\n\nListModels\x12%.aiworks.runtime.v1.ListModelsRequest\x1a&.aiworks.runtime.v1.ListModelsResponse\x12\x64\n\rModelMetadata\x12(.aiworks.runtime.v1.ModelMetadataRequest\x1a).aiworks.runtime.v1.ModelMetadataResponse\x12[\n\nStatistics\x12%.aiworks.runtime.v1.StatisticsRequest\x1a&.aiworks.runtime.v1.StatisticsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,8 +35,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MODELSPEC_PARAMETERSENTRY']._serialized_options = b'8\001'
   _globals['_EXECUTEREQUEST_TRACECONTEXTENTRY']._loaded_options = None
   _globals['_EXECUTEREQUEST_TRACECONTEXTENTRY']._serialized_options = b'8\001'
-  _globals['_MODELSTATE']._serialized_start=2076
-  _globals['_MODELSTATE']._serialized_end=2194
+  _globals['_MODELSTATE']._serialized_start=2226
+  _globals['_MODELSTATE']._serialized_end=2344
   _globals['_TENSOR']._serialized_start=56
   _globals['_TENSOR']._serialized_end=124
   _globals['_TENSORSPEC']._serialized_start=126
@@ -53,28 +53,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EXECUTEREQUEST_TRACECONTEXTENTRY']._serialized_end=998
   _globals['_EXECUTERESPONSE']._serialized_start=1001
   _globals['_EXECUTERESPONSE']._serialized_end=1145
-  _globals['_LOADMODELREQUEST']._serialized_start=1147
-  _globals['_LOADMODELREQUEST']._serialized_end=1179
-  _globals['_LOADMODELRESPONSE']._serialized_start=1181
-  _globals['_LOADMODELRESPONSE']._serialized_end=1249
-  _globals['_UNLOADMODELREQUEST']._serialized_start=1251
-  _globals['_UNLOADMODELREQUEST']._serialized_end=1285
-  _globals['_UNLOADMODELRESPONSE']._serialized_start=1287
-  _globals['_UNLOADMODELRESPONSE']._serialized_end=1308
-  _globals['_LISTMODELSREQUEST']._serialized_start=1310
-  _globals['_LISTMODELSREQUEST']._serialized_end=1349
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1351
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1418
-  _globals['_MODELMETADATAREQUEST']._serialized_start=1420
-  _globals['_MODELMETADATAREQUEST']._serialized_end=1473
-  _globals['_MODELMETADATARESPONSE']._serialized_start=1475
-  _globals['_MODELMETADATARESPONSE']._serialized_end=1543
-  _globals['_MODELSTATISTICS']._serialized_start=1546
-  _globals['_MODELSTATISTICS']._serialized_end=1927
-  _globals['_STATISTICSREQUEST']._serialized_start=1929
-  _globals['_STATISTICSREQUEST']._serialized_end=1979
-  _globals['_STATISTICSRESPONSE']._serialized_start=1981
-  _globals['_STATISTICSRESPONSE']._serialized_end=2074
-  _globals['_RUNTIMESERVICE']._serialized_start=2197
-  _globals['_RUNTIMESERVICE']._serialized_end=2865
+  _globals['_EXECUTEREQUESTFRAME']._serialized_start=1147
+  _globals['_EXECUTEREQUESTFRAME']._serialized_end=1219
+  _globals['_EXECUTERESPONSEFRAME']._serialized_start=1221
+  _globals['_EXECUTERESPONSEFRAME']._serialized_end=1295
+  _globals['_LOADMODELREQUEST']._serialized_start=1297
+  _globals['_LOADMODELREQUEST']._serialized_end=1329
+  _globals['_LOADMODELRESPONSE']._serialized_start=1331
+  _globals['_LOADMODELRESPONSE']._serialized_end=1399
+  _globals['_UNLOADMODELREQUEST']._serialized_start=1401
+  _globals['_UNLOADMODELREQUEST']._serialized_end=1435
+  _globals['_UNLOADMODELRESPONSE']._serialized_start=1437
+  _globals['_UNLOADMODELRESPONSE']._serialized_end=1458
+  _globals['_LISTMODELSREQUEST']._serialized_start=1460
+  _globals['_LISTMODELSREQUEST']._serialized_end=1499
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1501
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1568
+  _globals['_MODELMETADATAREQUEST']._serialized_start=1570
+  _globals['_MODELMETADATAREQUEST']._serialized_end=1623
+  _globals['_MODELMETADATARESPONSE']._serialized_start=1625
+  _globals['_MODELMETADATARESPONSE']._serialized_end=1693
+  _globals['_MODELSTATISTICS']._serialized_start=1696
+  _globals['_MODELSTATISTICS']._serialized_end=2077
+  _globals['_STATISTICSREQUEST']._serialized_start=2079
+  _globals['_STATISTICSREQUEST']._serialized_end=2129
+  _globals['_STATISTICSRESPONSE']._serialized_start=2131
+  _globals['_STATISTICSRESPONSE']._serialized_end=2224
+  _globals['_RUNTIMESERVICE']._serialized_start=2347
+  _globals['_RUNTIMESERVICE']._serialized_end=3025
 # @@protoc_insertion_point(module_scope)

@@ -122,6 +122,18 @@ class ExecuteResponse(_message.Message):
     error_message: str
     def __init__(self, outputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., compute_ns: _Optional[int] = ..., stream_id: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
 
+class ExecuteRequestFrame(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[ExecuteRequest]
+    def __init__(self, items: _Optional[_Iterable[_Union[ExecuteRequest, _Mapping]]] = ...) -> None: ...
+
+class ExecuteResponseFrame(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[ExecuteResponse]
+    def __init__(self, items: _Optional[_Iterable[_Union[ExecuteResponse, _Mapping]]] = ...) -> None: ...
+
 class LoadModelRequest(_message.Message):
     __slots__ = ("name",)
     NAME_FIELD_NUMBER: _ClassVar[int]

@@ -41,8 +41,8 @@ class RuntimeServiceStub:
                 _registered_method=True)
         self.ExecuteStream = channel.stream_stream(
                 '/aiworks.runtime.v1.RuntimeService/ExecuteStream',
-                request_serializer=aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteRequest.SerializeToString,
-                response_deserializer=aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteResponse.FromString,
+                request_serializer=aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteRequestFrame.SerializeToString,
+                response_deserializer=aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteResponseFrame.FromString,
                 _registered_method=True)
         self.LoadModel = channel.unary_unary(
                 '/aiworks.runtime.v1.RuntimeService/LoadModel',
@@ -129,8 +129,8 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
             ),
             'ExecuteStream': grpc.stream_stream_rpc_method_handler(
                     servicer.ExecuteStream,
-                    request_deserializer=aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteRequest.FromString,
-                    response_serializer=aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteResponse.SerializeToString,
+                    request_deserializer=aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteRequestFrame.FromString,
+                    response_serializer=aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteResponseFrame.SerializeToString,
             ),
             'LoadModel': grpc.unary_unary_rpc_method_handler(
                     servicer.LoadModel,
@@ -210,8 +210,8 @@ class RuntimeService:
             request_iterator,
             target,
             '/aiworks.runtime.v1.RuntimeService/ExecuteStream',
-            aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteRequest.SerializeToString,
-            aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteResponse.FromString,
+            aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteRequestFrame.SerializeToString,
+            aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteResponseFrame.FromString,
             options,
             channel_credentials,
             insecure,

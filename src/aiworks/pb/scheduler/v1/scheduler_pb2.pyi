@@ -63,6 +63,18 @@ class InferResponse(_message.Message):
     retry_after_s: float
     def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., outputs: _Optional[_Iterable[_Union[_runtime_pb2.Tensor, _Mapping]]] = ..., stream_id: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., retry_after_s: _Optional[float] = ...) -> None: ...
 
+class InferRequestFrame(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[InferRequest]
+    def __init__(self, items: _Optional[_Iterable[_Union[InferRequest, _Mapping]]] = ...) -> None: ...
+
+class InferResponseFrame(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[InferResponse]
+    def __init__(self, items: _Optional[_Iterable[_Union[InferResponse, _Mapping]]] = ...) -> None: ...
+
 class ServerReadyRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

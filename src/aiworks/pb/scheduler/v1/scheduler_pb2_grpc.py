@@ -41,8 +41,8 @@ class SchedulerServiceStub:
                 _registered_method=True)
         self.InferStream = channel.stream_stream(
                 '/aiworks.scheduler.v1.SchedulerService/InferStream',
-                request_serializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferRequest.SerializeToString,
-                response_deserializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferResponse.FromString,
+                request_serializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferRequestFrame.SerializeToString,
+                response_deserializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferResponseFrame.FromString,
                 _registered_method=True)
         self.ServerReady = channel.unary_unary(
                 '/aiworks.scheduler.v1.SchedulerService/ServerReady',
@@ -122,7 +122,8 @@ class SchedulerServiceServicer:
 
     def InferStream(self, request_iterator, context):
         """The gateways' hot path: requests multiplexed on one long-lived stream,
-        answered out of order and matched by stream_id.
+        answered out of order and matched by stream_id, several to a frame
+        when the stream is busy.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -218,8 +219,8 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
             ),
             'InferStream': grpc.stream_stream_rpc_method_handler(
                     servicer.InferStream,
-                    request_deserializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferRequest.FromString,
-                    response_serializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferResponse.SerializeToString,
+                    request_deserializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferRequestFrame.FromString,
+                    response_serializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferResponseFrame.SerializeToString,
             ),
             'ServerReady': grpc.unary_unary_rpc_method_handler(
                     servicer.ServerReady,
@@ -339,8 +340,8 @@ class SchedulerService:
             request_iterator,
             target,
             '/aiworks.scheduler.v1.SchedulerService/InferStream',
-            aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferRequest.SerializeToString,
-            aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferResponse.FromString,
+            aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferRequestFrame.SerializeToString,
+            aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferResponseFrame.FromString,
             options,
             channel_credentials,
             insecure,
