@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import grpc
 import pytest
@@ -70,11 +71,22 @@ def client(port: int, max_message_bytes: int = 4 << 20) -> tuple[grpc.aio.Channe
     return channel, MultiplexedStream(method, "echo", pb.ExecuteRequestFrame, max_message_bytes)
 
 
-async def test_answers_out_of_order_reach_their_callers():
+@contextlib.asynccontextmanager
+async def echo(frames: list | None = None, max_message_bytes: int = 4 << 20):
+    """A started echo server and a stream to it; ``frames`` collects the request frames the server reads."""
     port = free_port()
-    server = await start_server(port)
-    channel, stream = client(port)
+    server = await start_server(port, frames)
+    channel, stream = client(port, max_message_bytes)
     try:
+        yield stream
+    finally:
+        await stream.close()
+        await channel.close()
+        await server.stop(0)
+
+
+async def test_answers_out_of_order_reach_their_callers():
+    async with echo() as stream:
         slow = asyncio.create_task(stream.call(pb.ExecuteRequest(model="slow", version="0.3"), 5))
         fast = [stream.call(pb.ExecuteRequest(model=f"m{i}"), 5) for i in range(20)]
         replies = await asyncio.gather(*fast)
@@ -87,10 +99,6 @@ async def test_answers_out_of_order_reach_their_callers():
             await stream.call(pb.ExecuteRequest(model="late", version="2"), 0.2)
         # The stream survives errors and timeouts of single calls.
         assert (await stream.call(pb.ExecuteRequest(model="after"), 5)).outputs[0].name == "after"
-    finally:
-        await stream.close()
-        await channel.close()
-        await server.stop(0)
 
 
 async def test_peer_death_fails_pending_calls_and_the_stream_reopens():
@@ -120,11 +128,8 @@ async def test_peer_death_fails_pending_calls_and_the_stream_reopens():
 
 
 async def test_a_busy_stream_packs_messages_into_frames_both_ways():
-    port = free_port()
     frames: list[tuple[int, int]] = []
-    server = await start_server(port, frames)
-    channel, stream = client(port)
-    try:
+    async with echo(frames) as stream:
         replies = await asyncio.gather(*(stream.call(pb.ExecuteRequest(model=f"m{i}"), 5) for i in range(200)))
         assert [r.outputs[0].name for r in replies] == [f"m{i}" for i in range(200)]
         # 200 calls made at once leave in a handful of writes, and the answers come back the same way.
@@ -134,18 +139,11 @@ async def test_a_busy_stream_packs_messages_into_frames_both_ways():
         # A lone call later is a frame of one: an idle stream adds no wait.
         assert (await stream.call(pb.ExecuteRequest(model="alone"), 5)).outputs[0].name == "alone"
         assert frames[-1][1] == 1
-    finally:
-        await stream.close()
-        await channel.close()
-        await server.stop(0)
 
 
 async def test_frames_stay_under_their_byte_budget_and_a_big_message_travels_alone():
-    port = free_port()
     frames: list[tuple[int, int]] = []
-    server = await start_server(port, frames)
-    channel, stream = client(port, max_message_bytes=64 << 10)  # frames of at most 32 KiB
-    try:
+    async with echo(frames, max_message_bytes=64 << 10) as stream:  # frames of at most 32 KiB
         big = [pb.ExecuteRequest(model=f"big{i}", inputs=[pb.Tensor(raw=b"b" * (40 << 10))]) for i in range(3)]
         small = [pb.ExecuteRequest(model=f"s{i}", inputs=[pb.Tensor(raw=b"s" * 1000)]) for i in range(60)]
         calls = [stream.call(m, 5) for pair in zip(small[:3], big) for m in pair] + [
@@ -159,7 +157,3 @@ async def test_frames_stay_under_their_byte_budget_and_a_big_message_travels_alo
         assert all(size <= 32 << 10 for size, n in frames if n > 1)
         assert sum(1 for size, n in frames if size > 40 << 10 and n == 1) == 3  # each big one by itself
         assert len(frames) < 63  # the small ones still share frames
-    finally:
-        await stream.close()
-        await channel.close()
-        await server.stop(0)
