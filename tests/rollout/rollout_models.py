@@ -14,9 +14,10 @@
 - version 3 is healthy but slow: the same answer plus ``SLOW_MATMULS``
   products of a ``[K, K]`` matrix built from the input (so ONNX Runtime cannot
   fold it away at load) with an orthogonal ``[K, K]`` weight, multiplied by 0
-  and added to ``y``: about 28 ms of one core a request, against 4-10 ms
-  end to end for version 1 (its p99 comes out 4-5x stable's under the
-  test's load).
+  and added to ``y``: about 34 ms of one core a request on the faster VM
+  used here (70 ms on the slower), against 2-10 ms end to end for version 1,
+  so its p99 clears both the test policy's 2.5x ratio and its 25 ms floor.
+  (96 products, 13 ms on the faster VM, stayed under the floor there.)
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from onnx import TensorProto, helper, numpy_helper
 MODEL = "ranker"
 TRIGGER = 999.0
 SLOW_K = 256
-SLOW_MATMULS = 96
+SLOW_MATMULS = 240
 
 CONFIG = f"""\
 name: "{MODEL}"
