@@ -12,8 +12,8 @@ message, which map through the one error table.
 **Frames.** gRPC allows one write in flight per stream, and every write and
 read is a round trip between gRPC's poller thread and the asyncio loop. With
 one message per write, a busy stream became a queue of its own: under 1,000
-concurrent clients requests waited ~280 ms to be written to the scheduler
-while every process had idle CPU. So a stream carries *frames* (a message
+concurrent clients requests took a median 237 ms to reach the scheduler's
+queue while every process had idle CPU (bench/qos_breakdown.py). So a stream carries *frames* (a message
 with ``repeated … items``): whatever was queued while the last write was in
 flight leaves in the next frame (:class:`Outbox`), up to :data:`FRAME_BYTES`
 of messages; a lone message is a frame of one, and one bigger than that
