@@ -23,12 +23,10 @@ from __future__ import annotations
 
 import asyncio
 
-import redis.asyncio as redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from aiworks.cache.store import STALE_EPOCH, STORED, StoreError, StoreUsage
+from aiworks.core.redis_client import fail_fast_redis
 
 _GET = """
 local epoch = redis.call('GET', KEYS[1]) or '0'
@@ -65,16 +63,7 @@ class RedisStore:
     ):
         self.url = url
         self.prefix = prefix
-        pool = redis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=max_connections,
-            timeout=connect_timeout_s,
-            socket_timeout=connect_timeout_s,
-            socket_connect_timeout=connect_timeout_s,
-            retry=Retry(NoBackoff(), 0),
-            decode_responses=False,
-        )
-        self._redis = redis.Redis(connection_pool=pool)
+        self._redis = fail_fast_redis(url, max_connections=max_connections, timeout_s=connect_timeout_s)
         self._pending: list[tuple[str, list, asyncio.Future]] = []
         self._flushes: set[asyncio.Task] = set()
 

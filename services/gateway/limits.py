@@ -58,11 +58,10 @@ import redis.asyncio as redis
 from aiworks.cache.breaker import CircuitBreaker
 from aiworks.gateway.redis_pipe import RedisPipe
 from aiworks.gateway.tenancy import Tenant
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 
 from aiworks.core.errors import ResourceExhausted
+from aiworks.core.redis_client import fail_fast_redis
 
 log = logging.getLogger(__name__)
 
@@ -313,16 +312,7 @@ class TenantLimiter:
         self._redis: redis.Redis | None = None
         self._pipe: RedisPipe | None = None
         if redis_url:
-            pool = redis.BlockingConnectionPool.from_url(
-                redis_url,
-                max_connections=max_connections,
-                timeout=connect_timeout_s,
-                socket_timeout=connect_timeout_s,
-                socket_connect_timeout=connect_timeout_s,
-                retry=Retry(NoBackoff(), 0),
-                decode_responses=False,
-            )
-            self._redis = redis.Redis(connection_pool=pool)
+            self._redis = fail_fast_redis(redis_url, max_connections=max_connections, timeout_s=connect_timeout_s)
             options = RedisPipe.options(redis_url)
             self._pipe = RedisPipe(options, connect_timeout_s) if options is not None else None
             self._admit = self._redis.register_script(_ADMIT)

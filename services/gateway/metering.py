@@ -38,12 +38,11 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
 import redis.asyncio as redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from aiworks.core import metrics
 from aiworks.core.errors import InvalidArgument
+from aiworks.core.redis_client import fail_fast_redis
 
 log = logging.getLogger(__name__)
 
@@ -178,16 +177,9 @@ class UsageMeter:
         self._flush_lock = asyncio.Lock()
         self._redis: redis.Redis | None = None
         if redis_url:
-            pool = redis.BlockingConnectionPool.from_url(
-                redis_url,
-                max_connections=4,
-                timeout=max(timeout_s, 0.5),
-                socket_timeout=max(timeout_s, 0.5),
-                socket_connect_timeout=max(timeout_s, 0.5),
-                retry=Retry(NoBackoff(), 0),
-                decode_responses=True,
+            self._redis = fail_fast_redis(
+                redis_url, max_connections=4, timeout_s=max(timeout_s, 0.5), decode_responses=True
             )
-            self._redis = redis.Redis(connection_pool=pool)
 
     def record(
         self, tenant: str, model: str, *, rows: int = 1, compute_s: float = 0.0, cache_hit: bool = False
