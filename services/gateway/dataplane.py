@@ -21,10 +21,8 @@ caller in as the anonymous tenant, which may do everything):
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,97 +32,22 @@ from aiworks.gateway.filters import InputFilter
 from aiworks.gateway.limits import TenantLimiter
 from aiworks.gateway.masking import MaskingPolicies
 from aiworks.gateway.metering import UsageMeter
-from aiworks.gateway.scheduler_client import SchedulerClient
 from aiworks.gateway.settings import GatewaySettings
 from aiworks.gateway.telemetry import GatewayTelemetry, short
-from aiworks.gateway.tenancy import apply_tenant_defaults, demo_config, load_tenancy
+from aiworks.gateway.tenancy import demo_config, load_tenancy
 
 from aiworks import __version__
 from aiworks.core import metrics
-from aiworks.core.errors import AIWorksError, InvalidArgument, PermissionDenied, Status
+from aiworks.core.errors import AIWorksError, InvalidArgument, PermissionDenied
 from aiworks.core.inference import InferRequest, InferResponse
 from aiworks.core.model_config import ModelSpec
+from aiworks.core.options import Priority, read_options
+from aiworks.scheduler.client import Routing, SchedulerClient
 from aiworks.security.audit import AuditLog
 
 log = logging.getLogger(__name__)
 
 EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics", "schedule_policy"]
-
-Metadata = Callable[[str, str], Awaitable[tuple[ModelSpec, list[str]]]]
-
-
-class ModelSpecs:
-    """Model specs for the request path (input filters, masking), fetched from the scheduler and reused.
-
-    A spec younger than ``ttl_s`` is answered from memory. An older one is
-    still answered while one background fetch refreshes it, so a request waits
-    for the scheduler only the first time a model version is asked for.
-    Unknown models (NOT_FOUND) are remembered for ``ttl_s`` as well, so a
-    client sending made-up names costs no metadata call per request; other
-    errors are not remembered.
-    """
-
-    def __init__(
-        self,
-        fetch: Metadata,
-        ttl_s: float = 1.0,
-        *,
-        max_entries: int = 4096,
-        clock: Callable[[], float] = time.monotonic,
-    ):
-        self._fetch = fetch
-        self.ttl_s = ttl_s
-        self.max_entries = max_entries
-        self._clock = clock
-        self._entries: dict[tuple[str, str], tuple[float, ModelSpec | AIWorksError]] = {}
-        self._pending: dict[tuple[str, str], asyncio.Task] = {}
-
-    async def get(self, name: str, version: str) -> ModelSpec:
-        ref = (name, version)
-        entry = self._entries.get(ref)
-        if entry is not None:
-            expires, value = entry
-            fresh = self._clock() < expires
-            if isinstance(value, ModelSpec):
-                if not fresh:
-                    self._refresh(ref)
-                return value
-            if fresh:
-                raise type(value)(value.message, value.status)
-        value = await asyncio.shield(self._refresh(ref))
-        if isinstance(value, AIWorksError):
-            raise type(value)(value.message, value.status)
-        return value
-
-    def _refresh(self, ref: tuple[str, str]) -> asyncio.Task:
-        task = self._pending.get(ref)
-        if task is None:
-            task = asyncio.get_running_loop().create_task(self._load(ref))
-            self._pending[ref] = task
-            task.add_done_callback(lambda _: self._pending.pop(ref, None))
-        return task
-
-    async def _load(self, ref: tuple[str, str]) -> ModelSpec | AIWorksError:
-        try:
-            spec, _ = await self._fetch(*ref)
-        except AIWorksError as exc:
-            if exc.status is Status.NOT_FOUND:
-                self._store(ref, exc)
-            return exc  # a transient error: a stale spec, if any, is kept
-        except Exception as exc:  # never leave a background refresh's exception unretrieved
-            return AIWorksError(f"model metadata of '{ref[0]}' could not be read: {exc}")
-        self._store(ref, spec)
-        return spec
-
-    def _store(self, ref: tuple[str, str], value: ModelSpec | AIWorksError) -> None:
-        if ref not in self._entries and len(self._entries) >= self.max_entries:
-            self._entries.pop(next(iter(self._entries)))
-        self._entries[ref] = (self._clock() + self.ttl_s, value)
-
-    def forget(self, name: str) -> None:
-        """Drop what is known about ``name`` (after a load or unload through this gateway)."""
-        for ref in [r for r in self._entries if r[0] == name]:
-            del self._entries[ref]
 
 
 @dataclass
@@ -209,16 +132,17 @@ class GatewayDataPlane:
     def __init__(
         self,
         scheduler: SchedulerClient,
+        routing: Routing,
         server_name: str = "aiworks",
         cache: CacheClient | None = None,
         tenancy: Tenancy | None = None,
-        spec_ttl_s: float = 1.0,
     ):
         self.scheduler = scheduler
+        # The scheduler's routing table, watched: model specs, versions and replicas come from it.
+        self.routing = routing
         self.server_name = server_name
         self.cache = cache
         self.tenancy = tenancy if tenancy is not None else Tenancy.demo()
-        self.specs = ModelSpecs(scheduler.metadata, spec_ttl_s)
         # Per-request metrics, the server span and the audit line; the front ends wrap each inference in it.
         self.telemetry = GatewayTelemetry(audit=self.tenancy.audit)
 
@@ -247,18 +171,16 @@ class GatewayDataPlane:
         return True
 
     async def ready(self) -> bool:
-        try:
-            return await self.scheduler.ready()
-        except Exception as exc:
-            log.warning("not ready: %s", exc)
-            return False
+        """Ready while the routing table has arrived and lists a live replica (the scheduler may be away)."""
+        return self.routing.ready()
 
     def server_metadata(self) -> dict:
         return {"name": self.server_name, "version": __version__, "extensions": EXTENSIONS}
 
     async def model_metadata(self, name: str, version: str, credentials: Headers = ()) -> dict:
         self._for_model(credentials, name)
-        spec, versions = await self.scheduler.metadata(name, version)
+        spec = self.routing.spec(name, version)
+        versions = self.routing.versions(name)
         return {
             "name": spec.name,
             "versions": versions,
@@ -270,23 +192,28 @@ class GatewayDataPlane:
     async def model_config(self, name: str, version: str, credentials: Headers = ()) -> dict:
         """The model's config in Triton's JSON form (the fields the suite uses)."""
         self._for_model(credentials, name)
-        spec, _ = await self.scheduler.metadata(name, version)
-        return spec_to_triton_config(spec)
+        return spec_to_triton_config(self.routing.spec(name, version))
 
     async def model_ready(self, name: str, version: str, credentials: Headers = ()) -> bool:
         self._for_model(credentials, name)
-        return await self.scheduler.model_ready(name, version)
+        return self.routing.model_ready(name, version)
 
     # ---- inference ----------------------------------------------------------------------------
 
-    async def infer(self, request: InferRequest, principal: Principal | None = None) -> InferResponse:
+    async def infer(
+        self, request: InferRequest, principal: Principal | None = None, *, request_id: str = "",
+        transport_deadline_s: float | None = None,
+    ) -> InferResponse:  # fmt: skip
         """One inference, in the order of docs/tenancy.md.
 
         The front end has authenticated the caller (``principal``) and read
         the body within :func:`request_limit`; here: authorize the model,
-        filter the inputs against its spec, apply the tenant's defaults, admit
-        (rate, concurrency, quota), answer from the cache or the scheduler,
-        release the slot charging the time it took, meter, and mask outputs.
+        resolve its version (weights apply), filter the inputs against its
+        spec, read the request's options once (class, deadline: the tenant's
+        default applies), admit (rate, concurrency, quota), answer from the
+        cache or a runtime replica, release the slot charging the compute the
+        replica reports, meter, and mask outputs. ``transport_deadline_s`` is
+        the time a gRPC client's own deadline leaves.
         """
         tenancy = self.tenancy
         if principal is None:
@@ -294,18 +221,28 @@ class GatewayDataPlane:
         tenant = principal.tenant
         request.tenant = tenant.id
         tenancy.auth.authorize(principal, request.model)
-        spec = await self.specs.get(request.model, request.version)
+        spec = self.routing.resolve(request.model, request.version)
         rows = tenancy.filters.check(request, spec, against_metadata=not tenancy.demo_mode)
-        apply_tenant_defaults(request, tenant)
+        default = Priority.named(tenant.default_priority) if tenant.default_priority else self.routing.default_priority
+        options = read_options(
+            request.parameters, default=default, tenant=tenant.id, request_id=request_id or request.id,
+            transport_deadline_s=transport_deadline_s,
+        )  # fmt: skip
+        request.version = spec.version
         admission = await tenancy.limiter.admit(tenant)
         compute_s, hit = 0.0, False
         try:
             started = time.perf_counter()
+
+            async def compute(req: InferRequest) -> InferResponse:
+                answer = await self.routing.infer(req, options, spec=spec)
+                return InferResponse(spec.name, spec.version, answer.outputs, id=req.id)
+
             if self.cache is not None:
-                # ---- result cache hook (docs/cache.md): lookup, schedule on a miss, store in the background.
-                response = await self.cache.infer(request, self.scheduler.infer)
+                # ---- result cache hook (docs/cache.md): lookup, a replica on a miss, store in the background.
+                response = await self.cache.infer(request, spec, compute)
             else:
-                response = await self.scheduler.infer(request)
+                response = await compute(request)
             hit = response.parameters.get(HIT) is True
             if not hit:  # a cache hit costs the tenant no compute
                 compute_s = time.perf_counter() - started
@@ -353,18 +290,17 @@ class GatewayDataPlane:
 
     async def _load(self, name: str) -> None:
         try:
-            await self.scheduler.load(name)
+            _, generation = await self.scheduler.load(name)
+            await self.routing.caught_up(generation)  # this gateway's next request sees the load
         finally:
-            self.specs.forget(name)
             # ---- result cache hook: a (re)loaded model's old results must not be served.
             if self.cache is not None:
                 await self.cache.invalidate(name)
 
     async def _unload(self, name: str) -> None:
         try:
-            await self.scheduler.unload(name)
+            await self.routing.caught_up(await self.scheduler.unload(name))
         finally:
-            self.specs.forget(name)
             # ---- result cache hook: an unloaded model's results go with it.
             if self.cache is not None:
                 await self.cache.invalidate(name)

@@ -99,7 +99,7 @@ async def _infer(
         limit = request_limit(principal, max_request_bytes)
         body = await read_body(body_stream, headers.get("content-length"), limit, principal.tenant_id)
         call.request, fmt = parse_infer_request(body, headers.get(HEADER_LENGTH), model, version)
-        call.response = response = await dataplane.infer(call.request, principal)
+        call.response = response = await dataplane.infer(call.request, principal, request_id=call.request_id)
         return encode_infer_response(response, fmt)
 
 

@@ -38,6 +38,11 @@ class Registrar:
     def _models(self):
         return [from_model_spec(s) for s in self._dataplane.ready_specs()]
 
+    def _queues(self):
+        queues = self._dataplane.queues
+        queues.sweep()
+        return [spb.QueueStatus(**vars(q)) for q in queues.stats()]
+
     async def register(self) -> None:
         reply = await self._stub.RegisterReplica(spb.ReplicaInfo(models=self._models(), **self._info), timeout=5)
         if reply.heartbeat_interval_s > 0:
@@ -59,6 +64,7 @@ class Registrar:
                             replica_id=self._info["replica_id"],
                             inflight_batches=self._dataplane.inflight_batches,
                             models=self._models(),
+                            queues=self._queues(),
                         ),
                         timeout=max(self.interval_s * 3, 1.0),
                     )

@@ -1,37 +1,41 @@
-"""Chooses the replica for each batch.
+"""Chooses the replica for each request, on the gateway, from the scheduler's routing table.
 
 1. **Candidates**: live replicas that hold the model version (or still
-   retire it while its queue drains), minus those already tried for this
-   batch.
-2. **Ejection**: replicas ejected as outliers are left out, unless every
-   candidate is ejected; then all serve (Envoy's panic routing: better a
+   retire it), minus those already tried for this request.
+2. **Unreachable and ejected**: replicas that just failed to answer at all
+   are left out for a moment (until :data:`DOWN_S` passes or the table says
+   otherwise), and replicas ejected as outliers until their time is up,
+   unless that leaves none; then all serve (Envoy's panic routing: better a
    suspect replica than none).
-3. **Pools**: if the batch's class has a preferred pool (by default realtime
-   → ``device=gpu``, batch → ``device=cpu``) and a candidate matches it, only
-   matching candidates serve.
-4. **Room**: a replica has room while its batches in flight for the version
-   stay under the cap (the model's instance count by default). That cap lets
-   batches grow under load: while all are busy, requests wait in the queue
-   and leave together.
-5. **Power of two choices**: among two random candidates with room, the one
-   with the lower expected cost, its latency average for the version ×
-   (1 + its batches in flight). A replica not yet measured costs 0, so it gets
-   tried. A replica k times slower holds each batch k times longer and loses
-   every comparison while the other has room, so it gets about 1/k as many
-   batches.
+3. **Pools**: if the request's class has a preferred pool (by default
+   realtime → ``device=gpu``, batch → ``device=cpu``) and a candidate matches
+   it, only matching candidates serve.
+4. **Power of two choices**: among two random candidates, the one with the
+   lower expected cost: its latency average for the version × (1 + the
+   requests this gateway has in flight there). A replica not yet measured
+   costs 0, so it gets tried. A replica k times slower holds each request k
+   times longer and so loses the comparisons while the other has fewer in
+   flight: it gets about 1/k as many requests.
+
+No replica is reserved and nothing waits here: requests queue at the
+replica, where the batcher forms batches by class and deadline.
 """
 
 from __future__ import annotations
 
 import random
+import time
+from collections.abc import Callable
 
 from aiworks.core import metrics
 from aiworks.core.errors import AIWorksError, Unavailable
-from aiworks.scheduler.qos import Priority
-from aiworks.scheduler.registry import Key, Replica, ReplicaRegistry
+from aiworks.core.options import Priority
+from aiworks.scheduler.catalog import Catalog, Key, Replica
 from aiworks.scheduler.replica_state import OutlierDetector
 
 Selector = tuple[tuple[str, str], ...]
+# How long a replica that could not be reached at all is left out of routing.
+DOWN_S = 1.0
 
 
 class PoolPolicy:
@@ -66,97 +70,73 @@ class PoolPolicy:
 
 
 class Router:
-    """Latency-aware routing with outlier ejection, class pools and a cap on batches in flight."""
+    """Latency-aware routing with outlier ejection and class pools, over a catalog of replicas."""
 
     def __init__(
         self,
-        registry: ReplicaRegistry,
-        max_inflight_batches: int,
+        catalog: Catalog,
         *,
         outliers: OutlierDetector,
         pools: PoolPolicy | None = None,
         ewma_alpha: float = 0.3,
         rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
-        self.registry = registry
-        self.max_inflight = max_inflight_batches  # 0: the model's instance count
+        self.catalog = catalog
         self.outliers = outliers
         self.pools = pools or PoolPolicy()
         self.ewma_alpha = ewma_alpha
         self._rng = rng or random.Random()
+        self._clock = clock
+        self._down_until: dict[str, float] = {}
 
     # ---- choice --------------------------------------------------------------------------
 
     def candidates(
         self, key: Key, priority: Priority, exclude: frozenset[str] | set[str] = frozenset()
     ) -> list[Replica]:
-        holders = [r for r in self.registry.holders(key) if r.replica_id not in exclude]
+        holders = [r for r in self.catalog.holders(key) if r.replica_id not in exclude]
         if not holders:
             raise Unavailable(f"no live replica serves model '{key[0]}' version {key[1]}")
-        healthy = [r for r in holders if not self.outliers.ejected(r.health)] or holders
+        now = self._clock()
+        reachable = [r for r in holders if self._down_until.get(r.replica_id, 0.0) <= now] or holders
+        healthy = [r for r in reachable if not self.outliers.ejected(r.health)] or reachable
         return self.pools.prefer(priority, healthy)
 
-    def _cap(self, replica: Replica, key: Key) -> int:
-        if self.max_inflight:
-            return self.max_inflight
-        spec = self.registry.spec_on(replica, key)  # a retiring version is no longer in replica.models
-        return spec.instance_count if spec is not None else 1
-
     def _cost(self, replica: Replica, key: Key) -> float:
-        inflight = sum(replica.outstanding_batches.values())
-        return replica.health.latency_s.get(key, 0.0) * (1 + inflight)
+        return replica.health.latency_s.get(key, 0.0) * (1 + replica.outstanding)
 
-    def _pick(self, key: Key, priority: Priority, exclude) -> Replica | None:
-        free = [
-            r for r in self.candidates(key, priority, exclude) if r.outstanding_batches.get(key, 0) < self._cap(r, key)
-        ]
-        if not free:
-            return None
-        if len(free) > 2:
-            free = self._rng.sample(free, 2)
-        elif len(free) == 2 and self._rng.random() < 0.5:
-            free.reverse()  # ties go either way
-        return min(free, key=lambda r: (self._cost(r, key), r.outstanding_rows))
-
-    async def acquire(
-        self, key: Key, priority: Priority = Priority.STANDARD, exclude: frozenset[str] | set[str] = frozenset()
-    ) -> Replica:
-        """Wait until a suitable replica holding ``key`` has room, and reserve one batch slot on it."""
-        replica = self._pick(key, priority, exclude)
-        if replica is None:
-            async with self.registry.changed:
-                while (replica := self._pick(key, priority, exclude)) is None:
-                    await self.registry.changed.wait()
-        replica.outstanding_batches[key] = replica.outstanding_batches.get(key, 0) + 1
-        return replica
-
-    def add_rows(self, replica: Replica, rows: int) -> None:
-        replica.outstanding_rows += rows
-
-    async def release(self, replica: Replica, key: Key, rows: int) -> None:
-        replica.outstanding_batches[key] -= 1
-        replica.outstanding_rows -= rows
-        async with self.registry.changed:
-            self.registry.changed.notify_all()
+    def pick(self, key: Key, priority: Priority = Priority.STANDARD,
+             exclude: frozenset[str] | set[str] = frozenset()) -> Replica:  # fmt: skip
+        """The replica for the next request of ``key``; UNAVAILABLE when none holds it."""
+        candidates = self.candidates(key, priority, exclude)
+        if len(candidates) == 1:
+            return candidates[0]
+        if len(candidates) > 2:
+            candidates = self._rng.sample(candidates, 2)
+        elif self._rng.random() < 0.5:
+            candidates = [candidates[1], candidates[0]]  # ties go either way
+        return min(candidates, key=lambda r: (self._cost(r, key), r.outstanding))
 
     # ---- outcomes ------------------------------------------------------------------------
 
-    def succeeded(self, replica: Replica, key: Key, latency_s: float, rows: int) -> None:
+    def succeeded(self, replica: Replica, key: Key, latency_s: float, rows: int = 1) -> None:
         replica.health.observe(key, latency_s, rows, self.ewma_alpha)
         self.outliers.success(replica.health)
+        self._down_until.pop(replica.replica_id, None)
 
     def failed(
         self, replica: Replica, exc: AIWorksError, key: Key | None = None, waited_s: float | None = None
     ) -> None:
-        """A failure that was the replica's fault: count it towards ejection; mark it down if unreachable.
+        """A failure that was the replica's fault: count it towards ejection; leave it out a moment if unreachable.
 
         A timeout (``waited_s`` given) also counts as a latency sample, so a
         replica that hangs looks slow once it is back, not unmeasured.
         """
         if key is not None and waited_s is not None:
             replica.health.observe_latency(key, waited_s, self.ewma_alpha)
-        population = [r.health for r in self.registry.replicas.values()]
+        population = [r.health for r in self.catalog.replicas.values()]
         if self.outliers.failure(replica.health, population):
             metrics.SCHEDULER_EJECTIONS.labels(replica.replica_id, "outlier").inc()
         if exc.status is Unavailable.status:
-            self.registry.mark_down(replica, exc.message)
+            self._down_until[replica.replica_id] = self._clock() + DOWN_S

@@ -10,10 +10,10 @@ from aiworks.core.metrics import on_loop, serve_metrics_or_warn, stop_metrics
 from aiworks.core.rpc import add_port, create_server, set_serving
 from aiworks.core.tracing import setup_tracing, shutdown_tracing
 from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
+from aiworks.runtime.client import RuntimeClient
 from aiworks.scheduler.collector import SchedulerCollector
 from aiworks.scheduler.dataplane import Scheduler
 from aiworks.scheduler.registry import ReplicaRegistry
-from aiworks.scheduler.runtime_client import RuntimeClient
 from aiworks.scheduler.servicer import SchedulerServicer
 from aiworks.scheduler.settings import SchedulerSettings
 
@@ -43,11 +43,10 @@ async def serve(settings: SchedulerSettings) -> None:
     metrics, metrics_port = serve_metrics_or_warn(settings.metrics_port, settings.host)
     await set_serving(health, True)
     log.info(
-        "scheduler serving gRPC%s on %s:%d (batching %s, metrics %s)",
+        "scheduler serving gRPC%s on %s:%d (metrics %s)",
         " with mutual TLS" if tls else "",
         settings.host,
         port,
-        "on" if settings.batching else "off",
         metrics_port or "off",
     )
     await stop.wait()

@@ -41,6 +41,8 @@ _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 # Messages packed into one frame, at most (a message bigger than this goes alone).
 FRAME_BYTES = 1 << 20
+# Longest an abandoned call's answer is still awaited for its on_late callback.
+LATE_LIMIT_S = 120.0
 # Per packed message: the field tag and length prefix, with room to spare.
 _ITEM_OVERHEAD = 8
 
@@ -79,6 +81,10 @@ class Outbox:
 
     def discard(self, key: int) -> None:
         self._queued.pop(key, None)
+
+    def queued(self, key: int) -> bool:
+        """Whether ``key``'s message waits to be written still."""
+        return key in self._queued
 
     def clear(self) -> None:
         """Drop every message not written yet (the stream broke)."""
@@ -120,6 +126,14 @@ class Outbox:
                 raise
         finally:
             self._writer = None
+
+
+def reply_error(reply) -> AIWorksError:
+    """The error a failed reply stands for, with the Retry-After hint and the compute it cost when it has them."""
+    error = from_grpc_code(_CODES.get(reply.error_code, grpc.StatusCode.UNKNOWN), reply.error_message)
+    error.retry_after_s = getattr(reply, "retry_after_s", 0.0) or None
+    error.compute_ns = getattr(reply, "compute_us", 0) * 1000
+    return error
 
 
 def error_fields(exc: BaseException) -> tuple[int, str]:
@@ -171,7 +185,15 @@ class MultiplexedStream:
             )
         return self._outbox
 
-    async def call(self, message, timeout_s: float):
+    async def call(self, message, timeout_s: float, *, on_late: Callable[[object], None] | None = None):
+        """Send ``message`` and wait up to ``timeout_s`` for its answer; a failed answer raises.
+
+        ``on_late``: when this call gives up (its timeout, or cancellation)
+        after the message left, the answer is still awaited, for at most
+        :data:`LATE_LIMIT_S`, and handed to ``on_late`` (the reply message, or
+        the :class:`AIWorksError` it stands for) — so the caller can learn how
+        work it no longer waits for ended, and what it cost.
+        """
         stream_id = next(self._ids)
         message.stream_id = stream_id
         future = asyncio.get_running_loop().create_future()
@@ -181,21 +203,46 @@ class MultiplexedStream:
             async with asyncio.timeout(timeout_s):
                 outbox = self._ensure_open()
                 outbox.put(stream_id, message)
-                reply = await future
+                # Shielded when a late answer matters: giving up must not cancel the future itself.
+                reply = await (future if on_late is None else asyncio.shield(future))
         except TimeoutError:
             raise DeadlineExceeded(f"{self.peer} did not answer within {timeout_s:g} s") from None
         except grpc.aio.UsageError:  # the channel was closed under us
             raise Unavailable(f"stream to {self.peer} is closed") from None
         finally:
-            self._pending.pop(stream_id, None)
+            sent = outbox is not None and not outbox.queued(stream_id)
             if outbox is not None:
                 outbox.discard(stream_id)  # not written yet: nobody waits for it now
+            if on_late is not None and sent and not future.done():
+                self._await_late(stream_id, future, on_late)
+            else:
+                self._pending.pop(stream_id, None)
         if reply.error_code:
-            error = from_grpc_code(_CODES.get(reply.error_code, grpc.StatusCode.UNKNOWN), reply.error_message)
-            # A reply type with a retry_after_s field (the scheduler's) carries the Retry-After hint.
-            error.retry_after_s = getattr(reply, "retry_after_s", 0.0) or None
-            raise error
+            raise reply_error(reply)
         return reply
+
+    def _await_late(self, stream_id: int, future: asyncio.Future, on_late) -> None:
+        """Keep waiting for an abandoned call's answer and hand it to ``on_late``."""
+        loop = asyncio.get_running_loop()
+        expiry = loop.call_later(LATE_LIMIT_S, lambda: future.done() or future.cancel())
+
+        def settled(done: asyncio.Future) -> None:
+            expiry.cancel()
+            self._pending.pop(stream_id, None)
+            if done.cancelled():
+                return
+            error = done.exception()
+            if error is None:
+                reply = done.result()
+                outcome = reply_error(reply) if reply.error_code else reply
+            else:
+                outcome = error
+            try:
+                on_late(outcome)
+            except Exception:  # noqa: BLE001 - a callback's bug must not break the stream's reader
+                log.exception("a late-answer callback failed")
+
+        future.add_done_callback(settled)
 
     async def _read(self, call) -> None:
         error: AIWorksError = Unavailable(f"{self.peer} closed the stream")
