@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from aiworks.core import metrics
 from aiworks.core.errors import AIWorksError, InvalidArgument, NotFound, Unavailable
 from aiworks.core.inference import ModelStatistics
 from aiworks.core.model_config import ModelSpec, ModelState
@@ -194,8 +195,13 @@ class Scheduler:
             log.warning("%s (asked because: %s)", message, reason)
             return Ejection(False, 0.0, message)
         for_s = min(duration_s or self.policy.outlier_base_ejection_s, self.policy.outlier_max_ejection_s)
-        self._ejected[replica_id] = _Ejected(next(self._ejection_ids), now + for_s, reason)
-        self.registry.notify()
+        earlier = self._ejected.get(replica_id)
+        if earlier is not None and earlier.until_s > now + for_s:  # an earlier, longer ejection stands
+            for_s = earlier.until_s - now
+        else:
+            self._ejected[replica_id] = _Ejected(next(self._ejection_ids), now + for_s, reason)
+            self.registry.notify()
+        metrics.SCHEDULER_EJECTIONS.labels(replica_id, "monitor").inc()
         message = f"replica {replica_id} ejected for {for_s:.1f} s: {reason}"
         log.warning("%s", message)
         return Ejection(True, for_s, message)

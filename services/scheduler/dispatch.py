@@ -120,8 +120,7 @@ class Dispatcher:
                 continue
             self._applied_ejections.add(order.id)
             ejected, for_s = self.outliers.eject(replica.health, population, order.remaining_s, order.reason)
-            if ejected:
-                metrics.SCHEDULER_EJECTIONS.labels(order.replica_id, "monitor").inc()
+            if ejected:  # counted by the scheduler, which decided it
                 log.warning("replica %s ejected for %.1f s on request: %s", order.replica_id, for_s, order.reason)
 
     @property

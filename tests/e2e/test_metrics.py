@@ -222,14 +222,9 @@ def test_eject_replica_is_counted_and_shown_then_refused_for_an_unknown_replica(
         assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
 
     scheduler = Scrape(metrics_url(suite, "scheduler"))
+    assert scheduler.sum("aiworks_scheduler_ejections_total", replica="runtime-0", reason="monitor") == 1
     assert scheduler.sum("aiworks_scheduler_replica_ejected", replica="runtime-0") == 1
-    # Each gateway applies the ejection to its own routing, and counts it.
-    deadline = time.monotonic() + 5
-    while Scrape(metrics_url(suite, "gateway")).sum(
-        "aiworks_scheduler_ejections_total", replica="runtime-0", reason="monitor"
-    ) != 1:
-        assert time.monotonic() < deadline, "the gateway never applied the ejection"
-        time.sleep(0.1)
+    # Outlier ejections are each gateway's own (counted there); none happened.
     assert Scrape(metrics_url(suite, "gateway")).sum("aiworks_scheduler_ejections_total", reason="outlier") == 0
     # Every holder ejected: panic routing still serves (better a suspect replica than none).
     http = httpclient.InferenceServerClient(suite.http_url)

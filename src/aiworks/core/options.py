@@ -123,7 +123,7 @@ class RequestOptions:
         left = self.remaining_s(now_s)
         if left is None:
             return 0
-        return max(1, int(left * 1e6))
+        return max(1, round(left * 1e6))
 
 
 def read_options(
