@@ -14,7 +14,7 @@ the suite accepts the conservative set it already uses for folders:
 
 :func:`check_model_name` and :func:`check_version` raise INVALID_ARGUMENT
 (400) naming the problem, without echoing more than a short, printable
-excerpt of what was sent. :func:`inside` resolves a path (symlinks included)
+excerpt of what was sent (and nothing of a name that is a path). :func:`inside` resolves a path (symlinks included)
 and refuses one that leaves its root; its message never names the root.
 """
 
@@ -46,6 +46,8 @@ def check_model_name(name: str, what: str = "model name") -> str:
     if not valid_model_name(name):
         if not isinstance(name, str) or not name:
             raise InvalidArgument(f"{what} is empty")
+        if "/" in name or "\\" in name:  # a path: not echoed, the caller knows what it sent
+            raise InvalidArgument(f"{what} contains '/' or '\\'; a name is one folder of the model repository")
         raise InvalidArgument(f"{what} {shown(name)} is not valid: use {NAME_RULE}")
     return name
 
