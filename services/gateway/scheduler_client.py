@@ -42,6 +42,16 @@ def outstanding_compute_s(reply_future: asyncio.Future) -> float:
     return reply_future.result().compute_us / 1e6
 
 
+def _abandon(reply_future: asyncio.Future, work: Work | None) -> None:
+    """The caller stops waiting: the reply still to come goes to ``work`` (or is dropped, with no one to settle)."""
+    if work is None:
+        reply_future.cancel()
+    elif reply_future.done():  # it came in the same turn of the loop as the deadline
+        work.compute_s += outstanding_compute_s(reply_future)
+    else:
+        work.outstanding = reply_future
+
+
 def _timeout_us(value) -> int:
     """The OIP ``timeout`` parameter as whole microseconds; 0 when absent or not a number (the scheduler says why)."""
     if isinstance(value, str) and value.strip().isdigit():
@@ -94,16 +104,10 @@ class SchedulerClient:
             async with asyncio.timeout(timeout_us / 1e6 if timeout_us else None):
                 reply = await asyncio.shield(reply_future)
         except TimeoutError:
-            if work is not None and not reply_future.done():
-                work.outstanding = reply_future
-            else:
-                reply_future.cancel()
+            _abandon(reply_future, work)
             raise DeadlineExceeded(f"the request's deadline of {timeout_us} us passed") from None
         except asyncio.CancelledError:
-            if work is not None and not reply_future.done():
-                work.outstanding = reply_future
-            else:
-                reply_future.cancel()
+            _abandon(reply_future, work)
             raise
         compute_s = reply.compute_us / 1e6
         if work is not None:
