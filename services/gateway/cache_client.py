@@ -4,7 +4,11 @@ For each request to a model whose config enables the response cache, the
 gateway computes the key (:mod:`aiworks.cache.keys`) from the model's resolved
 version, asks the cache, and on a hit answers without the scheduler. On a
 miss it schedules the request, answers, and stores the result in the
-background. Responses of cached models carry the parameter ``cache_hit``.
+background. Keys are per tenant unless the model shares its entries
+(``cache_scope: shared``). Whether the cache answered is in the response's
+``cache_hit`` field, which the gateway meters; the client sees it as the
+response parameter ``cache_hit`` only when the model opts in
+(``report_cache_hit: true``), since it tells a caller what was asked before.
 
 The cache is an optimization, never a dependency: a lookup slower than
 ``lookup_timeout_s`` or failing counts as a miss; after ``failure_threshold``
@@ -118,11 +122,12 @@ class CacheClient:
         if request.model in self._pending_invalidations:
             self.counters.bypassed += 1
             lookups[R_BYPASS].inc()
-            return self._mark(await compute(request), False)
+            return self._mark(await compute(request), False, policy)
         with tracing.child_span("cache lookup", {"aiworks.model": request.model}) as span:
             key = request_key(
-                request.model, spec.version, request.inputs, request.outputs, request.parameters, policy
-            )
+                request.model, spec.version, request.inputs, request.outputs, request.parameters, policy,
+                tenant=request.tenant,
+            )  # fmt: skip
             found, result = await self._lookup(request.model, key)
             response = None
             if result == R_HIT:
@@ -135,13 +140,13 @@ class CacheClient:
         lookups[result].inc()
         if response is not None:
             self.counters.hits += 1
-            return self._mark(response, True)
+            return self._mark(response, True, policy)
         response = await compute(request)
         if found is not None:
             self.counters.misses += 1
             if response.version == spec.version:
                 self._store_later(request.model, key, found.epoch, response, policy)
-        return self._mark(response, False)
+        return self._mark(response, False, policy)
 
     def _lookups(self, model: str) -> dict[str, object]:
         """The lookup counters of ``model`` (a cached model, so the label stays bounded), by result."""
@@ -152,8 +157,10 @@ class CacheClient:
         return children
 
     @staticmethod
-    def _mark(response: InferResponse, hit: bool) -> InferResponse:
-        response.parameters[HIT] = hit
+    def _mark(response: InferResponse, hit: bool, policy: CachePolicy) -> InferResponse:
+        response.cache_hit = hit
+        if policy.report_hit:
+            response.parameters[HIT] = hit
         return response
 
     async def _lookup(self, model: str, key: bytes) -> tuple[pb.GetResponse | None, str]:

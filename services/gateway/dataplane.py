@@ -21,27 +21,30 @@ caller in as the anonymous tenant, which may do everything):
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from aiworks.gateway.auth import Authenticator, Headers, Principal
-from aiworks.gateway.cache_client import HIT, CacheClient
+from aiworks.gateway.cache_client import CacheClient
 from aiworks.gateway.filters import InputFilter
-from aiworks.gateway.limits import TenantLimiter
+from aiworks.gateway.limits import Admission, TenantLimiter
 from aiworks.gateway.masking import MaskingPolicies
 from aiworks.gateway.metering import UsageMeter
 from aiworks.gateway.settings import GatewaySettings
 from aiworks.gateway.telemetry import GatewayTelemetry, short
-from aiworks.gateway.tenancy import demo_config, load_tenancy
+from aiworks.gateway.tenancy import PRIORITY_CLAMPED, demo_config, load_tenancy, tenant_classes
 
 from aiworks import __version__
 from aiworks.core import metrics
 from aiworks.core.errors import AIWorksError, InvalidArgument, PermissionDenied
 from aiworks.core.inference import InferRequest, InferResponse
 from aiworks.core.model_config import ModelSpec
-from aiworks.core.options import Priority, read_options
+from aiworks.core.names import check_model_name, check_version
+from aiworks.core.options import read_options
+from aiworks.runtime.client import Work, outstanding_compute_s
 from aiworks.scheduler.client import Routing, SchedulerClient
 from aiworks.security.audit import AuditLog
 
@@ -152,8 +155,13 @@ class GatewayDataPlane:
         """The caller's principal from HTTP headers or gRPC metadata; 401 without valid credentials."""
         return self.tenancy.auth.authenticate(credentials)
 
-    def _for_model(self, credentials: Headers, model: str) -> Principal:
-        return self.tenancy.auth.authenticate_for(credentials, model)
+    def _for_model(self, credentials: Headers, model: str, version: str = "") -> Principal:
+        """The caller, allowed to use ``model``: authenticated, the names checked (400), then authorized."""
+        principal = self.tenancy.auth.authenticate(credentials)
+        check_model_name(model)
+        check_version(version)
+        self.tenancy.auth.authorize(principal, model)
+        return principal
 
     @staticmethod
     def is_admin(principal: Principal) -> bool:
@@ -178,7 +186,7 @@ class GatewayDataPlane:
         return {"name": self.server_name, "version": __version__, "extensions": EXTENSIONS}
 
     async def model_metadata(self, name: str, version: str, credentials: Headers = ()) -> dict:
-        self._for_model(credentials, name)
+        self._for_model(credentials, name, version)
         spec = self.routing.spec(name, version)
         versions = self.routing.versions(name)
         return {
@@ -191,11 +199,11 @@ class GatewayDataPlane:
 
     async def model_config(self, name: str, version: str, credentials: Headers = ()) -> dict:
         """The model's config in Triton's JSON form (the fields the suite uses)."""
-        self._for_model(credentials, name)
+        self._for_model(credentials, name, version)
         return spec_to_triton_config(self.routing.spec(name, version))
 
     async def model_ready(self, name: str, version: str, credentials: Headers = ()) -> bool:
-        self._for_model(credentials, name)
+        self._for_model(credentials, name, version)
         return self.routing.model_ready(name, version)
 
     # ---- inference ----------------------------------------------------------------------------
@@ -207,49 +215,78 @@ class GatewayDataPlane:
         """One inference, in the order of docs/tenancy.md.
 
         The front end has authenticated the caller (``principal``) and read
-        the body within :func:`request_limit`; here: authorize the model,
-        resolve its version (weights apply), filter the inputs against its
-        spec, read the request's options once (class, deadline: the tenant's
-        default applies), admit (rate, concurrency, quota), answer from the
-        cache or a runtime replica, release the slot charging the compute the
-        replica reports, meter, and mask outputs. ``transport_deadline_s`` is
-        the time a gRPC client's own deadline leaves.
+        the body within :func:`request_limit`; here: check the names, authorize
+        the model, resolve its version (weights apply), filter the inputs
+        against its spec, read the request's options once (its class, within
+        the tenant's default and ceiling, and its deadline), admit (rate,
+        concurrency, quota), answer from the cache or a runtime replica,
+        release the slot charging the runtime time it cost (:meth:`_settle`),
+        meter, and mask outputs. ``transport_deadline_s`` is the time a gRPC
+        client's own deadline leaves.
         """
         tenancy = self.tenancy
         if principal is None:
             principal = tenancy.auth.authenticate(())
         tenant = principal.tenant
         request.tenant = tenant.id
+        check_model_name(request.model)
+        check_version(request.version)
         tenancy.auth.authorize(principal, request.model)
         spec = self.routing.resolve(request.model, request.version)
         rows = tenancy.filters.check(request, spec, against_metadata=not tenancy.demo_mode)
-        default = Priority.named(tenant.default_priority) if tenant.default_priority else self.routing.default_priority
+        default, ceiling = tenant_classes(tenant)
         options = read_options(
-            request.parameters, default=default, tenant=tenant.id, request_id=request_id or request.id,
-            transport_deadline_s=transport_deadline_s,
+            request.parameters, default=default or self.routing.default_priority, ceiling=ceiling,
+            tenant=tenant.id, request_id=request_id or request.id, transport_deadline_s=transport_deadline_s,
         )  # fmt: skip
         request.version = spec.version
         admission = await tenancy.limiter.admit(tenant)
-        compute_s, hit = 0.0, False
+        work = Work()
+        response = None
         try:
-            started = time.perf_counter()
 
             async def compute(req: InferRequest) -> InferResponse:
-                answer = await self.routing.infer(req, options, spec=spec)
-                return InferResponse(spec.name, spec.version, answer.outputs, id=req.id)
+                answer = await self.routing.infer(req, options, spec=spec, work=work)
+                return InferResponse(spec.name, spec.version, answer.outputs, id=req.id, compute_s=work.compute_s)
 
             if self.cache is not None:
                 # ---- result cache hook (docs/cache.md): lookup, a replica on a miss, store in the background.
                 response = await self.cache.infer(request, spec, compute)
             else:
                 response = await compute(request)
-            hit = response.parameters.get(HIT) is True
-            if not hit:  # a cache hit costs the tenant no compute
-                compute_s = time.perf_counter() - started
         finally:  # the Redis round trip of a release stays off the answer's latency
-            tenancy.limiter.release_soon(admission, compute_s)
-        tenancy.meter.record(tenant.id, spec.name, rows=rows, compute_s=compute_s, cache_hit=hit)
+            self._settle(admission, spec.name, work, answered=response is not None)
+        # A cache hit cost no runtime time: work.compute_s is 0 then.
+        tenancy.meter.record(tenant.id, spec.name, rows=rows, compute_s=work.compute_s, cache_hit=response.cache_hit)
+        if options.clamped:
+            response.parameters[PRIORITY_CLAMPED] = options.priority.label
         return tenancy.masking.mask(spec, response)
+
+    def _settle(self, admission: Admission, model: str, work: Work, *, answered: bool) -> None:
+        """Free the request's slot and charge what the runtime spent: now, or once that work has ended.
+
+        When the request was answered before the scheduler (the client's
+        deadline passed, or the client went away while its batch ran), the
+        slot stays taken and the charge waits for the scheduler's answer,
+        which comes when the batch has ended (bounded by the call's own
+        timeout). A request that failed after costing runtime time shows in
+        usage as compute without a request.
+        """
+        tenancy = self.tenancy
+        tenant_id = admission.tenant.id
+        if work.outstanding is None:
+            tenancy.limiter.release_soon(admission, work.compute_s)
+            if not answered and work.compute_s > 0:
+                tenancy.meter.record(tenant_id, model, requests=0, rows=0, compute_s=work.compute_s)
+            return
+
+        def settle(reply: asyncio.Future) -> None:
+            compute_s = work.compute_s + outstanding_compute_s(reply)
+            tenancy.limiter.release_soon(admission, compute_s)
+            if compute_s > 0:
+                tenancy.meter.record(tenant_id, model, requests=0, rows=0, compute_s=compute_s)
+
+        work.outstanding.add_done_callback(settle)
 
     # ---- usage --------------------------------------------------------------------------------
 
@@ -289,6 +326,7 @@ class GatewayDataPlane:
         await self._admin("model.unload", name, credentials, self._unload)
 
     async def _load(self, name: str) -> None:
+        check_model_name(name)
         try:
             _, generation = await self.scheduler.load(name)
             await self.routing.caught_up(generation)  # this gateway's next request sees the load
@@ -298,6 +336,7 @@ class GatewayDataPlane:
                 await self.cache.invalidate(name)
 
     async def _unload(self, name: str) -> None:
+        check_model_name(name)
         try:
             await self.routing.caught_up(await self.scheduler.unload(name))
         finally:
@@ -335,7 +374,7 @@ class GatewayDataPlane:
 
     async def statistics(self, name: str, version: str, credentials: Headers = ()) -> list[dict]:
         """Triton's statistics extension, summed over replicas, with a per-replica breakdown."""
-        principal = self._for_model(credentials, name) if name else self.authenticate(credentials)
+        principal = self._for_model(credentials, name, version) if name else self.authenticate(credentials)
         allowed = None if self.is_admin(principal) else principal.tenant.allows
         merged: dict[tuple[str, str], dict] = {}
         for replica_id, models in await self.scheduler.statistics(name, version):

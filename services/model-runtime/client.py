@@ -3,33 +3,58 @@
 Gateways send requests with :meth:`RuntimeClient.infer` (multiplexed on one
 long-lived ``InferStream`` per replica); the scheduler loads, unloads and
 lists models and reads statistics. Failures become :class:`AIWorksError`
-with the replica's status; a failure that cost compute carries it as
-``compute_ns``, so it can be charged.
+with the replica's status.
+
+What a request cost goes into its :class:`Work`: the replica's compute time
+(its share of each batch, failures included), and, when the caller stops
+waiting first (the request's deadline, a per-try timeout, or cancellation),
+the answer still to come, so the gateway can hold the tenant's slot and
+charge once the work has really ended (docs/tenancy.md, "Compute quota").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
 from dataclasses import dataclass
 
 import grpc
 
 from aiworks.core.converters import from_infer_request, to_model_spec, to_statistics, to_tensor
 from aiworks.core.datatypes import Tensor
-from aiworks.core.errors import AIWorksError, from_rpc_error
+from aiworks.core.errors import DeadlineExceeded, from_rpc_error
 from aiworks.core.inference import InferRequest, ModelStatistics
 from aiworks.core.model_config import ModelSpec
 from aiworks.core.options import RequestOptions
 from aiworks.core.rpc import client_channel
-from aiworks.core.stream import MultiplexedStream
+from aiworks.core.stream import MultiplexedStream, reply_error
 from aiworks.core.tracing import inject
 from aiworks.pb.runtime.v1 import runtime_pb2 as pb
 from aiworks.pb.runtime.v1 import runtime_pb2_grpc
 from aiworks.security.tls import TLSFiles
 
-# How much longer than a request's own deadline the stream waits: the replica answers a
-# request whose deadline passed in its queue itself, and one that ran, when its batch ends.
-_BACKSTOP_S = 1.0
+@dataclass(slots=True, eq=False)
+class Work:
+    """What one request cost on the replicas: compute seconds, and an answer still to come, if any."""
+
+    compute_s: float = 0.0
+    outstanding: asyncio.Future | None = None
+
+
+def outstanding_compute_s(reply_future: asyncio.Future) -> float:
+    """Compute seconds a reply waited for in the background reported (0 if it never came)."""
+    if reply_future.cancelled() or reply_future.exception() is not None:
+        return 0.0
+    return reply_future.result().compute_us / 1e6
+
+
+def _abandon(reply_future: asyncio.Future, work: Work | None) -> None:
+    """The caller stops waiting: the reply still to come goes to ``work`` (or is dropped, with no one to settle)."""
+    if work is None:
+        reply_future.cancel()
+    elif reply_future.done():  # it came in the same turn of the loop
+        work.compute_s += outstanding_compute_s(reply_future)
+    else:
+        work.outstanding = reply_future
 
 
 @dataclass(slots=True)
@@ -63,23 +88,32 @@ class RuntimeClient:
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc, f"runtime {self.address}") from None
 
-    async def infer(
-        self, request: InferRequest, options: RequestOptions, *,
-        on_late: Callable[[Answer | AIWorksError], None] | None = None,
-    ) -> Answer:  # fmt: skip
-        """One request, its version resolved. ``on_late``: called with the answer if this call gives up first.
+    async def infer(self, request: InferRequest, options: RequestOptions, work: Work | None = None) -> Answer:
+        """One request, its version resolved; answered DEADLINE_EXCEEDED at the request's deadline.
 
-        The wait ends at the request's deadline (plus a backstop) or after the
-        client's own timeout when it has none; a call abandoned that way, or
-        cancelled, still learns how the work ended through ``on_late``, so its
-        cost can be charged.
+        The replica answers every request in the end (a queued one at its
+        deadline, a running one when its batch ends); the stream waits for that
+        up to the client timeout. ``work`` gets the compute the replica
+        reports, and the reply still to come when this call stops waiting first.
         """
         message = from_infer_request(request, options)
         inject(message.options.trace_context)  # the gateway's span (or the client's context) is the parent
+        reply_future = self._requests.send(message, self._timeout_s)
         left = options.remaining_s()
-        wait_s = self._timeout_s if left is None else max(0.0, left) + _BACKSTOP_S
-        late = None if on_late is None else (lambda outcome: on_late(_outcome(outcome)))
-        return answer_of(await self._requests.call(message, wait_s, on_late=late))
+        try:
+            async with asyncio.timeout(max(0.0, left) if left is not None else None):
+                reply = await asyncio.shield(reply_future)
+        except TimeoutError:
+            _abandon(reply_future, work)
+            raise DeadlineExceeded("the request's deadline passed before its replica answered") from None
+        except asyncio.CancelledError:  # the caller gave up: its own timeout, or its client went away
+            _abandon(reply_future, work)
+            raise
+        if work is not None:
+            work.compute_s += reply.compute_us / 1e6
+        if reply.error_code:
+            raise reply_error(reply)
+        return answer_of(reply)
 
     async def load(self, name: str) -> list[ModelSpec]:
         reply = await self._call(self._stub.LoadModel, pb.LoadModelRequest(name=name), 120)
@@ -105,6 +139,3 @@ class RuntimeClient:
         await self._requests.close()
         await self._channel.close()
 
-
-def _outcome(outcome) -> Answer | AIWorksError:
-    return outcome if isinstance(outcome, AIWorksError) else answer_of(outcome)

@@ -56,7 +56,9 @@ class RuntimeSettings(ServiceSettings):
         30.0, gt=0, description="Longest an unloaded or retired version's queued and running requests may take."
     )
     # For tests only: makes a replica slow on purpose (tests/qos). Leave at 0.
-    debug_delay_ms: float = Field(0.0, description="TESTS ONLY: extra delay added to every batch, in milliseconds.")
+    debug_delay_ms: float = Field(
+        0.0, description="TESTS ONLY: extra delay added to every batch, in milliseconds; counted as compute time."
+    )
 
     # ---- models at rest (docs/security.md); keys come from files or variables, never from the repository ----
     model_key_files: Annotated[list[Path], NoDecode] = Field(

@@ -33,7 +33,7 @@ from aiworks.core.options import Priority, RequestOptions
 from aiworks.core.rpc import client_channel
 from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
 from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
-from aiworks.runtime.client import Answer, RuntimeClient
+from aiworks.runtime.client import Answer, RuntimeClient, Work
 from aiworks.scheduler.converters import (
     report_to_pb,
     status_from_pb,
@@ -41,7 +41,7 @@ from aiworks.scheduler.converters import (
     traffic_from_pb,
     traffic_to_pb,
 )
-from aiworks.scheduler.dispatch import Dispatcher, LateAnswer
+from aiworks.scheduler.dispatch import Dispatcher
 from aiworks.scheduler.mirror import RoutingMirror
 from aiworks.scheduler.pipeline import is_pipeline, parse_steps
 from aiworks.scheduler.traffic_state import TrafficPolicy
@@ -50,7 +50,7 @@ from aiworks.security.tls import TLSFiles
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Answer", "Routing", "SchedulerClient", "TrafficPolicy", "parse_addresses"]
+__all__ = ["Answer", "Routing", "SchedulerClient", "TrafficPolicy", "Work", "parse_addresses"]
 
 
 def parse_addresses(addresses: str | Iterable[str]) -> list[str]:
@@ -255,10 +255,10 @@ class Routing:
         return bool(self.mirror.holders((spec.name, spec.version)))
 
     async def infer(self, request: InferRequest, options: RequestOptions, *, spec: ModelSpec | None = None,
-                    on_late: LateAnswer | None = None) -> Answer:  # fmt: skip
-        """Send one request to a replica (see :class:`Dispatcher`)."""
+                    work: Work | None = None) -> Answer:  # fmt: skip
+        """Send one request to a replica (see :class:`Dispatcher`); ``work`` gets what it cost."""
         self._need_table()
-        return await self.dispatcher.infer(request, options, spec=spec, on_late=on_late)
+        return await self.dispatcher.infer(request, options, spec=spec, work=work)
 
     async def close(self) -> None:
         if self._task is not None:

@@ -29,6 +29,7 @@ from aiworks.core import metrics
 from aiworks.core.errors import AIWorksError, InvalidArgument, NotFound, Unavailable
 from aiworks.core.inference import ModelStatistics
 from aiworks.core.model_config import ModelSpec, ModelState
+from aiworks.core.names import check_model_name
 from aiworks.scheduler.drain import Drainer
 from aiworks.scheduler.pipeline import is_pipeline, parse_steps
 from aiworks.scheduler.policy import RoutingPolicy
@@ -253,6 +254,7 @@ class Scheduler:
         replica reports a queue of them any more (the runtimes keep them until
         idle).
         """
+        check_model_name(model)
         started = time.perf_counter()
 
         async def one(replica: Replica):
@@ -277,6 +279,7 @@ class Scheduler:
 
     async def unload(self, model: str) -> None:
         """Stop routing new requests to ``model``, let each replica answer its queued ones, then unload it."""
+        check_model_name(model)
         keys = {k for r in self.registry.live() for k in r.models if k[0] == model}
         if not keys and not any(k[0] == model for k in self.registry.known):
             raise NotFound(f"unknown model '{model}'")

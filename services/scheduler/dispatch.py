@@ -20,9 +20,10 @@ settings. For each request (:meth:`Dispatcher.infer`):
   rejected the request, its deadline passed, a full queue) are final.
 
 The request's deadline is kept here: the client is answered when it passes,
-whatever the replica is doing. A request abandoned that way (or cancelled by
-its client) still hears from its replica how the work ended: ``on_late`` gets
-that answer, so its cost is charged (docs/tenancy.md).
+whatever the replica is doing. What each try cost goes into the request's
+:class:`~aiworks.runtime.client.Work`, including the answer still to come of
+a try given up on, so the gateway charges the work that was done
+(docs/tenancy.md, "Compute quota").
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from aiworks.core.errors import AIWorksError, DeadlineExceeded, Status, Unavaila
 from aiworks.core.inference import InferRequest
 from aiworks.core.model_config import ModelSpec, check_inputs
 from aiworks.core.options import Priority, RequestOptions
-from aiworks.runtime.client import Answer
+from aiworks.runtime.client import Answer, Work
 from aiworks.scheduler.catalog import Key, Replica
 from aiworks.scheduler.mirror import RoutingMirror
 from aiworks.scheduler.pipeline import PipelineRunner, is_pipeline
@@ -54,9 +55,6 @@ from aiworks.scheduler.views import ReplicaView, RoutingReport, RoutingTable
 log = logging.getLogger(__name__)
 
 _REPLICA_FAULTS = (Status.UNAVAILABLE, Status.INTERNAL)
-
-LateAnswer = Callable[[Answer | AIWorksError], None]
-
 
 class _Retryable(Exception):
     """A try failed in a way another replica may not: carries the error to give if no retry happens."""
@@ -136,40 +134,39 @@ class Dispatcher:
         return self.mirror.resolve(model, version)
 
     async def infer(self, request: InferRequest, options: RequestOptions, *, spec: ModelSpec | None = None,
-                    on_late: LateAnswer | None = None) -> Answer:  # fmt: skip
+                    work: Work | None = None) -> Answer:  # fmt: skip
         """Run one request; ``spec``: its version already resolved (:meth:`resolve`)."""
         if spec is None:
             spec = self.resolve(request.model, request.version)
         request.version = spec.version
         self.requests += 1
         if is_pipeline(spec):
-            return await self._pipeline(spec, request, options)
+            return await self._pipeline(spec, request, options, work)
         # The copy runs on a task of its own; the client never waits for it.
         copy = self.shadows.begin(self.traffic.shadow(spec.name), request, spec.version)
         outputs = None
         try:
-            answer = await self._send((spec.name, spec.version), request, options, on_late)
+            answer = await self._send((spec.name, spec.version), request, options, work)
             outputs = answer.outputs
             return answer
         finally:
             self.shadows.finish(copy, outputs)
 
-    async def _pipeline(self, spec: ModelSpec, request: InferRequest, options: RequestOptions) -> Answer:
+    async def _pipeline(self, spec: ModelSpec, request: InferRequest, options: RequestOptions,
+                        work: Work | None) -> Answer:  # fmt: skip
         rows = check_inputs(spec, request.inputs)  # no replica sees the pipeline's own request
-        spent = [0]
 
         async def stage(model, version, inputs, outputs, stage_options):
             step_spec = self.resolve(model, version)
             step = InferRequest(model, step_spec.version, inputs, outputs, tenant=request.tenant)
             if is_pipeline(step_spec):  # a pipeline as a step of another
-                answer = await self._pipeline(step_spec, step, stage_options)
+                answer = await self._pipeline(step_spec, step, stage_options, work)
             else:
-                answer = await self._send((step_spec.name, step_spec.version), step, stage_options, None)
-            spent[0] += answer.compute_ns
+                answer = await self._send((step_spec.name, step_spec.version), step, stage_options, work)
             return answer.outputs
 
         outputs = await self.pipelines.run(spec, request, rows, options, stage)
-        return Answer(outputs, spent[0])
+        return Answer(outputs)
 
     async def _run_shadow(self, request: InferRequest, timeout_s: float):
         """A shadow copy: the batch class, its own time limit; errors stay with the shadow's counts."""
@@ -179,7 +176,7 @@ class Dispatcher:
         return answer.outputs
 
     async def _send(self, key: Key, request: InferRequest, options: RequestOptions,
-                    on_late: LateAnswer | None) -> Answer:  # fmt: skip
+                    work: Work | None) -> Answer:  # fmt: skip
         tried: set[str] = set()
         attempt = 0
         holds_retry = False
@@ -188,7 +185,7 @@ class Dispatcher:
             while True:
                 replica = self.router.pick(key, options.priority, tried)
                 try:
-                    return await self._try(key, replica, request, options, on_late)
+                    return await self._try(key, replica, request, options, work)
                 except _Retryable as failed:
                     error = failed.error
                 finally:
@@ -211,7 +208,7 @@ class Dispatcher:
             self.budget.end()
 
     async def _try(self, key: Key, replica: Replica, request: InferRequest, options: RequestOptions,
-                   on_late: LateAnswer | None) -> Answer:  # fmt: skip
+                   work: Work | None) -> Answer:  # fmt: skip
         timeout_s = self.policy.per_try_timeout_s
         per_try_binds = True
         left = options.remaining_s(self.clock())
@@ -224,7 +221,7 @@ class Dispatcher:
         replica.outstanding += 1
         try:
             async with asyncio.timeout(timeout_s):
-                answer = await replica.client.infer(request, options, on_late=on_late)
+                answer = await replica.client.infer(request, options, work)
         except TimeoutError:
             if not per_try_binds:
                 raise DeadlineExceeded("the request's deadline passed before its replica answered") from None

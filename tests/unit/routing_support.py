@@ -39,7 +39,7 @@ class FakeReplica:
         self.fail_with: Exception = Unavailable(f"{name} is unreachable")
         self.seen_timeouts: list[float | None] = []
 
-    async def infer(self, request, options, *, on_late=None):
+    async def infer(self, request, options, work=None):
         self.seen_timeouts.append(options.remaining_s())
         if self.fail_next:
             self.fail_next -= 1

@@ -111,6 +111,8 @@ class RequestOptions:
     deadline_s: float | None = None
     tenant: str = ""
     request_id: str = ""
+    # The class asked for was more urgent than the tenant's ceiling, which applies instead.
+    clamped: bool = False
 
     def remaining_s(self, now_s: float | None = None) -> float | None:
         """Seconds left until the deadline (may be negative); None without one."""
@@ -133,17 +135,18 @@ def read_options(
     """Options from OIP ``parameters``: the class (or ``default``), capped at ``ceiling``, and the deadline.
 
     ``ceiling`` is the most urgent class the tenant may use: a request asking
-    for more is served at the ceiling. ``transport_deadline_s`` is a gRPC
+    for more is served at the ceiling (``clamped``). ``transport_deadline_s`` is a gRPC
     deadline's time left; the earlier of it and ``timeout`` wins. Bad values
     are INVALID_ARGUMENT naming the parameter.
     """
-    priority = parse_priority(parameters.get("priority")) if parameters else None
-    if priority is None:
-        priority = default
+    asked = parse_priority(parameters.get("priority")) if parameters else None
+    priority = default if asked is None else asked
+    clamped = False
     if ceiling is not None and priority < ceiling:
         priority = ceiling
+        clamped = asked is not None  # the client is told only when the class it named was lowered
     timeout_us = parse_timeout_us(parameters.get("timeout")) if parameters else 0
     now = time.monotonic() if now_s is None else now_s
     lefts = [t for t in (timeout_us / 1e6 if timeout_us else None, transport_deadline_s) if t is not None]
     deadline = now + min(lefts) if lefts else None
-    return RequestOptions(priority, deadline, tenant, request_id)
+    return RequestOptions(priority, deadline, tenant, request_id, clamped)

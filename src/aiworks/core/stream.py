@@ -41,8 +41,6 @@ _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 # Messages packed into one frame, at most (a message bigger than this goes alone).
 FRAME_BYTES = 1 << 20
-# Longest an abandoned call's answer is still awaited for its on_late callback.
-LATE_LIMIT_S = 120.0
 # Per packed message: the field tag and length prefix, with room to spare.
 _ITEM_OVERHEAD = 8
 
@@ -81,10 +79,6 @@ class Outbox:
 
     def discard(self, key: int) -> None:
         self._queued.pop(key, None)
-
-    def queued(self, key: int) -> bool:
-        """Whether ``key``'s message waits to be written still."""
-        return key in self._queued
 
     def clear(self) -> None:
         """Drop every message not written yet (the stream broke)."""
@@ -129,11 +123,20 @@ class Outbox:
 
 
 def reply_error(reply) -> AIWorksError:
-    """The error a failed reply stands for, with the Retry-After hint and the compute it cost when it has them."""
+    """The error an answer with a non-zero ``error_code`` carries, with its Retry-After hint and what it cost.
+
+    A reply type with a ``retry_after_s`` field (a full queue's) carries the
+    Retry-After hint; one with ``compute_us`` the compute the failed work took.
+    """
     error = from_grpc_code(_CODES.get(reply.error_code, grpc.StatusCode.UNKNOWN), reply.error_message)
     error.retry_after_s = getattr(reply, "retry_after_s", 0.0) or None
     error.compute_ns = getattr(reply, "compute_us", 0) * 1000
     return error
+
+
+def _expire(future: asyncio.Future, message: str) -> None:
+    if not future.done():
+        future.set_exception(DeadlineExceeded(message))
 
 
 def error_fields(exc: BaseException) -> tuple[int, str]:
@@ -185,15 +188,7 @@ class MultiplexedStream:
             )
         return self._outbox
 
-    async def call(self, message, timeout_s: float, *, on_late: Callable[[object], None] | None = None):
-        """Send ``message`` and wait up to ``timeout_s`` for its answer; a failed answer raises.
-
-        ``on_late``: when this call gives up (its timeout, or cancellation)
-        after the message left, the answer is still awaited, for at most
-        :data:`LATE_LIMIT_S`, and handed to ``on_late`` (the reply message, or
-        the :class:`AIWorksError` it stands for) — so the caller can learn how
-        work it no longer waits for ended, and what it cost.
-        """
+    async def call(self, message, timeout_s: float):
         stream_id = next(self._ids)
         message.stream_id = stream_id
         future = asyncio.get_running_loop().create_future()
@@ -203,46 +198,49 @@ class MultiplexedStream:
             async with asyncio.timeout(timeout_s):
                 outbox = self._ensure_open()
                 outbox.put(stream_id, message)
-                # Shielded when a late answer matters: giving up must not cancel the future itself.
-                reply = await (future if on_late is None else asyncio.shield(future))
+                reply = await future
         except TimeoutError:
             raise DeadlineExceeded(f"{self.peer} did not answer within {timeout_s:g} s") from None
         except grpc.aio.UsageError:  # the channel was closed under us
             raise Unavailable(f"stream to {self.peer} is closed") from None
         finally:
-            sent = outbox is not None and not outbox.queued(stream_id)
+            self._pending.pop(stream_id, None)
             if outbox is not None:
                 outbox.discard(stream_id)  # not written yet: nobody waits for it now
-            if on_late is not None and sent and not future.done():
-                self._await_late(stream_id, future, on_late)
-            else:
-                self._pending.pop(stream_id, None)
         if reply.error_code:
             raise reply_error(reply)
         return reply
 
-    def _await_late(self, stream_id: int, future: asyncio.Future, on_late) -> None:
-        """Keep waiting for an abandoned call's answer and hand it to ``on_late``."""
+    def send(self, message, timeout_s: float) -> asyncio.Future:
+        """Send one message; the future resolves with its reply as the peer sent it, errors included.
+
+        Unlike :meth:`call`, the answer outlives its caller: cancelling the
+        caller (or the caller giving up waiting) leaves the future to resolve,
+        so the caller can learn later what the peer did. It fails on its own
+        with DEADLINE_EXCEEDED after ``timeout_s``, or UNAVAILABLE if the
+        stream breaks. Cancel the future to stop waiting for it.
+        """
+        stream_id = next(self._ids)
+        message.stream_id = stream_id
         loop = asyncio.get_running_loop()
-        expiry = loop.call_later(LATE_LIMIT_S, lambda: future.done() or future.cancel())
-
-        def settled(done: asyncio.Future) -> None:
-            expiry.cancel()
+        future = loop.create_future()
+        self._pending[stream_id] = future
+        try:
+            outbox = self._ensure_open()
+        except grpc.aio.UsageError:  # the channel was closed under us
             self._pending.pop(stream_id, None)
-            if done.cancelled():
-                return
-            error = done.exception()
-            if error is None:
-                reply = done.result()
-                outcome = reply_error(reply) if reply.error_code else reply
-            else:
-                outcome = error
-            try:
-                on_late(outcome)
-            except Exception:  # noqa: BLE001 - a callback's bug must not break the stream's reader
-                log.exception("a late-answer callback failed")
+            future.set_exception(Unavailable(f"stream to {self.peer} is closed"))
+            return future
+        outbox.put(stream_id, message)
+        timer = loop.call_later(timeout_s, _expire, future, f"{self.peer} did not answer within {timeout_s:g} s")
 
-        future.add_done_callback(settled)
+        def done(_) -> None:
+            timer.cancel()
+            self._pending.pop(stream_id, None)
+            outbox.discard(stream_id)  # not written yet: nobody waits for it now
+
+        future.add_done_callback(done)
+        return future
 
     async def _read(self, call) -> None:
         error: AIWorksError = Unavailable(f"{self.peer} closed the stream")
