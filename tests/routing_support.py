@@ -1,4 +1,7 @@
-"""The scheduler's control plane and one gateway's routing, wired by the routing table, over fake replicas."""
+"""The scheduler's control plane and one gateway's routing, wired by the routing table, over fake replicas.
+
+Shared by the unit tests of routing (tests/unit) and of the lifecycle rules (tests/lifecycle).
+"""
 
 from __future__ import annotations
 
@@ -91,9 +94,14 @@ class Suite:
         return self.scheduler.status()
 
 
-def make(replicas: dict[str, FakeReplica], specs=None, *, devices=None, labels=None, clock=None, **settings):
+def make(replicas: dict, specs=None, *, devices=None, labels=None, clock=None, **settings):
+    """A scheduler whose registry holds ``replicas`` (id = address), and a gateway's routing over them.
+
+    Each fake serves both sides: inference for the gateway (``infer``) and, if
+    it has them, ``load``/``unload`` for the scheduler.
+    """
     kwargs = {"clock": clock} if clock else {}
-    registry = ReplicaRegistry(lambda address: None, **kwargs)
+    registry = ReplicaRegistry(lambda address: replicas[address], **kwargs)
     for rid in replicas:
         registry.register(rid, rid, (devices or {}).get(rid, "cpu"), (labels or {}).get(rid, {}), specs or [spec()])
     scheduler = Scheduler(SchedulerSettings(**settings), registry, **kwargs)
