@@ -30,7 +30,7 @@ from pathlib import Path
 
 from aiworks.gateway.auth import Authenticator, Headers, Principal
 from aiworks.gateway.cache_client import HIT, CacheClient
-from aiworks.gateway.filters import InputFilter
+from aiworks.gateway.filters import InputFilter, InputLimits
 from aiworks.gateway.limits import TenantLimiter
 from aiworks.gateway.masking import MaskingPolicies
 from aiworks.gateway.metering import UsageMeter
@@ -41,14 +41,20 @@ from aiworks.gateway.tenancy import apply_tenant_defaults, demo_config, load_ten
 
 from aiworks import __version__
 from aiworks.core import metrics
+from aiworks.core.datatypes import element_count
 from aiworks.core.errors import AIWorksError, InvalidArgument, PermissionDenied, Status
-from aiworks.core.inference import InferRequest, InferResponse
+from aiworks.core.inference import InferRequest, InferResponse, PendingInputs
+from aiworks.core.looplag import offload
 from aiworks.core.model_config import ModelSpec
 from aiworks.security.audit import AuditLog
 
 log = logging.getLogger(__name__)
 
 EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics", "schedule_policy"]
+
+# Requests whose tensor data or checks handle more elements than this one at a time in Python (JSON data,
+# BYTES elements) are decoded and checked in a worker thread, so the event loop keeps answering others.
+OFF_LOOP_ELEMENTS = 32_768
 
 Metadata = Callable[[str, str], Awaitable[tuple[ModelSpec, list[str]]]]
 
@@ -158,7 +164,13 @@ class Tenancy:
         return cls(
             auth=Authenticator.from_files(config, settings.jwt_key_file),
             filters=InputFilter(
-                max_tensor_elements=settings.max_tensor_elements,
+                limits=InputLimits(
+                    max_tensor_elements=settings.max_tensor_elements,
+                    max_request_elements=settings.max_request_elements,
+                    max_string_elements=settings.max_string_elements,
+                    max_listed_values=settings.max_listed_values,
+                    max_request_tensors=settings.max_request_tensors,
+                ),
                 max_string_bytes=settings.max_string_bytes,
                 deny_patterns=config.deny_patterns,
             ),
@@ -176,7 +188,7 @@ class Tenancy:
                 timeout_s=settings.usage_timeout_s,
                 retention_s=settings.usage_retention_s,
             ),
-            masking=MaskingPolicies(),
+            masking=MaskingPolicies(max_scan_bytes=settings.mask_max_scan_bytes),
             audit=audit,
         )
 
@@ -279,14 +291,28 @@ class GatewayDataPlane:
 
     # ---- inference ----------------------------------------------------------------------------
 
-    async def infer(self, request: InferRequest, principal: Principal | None = None) -> InferResponse:
+    @property
+    def limits(self) -> InputLimits:
+        """The caps the front ends check while parsing a request's header (its tensor count, its JSON size)."""
+        return self.tenancy.filters.limits
+
+    def authorize(self, principal: Principal, model: str) -> None:
+        """403 unless ``principal`` may use ``model``: the front ends ask before any of the request is decoded."""
+        self.tenancy.auth.authorize(principal, model)
+
+    async def infer(
+        self, request: InferRequest, principal: Principal | None = None, pending: PendingInputs | None = None
+    ) -> InferResponse:
         """One inference, in the order of docs/tenancy.md.
 
-        The front end has authenticated the caller (``principal``) and read
-        the body within :func:`request_limit`; here: authorize the model,
-        filter the inputs against its spec, apply the tenant's defaults, admit
-        (rate, concurrency, quota), answer from the cache or the scheduler,
-        release the slot charging the time it took, meter, and mask outputs.
+        The front end has authenticated the caller (``principal``), read the
+        body within :func:`request_limit` and parsed the request's header;
+        ``pending`` decodes its tensor data (None: already decoded). Here:
+        authorize the model, check the element caps on the declared shapes,
+        and only then decode, filter the inputs against the model's spec,
+        apply the tenant's defaults, admit (rate, concurrency, quota), answer
+        from the cache or the scheduler, release the slot charging the time
+        it took, meter, and mask outputs.
         """
         tenancy = self.tenancy
         if principal is None:
@@ -294,8 +320,11 @@ class GatewayDataPlane:
         tenant = principal.tenant
         request.tenant = tenant.id
         tenancy.auth.authorize(principal, request.model)
+        tenancy.filters.check_bounds(request)  # caps on what the header declares: nothing decoded yet
         spec = await self.specs.get(request.model, request.version)
-        rows = tenancy.filters.check(request, spec, against_metadata=not tenancy.demo_mode)
+        slow = pending.slow_elements if pending is not None else 0
+        slow += sum(element_count(t.shape) for t in request.inputs if t.datatype == "BYTES")
+        rows = await offload(self._prepare, request, pending, spec, large=slow > OFF_LOOP_ELEMENTS)
         apply_tenant_defaults(request, tenant)
         admission = await tenancy.limiter.admit(tenant)
         compute_s, hit = 0.0, False
@@ -312,7 +341,13 @@ class GatewayDataPlane:
         finally:  # the Redis round trip of a release stays off the answer's latency
             tenancy.limiter.release_soon(admission, compute_s)
         tenancy.meter.record(tenant.id, spec.name, rows=rows, compute_s=compute_s, cache_hit=hit)
-        return tenancy.masking.mask(spec, response)
+        return await tenancy.masking.mask_async(spec, response)
+
+    def _prepare(self, request: InferRequest, pending: PendingInputs | None, spec: ModelSpec) -> int:
+        """Decode the tensor data and apply the input filters; the batch rows (in a worker thread when large)."""
+        if pending is not None:
+            pending.decode()
+        return self.tenancy.filters.check(request, spec, against_metadata=not self.tenancy.demo_mode)
 
     # ---- usage --------------------------------------------------------------------------------
 

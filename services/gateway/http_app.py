@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Mapping
 import orjson
 from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
 from aiworks.gateway.filters import check_body_size
-from aiworks.gateway.http_codec import HEADER_LENGTH, encode_infer_response, parse_infer_request
+from aiworks.gateway.http_codec import HEADER_LENGTH, encode_infer_response, parse_infer_header
 from aiworks.gateway.metering import DEFAULT_USAGE_SPAN_S, parse_time
 from aiworks.gateway.telemetry import REQUEST_ID_HEADER
 from fastapi import FastAPI, Request
@@ -96,10 +96,12 @@ async def _infer(
         call.request_id = headers.get(REQUEST_ID_HEADER, "")
         principal = dataplane.authenticate(headers)  # before a byte of the body is read
         call.tenant = principal.tenant_id
+        dataplane.authorize(principal, model)
         limit = request_limit(principal, max_request_bytes)
         body = await read_body(body_stream, headers.get("content-length"), limit, principal.tenant_id)
-        call.request, fmt = parse_infer_request(body, headers.get(HEADER_LENGTH), model, version)
-        call.response = response = await dataplane.infer(call.request, principal)
+        # The header only: the data plane checks the caps on it, then has the tensor data decoded.
+        call.request, fmt, pending = parse_infer_header(body, headers.get(HEADER_LENGTH), model, version, dataplane.limits)
+        call.response = response = await dataplane.infer(call.request, principal, pending)
         return encode_infer_response(response, fmt)
 
 
