@@ -21,10 +21,8 @@ caller in as the anonymous tenant, which may do everything):
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,13 +34,14 @@ from aiworks.gateway.masking import MaskingPolicies
 from aiworks.gateway.metering import UsageMeter
 from aiworks.gateway.scheduler_client import SchedulerClient
 from aiworks.gateway.settings import GatewaySettings
+from aiworks.gateway.specs import ModelSpecs
 from aiworks.gateway.telemetry import GatewayTelemetry, short
 from aiworks.gateway.tenancy import apply_tenant_defaults, demo_config, load_tenancy
 
 from aiworks import __version__
 from aiworks.core import metrics
 from aiworks.core.datatypes import element_count
-from aiworks.core.errors import AIWorksError, InvalidArgument, PermissionDenied, Status
+from aiworks.core.errors import AIWorksError, InvalidArgument, PermissionDenied, Unauthenticated
 from aiworks.core.inference import InferRequest, InferResponse, PendingInputs
 from aiworks.core.looplag import offload
 from aiworks.core.model_config import ModelSpec
@@ -52,86 +51,11 @@ log = logging.getLogger(__name__)
 
 EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics", "schedule_policy"]
 
+_UNAUTHENTICATED = metrics.GATEWAY_REFUSED.labels("unauthenticated")
+
 # Requests whose tensor data or checks handle more elements than this one at a time in Python (JSON data,
 # BYTES elements) are decoded and checked in a worker thread, so the event loop keeps answering others.
 OFF_LOOP_ELEMENTS = 32_768
-
-Metadata = Callable[[str, str], Awaitable[tuple[ModelSpec, list[str]]]]
-
-
-class ModelSpecs:
-    """Model specs for the request path (input filters, masking), fetched from the scheduler and reused.
-
-    A spec younger than ``ttl_s`` is answered from memory. An older one is
-    still answered while one background fetch refreshes it, so a request waits
-    for the scheduler only the first time a model version is asked for.
-    Unknown models (NOT_FOUND) are remembered for ``ttl_s`` as well, so a
-    client sending made-up names costs no metadata call per request; other
-    errors are not remembered.
-    """
-
-    def __init__(
-        self,
-        fetch: Metadata,
-        ttl_s: float = 1.0,
-        *,
-        max_entries: int = 4096,
-        clock: Callable[[], float] = time.monotonic,
-    ):
-        self._fetch = fetch
-        self.ttl_s = ttl_s
-        self.max_entries = max_entries
-        self._clock = clock
-        self._entries: dict[tuple[str, str], tuple[float, ModelSpec | AIWorksError]] = {}
-        self._pending: dict[tuple[str, str], asyncio.Task] = {}
-
-    async def get(self, name: str, version: str) -> ModelSpec:
-        ref = (name, version)
-        entry = self._entries.get(ref)
-        if entry is not None:
-            expires, value = entry
-            fresh = self._clock() < expires
-            if isinstance(value, ModelSpec):
-                if not fresh:
-                    self._refresh(ref)
-                return value
-            if fresh:
-                raise type(value)(value.message, value.status)
-        value = await asyncio.shield(self._refresh(ref))
-        if isinstance(value, AIWorksError):
-            raise type(value)(value.message, value.status)
-        return value
-
-    def _refresh(self, ref: tuple[str, str]) -> asyncio.Task:
-        task = self._pending.get(ref)
-        if task is None:
-            task = asyncio.get_running_loop().create_task(self._load(ref))
-            self._pending[ref] = task
-            task.add_done_callback(lambda _: self._pending.pop(ref, None))
-        return task
-
-    async def _load(self, ref: tuple[str, str]) -> ModelSpec | AIWorksError:
-        try:
-            spec, _ = await self._fetch(*ref)
-        except AIWorksError as exc:
-            if exc.status is Status.NOT_FOUND:
-                self._store(ref, exc)
-            return exc  # a transient error: a stale spec, if any, is kept
-        except Exception as exc:  # never leave a background refresh's exception unretrieved
-            return AIWorksError(f"model metadata of '{ref[0]}' could not be read: {exc}")
-        self._store(ref, spec)
-        return spec
-
-    def _store(self, ref: tuple[str, str], value: ModelSpec | AIWorksError) -> None:
-        if ref not in self._entries and len(self._entries) >= self.max_entries:
-            self._entries.pop(next(iter(self._entries)))
-        self._entries[ref] = (self._clock() + self.ttl_s, value)
-
-    def forget(self, name: str) -> None:
-        """Drop what is known about ``name`` (after a load or unload through this gateway)."""
-        for ref in [r for r in self._entries if r[0] == name]:
-            del self._entries[ref]
-
 
 @dataclass
 class Tenancy:
@@ -237,11 +161,21 @@ class GatewayDataPlane:
     # ---- who is asking ------------------------------------------------------------------------
 
     def authenticate(self, credentials: Headers = ()) -> Principal:
-        """The caller's principal from HTTP headers or gRPC metadata; 401 without valid credentials."""
-        return self.tenancy.auth.authenticate(credentials)
+        """The caller's principal from HTTP headers or gRPC metadata; 401 without valid credentials.
+
+        A refusal is counted (``aiworks_gateway_refused_requests_total``), not
+        audited or logged one by one: strangers must not be able to fill the disk.
+        """
+        try:
+            return self.tenancy.auth.authenticate(credentials)
+        except Unauthenticated:
+            _UNAUTHENTICATED.inc()
+            raise
 
     def _for_model(self, credentials: Headers, model: str) -> Principal:
-        return self.tenancy.auth.authenticate_for(credentials, model)
+        principal = self.authenticate(credentials)
+        self.tenancy.auth.authorize(principal, model)
+        return principal
 
     @staticmethod
     def is_admin(principal: Principal) -> bool:
@@ -418,7 +352,7 @@ class GatewayDataPlane:
             raise
         finally:
             audit = self.tenancy.audit
-            if audit is not None:
+            if audit is not None and not isinstance(error, Unauthenticated):
                 actor = None if principal is None else (principal.tenant_id or "anonymous")
                 details = {"latency_ms": round((time.perf_counter() - started) * 1e3, 3)}
                 if principal is not None:

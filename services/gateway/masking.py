@@ -127,7 +127,6 @@ class TextPattern:
         if self.candidates is None:
             yield from self.pattern.finditer(self._text(data))
             return
-        end = len(data)
         for span in self.candidates.finditer(data):
             pos, stop = span.start(), span.end()
             # A long span goes in windows, so no one regex call holds the GIL for long; each window reads

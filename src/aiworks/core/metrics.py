@@ -75,6 +75,12 @@ GATEWAY_REQUEST_DURATION = Histogram(
 GATEWAY_INFLIGHT = Gauge(
     "aiworks_gateway_inflight_requests", "Inference requests the gateway is handling now.", ["protocol"]
 )
+GATEWAY_REFUSED = Counter(
+    "aiworks_gateway_refused_requests",
+    "Requests refused before they reached a handler's work, by reason: unauthenticated (no or bad credentials: "
+    "no audit line, no log line each) or header_too_large.",
+    ["reason"],
+)
 GATEWAY_CACHE_LOOKUPS = Counter(
     "aiworks_gateway_cache_lookups",
     "Result-cache lookups of cached models at the gateway, by result: hit, miss, bypass (not asked) or error.",
