@@ -27,7 +27,12 @@ from collections.abc import AsyncIterator, Mapping
 import orjson
 from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
 from aiworks.gateway.filters import check_body_size
-from aiworks.gateway.http_codec import HEADER_LENGTH, encode_infer_response, parse_infer_header
+from aiworks.gateway.http_codec import (
+    HEADER_LENGTH,
+    INFER_REQUEST_SCHEMA,
+    encode_infer_response,
+    parse_infer_header,
+)
 from aiworks.gateway.metering import DEFAULT_USAGE_SPAN_S, parse_time
 from aiworks.gateway.telemetry import REQUEST_ID_HEADER
 from fastapi import FastAPI, Request
@@ -233,8 +238,18 @@ def create_app(dataplane: GatewayDataPlane, *, max_request_bytes: int) -> InferF
 
     # ---- inference ------------------------------------------------------------------------
 
-    @app.post("/v2/models/{model}/infer")
-    @app.post("/v2/models/{model}/versions/{version}/infer")
+    infer_body = {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": INFER_REQUEST_SCHEMA},
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+            },
+        }
+    }
+
+    @app.post("/v2/models/{model}/infer", openapi_extra=infer_body)
+    @app.post("/v2/models/{model}/versions/{version}/infer", openapi_extra=infer_body)
     async def infer(model: str, request: Request, version: str = ""):
         """Answered by InferFastPath in front of this app; the same :func:`_infer` here."""
         args = (dataplane, max_request_bytes, model, version, request.headers, request.stream())
@@ -287,4 +302,5 @@ def create_app(dataplane: GatewayDataPlane, *, max_request_bytes: int) -> InferF
         )
         return _json(report)
 
+    app.openapi()  # built once now, not on the event loop of the first request that asks for it
     return InferFastPath(app, dataplane, max_request_bytes)

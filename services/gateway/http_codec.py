@@ -46,6 +46,52 @@ _SCALARS = (str, int, float, bool)
 _DEFAULT_LIMITS = InputLimits()
 
 
+# The OIP inference request as a JSON Schema, for the OpenAPI document (clients and fuzzers read it there).
+_PARAMETERS_SCHEMA = {
+    "type": "object",
+    "description": "Key/value parameters: each value a string, number or boolean.",
+    "additionalProperties": {"type": ["string", "number", "boolean"]},
+}
+INFER_REQUEST_SCHEMA = {
+    "title": "InferenceRequest",
+    "description": "Open Inference Protocol inference request; with Inference-Header-Content-Length, the JSON "
+    "header of a body that carries binary tensor data after it.",
+    "type": "object",
+    "required": ["inputs"],
+    "properties": {
+        "id": {"type": "string"},
+        "parameters": _PARAMETERS_SCHEMA,
+        "inputs": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["name", "shape", "datatype"],
+                "properties": {
+                    "name": {"type": "string", "minLength": 1},
+                    "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                    "datatype": {"type": "string", "enum": sorted(DATATYPES)},
+                    "parameters": _PARAMETERS_SCHEMA,
+                    "data": {
+                        "type": "array",
+                        "description": "Tensor elements in row-major order: flat, or nested as the shape is.",
+                        "items": {"type": ["number", "string", "boolean", "array"]},
+                    },
+                },
+            },
+        },
+        "outputs": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name"],
+                "properties": {"name": {"type": "string"}, "parameters": _PARAMETERS_SCHEMA},
+            },
+        },
+    },
+}
+
+
 @dataclass
 class OutputFormat:
     """Which outputs the client wants as binary data."""

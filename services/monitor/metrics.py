@@ -42,7 +42,7 @@ class MonitorMetrics:
             registry=self.registry,
         )  # fmt: skip
         # The event-loop lag every service reports (aiworks.core.looplag) lives in the default registry.
-        for shared in (m.EVENT_LOOP_LAG, m.EVENT_LOOP_LAG_MAX):
+        for shared in (m.EVENT_LOOP_LAG, m.EVENT_LOOP_LAG_MAX, m.EVENT_LOOP_STALL_MAX):
             self.registry.register(shared)
         self._scored: set[str] = set()
 

@@ -58,6 +58,12 @@ EVENT_LOOP_LAG_MAX = Gauge(
     "The longest event-loop lag seen since the service started.",
     ["service"],
 )
+EVENT_LOOP_STALL_MAX = Gauge(
+    "aiworks_event_loop_stall_max_seconds",
+    "The longest event-loop lag since start less the time the loop's thread waited for a CPU (Linux): "
+    "the stall the service's own work caused.",
+    ["service"],
+)
 
 # ---- gateway -------------------------------------------------------------------------------
 
