@@ -181,6 +181,8 @@ def decode_json_data(data, datatype: str, shape: tuple[int, ...], where: str) ->
         raise InvalidArgument(f"{where}: 'data' does not hold {datatype} values") from None
     except (TypeError, OverflowError):
         raise InvalidArgument(f"{where}: 'data' does not hold {datatype} values") from None
+    if array.ndim != 1:  # lists of one element each, below the last dim
+        raise InvalidArgument(f"{where}: 'data' nests deeper than shape {list(shape)}")
     return encode(array, datatype)
 
 
