@@ -78,7 +78,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             call.request_id = _request_id(metadata)
             principal = self.dataplane.authenticate(metadata)
             call.tenant = principal.tenant_id
-            self.dataplane.authorize(principal, request.model_name)  # before any of the message is converted
+            self.dataplane.authorize(principal, request.model_name, request.model_version)  # before any of the message is converted
             if principal.tenant.max_request_bytes:  # the server already bounds messages by the gateway's limit
                 check_body_size(request.ByteSize(), request_limit(principal, self.max_request_bytes), call.tenant)
             call.request, pending = to_infer_request_header(request, self.dataplane.limits)

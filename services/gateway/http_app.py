@@ -43,6 +43,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from aiworks.core.errors import AIWorksError, InvalidArgument, PayloadTooLarge, Status
+from aiworks.core.names import NAME_RULE
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ async def _infer(
         call.request_id = headers.get(REQUEST_ID_HEADER, "")
         principal = dataplane.authenticate(headers)  # before a byte of the body is read
         call.tenant = principal.tenant_id
-        dataplane.authorize(principal, model)
+        dataplane.authorize(principal, model, version)
         limit = request_limit(principal, max_request_bytes)
         body = await read_body(body_stream, headers.get("content-length"), limit, principal.tenant_id)
         # The header only: the data plane checks the caps on it, then has the tensor data decoded.
@@ -111,6 +112,9 @@ async def _infer(
 
 
 _INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
+# Routes whose path segments are model names and versions (checked by aiworks.core.names in the data plane).
+_NAMED_PATHS = ("/v2/models/", "/v2/repository/models/")
+_ENCODED_SEPARATOR = re.compile(rb"%(2f|5c)", re.IGNORECASE)
 _JSON = [(b"content-type", b"application/json")]
 _BINARY = (b"content-type", b"application/octet-stream")
 
@@ -129,10 +133,15 @@ class InferFastPath:
         self.max_request_bytes = max_request_bytes
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            match = _INFER_PATH.fullmatch(scope["path"])
-            if match is not None:
-                return await self._infer(match[1], match[2] or "", scope, receive, send)
+        if scope["type"] == "http":
+            if scope["path"].startswith(_NAMED_PATHS) and _ENCODED_SEPARATOR.search(scope.get("raw_path") or b""):
+                # "%2F" decodes into the path and would no longer be one name: refuse rather than route it.
+                message = "model name or version contains an encoded '/' or '\\'; names are " + NAME_RULE
+                return await _send(send, 400, orjson.dumps({"error": message}), _JSON)
+            if scope["method"] == "POST":
+                match = _INFER_PATH.fullmatch(scope["path"])
+                if match is not None:
+                    return await self._infer(match[1], match[2] or "", scope, receive, send)
         await self.app(scope, receive, send)
 
     async def _infer(self, model: str, version: str, scope, receive, send) -> None:
