@@ -87,11 +87,15 @@ BUILTIN_PATTERNS: dict[str, bytes] = {
 
 # The characters each digit pattern's matches are made of, starting with one a match can start with:
 # those patterns run only on these spans (a match never crosses a span's edge), found at scan speed.
+# Spans shorter than the shortest match (10 characters for a phone number, 11 for an SSN) are skipped.
 _CANDIDATES: dict[str, bytes] = {
-    "phone": rb"[\d+(][\d +\-.()]*",
-    "id_card": rb"\d[\dXx\-]*",
+    "phone": rb"[\d+(][\d +\-.()]{9,}",
+    "id_card": rb"\d[\dXx\-]{10,}",
 }
 
+# Found at scan speed: each starts with a character class or a literal.
+_THREE_DIGITS = re.compile(rb"\d\d\d")
+_PLUS_DIGITS = re.compile(rb"\+\d[ \-]?\d")
 _MAX_DIGIT_MATCH = 32  # the longest match of a digit pattern (an E.164 number, grouped) is 30 bytes
 _WINDOW = 16 << 10
 
@@ -134,7 +138,11 @@ class TextPattern:
             while pos < stop:
                 window_end = min(pos + _WINDOW, stop)
                 resume = window_end
-                for match in self.pattern.finditer(data, pos, min(window_end + _MAX_DIGIT_MATCH, stop) + 1):
+                reach = min(window_end + _MAX_DIGIT_MATCH, stop) + 1
+                if _THREE_DIGITS.search(data, pos, reach) is None and _PLUS_DIGITS.search(data, pos, reach) is None:
+                    pos = resume  # every digit pattern's match holds three digits in a row, or "+" and two
+                    continue
+                for match in self.pattern.finditer(data, pos, reach):
                     if match.start() >= window_end:
                         break
                     resume = max(resume, match.end())
