@@ -25,25 +25,27 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from aiworks.gateway.auth import Authenticator, Headers, Principal
 from aiworks.gateway.cache_client import CacheClient
-from aiworks.gateway.filters import InputFilter
+from aiworks.gateway.filters import InputFilter, InputLimits
 from aiworks.gateway.limits import Admission, TenantLimiter
 from aiworks.gateway.masking import MaskingPolicies
 from aiworks.gateway.metering import UsageMeter
 from aiworks.gateway.scheduler_client import SchedulerClient, Work, outstanding_compute_s
 from aiworks.gateway.settings import GatewaySettings
+from aiworks.gateway.specs import ModelSpecs
 from aiworks.gateway.telemetry import GatewayTelemetry, short
 from aiworks.gateway.tenancy import PRIORITY_CLAMPED, apply_tenant_defaults, demo_config, load_tenancy
 
 from aiworks import __version__
 from aiworks.core import metrics
-from aiworks.core.errors import AIWorksError, InvalidArgument, PermissionDenied, Status
-from aiworks.core.inference import InferRequest, InferResponse
+from aiworks.core.datatypes import element_count
+from aiworks.core.errors import AIWorksError, InvalidArgument, PermissionDenied, Unauthenticated
+from aiworks.core.inference import InferRequest, InferResponse, PendingInputs
+from aiworks.core.looplag import offload
 from aiworks.core.model_config import ModelSpec
 from aiworks.core.names import check_model_name, check_version
 from aiworks.security.audit import AuditLog
@@ -52,82 +54,11 @@ log = logging.getLogger(__name__)
 
 EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics", "schedule_policy"]
 
-Metadata = Callable[[str, str], Awaitable[tuple[ModelSpec, list[str]]]]
+_UNAUTHENTICATED = metrics.GATEWAY_REFUSED.labels("unauthenticated")
 
-
-class ModelSpecs:
-    """Model specs for the request path (input filters, masking), fetched from the scheduler and reused.
-
-    A spec younger than ``ttl_s`` is answered from memory. An older one is
-    still answered while one background fetch refreshes it, so a request waits
-    for the scheduler only the first time a model version is asked for.
-    Unknown models (NOT_FOUND) are remembered for ``ttl_s`` as well, so a
-    client sending made-up names costs no metadata call per request; other
-    errors are not remembered.
-    """
-
-    def __init__(
-        self,
-        fetch: Metadata,
-        ttl_s: float = 1.0,
-        *,
-        max_entries: int = 4096,
-        clock: Callable[[], float] = time.monotonic,
-    ):
-        self._fetch = fetch
-        self.ttl_s = ttl_s
-        self.max_entries = max_entries
-        self._clock = clock
-        self._entries: dict[tuple[str, str], tuple[float, ModelSpec | AIWorksError]] = {}
-        self._pending: dict[tuple[str, str], asyncio.Task] = {}
-
-    async def get(self, name: str, version: str) -> ModelSpec:
-        ref = (name, version)
-        entry = self._entries.get(ref)
-        if entry is not None:
-            expires, value = entry
-            fresh = self._clock() < expires
-            if isinstance(value, ModelSpec):
-                if not fresh:
-                    self._refresh(ref)
-                return value
-            if fresh:
-                raise type(value)(value.message, value.status)
-        value = await asyncio.shield(self._refresh(ref))
-        if isinstance(value, AIWorksError):
-            raise type(value)(value.message, value.status)
-        return value
-
-    def _refresh(self, ref: tuple[str, str]) -> asyncio.Task:
-        task = self._pending.get(ref)
-        if task is None:
-            task = asyncio.get_running_loop().create_task(self._load(ref))
-            self._pending[ref] = task
-            task.add_done_callback(lambda _: self._pending.pop(ref, None))
-        return task
-
-    async def _load(self, ref: tuple[str, str]) -> ModelSpec | AIWorksError:
-        try:
-            spec, _ = await self._fetch(*ref)
-        except AIWorksError as exc:
-            if exc.status is Status.NOT_FOUND:
-                self._store(ref, exc)
-            return exc  # a transient error: a stale spec, if any, is kept
-        except Exception as exc:  # never leave a background refresh's exception unretrieved
-            return AIWorksError(f"model metadata of '{ref[0]}' could not be read: {exc}")
-        self._store(ref, spec)
-        return spec
-
-    def _store(self, ref: tuple[str, str], value: ModelSpec | AIWorksError) -> None:
-        if ref not in self._entries and len(self._entries) >= self.max_entries:
-            self._entries.pop(next(iter(self._entries)))
-        self._entries[ref] = (self._clock() + self.ttl_s, value)
-
-    def forget(self, name: str) -> None:
-        """Drop what is known about ``name`` (after a load or unload through this gateway)."""
-        for ref in [r for r in self._entries if r[0] == name]:
-            del self._entries[ref]
-
+# Requests whose tensor data or checks handle more elements than this one at a time in Python (JSON data,
+# BYTES elements) are decoded and checked in a worker thread, so the event loop keeps answering others.
+OFF_LOOP_ELEMENTS = 32_768
 
 @dataclass
 class Tenancy:
@@ -160,7 +91,13 @@ class Tenancy:
         return cls(
             auth=Authenticator.from_files(config, settings.jwt_key_file),
             filters=InputFilter(
-                max_tensor_elements=settings.max_tensor_elements,
+                limits=InputLimits(
+                    max_tensor_elements=settings.max_tensor_elements,
+                    max_request_elements=settings.max_request_elements,
+                    max_string_elements=settings.max_string_elements,
+                    max_listed_values=settings.max_listed_values,
+                    max_request_tensors=settings.max_request_tensors,
+                ),
                 max_string_bytes=settings.max_string_bytes,
                 deny_patterns=config.deny_patterns,
             ),
@@ -178,7 +115,7 @@ class Tenancy:
                 timeout_s=settings.usage_timeout_s,
                 retention_s=settings.usage_retention_s,
             ),
-            masking=MaskingPolicies(),
+            masking=MaskingPolicies(max_scan_bytes=settings.mask_max_scan_bytes),
             audit=audit,
         )
 
@@ -227,12 +164,20 @@ class GatewayDataPlane:
     # ---- who is asking ------------------------------------------------------------------------
 
     def authenticate(self, credentials: Headers = ()) -> Principal:
-        """The caller's principal from HTTP headers or gRPC metadata; 401 without valid credentials."""
-        return self.tenancy.auth.authenticate(credentials)
+        """The caller's principal from HTTP headers or gRPC metadata; 401 without valid credentials.
+
+        A refusal is counted (``aiworks_gateway_refused_requests_total``), not
+        audited or logged one by one: strangers must not be able to fill the disk.
+        """
+        try:
+            return self.tenancy.auth.authenticate(credentials)
+        except Unauthenticated:
+            _UNAUTHENTICATED.inc()
+            raise
 
     def _for_model(self, credentials: Headers, model: str, version: str = "") -> Principal:
         """The caller, allowed to use ``model``: authenticated, the names checked (400), then authorized."""
-        principal = self.tenancy.auth.authenticate(credentials)
+        principal = self.authenticate(credentials)
         check_model_name(model)
         check_version(version)
         self.tenancy.auth.authorize(principal, model)
@@ -286,15 +231,34 @@ class GatewayDataPlane:
 
     # ---- inference ----------------------------------------------------------------------------
 
-    async def infer(self, request: InferRequest, principal: Principal | None = None) -> InferResponse:
+    @property
+    def limits(self) -> InputLimits:
+        """The caps the front ends check while parsing a request's header (its tensor count, its JSON size)."""
+        return self.tenancy.filters.limits
+
+    def authorize(self, principal: Principal, model: str, version: str = "") -> None:
+        """400 for a bad model or version name, 403 unless ``principal`` may use ``model``.
+
+        The front ends ask before any of the request is read or decoded.
+        """
+        check_model_name(model)
+        check_version(version)
+        self.tenancy.auth.authorize(principal, model)
+
+    async def infer(
+        self, request: InferRequest, principal: Principal | None = None, pending: PendingInputs | None = None
+    ) -> InferResponse:
         """One inference, in the order of docs/tenancy.md.
 
-        The front end has authenticated the caller (``principal``) and read
-        the body within :func:`request_limit`; here: check the names, authorize
-        the model, filter the inputs against its spec, apply the tenant's
-        defaults and priority ceiling, admit (rate, concurrency, quota), answer
-        from the cache or the scheduler, release the slot charging the runtime
-        time it cost (:meth:`_settle`), meter, and mask outputs.
+        The front end has authenticated the caller (``principal``), read the
+        body within :func:`request_limit` and parsed the request's header;
+        ``pending`` decodes its tensor data (None: already decoded). Here:
+        check the names, authorize the model, check the element caps on the
+        declared shapes, and only then decode, filter the inputs against the
+        model's spec, apply the tenant's defaults and priority ceiling, admit
+        (rate, concurrency, quota), answer from the cache or the scheduler,
+        release the slot charging the runtime time it cost (:meth:`_settle`),
+        meter, and mask outputs.
         """
         tenancy = self.tenancy
         if principal is None:
@@ -304,8 +268,11 @@ class GatewayDataPlane:
         check_model_name(request.model)
         check_version(request.version)
         tenancy.auth.authorize(principal, request.model)
+        tenancy.filters.check_bounds(request)  # caps on what the header declares: nothing decoded yet
         spec = await self.specs.get(request.model, request.version)
-        rows = tenancy.filters.check(request, spec, against_metadata=not tenancy.demo_mode)
+        slow = pending.slow_elements if pending is not None else 0
+        slow += sum(element_count(t.shape) for t in request.inputs if t.datatype == "BYTES")
+        rows = await offload(self._prepare, request, pending, spec, large=slow > OFF_LOOP_ELEMENTS)
         clamped = apply_tenant_defaults(request, tenant)
         admission = await tenancy.limiter.admit(tenant)
         work = Work()
@@ -323,7 +290,13 @@ class GatewayDataPlane:
         tenancy.meter.record(tenant.id, spec.name, rows=rows, compute_s=work.compute_s, cache_hit=response.cache_hit)
         if clamped is not None:
             response.parameters[PRIORITY_CLAMPED] = clamped
-        return tenancy.masking.mask(spec, response)
+        return await tenancy.masking.mask_async(spec, response)
+
+    def _prepare(self, request: InferRequest, pending: PendingInputs | None, spec: ModelSpec) -> int:
+        """Decode the tensor data and apply the input filters; the batch rows (in a worker thread when large)."""
+        if pending is not None:
+            pending.decode()
+        return self.tenancy.filters.check(request, spec, against_metadata=not self.tenancy.demo_mode)
 
     def _settle(self, admission: Admission, model: str, work: Work, *, answered: bool) -> None:
         """Free the request's slot and charge what the runtime spent: now, or once that work has ended.
@@ -422,7 +395,7 @@ class GatewayDataPlane:
             raise
         finally:
             audit = self.tenancy.audit
-            if audit is not None:
+            if audit is not None and not isinstance(error, Unauthenticated):
                 actor = None if principal is None else (principal.tenant_id or "anonymous")
                 details = {"latency_ms": round((time.perf_counter() - started) * 1e3, 3)}
                 if principal is not None:

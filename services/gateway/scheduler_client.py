@@ -18,8 +18,8 @@ from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
 from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
 from aiworks.security.tls import TLSFiles
 
-
 _DEADLINE_GRACE_S = 0.5
+_MAX_TIMEOUT_US = 2**64 - 1
 
 
 @dataclass(slots=True, eq=False)
@@ -53,11 +53,12 @@ def _abandon(reply_future: asyncio.Future, work: Work | None) -> None:
 
 
 def _timeout_us(value) -> int:
-    """The OIP ``timeout`` parameter as whole microseconds; 0 when absent or not a number (the scheduler says why)."""
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        return 0
+    """The OIP ``timeout`` parameter as whole microseconds; 0 when absent or not one (the scheduler says why)."""
+    if isinstance(value, str):
+        text = value.strip()
+        value = int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else 0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= _MAX_TIMEOUT_US:
+        return 0  # NaN, infinities and values past uint64 included: the scheduler refuses them
     return int(value)
 
 
