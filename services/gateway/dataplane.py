@@ -29,7 +29,7 @@ from pathlib import Path
 
 from aiworks.gateway.auth import Authenticator, Headers, Principal
 from aiworks.gateway.cache_client import CacheClient
-from aiworks.gateway.filters import InputFilter
+from aiworks.gateway.filters import InputFilter, InputLimits
 from aiworks.gateway.limits import Admission, TenantLimiter
 from aiworks.gateway.masking import MaskingPolicies
 from aiworks.gateway.metering import UsageMeter
@@ -39,8 +39,10 @@ from aiworks.gateway.tenancy import PRIORITY_CLAMPED, demo_config, load_tenancy,
 
 from aiworks import __version__
 from aiworks.core import metrics
-from aiworks.core.errors import AIWorksError, InvalidArgument, PermissionDenied
-from aiworks.core.inference import InferRequest, InferResponse
+from aiworks.core.datatypes import element_count
+from aiworks.core.errors import AIWorksError, InvalidArgument, PermissionDenied, Unauthenticated
+from aiworks.core.inference import InferRequest, InferResponse, PendingInputs
+from aiworks.core.looplag import offload
 from aiworks.core.model_config import ModelSpec
 from aiworks.core.names import check_model_name, check_version
 from aiworks.core.options import read_options
@@ -52,6 +54,11 @@ log = logging.getLogger(__name__)
 
 EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics", "schedule_policy"]
 
+_UNAUTHENTICATED = metrics.GATEWAY_REFUSED.labels("unauthenticated")
+
+# Requests whose tensor data or checks handle more elements than this one at a time in Python (JSON data,
+# BYTES elements) are decoded and checked in a worker thread, so the event loop keeps answering others.
+OFF_LOOP_ELEMENTS = 32_768
 
 @dataclass
 class Tenancy:
@@ -84,7 +91,13 @@ class Tenancy:
         return cls(
             auth=Authenticator.from_files(config, settings.jwt_key_file),
             filters=InputFilter(
-                max_tensor_elements=settings.max_tensor_elements,
+                limits=InputLimits(
+                    max_tensor_elements=settings.max_tensor_elements,
+                    max_request_elements=settings.max_request_elements,
+                    max_string_elements=settings.max_string_elements,
+                    max_listed_values=settings.max_listed_values,
+                    max_request_tensors=settings.max_request_tensors,
+                ),
                 max_string_bytes=settings.max_string_bytes,
                 deny_patterns=config.deny_patterns,
             ),
@@ -102,7 +115,7 @@ class Tenancy:
                 timeout_s=settings.usage_timeout_s,
                 retention_s=settings.usage_retention_s,
             ),
-            masking=MaskingPolicies(),
+            masking=MaskingPolicies(max_scan_bytes=settings.mask_max_scan_bytes),
             audit=audit,
         )
 
@@ -152,12 +165,20 @@ class GatewayDataPlane:
     # ---- who is asking ------------------------------------------------------------------------
 
     def authenticate(self, credentials: Headers = ()) -> Principal:
-        """The caller's principal from HTTP headers or gRPC metadata; 401 without valid credentials."""
-        return self.tenancy.auth.authenticate(credentials)
+        """The caller's principal from HTTP headers or gRPC metadata; 401 without valid credentials.
+
+        A refusal is counted (``aiworks_gateway_refused_requests_total``), not
+        audited or logged one by one: strangers must not be able to fill the disk.
+        """
+        try:
+            return self.tenancy.auth.authenticate(credentials)
+        except Unauthenticated:
+            _UNAUTHENTICATED.inc()
+            raise
 
     def _for_model(self, credentials: Headers, model: str, version: str = "") -> Principal:
         """The caller, allowed to use ``model``: authenticated, the names checked (400), then authorized."""
-        principal = self.tenancy.auth.authenticate(credentials)
+        principal = self.authenticate(credentials)
         check_model_name(model)
         check_version(version)
         self.tenancy.auth.authorize(principal, model)
@@ -208,21 +229,37 @@ class GatewayDataPlane:
 
     # ---- inference ----------------------------------------------------------------------------
 
+    @property
+    def limits(self) -> InputLimits:
+        """The caps the front ends check while parsing a request's header (its tensor count, its JSON size)."""
+        return self.tenancy.filters.limits
+
+    def authorize(self, principal: Principal, model: str, version: str = "") -> None:
+        """400 for a bad model or version name, 403 unless ``principal`` may use ``model``.
+
+        The front ends ask before any of the request is read or decoded.
+        """
+        check_model_name(model)
+        check_version(version)
+        self.tenancy.auth.authorize(principal, model)
+
     async def infer(
-        self, request: InferRequest, principal: Principal | None = None, *, request_id: str = "",
-        transport_deadline_s: float | None = None,
+        self, request: InferRequest, principal: Principal | None = None, pending: PendingInputs | None = None, *,
+        request_id: str = "", transport_deadline_s: float | None = None,
     ) -> InferResponse:  # fmt: skip
         """One inference, in the order of docs/tenancy.md.
 
-        The front end has authenticated the caller (``principal``) and read
-        the body within :func:`request_limit`; here: check the names, authorize
-        the model, resolve its version (weights apply), filter the inputs
-        against its spec, read the request's options once (its class, within
-        the tenant's default and ceiling, and its deadline), admit (rate,
-        concurrency, quota), answer from the cache or a runtime replica,
-        release the slot charging the runtime time it cost (:meth:`_settle`),
-        meter, and mask outputs. ``transport_deadline_s`` is the time a gRPC
-        client's own deadline leaves.
+        The front end has authenticated the caller (``principal``), read the
+        body within :func:`request_limit` and parsed the request's header;
+        ``pending`` decodes its tensor data (None: already decoded). Here:
+        check the names, authorize the model, check the element caps on the
+        declared shapes, resolve its version (weights apply), and only then
+        decode, filter the inputs against the model's spec, read the request's
+        options once (its class, within the tenant's default and ceiling, and
+        its deadline), admit (rate, concurrency, quota), answer from the cache
+        or a runtime replica, release the slot charging the runtime time it
+        cost (:meth:`_settle`), meter, and mask outputs.
+        ``transport_deadline_s`` is the time a gRPC client's own deadline leaves.
         """
         tenancy = self.tenancy
         if principal is None:
@@ -232,8 +269,11 @@ class GatewayDataPlane:
         check_model_name(request.model)
         check_version(request.version)
         tenancy.auth.authorize(principal, request.model)
+        tenancy.filters.check_bounds(request)  # caps on what the header declares: nothing decoded yet
         spec = self.routing.resolve(request.model, request.version)
-        rows = tenancy.filters.check(request, spec, against_metadata=not tenancy.demo_mode)
+        slow = pending.slow_elements if pending is not None else 0
+        slow += sum(element_count(t.shape) for t in request.inputs if t.datatype == "BYTES")
+        rows = await offload(self._prepare, request, pending, spec, large=slow > OFF_LOOP_ELEMENTS)
         default, ceiling = tenant_classes(tenant)
         options = read_options(
             request.parameters, default=default or self.routing.default_priority, ceiling=ceiling,
@@ -260,7 +300,13 @@ class GatewayDataPlane:
         tenancy.meter.record(tenant.id, spec.name, rows=rows, compute_s=work.compute_s, cache_hit=response.cache_hit)
         if options.clamped:
             response.parameters[PRIORITY_CLAMPED] = options.priority.label
-        return tenancy.masking.mask(spec, response)
+        return await tenancy.masking.mask_async(spec, response)
+
+    def _prepare(self, request: InferRequest, pending: PendingInputs | None, spec: ModelSpec) -> int:
+        """Decode the tensor data and apply the input filters; the batch rows (in a worker thread when large)."""
+        if pending is not None:
+            pending.decode()
+        return self.tenancy.filters.check(request, spec, against_metadata=not self.tenancy.demo_mode)
 
     def _settle(self, admission: Admission, model: str, work: Work, *, answered: bool) -> None:
         """Free the request's slot and charge what the runtime spent: now, or once that work has ended.
@@ -358,7 +404,7 @@ class GatewayDataPlane:
             raise
         finally:
             audit = self.tenancy.audit
-            if audit is not None:
+            if audit is not None and not isinstance(error, Unauthenticated):
                 actor = None if principal is None else (principal.tenant_id or "anonymous")
                 details = {"latency_ms": round((time.perf_counter() - started) * 1e3, 3)}
                 if principal is not None:

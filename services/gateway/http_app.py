@@ -27,7 +27,12 @@ from collections.abc import AsyncIterator, Mapping
 import orjson
 from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
 from aiworks.gateway.filters import check_body_size
-from aiworks.gateway.http_codec import HEADER_LENGTH, encode_infer_response, parse_infer_request
+from aiworks.gateway.http_codec import (
+    HEADER_LENGTH,
+    INFER_REQUEST_SCHEMA,
+    encode_infer_response,
+    parse_infer_header,
+)
 from aiworks.gateway.metering import DEFAULT_USAGE_SPAN_S, parse_time
 from aiworks.gateway.telemetry import REQUEST_ID_HEADER
 from fastapi import FastAPI, Request
@@ -97,10 +102,12 @@ async def _infer(
         call.request_id = headers.get(REQUEST_ID_HEADER, "")
         principal = dataplane.authenticate(headers)  # before a byte of the body is read
         call.tenant = principal.tenant_id
+        dataplane.authorize(principal, model, version)
         limit = request_limit(principal, max_request_bytes)
         body = await read_body(body_stream, headers.get("content-length"), limit, principal.tenant_id)
-        call.request, fmt = parse_infer_request(body, headers.get(HEADER_LENGTH), model, version)
-        call.response = response = await dataplane.infer(call.request, principal, request_id=call.request_id)
+        # The header only: the data plane checks the caps on it, then has the tensor data decoded.
+        call.request, fmt, pending = parse_infer_header(body, headers.get(HEADER_LENGTH), model, version, dataplane.limits)
+        call.response = response = await dataplane.infer(call.request, principal, pending, request_id=call.request_id)
         return encode_infer_response(response, fmt)
 
 
@@ -240,8 +247,18 @@ def create_app(dataplane: GatewayDataPlane, *, max_request_bytes: int) -> InferF
 
     # ---- inference ------------------------------------------------------------------------
 
-    @app.post("/v2/models/{model}/infer")
-    @app.post("/v2/models/{model}/versions/{version}/infer")
+    infer_body = {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": INFER_REQUEST_SCHEMA},
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+            },
+        }
+    }
+
+    @app.post("/v2/models/{model}/infer", openapi_extra=infer_body)
+    @app.post("/v2/models/{model}/versions/{version}/infer", openapi_extra=infer_body)
     async def infer(model: str, request: Request, version: str = ""):
         """Answered by InferFastPath in front of this app; the same :func:`_infer` here."""
         args = (dataplane, max_request_bytes, model, version, request.headers, request.stream())
@@ -294,4 +311,5 @@ def create_app(dataplane: GatewayDataPlane, *, max_request_bytes: int) -> InferF
         )
         return _json(report)
 
+    app.openapi()  # built once now, not on the event loop of the first request that asks for it
     return InferFastPath(app, dataplane, max_request_bytes)

@@ -57,6 +57,11 @@ def _iso(epoch_s: float) -> str:
     return datetime.fromtimestamp(epoch_s, UTC).isoformat().replace("+00:00", "Z")
 
 
+# The times a report can name: from the epoch (before it there is no usage) to the year 9000, leaving the
+# report's windows room below datetime's year 9999.
+MAX_EPOCH_S = 221845392000.0  # 9000-01-01T00:00:00Z
+
+
 def parse_time(text: str, name: str = "time") -> float:
     """Epoch seconds from epoch seconds or ISO 8601 (``2026-01-01T00:00:00Z``; no zone means UTC)."""
     value = text.strip()
@@ -65,8 +70,8 @@ def parse_time(text: str, name: str = "time") -> float:
     except ValueError:
         pass
     else:
-        if not math.isfinite(epoch):
-            raise InvalidArgument(f"'{name}' is {value[:40]!r}: not a time")
+        if not math.isfinite(epoch) or not 0 <= epoch <= MAX_EPOCH_S:
+            raise InvalidArgument(f"'{name}' is {value[:40]!r}: not a time between 1970 and 9000 (epoch seconds)")
         return epoch
     try:
         when = datetime.fromisoformat(value)
@@ -76,7 +81,10 @@ def parse_time(text: str, name: str = "time") -> float:
         ) from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
-    return when.timestamp()
+    epoch = when.timestamp()
+    if not 0 <= epoch <= MAX_EPOCH_S:
+        raise InvalidArgument(f"'{name}' is {value[:40]!r}: not a time between 1970 and 9000")
+    return epoch
 
 
 @dataclass(slots=True)

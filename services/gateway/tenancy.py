@@ -191,7 +191,7 @@ class TenancyConfig:
     tenants: Mapping[str, Tenant] = field(default_factory=dict)
     key_hashes: Mapping[str, str] = field(default_factory=dict)  # "sha256:<hex>" -> tenant id
     jwt: JwtSettings | None = None
-    deny_patterns: Mapping[str, re.Pattern[bytes]] = field(default_factory=dict)
+    deny_patterns: Mapping[str, Any] = field(default_factory=dict)  # name -> masking.TextPattern
     source: str = "demo"
 
     @property
