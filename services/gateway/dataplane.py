@@ -279,7 +279,7 @@ class GatewayDataPlane:
             request.parameters, default=default or self.routing.default_priority, ceiling=ceiling,
             tenant=tenant.id, request_id=request_id or request.id, transport_deadline_s=transport_deadline_s,
         )  # fmt: skip
-        request.version = spec.version
+        request.version, request.resolved = spec.version, True
         admission = await tenancy.limiter.admit(tenant)
         work = Work()
         response = None

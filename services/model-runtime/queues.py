@@ -72,10 +72,7 @@ class RequestQueues:
             labels = (loaded.spec.name, loaded.spec.version)  # only a loaded version becomes a label
             answer = await self._infer(loaded, request, options)
         except BaseException as exc:
-            status = metrics.status_label(exc)
-            self._requests(*labels, options.priority.label, status).inc()
-            if status == "deadline_exceeded":
-                metrics.SCHEDULER_TIMEOUTS.labels(*labels).inc()
+            self._requests(*labels, options.priority.label, metrics.status_label(exc)).inc()
             raise
         self._requests(*labels, options.priority.label, "ok").inc()
         return answer

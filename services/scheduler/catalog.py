@@ -43,8 +43,11 @@ class Replica:
     last_heartbeat_s: float = 0.0
     inflight_batches: int = 0
     queues: list = field(default_factory=list)
-    # A gateway's: requests it has in flight there, and the replica's health as it sees it.
+    # A gateway's: requests it has in flight there, since when it has had some and when it last answered
+    # one (a replica that stopped answering is noticed before any timeout), and its health as it sees it.
     outstanding: int = 0
+    busy_since_s: float = 0.0
+    answered_s: float = 0.0
     health: ReplicaHealth = field(default_factory=ReplicaHealth)
 
     def __post_init__(self):

@@ -177,6 +177,14 @@ class Dispatcher:
 
     async def _send(self, key: Key, request: InferRequest, options: RequestOptions,
                     work: Work | None) -> Answer:  # fmt: skip
+        try:
+            return await self._send_once_or_more(key, request, options, work)
+        except DeadlineExceeded:
+            metrics.SCHEDULER_TIMEOUTS.labels(*key).inc()  # counted once, here, wherever the deadline passed
+            raise
+
+    async def _send_once_or_more(self, key: Key, request: InferRequest, options: RequestOptions,
+                                 work: Work | None) -> Answer:  # fmt: skip
         tried: set[str] = set()
         attempt = 0
         holds_retry = False
@@ -218,10 +226,12 @@ class Dispatcher:
             if left < timeout_s:
                 timeout_s, per_try_binds = left, False
         started = self.clock()
-        replica.outstanding += 1
+        self.router.sent(replica)
+        answered = False
         try:
             async with asyncio.timeout(timeout_s):
                 answer = await replica.client.infer(request, options, work)
+            answered = True
         except TimeoutError:
             if not per_try_binds:
                 raise DeadlineExceeded("the request's deadline passed before its replica answered") from None
@@ -231,13 +241,17 @@ class Dispatcher:
             self.router.failed(replica, exc, key, self.clock() - started)
             raise _Retryable(exc) from None
         except AIWorksError as exc:
+            answered = exc.status is not Status.UNAVAILABLE  # the replica itself said so
             if exc.status in _REPLICA_FAULTS:
                 self.router.failed(replica, exc)
             if exc.status is Status.UNAVAILABLE:
                 raise _Retryable(exc) from None
             raise
         finally:
-            replica.outstanding -= 1
+            if answered:
+                self.router.answered(replica)
+            else:
+                replica.outstanding -= 1
         self.router.succeeded(replica, key, self.clock() - started)
         return answer
 

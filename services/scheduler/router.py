@@ -11,11 +11,17 @@
    realtime → ``device=gpu``, batch → ``device=cpu``) and a candidate matches
    it, only matching candidates serve.
 4. **Power of two choices**: among two random candidates, the one with the
-   lower expected cost: its latency average for the version × (1 + the
-   requests this gateway has in flight there). A replica not yet measured
-   costs 0, so it gets tried. A replica k times slower holds each request k
-   times longer and so loses the comparisons while the other has fewer in
-   flight: it gets about 1/k as many requests.
+   lower expected cost: its latency for the version × (1 + the requests this
+   gateway has in flight there). The latency is the replica's moving average,
+   or, while it has requests in flight and has answered none of them for
+   longer than that, the time it has been silent: a replica that hangs costs
+   more with every millisecond and stops getting requests long before any
+   timeout. A replica not yet measured counts as twice as fast as the
+   fastest measured one, so it gets tried first, and its requests in flight
+   still count (a replica costing 0 would take every request until measured).
+   A replica k times slower holds each request k times longer and so loses
+   the comparisons while the other has fewer in flight: it gets about 1/k as
+   many requests.
 
 No replica is reserved and nothing waits here: requests queue at the
 replica, where the batcher forms batches by class and deadline.
@@ -103,8 +109,12 @@ class Router:
         healthy = [r for r in reachable if not self.outliers.ejected(r.health)] or reachable
         return self.pools.prefer(priority, healthy)
 
-    def _cost(self, replica: Replica, key: Key) -> float:
-        return replica.health.latency_s.get(key, 0.0) * (1 + replica.outstanding)
+    def _cost(self, replica: Replica, key: Key, now: float, unmeasured_s: float) -> float:
+        latency = replica.health.latency_s.get(key, unmeasured_s)
+        if replica.outstanding:
+            silent_s = now - max(replica.busy_since_s, replica.answered_s)
+            latency = max(latency, silent_s)
+        return latency * (1 + replica.outstanding)
 
     def pick(self, key: Key, priority: Priority = Priority.STANDARD,
              exclude: frozenset[str] | set[str] = frozenset()) -> Replica:  # fmt: skip
@@ -116,9 +126,23 @@ class Router:
             candidates = self._rng.sample(candidates, 2)
         elif self._rng.random() < 0.5:
             candidates = [candidates[1], candidates[0]]  # ties go either way
-        return min(candidates, key=lambda r: (self._cost(r, key), r.outstanding))
+        measured = [r.health.latency_s[key] for r in candidates if key in r.health.latency_s]
+        unmeasured_s = min(measured) / 2 if measured else 1e-3
+        now = self._clock()
+        return min(candidates, key=lambda r: (self._cost(r, key, now, unmeasured_s), r.outstanding))
 
     # ---- outcomes ------------------------------------------------------------------------
+
+    def sent(self, replica: Replica) -> None:
+        """A request leaves for ``replica``."""
+        if not replica.outstanding:
+            replica.busy_since_s = self._clock()
+        replica.outstanding += 1
+
+    def answered(self, replica: Replica) -> None:
+        """``replica`` answered a request (whatever the answer)."""
+        replica.outstanding -= 1
+        replica.answered_s = self._clock()
 
     def succeeded(self, replica: Replica, key: Key, latency_s: float, rows: int = 1) -> None:
         replica.health.observe(key, latency_s, rows, self.ewma_alpha)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import os
 import signal
 import time
@@ -15,7 +17,11 @@ import tritonclient.grpc as grpcclient
 from triton_support import IRIS_ROWS, ort_reference
 from tritonclient.utils import InferenceServerException
 
-from aiworks.pb.runtime.v1 import runtime_pb2, runtime_pb2_grpc
+from aiworks.core.datatypes import Tensor
+from aiworks.core.errors import AIWorksError, Status
+from aiworks.core.inference import InferRequest
+from aiworks.core.options import RequestOptions
+from aiworks.runtime.client import RuntimeClient
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from aiworks.supervisor.supervisor import SuiteConfig, Supervisor, free_port
 
@@ -155,15 +161,21 @@ def test_a_dead_tritonserver_makes_the_replica_unavailable(suite):
     time.sleep(0.5)
 
     # The replica's backend says why, with UNAVAILABLE ...
-    request = runtime_pb2.ExecuteRequest(model="iris_triton", version="1")
-    request.inputs.add(name="input", datatype="FP32", shape=list(IRIS_ROWS.shape), raw=IRIS_ROWS.tobytes())
-    with grpc.insecure_channel(runtime_address) as channel:
-        with pytest.raises(grpc.RpcError) as failed:
-            runtime_pb2_grpc.RuntimeServiceStub(channel).Execute(request, timeout=10)
-    assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert "tritonserver" in failed.value.details() and "exited" in failed.value.details()
+    async def ask_the_replica() -> AIWorksError:
+        client = RuntimeClient(runtime_address, 1 << 24, 10.0)
+        try:
+            request = InferRequest("iris_triton", "1", [Tensor("input", "FP32", IRIS_ROWS.shape, IRIS_ROWS.tobytes())])
+            with pytest.raises(AIWorksError) as refused:
+                await client.infer(request, RequestOptions())
+            return refused.value
+        finally:
+            await client.close()
 
-    # ... so the scheduler takes the replica out and clients get UNAVAILABLE, over gRPC and HTTP.
+    failure = asyncio.run(ask_the_replica())
+    assert failure.status is Status.UNAVAILABLE
+    assert "tritonserver" in failure.message and "exited" in failure.message
+
+    # ... so the gateways route elsewhere, or answer UNAVAILABLE: over gRPC and HTTP.
     with pytest.raises(InferenceServerException) as failed:
         infer(suite["gateway_grpc"], "iris_triton", "1")
     assert failed.value.status() == "StatusCode.UNAVAILABLE"

@@ -43,7 +43,7 @@ def test_a_death_is_noticed_and_answered_with_unavailable(triton_distribution, t
         os.kill(server.pid, signal.SIGKILL)
         assert wait_until(lambda: server.exit_code is not None), "the supervisor did not notice the death"
         assert not server.running and not conn.healthy()
-        with pytest.raises(Unavailable, match=rf"tritonserver \(pid {server.pid}\) exited with code -9"):
+        with pytest.raises(Unavailable, match=r"tritonserver exited with code -9"):
             conn.check()
         with pytest.raises(Unavailable):
             conn.gpu_metrics()

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 from routing_support import FakeClock, FakeReplica, load, make, spec
 
-from aiworks.core.errors import Internal, InvalidArgument, NotFound, Unavailable
+from aiworks.core.errors import DeadlineExceeded, Internal, InvalidArgument, NotFound, Unavailable
 from aiworks.scheduler.replica_state import OutlierDetector, OutlierPolicy, ReplicaHealth
 from aiworks.scheduler.retry_state import RetryBudget
 from aiworks.scheduler.traffic_state import TrafficPolicy, TrafficState
@@ -265,3 +265,36 @@ async def test_the_gateway_applies_the_schedulers_weights_only_to_requests_witho
     suite.scheduler.set_traffic(TrafficPolicy("m", {}))
     suite.sync()
     assert {suite.dispatcher.resolve("m", "").version for _ in range(5)} == {"2"}  # the latest again
+
+
+def test_a_replica_that_stops_answering_loses_every_choice_long_before_any_timeout():
+    clock = FakeClock()
+    suite = make({"ok": FakeReplica("ok"), "hang": FakeReplica("hang")}, clock=clock)
+    router = suite.dispatcher.router
+    ok, hang = suite.replica("ok"), suite.replica("hang")
+    key = ("m", "1")
+    ok.health.latency_s[key] = hang.health.latency_s[key] = 0.010  # both answered in 10 ms so far
+    router.sent(hang)  # one request goes to "hang" and no answer comes back
+    for _ in range(3):
+        router.sent(ok)
+    clock.now += 0.005  # 5 ms: not yet late; "hang" has fewer in flight and is still chosen
+    assert router.pick(key) is hang
+    clock.now += 0.100  # 105 ms of silence from "hang", ten times its usual latency; "ok" keeps answering
+    router.answered(ok)
+    router.sent(ok)
+    assert {router.pick(key).replica_id for _ in range(20)} == {"ok"}
+    router.answered(hang)  # it answers after all: back to its average
+    assert hang.outstanding == 0 and router.pick(key) is hang
+
+
+async def test_a_request_whose_deadline_passed_never_reaches_a_replica_and_is_counted_once():
+    from prometheus_client import REGISTRY
+
+    replica = FakeReplica("r")
+    suite = make({"r": replica})
+    labels = {"model": "m", "version": "1"}
+    before = REGISTRY.get_sample_value("aiworks_scheduler_timeouts_total", labels) or 0
+    with pytest.raises(DeadlineExceeded):
+        await suite.infer(timeout=1)  # 1 us: gone before it is sent
+    assert replica.batches == 0 and replica.seen_timeouts == []
+    assert REGISTRY.get_sample_value("aiworks_scheduler_timeouts_total", labels) == before + 1

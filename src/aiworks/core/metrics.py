@@ -145,7 +145,7 @@ SCHEDULER_RETRIES = Counter(
 )
 SCHEDULER_TIMEOUTS = Counter(
     "aiworks_scheduler_timeouts",
-    "Requests whose deadline passed in a replica's queue (exported by the runtimes).",
+    "Requests answered DEADLINE_EXCEEDED, wherever the deadline passed (exported by the gateways).",
     ["model", "version"],
 )
 SCHEDULER_REJECTIONS = Counter(
