@@ -5,6 +5,10 @@
 <repo>/<model>/<version>/model.onnx        (plain or encrypted; or model.onnx.enc)
 <repo>/<model>/<version>/model.onnx.sig    (optional Ed25519 signature, docs/security.md)
 ```
+
+The model file's name is Triton's: the config's ``default_model_filename``
+when it sets one, else the platform's own (``model.onnx``, ``model.plan``,
+``model.pt``, ...), and ``model.py`` for a Triton Python-backend model.
 """
 
 from __future__ import annotations
@@ -16,7 +20,27 @@ from aiworks.core.errors import NotFound
 from aiworks.core.model_config import ModelConfig, read_config
 from aiworks.security.model_crypto import ENC_SUFFIX
 
-MODEL_FILES = {"onnxruntime": "model.onnx"}
+PLATFORM_FILES = {
+    "onnxruntime_onnx": "model.onnx",
+    "tensorrt_plan": "model.plan",
+    "pytorch_libtorch": "model.pt",
+    "torch_aoti": "model.pt2",
+    "tensorflow_savedmodel": "model.savedmodel",
+    "tensorflow_graphdef": "model.graphdef",
+}
+# Triton backends named in the triton backend's ``triton_backend`` parameter, by their model file.
+BACKEND_FILES = {"python": "model.py"}
+
+
+def model_filename(config: ModelConfig) -> str:
+    """The file (or folder) a version of ``config`` keeps its model in."""
+    given = config.document.get("default_model_filename")
+    if given:
+        return given
+    triton_backend = config.parameters.get("triton_backend", "")
+    if config.backend == "triton" and triton_backend in BACKEND_FILES:
+        return BACKEND_FILES[triton_backend]
+    return PLATFORM_FILES.get(config.platform, "model.onnx")
 
 
 @dataclass(frozen=True)
@@ -52,9 +76,11 @@ class ModelRepository:
         return RepositoryEntry(name, config, versions)
 
     def model_file(self, config: ModelConfig, version: int) -> Path:
-        filename = MODEL_FILES.get(config.backend, "model.onnx")
+        filename = model_filename(config)
+        if "/" in filename or filename in ("", ".", ".."):
+            raise NotFound(f"model '{config.name}': default_model_filename '{filename}' must be a plain file name")
         path = self.root / config.name / str(version) / filename
-        if path.is_file():
+        if path.exists():
             return path
         encrypted = path.with_name(filename + ENC_SUFFIX)  # an encrypted model kept under its .enc name
         if encrypted.is_file():

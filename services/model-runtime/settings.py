@@ -107,3 +107,21 @@ class RuntimeSettings(ServiceSettings):
     )
     triton_start_timeout_s: float = Field(60.0, description="Seconds to wait for a started tritonserver to be ready.")
     triton_request_timeout_s: float = Field(30.0, description="Timeout of one inference request to Triton, in seconds.")
+    triton_restart_backoff_s: float = Field(
+        0.5, description="Wait before restarting a tritonserver that died; doubles while it keeps dying."
+    )
+    triton_restart_backoff_max_s: float = Field(10.0, description="Longest wait between tritonserver restarts.")
+    triton_recover_give_up_s: float = Field(
+        60.0, description="Seconds Triton may be away before its models are reported unavailable, not recovering."
+    )
+    triton_health_interval_s: float = Field(
+        1.0, description="Seconds between readiness checks of a Triton at triton_url."
+    )
+
+    # ---- GPU replicas (device gpu; docs/torch.md) ----
+    gpu_memory_fraction: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="On a gpu replica with no memory_budget_bytes: the share of the GPU's memory resident models may use.",
+    )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from aiworks.runtime.triton_backend import _as_error, parse_device_metrics, triton_config
+from aiworks.runtime.triton_protocol import as_error, parse_device_metrics, triton_config
 from aiworks.runtime.tritonserver import TritonDistribution, TritonServerError
 from google.protobuf import text_format
 from triton_support import IRIS_TRITON_CONFIG, TESTDATA
@@ -92,7 +92,7 @@ def test_device_metrics_are_parsed_per_gpu():
     ],
 )
 def test_triton_errors_map_onto_the_suites(status, kind):
-    error = _as_error(InferenceServerException("boom", status=status), "model 'm'")
+    error = as_error(InferenceServerException("boom", status=status), "model 'm'")
     assert type(error) is kind
     assert str(error) == "model 'm': Triton says: boom"
 

@@ -200,10 +200,12 @@ async def sweep(
     warmup_s: float = 1.0,
     duration_s: float = 5.0,
     report=print,
+    inputs: list[tuple[str, str, list[int], bytes]] | None = None,
 ) -> list[LevelResult]:
+    """Measure each concurrency level in turn; ``inputs`` (name, datatype, shape, raw) replace the random ones."""
     target = GrpcTarget(url, model, version) if protocol == "grpc" else HttpTarget(url, model, version)
     try:
-        target.prepare(make_inputs(await target.metadata(), batch_size))
+        target.prepare(inputs or make_inputs(await target.metadata(), batch_size))
         results = []
         for level in levels:
             result = await _level(target, level, warmup_s, duration_s)
