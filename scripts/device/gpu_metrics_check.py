@@ -67,9 +67,7 @@ def main(out_dir: Path) -> None:
     t.join()
     del ballast
     busy_util = max(s["aiworks_runtime_gpu_utilization_ratio"] for s in samples)
-    grew = (
-        max(s["aiworks_runtime_gpu_memory_used_bytes"] for s in samples) - idle["aiworks_runtime_gpu_memory_used_bytes"]
-    )
+    grew = max(s["aiworks_runtime_gpu_memory_used_bytes"] for s in samples) - idle["aiworks_runtime_gpu_memory_used_bytes"]
     result = {
         "gpu": gpus.read()[0].name,
         "idle": idle,
