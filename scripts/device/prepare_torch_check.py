@@ -64,6 +64,8 @@ WHEELS = [
     "opentelemetry-semantic-conventions==0.66b2",
     "googleapis-common-protos==1.76.0",
     "cryptography==50.0.2",
+    "cffi==2.1.1",  # cryptography's
+    "pycparser==3.12",
     "PyJWT==2.15.1",
 ]
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",

@@ -15,7 +15,11 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   || { echo "installing the carried wheels failed"; exit 2; }
 python3 scripts/device/link_package.py /tmp/pkg || exit 2
 export PYTHONPATH="/tmp/pkg:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/nvidia-smi.txt"
-python3 scripts/device/gpu_metrics_check.py "$out" 2>&1 | tail -5
-python3 -m pytest -q -p no:cacheprovider tests/torch/test_torch_cuda.py 2>&1 | tail -15 | tee "$out/cuda_tests.txt"
-python3 scripts/device/torch_minilm_check.py "$out" --carry .carry 2>&1 | tee "$out/torch_minilm.log"
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  python3 scripts/device/gpu_metrics_check.py "$out" 2>&1 | tail -5
+  python3 -m pytest -q -p no:cacheprovider tests/torch_backend/test_torch_cuda.py 2>&1 | tail -15
+  python3 scripts/device/torch_minilm_check.py "$out" --carry .carry
+} 2>&1 | tee "$out/device.log"
+# Back in $OUT (6 files; a call returns at most 8): device.log, gpu_metrics.json, torch_minilm.json and
+# logs/{scheduler,runtime-0,gateway}.log.
