@@ -101,7 +101,9 @@ class RuntimeSettings(ServiceSettings):
         None, description="tritonserver binary to start; default the one bundled in nvidia-pytriton."
     )
     triton_grpc_port: int = Field(0, description="gRPC port of the tritonserver this replica starts; 0: any.")
-    triton_metrics_port: int = Field(0, description="Metrics port of the tritonserver this replica starts; 0: any.")
+    triton_metrics_port: int = Field(
+        0, description="Metrics port of the tritonserver started here (0: any), or of the one at triton_url."
+    )
     triton_instance_kind: str | None = Field(
         None, description="Replace every instance group's kind (KIND_CPU runs GPU configs on a CPU-only Triton)."
     )

@@ -89,9 +89,10 @@ def connect(settings: RuntimeSettings) -> TritonConnection:
                 "triton_url needs triton_repository: the --model-repository of that tritonserver, "
                 "which this replica writes model configs into"
             )
-        return TritonConnection(
-            settings.triton_url, settings.triton_repository, metrics_url=settings.triton_metrics_url, **tuning
-        )
+        metrics_url = settings.triton_metrics_url
+        if metrics_url is None and settings.triton_metrics_port:
+            metrics_url = f"http://{settings.triton_url.rsplit(':', 1)[0]}:{settings.triton_metrics_port}/metrics"
+        return TritonConnection(settings.triton_url, settings.triton_repository, metrics_url=metrics_url, **tuning)
     workdir = Path(tempfile.mkdtemp(prefix="aiworks-triton-"))
     try:
         server = TritonServer(

@@ -100,3 +100,18 @@ def test_triton_errors_map_onto_the_suites(status, kind):
 def test_a_missing_tritonserver_binary_is_reported(tmp_path):
     with pytest.raises(TritonServerError, match="does not exist"):
         TritonDistribution.find(tmp_path / "bin" / "tritonserver")
+
+
+def test_a_triton_at_a_url_gets_its_metrics_url_from_the_metrics_port(tmp_path):
+    from aiworks.runtime import triton_backend
+    from aiworks.runtime.settings import RuntimeSettings
+
+    from aiworks.supervisor.supervisor import free_port
+
+    settings = RuntimeSettings(scheduler_address="", triton_url=f"127.0.0.1:{free_port()}",
+                               triton_repository=tmp_path, triton_metrics_port=8002)  # fmt: skip
+    conn = triton_backend.connect(settings)
+    try:
+        assert conn.metrics_url == "http://127.0.0.1:8002/metrics"
+    finally:
+        conn.close()
