@@ -372,10 +372,13 @@ class RuntimeDataPlane:
 
     def _complete(self, config: ModelConfig, model) -> ModelConfig:
         """Fill what the config omits from the model itself: inputs/outputs (Triton's auto-complete), and
-        the batch sizes it runs best (CUDA graphs) as the batcher's preferred sizes."""
+        the batch sizes it runs best (CUDA graphs) as the batcher's preferred sizes; no scheduler window
+        for a backend that holds the window itself (Triton)."""
         sizes = getattr(model, "batch_sizes", ())
         if sizes and config.batching.enabled and not config.batching.preferred_batch_sizes:
             config = replace(config, batching=replace(config.batching, preferred_batch_sizes=tuple(sizes)))
+        if getattr(model, "batch_window_in_backend", False) and config.batching.max_queue_delay_us:
+            config = replace(config, batching=replace(config.batching, max_queue_delay_us=0))  # Triton waits
         if config.inputs and config.outputs:
             return config
         inputs, outputs = model.io_specs(config.max_batch_size > 0)

@@ -169,6 +169,9 @@ class TritonModel:
     # Every call is network I/O to tritonserver: never run it on the event loop's thread;
     # run_async awaits it on the loop instead.
     inline_ok = False
+    # Triton waits max_queue_delay_microseconds itself, to the microsecond; the scheduler's window
+    # (asyncio's timers round it up to whole milliseconds) would only add to it: docs/triton.md.
+    batch_window_in_backend = True
 
     def __init__(self, path: Path, config: ModelConfig, default_intra_op_threads: int = 1):
         self.name = config.name

@@ -130,9 +130,9 @@ def triton_config(config: ModelConfig, versions: Iterable[int], instance_kind: s
     doc["version_policy"] = {"specific": {"versions": sorted(set(versions))}}
     # The suite's cache service answers repeated requests before they reach a replica.
     doc.pop("response_cache", None)
-    if "dynamic_batching" in doc:
-        # The scheduler forms the batches; Triton merges what arrives together but never waits.
-        doc["dynamic_batching"] = {}
+    # dynamic_batching stays as written: Triton holds the batch window, with microsecond timers, and the
+    # replica advertises a window of 0 to the scheduler (TritonModel.batch_window_in_backend), which
+    # sends at once and still merges what queues while the replica is busy.
     if instance_kind:
         groups = doc.get("instance_group") or [{"count": 1}]
         doc["instance_group"] = [{**g, "kind": instance_kind} for g in groups]

@@ -191,8 +191,10 @@ async def test_a_retired_version_is_released_in_triton(connection, direct, suite
     shutil.copytree(suite_repository / "iris_triton", tmp_path / "iris_triton")
     dataplane = RuntimeDataPlane(ModelRepository(tmp_path), retire_quiet_s=0.1, warmup=False)
     try:
-        await dataplane.load("iris_triton")
+        specs = await dataplane.load("iris_triton")
         assert connection.held_versions("iris_triton") == [1, 2]
+        # Triton holds the batch window (500 µs in the config): the scheduler is told to send at once.
+        assert {s.batching.max_queue_delay_us for s in specs} == {0} and all(s.batching.enabled for s in specs)
         config = tmp_path / "iris_triton" / "config.pbtxt"
         config.write_text(config.read_text().replace("version_policy: { all { } }", "version_policy: { specific { versions: [ 2 ] } }"))
         await dataplane.load("iris_triton")  # version 1 retires, and is closed once idle

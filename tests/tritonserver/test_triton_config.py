@@ -39,10 +39,9 @@ def test_an_onnx_gpu_model_keeps_its_platform_instances_and_parameters():
     assert (group.count, group.kind, list(group.gpus)) == (2, model_config_pb2.ModelInstanceGroup.KIND_GPU, [0])
     assert list(msg.version_policy.specific.versions) == [1, 3]
     assert msg.parameters["intra_op_thread_count"].string_value == "2"
-    # The scheduler already batched: Triton may merge, but must not wait for more.
-    assert msg.HasField("dynamic_batching")
-    assert msg.dynamic_batching.max_queue_delay_microseconds == 0
-    assert list(msg.dynamic_batching.preferred_batch_size) == []
+    # Triton holds the batch window as written (the replica advertises none to the scheduler).
+    assert msg.dynamic_batching.max_queue_delay_microseconds == 1000
+    assert list(msg.dynamic_batching.preferred_batch_size) == [16, 32]
 
 
 def test_the_response_cache_stays_with_the_suite():
