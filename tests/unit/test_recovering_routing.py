@@ -57,3 +57,31 @@ async def test_a_version_that_is_gone_fails_at_once():
         registry.resolve("m", "1")
     with pytest.raises(Unavailable):
         await router.acquire(KEY)
+
+
+def test_status_prints_a_gpu_replicas_gpus():
+    from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
+    from aiworks.status import format_status
+
+    reply = pb.StatusResponse(replicas=[pb.ReplicaStatus(
+        replica_id="gpu-0", device="gpu", live=True,
+        gpus=[pb.GpuInfo(index=0, name="NVIDIA H200", memory_used_bytes=12 << 30, memory_total_bytes=141 << 30,
+                         utilization_ratio=0.87)],
+    )])  # fmt: skip
+    assert "gpu 0: NVIDIA H200, 12.0/141.0 GiB, 87% busy" in format_status(reply)
+
+
+def test_a_gpu_replica_heartbeats_its_nvml_readings():
+    from aiworks.core.gpu import GpuReading
+    from aiworks.runtime.registrar import gpu_messages
+
+    reading = GpuReading(0, "GPU-1234", "NVIDIA H200", 0.5, 10 << 30, 141 << 30)
+    (message,) = gpu_messages(lambda: [reading])
+    assert (message.uuid, message.name, message.utilization_ratio) == ("GPU-1234", "NVIDIA H200", 0.5)
+    assert message.memory_total_bytes == 141 << 30
+    assert gpu_messages(None) == []
+
+    def broken():
+        raise RuntimeError("GPU fell off the bus")
+
+    assert gpu_messages(broken) == []  # the heartbeat still goes
