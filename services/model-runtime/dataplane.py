@@ -404,11 +404,14 @@ class RuntimeDataPlane:
                     out.append(v.spec.with_state(ModelState.LOADING, "its backend is recovering"))
         return out
 
-    def backends_healthy(self) -> bool:
-        """Every loaded version's backend is healthy (the replica's own health follows it)."""
-        return all(
-            getattr(v.model, "healthy", lambda: True)() for versions in self._models.values() for v in versions.values()
-        )
+    def unhealthy_versions(self) -> list[tuple[str, str, bool]]:
+        """(model, version, recovering) of each loaded version whose backend is unhealthy; no I/O."""
+        return [
+            (v.spec.name, v.spec.version, bool(getattr(v.model, "recovering", lambda: False)()))
+            for versions in self._models.values()
+            for v in versions.values()
+            if not getattr(v.model, "healthy", lambda: True)()
+        ]
 
     def index(self, ready_only: bool) -> list[ModelSpec]:
         """Every model in the repository with its state (Triton's repository index)."""

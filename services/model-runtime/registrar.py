@@ -1,9 +1,9 @@
 """Registers this replica with the scheduler and heartbeats its load, its models and its GPUs.
 
-A heartbeat leaves every ``interval_s``, and also as soon as the models it
-would advertise change state (a backend going down or coming back is checked
-every ``watch_s``), so the scheduler learns of a restarting tritonserver in
-well under a second. :meth:`beat_now` sends one at once and waits for the
+A heartbeat leaves every ``interval_s``, and also as soon as a backend goes
+down or comes back (checked every ``watch_s``), so the scheduler learns of a
+restarting tritonserver in well under a second. Versions loaded or unloaded
+are told by the load's own answer and the next regular heartbeat, as before. :meth:`beat_now` sends one at once and waits for the
 answer: the data plane awaits it before a failed batch's error leaves, so the
 scheduler already knows the model is coming back when the error arrives.
 """
@@ -73,9 +73,11 @@ class Registrar:
         self._sent_states: tuple = ()
 
     def _models(self):
-        specs = self._dataplane.advertised_specs()
-        self._sent_states = _states(specs)
-        return [from_model_spec(s) for s in specs]
+        self._sent_states = self._health()
+        return [from_model_spec(s) for s in self._dataplane.advertised_specs()]
+
+    def _health(self) -> tuple:
+        return tuple(sorted(self._dataplane.unhealthy_versions()))
 
     async def register(self) -> None:
         reply = await self._stub.RegisterReplica(
@@ -114,7 +116,7 @@ class Registrar:
             log.warning("immediate heartbeat failed: %s", exc)
 
     def _changed(self) -> bool:
-        return _states(self._dataplane.advertised_specs()) != self._sent_states
+        return self._health() != self._sent_states
 
     async def run(self) -> None:
         """Register, then heartbeat forever; survives scheduler restarts."""
@@ -133,6 +135,3 @@ class Registrar:
             while loop.time() < due and not self._changed():
                 await asyncio.sleep(min(self.watch_s, max(0.0, due - loop.time())))
 
-
-def _states(specs) -> tuple:
-    return tuple(sorted((s.name, s.version, s.state.value) for s in specs))

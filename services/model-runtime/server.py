@@ -99,7 +99,7 @@ async def _follow_backend_health(dataplane: RuntimeDataPlane, health, interval_s
     serving = True
     while True:
         await asyncio.sleep(interval_s)
-        healthy = dataplane.backends_healthy()
+        healthy = not dataplane.unhealthy_versions()
         if healthy != serving:
             serving = healthy
             await set_serving(health, healthy)
