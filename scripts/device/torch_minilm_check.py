@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import json
 import os
 import platform
@@ -96,7 +97,7 @@ def in_process(module, feeds: dict[str, np.ndarray], device: str, precision: str
     import torch
 
     dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-    model = module.to(device)
+    model = copy.deepcopy(module).to(device)  # the export later starts from the untouched fp32 weights
     if dtype is not None:
         model = model.to(dtype)
     results = {}
@@ -106,7 +107,7 @@ def in_process(module, feeds: dict[str, np.ndarray], device: str, precision: str
         if device != "cpu":
             ids, mask = ids.pin_memory(), mask.pin_memory()
 
-        def step():
+        def step(ids=ids, mask=mask):
             with torch.inference_mode(), torch.autocast(device.split(":")[0], dtype=dtype or torch.float32,
                                                         enabled=dtype is not None):  # fmt: skip
                 out = model(ids.to(device, non_blocking=True), mask.to(device, non_blocking=True))
@@ -126,7 +127,6 @@ def in_process(module, feeds: dict[str, np.ndarray], device: str, precision: str
                                                 enabled=dtype is not None):  # fmt: skip
         ids = torch.from_numpy(feeds["input_ids"]).to(device)
         reference = model(ids, torch.from_numpy(feeds["attention_mask"]).to(device)).float().cpu().numpy()
-    model.to("cpu").float()
     return {
         "by_batch": results,
         "best_batch": best,

@@ -134,4 +134,3 @@ class Registrar:
             due = loop.time() + self.interval_s
             while loop.time() < due and not self._changed():
                 await asyncio.sleep(min(self.watch_s, max(0.0, due - loop.time())))
-

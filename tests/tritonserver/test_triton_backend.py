@@ -196,7 +196,11 @@ async def test_a_retired_version_is_released_in_triton(connection, direct, suite
         # Triton holds the batch window (500 µs in the config): the scheduler is told to send at once.
         assert {s.batching.max_queue_delay_us for s in specs} == {0} and all(s.batching.enabled for s in specs)
         config = tmp_path / "iris_triton" / "config.pbtxt"
-        config.write_text(config.read_text().replace("version_policy: { all { } }", "version_policy: { specific { versions: [ 2 ] } }"))
+        config.write_text(
+            config.read_text().replace(
+                "version_policy: { all { } }", "version_policy: { specific { versions: [ 2 ] } }"
+            )
+        )
         await dataplane.load("iris_triton")  # version 1 retires, and is closed once idle
         deadline = time.monotonic() + 10
         while connection.held_versions("iris_triton") != [2] and time.monotonic() < deadline:

@@ -193,7 +193,10 @@ def test_a_killed_tritonserver_is_back_within_10_s_and_only_inflight_requests_fa
         time.sleep(0.3)
         assert _health(runtime_address) == "NOT_SERVING"
         assert _health(runtime_address, "aiworks.runtime.v1.RuntimeService") == "SERVING"
-        assert requests.get(f"{suite['gateway_http']}/v2/models/iris_triton/versions/2/ready", timeout=5).status_code != 200
+        assert (
+            requests.get(f"{suite['gateway_http']}/v2/models/iris_triton/versions/2/ready", timeout=5).status_code
+            != 200
+        )
         request = runtime_pb2.ExecuteRequest(model="iris_triton", version="2")
         request.inputs.add(name="input", datatype="FP32", shape=list(IRIS_ROWS.shape), raw=IRIS_ROWS.tobytes())
         with grpc.insecure_channel(runtime_address) as channel:
@@ -220,7 +223,9 @@ def test_a_killed_tritonserver_is_back_within_10_s_and_only_inflight_requests_fa
     assert all(e == "StatusCode.UNAVAILABLE" for _, _, e in failed), failed
     assert all(s < killed_at + 0.2 for s, _, _ in failed), [(s - killed_at, e) for s, _, e in failed]
     assert _health(runtime_address) == "SERVING"
-    new_pids = tritonservers_under(suite["supervisor"].children[[c.name for c in suite["supervisor"].children].index("runtime-0")].process.pid)
+    new_pids = tritonservers_under(
+        suite["supervisor"].children[[c.name for c in suite["supervisor"].children].index("runtime-0")].process.pid
+    )
     assert len(new_pids) == 1 and new_pids[0] != suite["triton_pid"]
     print(f"back in {back_in_s:.2f} s; {len(failed)} in-flight request(s) failed, "
           f"{sum(1 for _, _, e in outcomes if e is None)} answered")  # fmt: skip
