@@ -12,9 +12,9 @@ It measures, in one run so the machine's noise hits both sides:
 1. in-process, the backends' own ``run`` on batches of 1 and 8 sentences;
 2. through the suite (tritonclient's gRPC protocol against the gateway), one
    sentence a request, at each concurrency level; the two models alternate,
-   twice each, and the means are compared.
+   ``--rounds`` times each, and the medians of the rounds are compared.
 
-Usage: python bench/torch_vs_onnxruntime.py [--levels 1,8,32] [--duration-s 4] [--tokens 16] [--out FILE]
+Usage: python bench/torch_vs_onnxruntime.py [--levels 1,8,32] [--duration-s 3] [--rounds 3] [--tokens 16] [--out FILE]
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def in_process(repo: Path, tokens: int, seconds: float) -> list[tuple[int, float
     return rows
 
 
-def through_suite(repo: Path, tokens: int, levels: list[int], duration_s: float, log_dir: Path):
+def through_suite(repo: Path, tokens: int, levels: list[int], duration_s: float, rounds: int, log_dir: Path):
     config = SuiteConfig.on_free_ports(
         model_repository=repo, replicas=1, cache=False, log_dir=log_dir, log_level="WARNING",
         extra_env={"AIWORKS_RUNTIME_INTRA_OP_THREADS": "1"},
@@ -92,8 +92,8 @@ def through_suite(repo: Path, tokens: int, levels: list[int], duration_s: float,
     try:
         supervisor.start()
         for level in levels:
-            for round_ in range(2):
-                order = list(MODELS) if round_ == 0 else list(reversed(MODELS))
+            for round_ in range(rounds):
+                order = list(MODELS) if round_ % 2 == 0 else list(reversed(MODELS))
                 for label in order:
                     (r,) = asyncio.run(sweep("grpc", url, MODELS[label], "", [level], warmup_s=1.0,
                                              duration_s=duration_s, report=lambda _: None, inputs=inputs))  # fmt: skip
@@ -108,7 +108,7 @@ def through_suite(repo: Path, tokens: int, levels: list[int], duration_s: float,
 def report(in_rows, suite, levels, args) -> str:
     lines = [
         f"Machine: {machine()}; shared with other work. {args.tokens} tokens a sentence, one intra-op thread, "
-        f"{args.duration_s:.0f} s a level and model, twice each, alternating.",
+        f"{args.duration_s:.0f} s a level and model, {args.rounds} rounds each, alternating.",
         "",
         "In-process, each backend's own run() (median ms per batch):",
         "",
@@ -118,15 +118,15 @@ def report(in_rows, suite, levels, args) -> str:
     lines += [f"| {b} | {t:.2f} | {o:.2f} | {t / o:.2f} |" for b, t, o in in_rows]
     lines += [
         "",
-        "Through the suite, one sentence a request (mean of the two rounds):",
+        "Through the suite, one sentence a request (median of the rounds):",
         "",
         "| concurrency | pytorch infer/s | onnxruntime infer/s | throughput ratio | pytorch p50 ms | onnxruntime p50 ms |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
     for level in levels:
         t, o = suite[("pytorch", level)], suite[("onnxruntime", level)]
-        t_rps, o_rps = statistics.fmean(r.throughput_rps for r in t), statistics.fmean(r.throughput_rps for r in o)
-        t_p50, o_p50 = statistics.fmean(r.p50_ms for r in t), statistics.fmean(r.p50_ms for r in o)
+        t_rps, o_rps = statistics.median(r.throughput_rps for r in t), statistics.median(r.throughput_rps for r in o)
+        t_p50, o_p50 = statistics.median(r.p50_ms for r in t), statistics.median(r.p50_ms for r in o)
         lines.append(f"| {level} | {t_rps:.1f} | {o_rps:.1f} | {t_rps / o_rps:.2f} | {t_p50:.2f} | {o_p50:.2f} |")
     return "\n".join(lines)
 
@@ -134,7 +134,8 @@ def report(in_rows, suite, levels, args) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--levels", default="1,8,32", help="concurrency levels (default 1,8,32)")
-    parser.add_argument("--duration-s", type=float, default=4.0, help="seconds measured per level and model")
+    parser.add_argument("--duration-s", type=float, default=3.0, help="seconds measured per level, model and round")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per level (default 3)")
     parser.add_argument("--tokens", type=int, default=16, help="tokens a sentence, padded (default 16)")
     parser.add_argument("--out", type=Path, help="also write the markdown tables to this file")
     args = parser.parse_args()
@@ -147,7 +148,7 @@ def main() -> None:
         minilm.build_torch(repo)
         minilm.build_token_onnx(repo)
         in_rows = in_process(repo, args.tokens, max(3.0, args.duration_s))
-        suite = through_suite(repo, args.tokens, levels, args.duration_s, Path(tmp) / "logs")
+        suite = through_suite(repo, args.tokens, levels, args.duration_s, args.rounds, Path(tmp) / "logs")
     text = report(in_rows, suite, levels, args)
     print("\n" + text)
     if args.out:

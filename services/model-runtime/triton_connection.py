@@ -328,6 +328,8 @@ class TritonConnection:
 
     def _release_all(self, items: list[tuple[str, int]]) -> None:
         # Versions dropped together (an unload) cost Triton one change per model, not one each.
+        if self._closed.is_set():  # closed: a started server went with it, a remote one forgets on its own
+            return
         with self._lock:
             touched = set()
             for name, version in items:
