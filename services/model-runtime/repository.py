@@ -9,6 +9,11 @@
 The model file's name is Triton's: the config's ``default_model_filename``
 when it sets one, else the platform's own (``model.onnx``, ``model.plan``,
 ``model.pt``, ...), and ``model.py`` for a Triton Python-backend model.
+
+Names arrive from callers (a load request names a model): every name is
+checked with :mod:`aiworks.core.names` and every path resolved, symlinks
+included, and refused unless it stays inside the repository. Messages name
+the model and the file relative to its folder, never the repository's path.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiworks.core.errors import NotFound
-from aiworks.core.model_config import ModelConfig, read_config
+from aiworks.core.model_config import CONFIG_FILES, ModelConfig, read_config
+from aiworks.core.names import check_model_name, inside, valid_model_name
 from aiworks.security.model_crypto import ENC_SUFFIX
 
 PLATFORM_FILES = {
@@ -62,13 +68,31 @@ class ModelRepository:
     def names(self) -> list[str]:
         if not self.root.is_dir():
             return []
-        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        # A folder whose name no request could name is not a model (Kubernetes' "..data" links among them).
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and valid_model_name(p.name) and p.name[0] != ".")
 
-    def entry(self, name: str) -> RepositoryEntry:
+    def relative(self, text: str) -> str:
+        """``text`` with the repository's path taken out, so a message can leave this process."""
+        for root in {str(self.root.resolve()), str(self.root.absolute()), str(self.root)}:
+            if root not in ("", ".", "/"):
+                text = text.replace(root + "/", "").replace(root, "<model repository>")
+        return text
+
+    def folder(self, name: str) -> Path:
+        """The folder of model ``name``: a valid name whose folder resolves inside the repository."""
+        check_model_name(name)
         folder = self.root / name
         if not folder.is_dir():
-            raise NotFound(f"model '{name}' is not in the model repository {self.root}")
+            raise NotFound(f"model '{name}' is not in the model repository")
+        inside(self.root, folder, f"model '{name}' folder")
+        return folder
+
+    def entry(self, name: str) -> RepositoryEntry:
+        folder = self.folder(name)
         versions = tuple(sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit()))
+        for filename in CONFIG_FILES:
+            if (folder / filename).exists():
+                inside(self.root, folder / filename, f"model '{name}' file {filename}")
         try:
             config = read_config(folder)
         except Exception as exc:  # a broken config must not hide the other models
@@ -77,12 +101,12 @@ class ModelRepository:
 
     def model_file(self, config: ModelConfig, version: int) -> Path:
         filename = model_filename(config)
-        if "/" in filename or filename in ("", ".", ".."):
-            raise NotFound(f"model '{config.name}': default_model_filename '{filename}' must be a plain file name")
-        path = self.root / config.name / str(version) / filename
-        if path.exists():
-            return path
-        encrypted = path.with_name(filename + ENC_SUFFIX)  # an encrypted model kept under its .enc name
-        if encrypted.is_file():
-            return encrypted
+        if "/" in filename or "\\" in filename or filename in ("", ".", ".."):
+            raise NotFound(f"model '{config.name}': default_model_filename must be a plain file name")
+        path = self.folder(config.name) / str(version) / filename
+        # The file, or a folder (a SavedModel), or the file encrypted under its .enc name.
+        for candidate in (path, path.with_name(filename + ENC_SUFFIX)):
+            if candidate.is_file() or (candidate is path and candidate.is_dir()):
+                inside(self.root, candidate, f"model '{config.name}' file {version}/{candidate.name}")
+                return candidate
         raise NotFound(f"model '{config.name}' version {version} has no {filename} (nor {filename}{ENC_SUFFIX})")

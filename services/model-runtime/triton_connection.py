@@ -177,7 +177,8 @@ class TritonConnection:
 
     def _server_died(self, code: int) -> None:
         """The supervisor's watcher: the server exited by itself. Restart it from a thread of our own."""
-        self._set_state(RECOVERING, f"tritonserver (pid {self.server.pid}) exited with code {code}; restarting it")
+        # The reason reaches clients: no pid, no path (the replica's own log names the server's log).
+        self._set_state(RECOVERING, f"tritonserver exited with code {code}; restarting it")
         if self._closed.is_set():
             return
         # Dying again soon after a restart doubles the wait; a server that stayed up a minute starts afresh.
@@ -298,9 +299,19 @@ class TritonConnection:
                     del self._held[name]
                     self._configs.pop(name, None)
                 error = as_error(exc, f"Triton cannot load model '{name}' version {version}")
+                error.message = self._without_paths(error.message)
                 if error.status is Unavailable.status:
                     self.noticed_failure()
                 raise error from None
+
+    def _without_paths(self, text: str) -> str:
+        """Triton's words with this replica's folders taken out: the message can leave the process."""
+        folders = [self.repository, self._workdir, self.server.workdir if self.server is not None else None]
+        for folder in folders:
+            if folder is not None:
+                for form in {str(Path(folder).resolve()), str(folder)}:
+                    text = text.replace(form, "<triton>")
+        return text
 
     def release(self, name: str, version: int) -> None:
         """Drop one hold on a version; Triton reloads without it, or unloads the model."""

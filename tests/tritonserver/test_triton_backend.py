@@ -180,6 +180,7 @@ def test_a_tensorrt_plan_is_handed_to_triton_as_a_plan(connection, suite_reposit
     with pytest.raises(AIWorksError, match="iris_plan") as refused:
         TritonModel(path, config, 1)
     assert "tensorrt" in str(refused.value).lower()
+    assert str(connection.repository) not in str(refused.value)  # no folder of this replica's leaves it
     assert 'platform: "tensorrt_plan"' in (connection.repository / "iris_plan" / "config.pbtxt").read_text()
 
 

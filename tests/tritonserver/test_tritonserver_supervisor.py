@@ -50,8 +50,9 @@ def test_a_death_is_noticed_at_once_then_the_server_is_restarted_with_its_models
         os.kill(first_pid, signal.SIGKILL)
         assert wait_until(lambda: not conn.healthy(), 5), "the connection did not notice the death"
         assert conn.recovering()
-        with pytest.raises(Unavailable, match=rf"tritonserver \(pid {first_pid}\) exited with code -9; restarting"):
+        with pytest.raises(Unavailable, match=r"tritonserver exited with code -9; restarting") as refused:
             conn.check()
+        assert str(first_pid) not in str(refused.value) and str(tmp_path) not in str(refused.value)
         with pytest.raises(Unavailable):
             conn.gpu_metrics()
         assert wait_until(conn.healthy, 30), "tritonserver did not come back"
