@@ -48,6 +48,7 @@ WHEELS = [
     "pydantic-settings==2.16.3",
     "annotated-types==0.8.0",
     "typing-inspection==0.4.5",
+    "typing-extensions==4.16.0",  # pydantic needs >= 4.16; the image's may be older
     "python-dotenv==1.2.4",
     "fastapi==0.165.0",
     "starlette==1.10.0",
