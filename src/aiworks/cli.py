@@ -94,6 +94,7 @@ def cmd_runtime(args) -> None:
 
 
 def cmd_up(args) -> None:
+    from aiworks.core.logging import redact_url
     from aiworks.demo.models import build_demo_repository
     from aiworks.supervisor.supervisor import SuiteConfig, Supervisor
 
@@ -138,11 +139,13 @@ def cmd_up(args) -> None:
             f"  scheduler:        {supervisor.scheduler_address}",
         ]
         if supervisor.cache_address:
-            lines.append(f"  cache:            {supervisor.cache_address} ({args.redis_url or 'in-process store'})")
+            store = redact_url(args.redis_url) or "in-process store"
+            lines.append(f"  cache:            {supervisor.cache_address} ({store})")
         if supervisor.monitor_url:
             url = supervisor.monitor_url
             lines.append(f"  monitor:          {url} (see `aiworks events --monitor {url}`)")
-        lines.append(f"  control API:      {supervisor.control_url}/v1/services")
+        lines.append(f"  control API:      {supervisor.control_url}/v1/services (bearer token: docs/security.md)")
+        lines.append(f"  callers checked:  {supervisor.caller_auth}")
         targets = supervisor.metrics_targets()
         lines.append(
             "  metrics:          " + ", ".join(f"{kind} {' '.join(addrs)}" for kind, addrs in sorted(targets.items()))
@@ -152,6 +155,8 @@ def cmd_up(args) -> None:
         lines.append("  logs:             " + ", ".join(str(c.log_path) for c in supervisor.children))
         if supervisor.tls_dir:
             lines += _tls_hints(supervisor, args.grpc_port)
+        else:
+            lines += _token_hints(supervisor)
         lines.append("Press Ctrl-C to stop.")
         print("\n".join(lines), flush=True)
         supervisor.watch(lambda: bool(stopping))
@@ -166,6 +171,15 @@ def cmd_up(args) -> None:
             print(f"stopping ({stopping[0] if stopping else 'interrupt'})...", flush=True)
         supervisor.stop()
     print("stopped.", flush=True)
+
+
+def _token_hints(supervisor) -> list[str]:
+    """How the tools reach the internal services: as admin, with the installation's token file."""
+    from aiworks.security.callers import DEFAULT_TOKEN_FILE, TOKEN_FILE_ENV
+
+    if supervisor.token_file == DEFAULT_TOKEN_FILE.resolve():
+        return ["The tools (aiworks status, traffic, rollout) run from this folder use .aiworks/internal-token."]
+    return [f"The tools need its token file: export {TOKEN_FILE_ENV}={supervisor.token_file}"]
 
 
 def _tls_hints(supervisor, grpc_port: int) -> list[str]:

@@ -226,7 +226,10 @@ def tenancy(tmp_path_factory):
     try:
         supervisor.start()
         b_http, b_grpc = free_port(), free_port()
-        env_b = {**os.environ, **shared, "AIWORKS_GATEWAY_AUDIT_LOG": str(work / "audit-b.jsonl")}
+        env_b = {
+            **os.environ, **supervisor.caller_env("gateway"), **shared,
+            "AIWORKS_GATEWAY_AUDIT_LOG": str(work / "audit-b.jsonl"),
+        }  # fmt: skip
         b_log = work / "logs" / "gateway-b.log"
         with open(b_log, "ab") as out:
             gateway_b = subprocess.Popen(
