@@ -61,8 +61,9 @@ _GRPC_FALLBACK = {
     grpc.StatusCode.OUT_OF_RANGE: Status.INVALID_ARGUMENT,
     grpc.StatusCode.DATA_LOSS: Status.INTERNAL,
 }
-_HTTP_ONLY = {Status.PAYLOAD_TOO_LARGE, Status.LENGTH_REQUIRED, Status.UNSUPPORTED_MEDIA_TYPE}
-_BY_GRPC = {row.grpc: status for status, row in STATUS_TABLE.items() if status not in _HTTP_ONLY}
+# HTTP refinements whose gRPC code belongs to another row: a peer's code never comes back as these.
+HTTP_REFINEMENTS = frozenset({Status.PAYLOAD_TOO_LARGE, Status.LENGTH_REQUIRED, Status.UNSUPPORTED_MEDIA_TYPE})
+_BY_GRPC = {row.grpc: status for status, row in STATUS_TABLE.items() if status not in HTTP_REFINEMENTS}
 
 
 class AIWorksError(Exception):
