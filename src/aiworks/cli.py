@@ -355,6 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_security_parsers(sub)
     from aiworks.tenancy_cli import add_tenancy_parsers
     add_tenancy_parsers(sub)
+    from aiworks.probe import add_probe_parser
+    add_probe_parser(sub)
     return parser
 
 

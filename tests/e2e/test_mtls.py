@@ -305,6 +305,21 @@ def test_status_and_traffic_use_the_admin_certificate(suite):
     assert refused.returncode != 0 and "set AIWORKS_TLS_DIR" in refused.stderr
 
 
+def test_aiworks_probe_passes_the_handshake_with_the_services_own_certificate(suite):
+    """What the container healthchecks run (docker-compose.yml, the images): the service's environment, no more."""
+    ports = {service: address.rsplit(":", 1)[1] for service, address in _internal_addresses(suite).items()}
+    ports["gateway"] = str(suite.config.http_port)
+    for service, port in ports.items():
+        prefix = f"AIWORKS_{service.upper()}_"
+        env = {**suite.caller_env(service), f"{prefix}{'HTTP_' if service == 'gateway' else ''}PORT": port}
+        env[f"{prefix}SCHEDULER_ADDRESS"] = suite.scheduler_address  # required by the runtime's and gateway's settings
+        probe = _aiworks("probe", service, env=env)
+        assert probe.returncode == 0, (service, probe.stderr)
+        assert probe.stdout.strip() == f"{service}: {'200' if service == 'gateway' else 'SERVING'}"
+    plain = _aiworks("probe", "scheduler", env={"AIWORKS_SCHEDULER_PORT": ports["scheduler"]})
+    assert plain.returncode == 1 and "scheduler is not serving: UNAVAILABLE" in plain.stderr
+
+
 def test_https_health_check_uses_the_ca_and_client_certificate(suite):
     ctx: ssl.SSLContext = client_ssl_context(TLSFiles.from_dir(suite.tls_dir / "admin"))
     with urllib.request.urlopen(f"{suite.http_url}/v2/health/ready", context=ctx, timeout=5) as resp:

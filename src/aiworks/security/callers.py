@@ -80,7 +80,7 @@ def read_secret(path: Path | str, what: str = "internal token file") -> bytes:
         data = path.read_bytes().strip()
     except FileNotFoundError:
         raise InvalidArgument(
-            f"{what} {path} does not exist (`aiworks up` or `aiworks certs --internal-token` makes one)"
+            f"{what} {path} does not exist (`aiworks up` or `aiworks certs --internal-token FILE` makes one)"
         ) from None
     except PermissionError:
         raise InvalidArgument(f"{what} {path} is not readable by this process") from None

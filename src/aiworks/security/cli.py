@@ -51,7 +51,7 @@ def cmd_certs(args) -> None:
     if args.internal_token:
         from aiworks.security.callers import ensure_secret_file
 
-        path = Path(args.out_dir) / "internal-token"
+        path = Path(args.internal_token)
         try:
             ensure_secret_file(path)
         except (AIWorksError, OSError) as exc:
@@ -236,8 +236,8 @@ def add_security_parsers(sub, *, model_command: str = "model") -> None:
         "--hostname list. With --services, also OUT/<service>/{tls.crt,tls.key,ca.crt}, each valid\n"
         "for the hostnames plus the service's name, usable as server and as client (mTLS).\n"
         "An existing CA is reused, so certificates issued earlier stay valid; --force replaces it.\n\n"
-        "With --internal-token, also OUT/internal-token (0600): the secret the control APIs' bearer\n"
-        "tokens and plaintext callers' tokens derive from (kept when it exists).\n\n"
+        "With --internal-token FILE, also FILE (0600): the installation's secret, which the control APIs'\n"
+        "bearer tokens and plaintext callers' tokens derive from (kept when it exists).\n\n"
         "  aiworks certs --out-dir certs --services gateway,scheduler,runtime,cache,monitor,admin",
     )
     c.add_argument("--out-dir", required=True, help="folder to write the certificates into")
@@ -248,7 +248,7 @@ def add_security_parsers(sub, *, model_command: str = "model") -> None:
     )
     c.add_argument("--services", action="append", help="comma-separated services to issue mTLS certificates for")
     c.add_argument(
-        "--internal-token", action="store_true", help="also write OUT/internal-token, the installation's secret (0600)"
+        "--internal-token", metavar="FILE", help="also write the installation's secret to FILE (0600; kept if present)"
     )
     c.add_argument("--ca-dir", help="keep ca.crt and ca.key here instead of --out-dir (keep the CA key off servers)")
     c.add_argument(
