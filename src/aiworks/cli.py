@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -112,7 +113,8 @@ def cmd_up(args) -> None:
         replicas=args.replicas,
         batching=not args.no_batching,
         cache=not args.no_cache,
-        redis_url=args.redis_url,
+        # From the environment too, so a password need not appear on this command line either.
+        redis_url=args.redis_url or os.environ.get("AIWORKS_CACHE_REDIS_URL") or None,
         log_dir=Path(args.log_dir),
         log_level=args.log_level,
         metrics_base_port=args.metrics_base_port,
@@ -139,7 +141,7 @@ def cmd_up(args) -> None:
             f"  scheduler:        {supervisor.scheduler_address}",
         ]
         if supervisor.cache_address:
-            store = redact_url(args.redis_url) or "in-process store"
+            store = redact_url(config.redis_url) or "in-process store"
             lines.append(f"  cache:            {supervisor.cache_address} ({store})")
         if supervisor.monitor_url:
             url = supervisor.monitor_url
@@ -259,7 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="Triton-layout model repository; the demo models are built there if it is missing or empty",
     )
     up.add_argument("--no-batching", action="store_true", help="send every request as its own batch")
-    up.add_argument("--redis-url", help="result cache on this Redis (redis://host:port/db); default in-process store")
+    up.add_argument(
+        "--redis-url",
+        help="result cache on this Redis (redis://host:port/db; default $AIWORKS_CACHE_REDIS_URL, which keeps a "
+        "password out of ps); unset: in-process store",
+    )
     up.add_argument("--no-cache", action="store_true", help="start no cache service")
     up.add_argument(
         "--no-monitor", action="store_true", help="start no monitor (no restarts, autoscaling or ejection)"

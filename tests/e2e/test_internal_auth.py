@@ -59,9 +59,9 @@ def runtime_address(suite) -> str:
     return replica.address
 
 
-def refused(call) -> grpc.RpcError:
+def refused(call, *args) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as info:
-        call()
+        call(*args, timeout=10)
     return info.value
 
 
@@ -77,15 +77,15 @@ def serves(suite) -> bool:
 def test_without_credentials_infer_and_cache_put_are_refused(suite):
     sup = suite.supervisor
     with grpc.insecure_channel(sup.scheduler_address) as ch:
-        err = refused(lambda: scheduler_pb2_grpc.SchedulerServiceStub(ch).Infer(infer_request(), timeout=10))
+        err = refused(scheduler_pb2_grpc.SchedulerServiceStub(ch).Infer, infer_request())
     assert err.code() == grpc.StatusCode.UNAUTHENTICATED and "no caller credentials" in err.details()
     put = cache_pb2.PutRequest(model="iris", key=b"k" * 32, value=b"planted answer", epoch=0)
     with grpc.insecure_channel(sup.cache_address) as ch:
-        err = refused(lambda: cache_pb2_grpc.CacheServiceStub(ch).Put(put, timeout=10))
+        err = refused(cache_pb2_grpc.CacheServiceStub(ch).Put, put)
     assert err.code() == grpc.StatusCode.UNAUTHENTICATED
     with grpc.insecure_channel(runtime_address(suite)) as ch:
         execute = runtime_pb2.ExecuteRequest(model="iris", version="1", inputs=infer_request().inputs)
-        err = refused(lambda: runtime_pb2_grpc.RuntimeServiceStub(ch).Execute(execute, timeout=10))
+        err = refused(runtime_pb2_grpc.RuntimeServiceStub(ch).Execute, execute)
     assert err.code() == grpc.StatusCode.UNAUTHENTICATED
     # The gateway's own identity is served (so the refusals were about credentials), and clients still are.
     with internal_channel(sup, sup.scheduler_address, "scheduler", caller="gateway") as ch:
@@ -110,17 +110,16 @@ def test_known_callers_get_only_their_own_methods(suite):
     ]
     for caller, method, request in scheduler:
         with internal_channel(sup, sup.scheduler_address, "scheduler", caller=caller) as ch:
-            err = refused(lambda: getattr(scheduler_pb2_grpc.SchedulerServiceStub(ch), method)(request, timeout=10))
+            err = refused(getattr(scheduler_pb2_grpc.SchedulerServiceStub(ch), method), request)
         assert err.code() == grpc.StatusCode.PERMISSION_DENIED, (caller, method, err)
         assert f"caller '{caller}' may not call /aiworks.scheduler.v1.SchedulerService/{method}" in err.details()
     put = cache_pb2.PutRequest(model="iris", key=b"k" * 32, value=b"planted", epoch=0)
     for caller, method, request in [("admin", "Put", put), ("runtime", "Invalidate", cache_pb2.InvalidateRequest())]:
         with internal_channel(sup, sup.cache_address, "cache", caller=caller) as ch:
-            err = refused(lambda: getattr(cache_pb2_grpc.CacheServiceStub(ch), method)(request, timeout=10))
+            err = refused(getattr(cache_pb2_grpc.CacheServiceStub(ch), method), request)
         assert err.code() == grpc.StatusCode.PERMISSION_DENIED, (caller, method)
     with internal_channel(sup, runtime_address(suite), "runtime", caller="gateway") as ch:
-        err = refused(lambda: runtime_pb2_grpc.RuntimeServiceStub(ch).LoadModel(
-            runtime_pb2.LoadModelRequest(name="iris"), timeout=10))  # fmt: skip
+        err = refused(runtime_pb2_grpc.RuntimeServiceStub(ch).LoadModel, runtime_pb2.LoadModelRequest(name="iris"))
     assert err.code() == grpc.StatusCode.PERMISSION_DENIED
     # Nothing changed: still no weights, the replica still registered and serving.
     with internal_channel(sup, sup.scheduler_address, "scheduler") as ch:

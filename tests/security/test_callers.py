@@ -13,11 +13,11 @@ import asyncio
 import logging
 import os
 import threading
-from pathlib import Path
 
 import grpc
 import pytest
 from aiworks.scheduler.servicer import CALLERS_BY_METHOD
+from aiworks.scheduler.settings import SchedulerSettings
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from aiworks.core.errors import InvalidArgument, PermissionDenied, Unauthenticated
@@ -25,7 +25,6 @@ from aiworks.core.logging import redact_url
 from aiworks.core.rpc import add_port, client_channel, create_server, set_serving
 from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
 from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
-from aiworks.scheduler.settings import SchedulerSettings
 from aiworks.security.callers import (
     CALLER_HEADER,
     TOKEN_HEADER,

@@ -454,7 +454,7 @@ def is_loopback(host: str) -> bool:
 
 
 def own_caller(settings, service: str) -> ClientCaller | None:
-    """The caller a service presents on plaintext channels (its name, its token file's token); exits naming a bad file."""
+    """The caller a service presents on plaintext channels (its name and token); exits naming a bad token file."""
     try:
         return settings.client_caller(service)
     except AIWorksError as exc:
