@@ -18,8 +18,15 @@ machine's noise hits both. Reported per case: throughput, p50 and p99 latency
 from /proc around each measurement, so it does not depend on what else runs),
 which shows where a cost goes. The cost is the ratio mtls / plain.
 
+On a shared machine those figures swing with the batch sizes that contention
+produces, so a second part isolates the transport: one bidirectional stream
+between two processes (what ``InferStream`` and ``ExecuteStream`` are), a
+message of ``--message-bytes`` each way, plaintext vs mutual TLS with the
+suite's own channel and port code (``aiworks.core.rpc``), alternating rounds;
+it reports the CPU both processes spend per message round trip.
+
 Usage: python bench/mtls_overhead.py [--rounds 4] [--duration-s 8] [--concurrency 64]
-       [--replicas 2] [--repository DIR] [--out bench/results/mtls_overhead.json]
+       [--replicas 2] [--stream-messages 20000] [--repository DIR] [--out bench/results/mtls_overhead.json]
 """
 
 from __future__ import annotations
@@ -31,12 +38,20 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import tempfile
+import time
 from dataclasses import asdict
 from pathlib import Path
 
+import grpc
+
 from aiworks.bench.loadgen import sweep
-from aiworks.supervisor.supervisor import SuiteConfig, Supervisor
+from aiworks.core.rpc import add_port, client_channel
+from aiworks.security.certs import write_certificates
+from aiworks.security.tls import TLSFiles
+from aiworks.supervisor.supervisor import SuiteConfig, Supervisor, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -74,6 +89,91 @@ async def one_round(supervisor: Supervisor, args, ca: bytes | None) -> dict:
     return {**asdict(result), "cpu_ms_per_request": cpu_ms}
 
 
+# ---- the transport alone: one stream, plaintext vs mutual TLS ------------------------------------------
+
+ECHO = "/bench.Echo/Stream"
+
+
+async def serve_echo(port: int, tls_dir: str | None) -> None:
+    async def stream(request_iterator, context):
+        async for message in request_iterator:
+            yield message
+
+    server = grpc.aio.server()
+    handler = grpc.stream_stream_rpc_method_handler(stream)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Echo", {"Stream": handler}),))
+    add_port(server, f"127.0.0.1:{port}", TLSFiles.from_dir(Path(tls_dir) / "scheduler") if tls_dir else None)
+    await server.start()
+    await server.wait_for_termination()
+
+
+async def stream_round(port: int, tls: TLSFiles | None, messages: int, size: int, window: int = 64) -> float:
+    """Wall seconds to send ``messages`` of ``size`` bytes on one stream and read each echo, ``window`` in flight."""
+    channel = client_channel(f"127.0.0.1:{port}", 1 << 24, tls, server_name="scheduler")
+    call = channel.stream_stream(ECHO, request_serializer=lambda b: b, response_deserializer=lambda b: b)()
+    payload = b"x" * size
+    for _ in range(window):  # warm: the handshake and the stream set up, outside the measurement
+        await call.write(payload)
+        await call.read()
+    started = time.perf_counter()
+
+    async def writer():
+        for _ in range(messages):
+            await call.write(payload)
+
+    task = asyncio.create_task(writer())
+    for _ in range(messages):
+        await call.read()
+    await task
+    elapsed = time.perf_counter() - started
+    await call.done_writing()
+    await channel.close()
+    return elapsed
+
+
+def transport(args, tmp: Path) -> dict:
+    certs = tmp / "certs"
+    write_certificates(certs, ["localhost", "127.0.0.1"], ["scheduler", "gateway"])
+    servers, ports = {}, {}
+    try:
+        for case in CASES:
+            ports[case] = free_port()
+            command = [sys.executable, __file__, "--serve-echo", str(ports[case])]
+            servers[case] = subprocess.Popen(command + (["--tls-dir", str(certs)] if case == "mtls" else []))
+        time.sleep(2.0)
+        tls = {"plain": None, "mtls": TLSFiles.from_dir(certs / "gateway")}
+        rounds: dict[str, list[dict]] = {case: [] for case in CASES}
+        for i in range(args.rounds):
+            for case in CASES if i % 2 == 0 else CASES[::-1]:
+                server_cpu, client_cpu = cpu_seconds(servers[case].pid), time.process_time()
+                wall = asyncio.run(stream_round(ports[case], tls[case], args.stream_messages, args.message_bytes))
+                server_cpu = cpu_seconds(servers[case].pid) - server_cpu
+                client_cpu = time.process_time() - client_cpu
+                n = args.stream_messages
+                rounds[case].append({
+                    "messages_per_s": n / wall,
+                    "client_cpu_us_per_message": 1e6 * client_cpu / n,
+                    "server_cpu_us_per_message": 1e6 * server_cpu / n,
+                })  # fmt: skip
+                r = rounds[case][-1]
+                print(
+                    f"stream round {i + 1} {case:>5}: {r['messages_per_s']:8.0f} msg/s  CPU per round trip: "
+                    f"client {r['client_cpu_us_per_message']:.1f} us, server {r['server_cpu_us_per_message']:.1f} us",
+                    flush=True,
+                )
+    finally:
+        for process in servers.values():
+            process.terminate()
+            process.wait(10)
+    keys = ("messages_per_s", "client_cpu_us_per_message", "server_cpu_us_per_message")
+    return {
+        "message_bytes": args.message_bytes,
+        "messages_per_round": args.stream_messages,
+        "summary": {case: {k: statistics.median(r[k] for r in rounds[case]) for k in keys} for case in CASES},
+        "rounds": rounds,
+    }
+
+
 def summary(rounds: list[dict]) -> dict:
     kinds = rounds[0]["cpu_ms_per_request"]
     return {
@@ -95,8 +195,15 @@ def main() -> None:
     parser.add_argument("--model", default="digits")
     parser.add_argument("--version", default="2")
     parser.add_argument("--repository", type=Path, help="demo model repository (built in a temporary folder if unset)")
+    parser.add_argument("--stream-messages", type=int, default=20000, help="messages per transport round")
+    parser.add_argument("--message-bytes", type=int, default=600, help="bytes each way (digits v2: ~550)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "mtls_overhead.json")
+    parser.add_argument("--serve-echo", type=int, help=argparse.SUPPRESS)  # the transport part's server process
+    parser.add_argument("--tls-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve_echo:
+        asyncio.run(serve_echo(args.serve_echo, args.tls_dir))
+        return
 
     with tempfile.TemporaryDirectory(prefix="aiworks-mtls-bench-") as tmp:
         repo = args.repository
@@ -105,6 +212,7 @@ def main() -> None:
 
             repo = Path(tmp) / "model-repository"
             build_demo_repository(repo, progress=lambda m: print(m, flush=True))
+        stream = transport(args, Path(tmp))
         suites: dict[str, Supervisor] = {}
         try:
             for case in CASES:
@@ -149,11 +257,19 @@ def main() -> None:
         f"mtls / plain: throughput {ratios['throughput']:.3f} (cost {100 * cost:.1f} %), "
         f"p50 {ratios['p50']:.3f}, p99 {ratios['p99']:.3f}"
     )
+    sp, sm = stream["summary"]["plain"], stream["summary"]["mtls"]
+    extra_us = (sm["client_cpu_us_per_message"] + sm["server_cpu_us_per_message"]) - (
+        sp["client_cpu_us_per_message"] + sp["server_cpu_us_per_message"]
+    )
+    print(
+        f"one stream, {args.message_bytes} B each way: plain {sp['messages_per_s']:.0f} msg/s, "
+        f"mtls {sm['messages_per_s']:.0f} msg/s; TLS adds {extra_us:.1f} us of CPU per round trip (both ends)"
+    )
     doc = {
         "benchmark": "mtls_overhead",
         "date": dt.date.today().isoformat(),
         "command": "python bench/mtls_overhead.py " + " ".join(
-            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("out", "repository")
+            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("out", "repository", "serve_echo", "tls_dir")
         ),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, shared with other work",
         "model": f"{args.model} v{args.version}",
@@ -163,6 +279,8 @@ def main() -> None:
         "ratios_mtls_over_plain": ratios,
         "throughput_cost_percent": 100 * cost,
         "rounds": rounds,
+        "stream": stream,
+        "stream_tls_cpu_us_per_round_trip": extra_us,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
