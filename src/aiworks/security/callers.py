@@ -268,8 +268,8 @@ class CallerAuth:
         if not self._tokens:
             raise Unauthenticated(f"caller tokens are not accepted here (callers: {self.describe})")
         expected = self._tokens.get(name or "")
-        if expected is None:
-            raise Unauthenticated(f"unknown caller {name!r}; callers are {', '.join(CALLERS)}")
+        if expected is None:  # not echoed: a bearer header may carry some other secret where the name goes
+            raise Unauthenticated(f"the caller named is none of {', '.join(CALLERS)}")
         if not hmac.compare_digest(expected, (token or "").encode("utf-8", "replace")):
             raise Unauthenticated(f"the token presented for caller {name!r} does not verify")
         return name
