@@ -22,6 +22,7 @@ caller in as the anonymous tenant, which may do everything):
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -29,21 +30,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiworks.gateway.auth import Authenticator, Headers, Principal
-from aiworks.gateway.cache_client import HIT, CacheClient
+from aiworks.gateway.cache_client import CacheClient
 from aiworks.gateway.filters import InputFilter
-from aiworks.gateway.limits import TenantLimiter
+from aiworks.gateway.limits import Admission, TenantLimiter
 from aiworks.gateway.masking import MaskingPolicies
 from aiworks.gateway.metering import UsageMeter
-from aiworks.gateway.scheduler_client import SchedulerClient
+from aiworks.gateway.scheduler_client import SchedulerClient, Work, outstanding_compute_s
 from aiworks.gateway.settings import GatewaySettings
 from aiworks.gateway.telemetry import GatewayTelemetry, short
-from aiworks.gateway.tenancy import apply_tenant_defaults, demo_config, load_tenancy
+from aiworks.gateway.tenancy import PRIORITY_CLAMPED, apply_tenant_defaults, demo_config, load_tenancy
 
 from aiworks import __version__
 from aiworks.core import metrics
 from aiworks.core.errors import AIWorksError, InvalidArgument, PermissionDenied, Status
 from aiworks.core.inference import InferRequest, InferResponse
 from aiworks.core.model_config import ModelSpec
+from aiworks.core.names import check_model_name, check_version
 from aiworks.security.audit import AuditLog
 
 log = logging.getLogger(__name__)
@@ -228,8 +230,13 @@ class GatewayDataPlane:
         """The caller's principal from HTTP headers or gRPC metadata; 401 without valid credentials."""
         return self.tenancy.auth.authenticate(credentials)
 
-    def _for_model(self, credentials: Headers, model: str) -> Principal:
-        return self.tenancy.auth.authenticate_for(credentials, model)
+    def _for_model(self, credentials: Headers, model: str, version: str = "") -> Principal:
+        """The caller, allowed to use ``model``: authenticated, the names checked (400), then authorized."""
+        principal = self.tenancy.auth.authenticate(credentials)
+        check_model_name(model)
+        check_version(version)
+        self.tenancy.auth.authorize(principal, model)
+        return principal
 
     @staticmethod
     def is_admin(principal: Principal) -> bool:
@@ -257,7 +264,7 @@ class GatewayDataPlane:
         return {"name": self.server_name, "version": __version__, "extensions": EXTENSIONS}
 
     async def model_metadata(self, name: str, version: str, credentials: Headers = ()) -> dict:
-        self._for_model(credentials, name)
+        self._for_model(credentials, name, version)
         spec, versions = await self.scheduler.metadata(name, version)
         return {
             "name": spec.name,
@@ -269,12 +276,12 @@ class GatewayDataPlane:
 
     async def model_config(self, name: str, version: str, credentials: Headers = ()) -> dict:
         """The model's config in Triton's JSON form (the fields the suite uses)."""
-        self._for_model(credentials, name)
+        self._for_model(credentials, name, version)
         spec, _ = await self.scheduler.metadata(name, version)
         return spec_to_triton_config(spec)
 
     async def model_ready(self, name: str, version: str, credentials: Headers = ()) -> bool:
-        self._for_model(credentials, name)
+        self._for_model(credentials, name, version)
         return await self.scheduler.model_ready(name, version)
 
     # ---- inference ----------------------------------------------------------------------------
@@ -283,36 +290,66 @@ class GatewayDataPlane:
         """One inference, in the order of docs/tenancy.md.
 
         The front end has authenticated the caller (``principal``) and read
-        the body within :func:`request_limit`; here: authorize the model,
-        filter the inputs against its spec, apply the tenant's defaults, admit
-        (rate, concurrency, quota), answer from the cache or the scheduler,
-        release the slot charging the time it took, meter, and mask outputs.
+        the body within :func:`request_limit`; here: check the names, authorize
+        the model, filter the inputs against its spec, apply the tenant's
+        defaults and priority ceiling, admit (rate, concurrency, quota), answer
+        from the cache or the scheduler, release the slot charging the runtime
+        time it cost (:meth:`_settle`), meter, and mask outputs.
         """
         tenancy = self.tenancy
         if principal is None:
             principal = tenancy.auth.authenticate(())
         tenant = principal.tenant
         request.tenant = tenant.id
+        check_model_name(request.model)
+        check_version(request.version)
         tenancy.auth.authorize(principal, request.model)
         spec = await self.specs.get(request.model, request.version)
         rows = tenancy.filters.check(request, spec, against_metadata=not tenancy.demo_mode)
-        apply_tenant_defaults(request, tenant)
+        clamped = apply_tenant_defaults(request, tenant)
         admission = await tenancy.limiter.admit(tenant)
-        compute_s, hit = 0.0, False
+        work = Work()
+        response = None
         try:
-            started = time.perf_counter()
+            compute = functools.partial(self.scheduler.infer, work=work)
             if self.cache is not None:
                 # ---- result cache hook (docs/cache.md): lookup, schedule on a miss, store in the background.
-                response = await self.cache.infer(request, self.scheduler.infer)
+                response = await self.cache.infer(request, compute)
             else:
-                response = await self.scheduler.infer(request)
-            hit = response.parameters.get(HIT) is True
-            if not hit:  # a cache hit costs the tenant no compute
-                compute_s = time.perf_counter() - started
+                response = await compute(request)
         finally:  # the Redis round trip of a release stays off the answer's latency
-            tenancy.limiter.release_soon(admission, compute_s)
-        tenancy.meter.record(tenant.id, spec.name, rows=rows, compute_s=compute_s, cache_hit=hit)
+            self._settle(admission, spec.name, work, answered=response is not None)
+        # A cache hit cost no runtime time: work.compute_s is 0 then.
+        tenancy.meter.record(tenant.id, spec.name, rows=rows, compute_s=work.compute_s, cache_hit=response.cache_hit)
+        if clamped is not None:
+            response.parameters[PRIORITY_CLAMPED] = clamped
         return tenancy.masking.mask(spec, response)
+
+    def _settle(self, admission: Admission, model: str, work: Work, *, answered: bool) -> None:
+        """Free the request's slot and charge what the runtime spent: now, or once that work has ended.
+
+        When the request was answered before the scheduler (the client's
+        deadline passed, or the client went away while its batch ran), the
+        slot stays taken and the charge waits for the scheduler's answer,
+        which comes when the batch has ended (bounded by the call's own
+        timeout). A request that failed after costing runtime time shows in
+        usage as compute without a request.
+        """
+        tenancy = self.tenancy
+        tenant_id = admission.tenant.id
+        if work.outstanding is None:
+            tenancy.limiter.release_soon(admission, work.compute_s)
+            if not answered and work.compute_s > 0:
+                tenancy.meter.record(tenant_id, model, requests=0, rows=0, compute_s=work.compute_s)
+            return
+
+        def settle(reply: asyncio.Future) -> None:
+            compute_s = work.compute_s + outstanding_compute_s(reply)
+            tenancy.limiter.release_soon(admission, compute_s)
+            if compute_s > 0:
+                tenancy.meter.record(tenant_id, model, requests=0, rows=0, compute_s=compute_s)
+
+        work.outstanding.add_done_callback(settle)
 
     # ---- usage --------------------------------------------------------------------------------
 
@@ -352,6 +389,7 @@ class GatewayDataPlane:
         await self._admin("model.unload", name, credentials, self._unload)
 
     async def _load(self, name: str) -> None:
+        check_model_name(name)
         try:
             await self.scheduler.load(name)
         finally:
@@ -361,6 +399,7 @@ class GatewayDataPlane:
                 await self.cache.invalidate(name)
 
     async def _unload(self, name: str) -> None:
+        check_model_name(name)
         try:
             await self.scheduler.unload(name)
         finally:
@@ -399,7 +438,7 @@ class GatewayDataPlane:
 
     async def statistics(self, name: str, version: str, credentials: Headers = ()) -> list[dict]:
         """Triton's statistics extension, summed over replicas, with a per-replica breakdown."""
-        principal = self._for_model(credentials, name) if name else self.authenticate(credentials)
+        principal = self._for_model(credentials, name, version) if name else self.authenticate(credentials)
         allowed = None if self.is_admin(principal) else principal.tenant.allows
         merged: dict[tuple[str, str], dict] = {}
         for replica_id, models in await self.scheduler.statistics(name, version):

@@ -38,6 +38,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from aiworks.core.errors import AIWorksError, InvalidArgument, PayloadTooLarge, Status
+from aiworks.core.names import NAME_RULE
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,9 @@ async def _infer(
 
 
 _INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
+# Routes whose path segments are model names and versions (checked by aiworks.core.names in the data plane).
+_NAMED_PATHS = ("/v2/models/", "/v2/repository/models/")
+_ENCODED_SEPARATOR = re.compile(rb"%(2f|5c)", re.IGNORECASE)
 _JSON = [(b"content-type", b"application/json")]
 _BINARY = (b"content-type", b"application/octet-stream")
 
@@ -122,10 +126,15 @@ class InferFastPath:
         self.max_request_bytes = max_request_bytes
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            match = _INFER_PATH.fullmatch(scope["path"])
-            if match is not None:
-                return await self._infer(match[1], match[2] or "", scope, receive, send)
+        if scope["type"] == "http":
+            if scope["path"].startswith(_NAMED_PATHS) and _ENCODED_SEPARATOR.search(scope.get("raw_path") or b""):
+                # "%2F" decodes into the path and would no longer be one name: refuse rather than route it.
+                message = "model name or version contains an encoded '/' or '\\'; names are " + NAME_RULE
+                return await _send(send, 400, orjson.dumps({"error": message}), _JSON)
+            if scope["method"] == "POST":
+                match = _INFER_PATH.fullmatch(scope["path"])
+                if match is not None:
+                    return await self._infer(match[1], match[2] or "", scope, receive, send)
         await self.app(scope, receive, send)
 
     async def _infer(self, model: str, version: str, scope, receive, send) -> None:

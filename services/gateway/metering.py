@@ -182,12 +182,19 @@ class UsageMeter:
             )
 
     def record(
-        self, tenant: str, model: str, *, rows: int = 1, compute_s: float = 0.0, cache_hit: bool = False
+        self,
+        tenant: str,
+        model: str,
+        *,
+        rows: int = 1,
+        compute_s: float = 0.0,
+        cache_hit: bool = False,
+        requests: int = 1,
     ) -> None:
-        """Count one answered request. Cheap: no I/O, no await."""
+        """Count one answered request (``requests=0, rows=0``: only the compute of one that failed). No I/O."""
         window = int(self._clock() // self.window_s) * self.window_s
         key = (window, tenant, model)
-        values = (1, rows, max(0.0, compute_s), int(cache_hit))
+        values = (requests, rows, max(0.0, compute_s), int(cache_hit))
         for table in (self._pending, self._local):
             acc = table.get(key)
             if acc is None:
@@ -195,8 +202,9 @@ class UsageMeter:
             else:
                 for i, v in enumerate(values):
                     acc[i] += v
-        self._requests(tenant, model).inc()
-        self._rows(tenant, model).inc(rows)
+        if requests:
+            self._requests(tenant, model).inc(requests)
+            self._rows(tenant, model).inc(rows)
         if compute_s > 0:
             self._compute(tenant, model).inc(compute_s)
         if cache_hit:

@@ -120,11 +120,12 @@ async def serve(settings: GatewaySettings) -> None:
     http.should_exit = True
     await http_task
     await grpc_server.stop(grace=5)
-    await tenancy.close()  # the last usage to Redis, the last audit lines to disk
     if cache is not None:
         await cache.close()
         log.info("result cache client: %s", cache.counters.as_dict())
+    # Before the limits close: answers still awaited for abandoned requests settle (free their slots) now.
     await scheduler.close()
+    await tenancy.close()  # the last usage to Redis, the last audit lines to disk
     await stop_metrics(metrics)
     shutdown_tracing()
 

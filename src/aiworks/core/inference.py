@@ -29,6 +29,10 @@ class InferResponse:
     outputs: list[Tensor]
     id: str = ""
     parameters: dict = field(default_factory=dict)
+    # Accounting that never reaches a client: the runtime time spent on this request (its share of its
+    # batches), and whether the result cache answered it (docs/tenancy.md, docs/cache.md).
+    compute_s: float = 0.0
+    cache_hit: bool = False
 
 
 @dataclass(slots=True)
