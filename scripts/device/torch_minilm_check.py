@@ -214,13 +214,12 @@ def suite_answers(url: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
         client.close()
 
 
-def scheduler_view(address: str) -> dict:
-    import grpc
+def scheduler_view(supervisor) -> dict:
     from google.protobuf import json_format
 
     from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 
-    with grpc.insecure_channel(address) as channel:
+    with supervisor.caller_channel(supervisor.scheduler_address, "scheduler") as channel:  # as admin
         reply = scheduler_pb2_grpc.SchedulerServiceStub(channel).Status(scheduler_pb2.StatusRequest(), timeout=5)
     doc = json_format.MessageToDict(reply, preserving_proto_field_name=True)
     return {
@@ -336,7 +335,7 @@ def main() -> int:
         cosines = (got * want).sum(axis=1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
         result["answers"] = {"max_abs_diff": float(np.abs(got - want).max()), "min_cosine": float(cosines.min())}
         log(f"the suite's answers against in-process PyTorch: {result['answers']}")
-        result["scheduler"] = scheduler_view(supervisor.scheduler_address)
+        result["scheduler"] = scheduler_view(supervisor)
         result["suite"] = []
         for rows in rows_list:
             result["suite"] += load(url, feeds, rows, levels, warmup_s, duration_s)

@@ -118,7 +118,8 @@ def test_the_suite_answers_what_triton_answers_directly(suite, suite_repository)
 
 
 def test_triton_replica_advertises_gpu(suite):
-    with grpc.insecure_channel(suite["supervisor"].scheduler_address) as channel:
+    supervisor = suite["supervisor"]
+    with supervisor.caller_channel(supervisor.scheduler_address, "scheduler") as channel:
         reply = scheduler_pb2_grpc.SchedulerServiceStub(channel).Status(scheduler_pb2.StatusRequest(), timeout=5)
     (replica,) = reply.replicas
     assert replica.device == "gpu"
@@ -148,6 +149,7 @@ def test_unload_and_load_go_through_tritons_repository_api(suite):
 
 
 def _health(address: str, service: str = "") -> str:
+    """The replica's gRPC health (open to every caller, as kubelet probes are)."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     with grpc.insecure_channel(address) as channel:
@@ -175,7 +177,8 @@ def _load(url: str, stop: threading.Event, outcomes: list) -> None:
 
 def test_a_killed_tritonserver_is_back_within_10_s_and_only_inflight_requests_fail(suite):
     """Runs last: kill -9 the module's tritonserver under load from 8 clients."""
-    with grpc.insecure_channel(suite["supervisor"].scheduler_address) as channel:
+    supervisor = suite["supervisor"]
+    with supervisor.caller_channel(supervisor.scheduler_address, "scheduler") as channel:
         reply = scheduler_pb2_grpc.SchedulerServiceStub(channel).Status(scheduler_pb2.StatusRequest(), timeout=5)
     runtime_address = reply.replicas[0].address
     assert _health(runtime_address) == "SERVING"
@@ -199,7 +202,7 @@ def test_a_killed_tritonserver_is_back_within_10_s_and_only_inflight_requests_fa
         )
         request = runtime_pb2.ExecuteRequest(model="iris_triton", version="2")
         request.inputs.add(name="input", datatype="FP32", shape=list(IRIS_ROWS.shape), raw=IRIS_ROWS.tobytes())
-        with grpc.insecure_channel(runtime_address) as channel:
+        with supervisor.caller_channel(runtime_address, "runtime", caller="scheduler") as channel:
             with pytest.raises(grpc.RpcError) as refused:
                 runtime_pb2_grpc.RuntimeServiceStub(channel).Execute(request, timeout=10)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -223,9 +226,8 @@ def test_a_killed_tritonserver_is_back_within_10_s_and_only_inflight_requests_fa
     assert all(e == "StatusCode.UNAVAILABLE" for _, _, e in failed), failed
     assert all(s < killed_at + 0.2 for s, _, _ in failed), [(s - killed_at, e) for s, _, e in failed]
     assert _health(runtime_address) == "SERVING"
-    new_pids = tritonservers_under(
-        suite["supervisor"].children[[c.name for c in suite["supervisor"].children].index("runtime-0")].process.pid
-    )
+    runtime = next(c for c in supervisor.children if c.name == "runtime-0")
+    new_pids = tritonservers_under(runtime.process.pid)
     assert len(new_pids) == 1 and new_pids[0] != suite["triton_pid"]
     print(f"back in {back_in_s:.2f} s; {len(failed)} in-flight request(s) failed, "
           f"{sum(1 for _, _, e in outcomes if e is None)} answered")  # fmt: skip
