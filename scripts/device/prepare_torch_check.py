@@ -68,6 +68,7 @@ WHEELS = [
     "cffi==2.1.1",  # cryptography's
     "pycparser==3.12",
     "PyJWT==2.15.1",
+    "google-re2==1.1.20251105",  # the gateway's masking patterns
 ]
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64", "manylinux_2_5_x86_64"]  # fmt: skip
