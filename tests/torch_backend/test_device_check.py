@@ -36,3 +36,21 @@ def test_prepare_then_check_on_the_cpu(tmp_path):
     assert replica["device"] == "cpu" and replica["models"] == ["minilm_torch:1"]
     assert 'platform: "pytorch_libtorch"' in result["config"]
     assert (out / "logs" / "runtime-0.log").is_file()
+
+
+def test_every_dependency_travels_or_is_on_the_gpu_machine():
+    """A dependency added to pyproject.toml must reach the GPU machine too (the carry's wheels)."""
+    import re
+    import sys
+    import tomllib
+
+    sys.path.insert(0, str(ROOT / "scripts" / "device"))
+    import prepare_torch_check as prepare
+
+    def name(requirement: str) -> str:
+        return re.split(r"[=<>\[; ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+    carried = {name(w) for w in prepare.WHEELS}
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    missing = {name(d) for d in project} - carried - prepare.IMAGE_PROVIDES - set(prepare.NOT_IMPORTED)
+    assert not missing, f"add these to WHEELS in scripts/device/prepare_torch_check.py: {sorted(missing)}"
