@@ -30,6 +30,7 @@ from aiworks.core.stream import MultiplexedStream, reply_error
 from aiworks.core.tracing import inject
 from aiworks.pb.runtime.v1 import runtime_pb2 as pb
 from aiworks.pb.runtime.v1 import runtime_pb2_grpc
+from aiworks.security.callers import ClientCaller
 from aiworks.security.tls import TLSFiles
 
 @dataclass(slots=True, eq=False)
@@ -73,9 +74,11 @@ def answer_of(reply) -> Answer:
 class RuntimeClient:
     """Calls one replica's RuntimeService."""
 
-    def __init__(self, address: str, max_message_bytes: int, timeout_s: float, tls: TLSFiles | None = None):
+    def __init__(self, address: str, max_message_bytes: int, timeout_s: float, tls: TLSFiles | None = None, *,
+                 caller: ClientCaller | None = None):  # fmt: skip
+        """``caller``: who this client calls as over plaintext (default: this process's own caller)."""
         self.address = address
-        self._channel = client_channel(address, max_message_bytes, tls, server_name="runtime")
+        self._channel = client_channel(address, max_message_bytes, tls, server_name="runtime", caller=caller)
         self._stub = runtime_pb2_grpc.RuntimeServiceStub(self._channel)
         self._timeout_s = timeout_s
         self._requests = MultiplexedStream(

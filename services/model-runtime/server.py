@@ -6,27 +6,31 @@ import asyncio
 import logging
 import time
 
-from aiworks.runtime import onnxruntime_backend, triton_backend
+from aiworks.runtime import onnxruntime_backend, torch_backend, triton_backend
 from aiworks.runtime.batcher import QueueLimits
 from aiworks.runtime.collector import RuntimeCollector
 from aiworks.runtime.dataplane import RuntimeDataPlane
 from aiworks.runtime.registrar import Registrar
 from aiworks.runtime.repository import ModelRepository
 from aiworks.runtime.residency import startup_models
-from aiworks.runtime.servicer import RuntimeServicer
+from aiworks.runtime.servicer import CALLERS_BY_METHOD, RuntimeServicer
 from aiworks.runtime.settings import RuntimeSettings
 
 from aiworks.core.errors import AIWorksError
 from aiworks.core.lifecycle import stop_event
 from aiworks.core.looplag import start_loop_lag_probe
 from aiworks.core.metrics import on_loop, serve_metrics_or_warn, stop_metrics
-from aiworks.core.rpc import add_port, client_channel, create_server, set_serving
+from aiworks.core.rpc import add_port, client_channel, create_server, set_serving, use_process_caller
 from aiworks.core.tracing import setup_tracing, shutdown_tracing
-from aiworks.pb.runtime.v1 import runtime_pb2_grpc
+from aiworks.pb.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from aiworks.security.audit import AuditLog
+from aiworks.security.callers import own_caller, server_check
 from aiworks.security.model_guard import ModelGuard
 
 log = logging.getLogger("aiworks.runtime")
+
+LIVENESS_SERVICE = "aiworks.runtime.v1.RuntimeService"
+"""gRPC health service that is SERVING while the process serves; the overall status ("") is readiness."""
 
 
 def _nvml(device: str):
@@ -74,6 +78,40 @@ def _model_guard(settings: RuntimeSettings, replica_id: str, audit: AuditLog | N
     return guard
 
 
+def _memory_budget(settings: RuntimeSettings, nvml) -> int:
+    """The residency budget: the setting, or on a gpu replica a share of its first GPU's memory."""
+    if settings.memory_budget_bytes or nvml is None:
+        return settings.memory_budget_bytes
+    readings = nvml.read()
+    if not readings:
+        return 0
+    budget = int(readings[0].memory_total_bytes * settings.gpu_memory_fraction)
+    log.info(
+        "resident models may use %.1f GiB: %.0f%% of GPU %d (%s)",
+        budget / 2**30, settings.gpu_memory_fraction * 100, readings[0].index, readings[0].name,
+    )  # fmt: skip
+    return budget
+
+
+def _uses_triton(settings: RuntimeSettings, configs: dict) -> bool:
+    return bool(settings.triton_url) or any(c is not None and c.backend == "triton" for c in configs.values())
+
+
+async def _follow_backend_health(dataplane: RuntimeDataPlane, health, interval_s: float = 0.2) -> None:
+    """The replica's gRPC health follows its backends' (a tritonserver restarting makes it NOT_SERVING)."""
+    serving = True
+    while True:
+        await asyncio.sleep(interval_s)
+        healthy = not dataplane.unhealthy_versions()
+        if healthy != serving:
+            serving = healthy
+            await set_serving(health, healthy)
+            if healthy:
+                log.info("every backend is healthy again: serving")
+            else:
+                log.warning("a backend is unhealthy: this replica reports NOT_SERVING until it recovers")
+
+
 async def serve(settings: RuntimeSettings) -> None:
     stop = stop_event()
     repository = ModelRepository(settings.model_repository)
@@ -82,13 +120,22 @@ async def serve(settings: RuntimeSettings) -> None:
     replica_id = settings.resolved_replica_id()
     setup_tracing("runtime", settings, instance=replica_id)
     tls = settings.tls_files()  # mutual TLS with the scheduler when set
+    callers = server_check(
+        settings, "runtime", settings.host, runtime_pb2.DESCRIPTOR.services_by_name["RuntimeService"], CALLERS_BY_METHOD
+    )
+    use_process_caller(own_caller(settings, "runtime"))  # to the scheduler, over plaintext
     audit = await _start_audit(settings, replica_id)
-    onnxruntime_backend.use_model_guard(_model_guard(settings, replica_id, audit))
+    guard = _model_guard(settings, replica_id, audit)
+    onnxruntime_backend.use_model_guard(guard)
+    torch_backend.use_model_guard(guard)
+    nvml = _nvml(settings.device)
+    if settings.device == "gpu" and nvml is None:
+        log.warning("device gpu, but NVML sees no GPU here: this replica advertises no GPU details")
     dataplane = RuntimeDataPlane(
         repository,
         intra_op_threads=settings.intra_op_threads,
         inline_below_us=settings.inline_below_us,
-        memory_budget_bytes=settings.memory_budget_bytes,
+        memory_budget_bytes=_memory_budget(settings, nvml),
         warmup=settings.warmup,
         debug_delay_ms=settings.debug_delay_ms,
         replica_id=replica_id,
@@ -98,8 +145,7 @@ async def serve(settings: RuntimeSettings) -> None:
             settings.max_queue_requests, settings.max_queue_bytes, settings.priority_aging_ms / 1e3
         ),
     )
-    triton_backend.use_settings(settings)  # tritonserver starts only if a model uses it
-    nvml = _nvml(settings.device)
+    triton_backend.use_settings(settings)
     collector = RuntimeCollector(
         replica_id,
         on_loop(asyncio.get_running_loop(), lambda: len(dataplane.ready_specs())),
@@ -110,16 +156,17 @@ async def serve(settings: RuntimeSettings) -> None:
     metrics, metrics_port = serve_metrics_or_warn(settings.metrics_port, settings.host)
     lag = start_loop_lag_probe("runtime")
 
-    server, health = create_server(settings.max_message_bytes)
+    server, health = create_server(settings.max_message_bytes, callers)
     runtime_pb2_grpc.add_RuntimeServiceServicer_to_server(RuntimeServicer(dataplane, replica_id), server)
     port = add_port(server, f"{settings.host}:{settings.port}", tls)
     await server.start()
     log.info(
-        "runtime %s serving gRPC%s on %s:%d (metrics %s)",
+        "runtime %s serving gRPC%s on %s:%d (callers checked by %s; metrics %s)",
         replica_id,
         " with mutual TLS" if tls else "",
         settings.host,
         port,
+        callers.auth.describe,
         metrics_port or "off",
     )
 
@@ -129,6 +176,11 @@ async def serve(settings: RuntimeSettings) -> None:
             configs[name] = repository.entry(name).config
         except Exception:
             configs[name] = None
+    if _uses_triton(settings, configs):  # start (or reach) Triton now, with these settings, not on first use
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, triton_backend.configure, settings)
+        except AIWorksError as exc:
+            log.error("Triton is not available: %s; its models cannot load until it is", exc)
     started = time.perf_counter()
     for name in startup_models(configs, settings.models):  # preload and warm-up: aiworks.runtime.residency
         try:
@@ -146,15 +198,22 @@ async def serve(settings: RuntimeSettings) -> None:
         device=settings.device,
         labels=settings.labels,
         interval_s=settings.heartbeat_interval_s,
+        gpus=nvml.read if nvml is not None else None,
     )
+    dataplane.on_backend_down = registrar.beat_now
     beats = asyncio.create_task(registrar.run())
     await set_serving(health, True)
+    # Liveness (the process serves gRPC) apart from readiness (""), which follows the backends.
+    await set_serving(health, True, LIVENESS_SERVICE)
+    follower = asyncio.create_task(_follow_backend_health(dataplane, health))
     log.info("runtime %s ready with %d model version(s)", replica_id, len(dataplane.ready_specs()))
 
     await stop.wait()
     log.info("runtime %s stopping", replica_id)
     await set_serving(health, False)
+    await set_serving(health, False, LIVENESS_SERVICE)
     beats.cancel()
+    follower.cancel()
     await server.stop(grace=5)
     await channel.close()
     await dataplane.close()

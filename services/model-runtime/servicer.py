@@ -13,6 +13,16 @@ from aiworks.core.stream import error_fields, serve_stream
 from aiworks.core.tracing import remote_scope
 from aiworks.pb.runtime.v1 import runtime_pb2 as pb
 from aiworks.pb.runtime.v1 import runtime_pb2_grpc
+from aiworks.security.callers import ANY_CALLER
+
+
+# Who may call each method (docs/security.md), checked once per call or stream by CallerCheck.
+CALLERS_BY_METHOD = {
+    "InferStream": {"gateway"},
+    "LoadModel": {"scheduler", "admin"},
+    "UnloadModel": {"scheduler", "admin"},
+    **dict.fromkeys(("ListModels", "ModelMetadata", "Statistics"), ANY_CALLER),
+}
 
 
 class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):

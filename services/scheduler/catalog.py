@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from aiworks.core.errors import NotFound, Unavailable
-from aiworks.core.model_config import ModelSpec
+from aiworks.core.model_config import ModelSpec, ModelState
 from aiworks.scheduler.replica_state import ReplicaHealth
 
 Key = tuple[str, str]  # (model, version)
@@ -43,6 +43,8 @@ class Replica:
     last_heartbeat_s: float = 0.0
     inflight_batches: int = 0
     queues: list = field(default_factory=list)
+    # The GPUs of a "gpu" replica as of its last heartbeat (GpuInfo fields), for status.
+    gpus: list[dict] = field(default_factory=list)
     # A gateway's: requests it has in flight there, since when it has had some and when it last answered
     # one (a replica that stopped answering is noticed before any timeout), and its health as it sees it.
     outstanding: int = 0
@@ -56,6 +58,11 @@ class Replica:
     def holds(self, key: Key) -> bool:
         spec = self.models.get(key)
         return spec is not None and spec.ready
+
+    def recovering(self, key: Key) -> bool:
+        """It advertises ``key`` as LOADING: its backend is coming back (a tritonserver restarting)."""
+        spec = self.models.get(key)
+        return spec is not None and spec.state is ModelState.LOADING
 
 
 class Catalog:
@@ -88,6 +95,10 @@ class Catalog:
         retiring = self.retiring.get(key, ())
         return [r for r in self.replicas.values() if r.live and (r.holds(key) or r.replica_id in retiring)]
 
+    def recovering(self, key: Key, exclude: frozenset[str] | set[str] = frozenset()) -> list[Replica]:
+        """Replicas whose ``key`` is coming back (its backend restarts): its requests wait for them, not fail."""
+        return [r for r in self.replicas.values() if r.recovering(key) and r.replica_id not in exclude]
+
     def advertisers(self, key: Key) -> list[Replica]:
         """Live replicas that hold ``key`` as loaded (retiring ones not included)."""
         return [r for r in self.replicas.values() if r.live and r.holds(key)]
@@ -104,7 +115,7 @@ class Catalog:
             if k[0] == model and s.ready and k not in self.closing
         }
         if version:
-            spec = live_specs.get((model, version))
+            spec = live_specs.get((model, version)) or self._coming(model).get((model, version))
             if spec is not None:
                 return spec
             if (model, version) in self.closing:
@@ -114,13 +125,23 @@ class Catalog:
             if any(k[0] == model for k in self.known):
                 raise NotFound(f"model '{model}' has no version '{version}'")
             raise NotFound(f"unknown model '{model}'")
-        if live_specs:
-            return live_specs[max(live_specs, key=lambda k: version_order(k[1]))]
+        candidates = live_specs or self._coming(model)
+        if candidates:
+            return candidates[max(candidates, key=lambda k: version_order(k[1]))]
         if any(k[0] == model for k in self.closing):
             raise Unavailable(f"model '{model}' is being unloaded")
         if any(k[0] == model for k in self.known):
             raise Unavailable(f"model '{model}' has no live replica")
         raise NotFound(f"unknown model '{model}'")
+
+    def _coming(self, model: str) -> dict[Key, ModelSpec]:
+        """Versions of ``model`` coming back (their backend recovers): they take requests, which wait."""
+        return {
+            k: s
+            for r in self.replicas.values()
+            for k, s in r.models.items()
+            if k[0] == model and s.state is ModelState.LOADING and k not in self.closing
+        }
 
     def versions(self, model: str) -> list[str]:
         found = {

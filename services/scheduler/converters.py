@@ -64,9 +64,24 @@ def _budget_from_pb(message: pb.RetryBudgetStatus) -> RetryBudget:
                        denied=message.denied)  # fmt: skip
 
 
+def gpus_from_pb(messages) -> list[dict]:
+    """GpuInfo messages as plain dicts (the registry keeps no pb objects)."""
+    return [{f.name: getattr(g, f.name) for f in pb.GpuInfo.DESCRIPTOR.fields} for g in messages]
+
+
+def _replica_to_pb(view: ReplicaView) -> pb.ReplicaStatus:
+    values = vars(view)
+    return pb.ReplicaStatus(**{**values, "gpus": [pb.GpuInfo(**g) for g in values["gpus"]]})
+
+
+def _replica_from_pb(message: pb.ReplicaStatus) -> ReplicaView:
+    return ReplicaView(**{**_fields(message, ReplicaView), "models": list(message.models), "labels": dict(message.labels),
+                          "gpus": gpus_from_pb(message.gpus)})  # fmt: skip
+
+
 def status_to_pb(view: StatusView) -> pb.StatusResponse:
     return pb.StatusResponse(
-        replicas=[pb.ReplicaStatus(**vars(r)) for r in view.replicas],
+        replicas=[_replica_to_pb(r) for r in view.replicas],
         queues=[pb.QueueStatus(**vars(q)) for q in view.queues],
         traffic=[traffic_to_pb(p) for p in view.traffic],
         retry_budget=_budget_to_pb(view.retry_budget),
@@ -81,8 +96,7 @@ def _fields(message, cls):
 
 def status_from_pb(message: pb.StatusResponse) -> StatusView:
     return StatusView(
-        replicas=[ReplicaView(**{**_fields(r, ReplicaView), "models": list(r.models), "labels": dict(r.labels)})
-                  for r in message.replicas],  # fmt: skip
+        replicas=[_replica_from_pb(r) for r in message.replicas],
         queues=[QueueView(**_fields(q, QueueView)) for q in message.queues],
         traffic=[traffic_from_pb(p) for p in message.traffic],
         retry_budget=_budget_from_pb(message.retry_budget),
@@ -147,7 +161,7 @@ def table_from_pb(message: pb.RoutingTable) -> RoutingTable:
 def report_to_pb(report: RoutingReport) -> pb.RoutingReport:
     return pb.RoutingReport(
         gateway_id=report.gateway_id,
-        replicas=[pb.ReplicaStatus(**vars(r)) for r in report.replicas],
+        replicas=[_replica_to_pb(r) for r in report.replicas],
         retry_budget=_budget_to_pb(report.retry_budget),
         shadows=[pb.ShadowStatus(**vars(s)) for s in report.shadows],
         retries=[pb.QueueStatus(model=m, version=v, retries=n) for (m, v), n in report.retries.items()],
@@ -158,8 +172,7 @@ def report_to_pb(report: RoutingReport) -> pb.RoutingReport:
 def report_from_pb(message: pb.RoutingReport) -> RoutingReport:
     return RoutingReport(
         gateway_id=message.gateway_id,
-        replicas=[ReplicaView(**{**_fields(r, ReplicaView), "models": list(r.models), "labels": dict(r.labels)})
-                  for r in message.replicas],  # fmt: skip
+        replicas=[_replica_from_pb(r) for r in message.replicas],
         retry_budget=_budget_from_pb(message.retry_budget),
         shadows=[ShadowView(**_fields(s, ShadowView)) for s in message.shadows],
         retries={(q.model, q.version): q.retries for q in message.retries},

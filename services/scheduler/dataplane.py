@@ -107,7 +107,7 @@ class Scheduler:
             generation=registry.generation,
             replicas=[
                 RouteReplica(r.replica_id, r.address, r.device, dict(r.labels),
-                             tuple(s for k, s in r.models.items() if s.ready and self._published(k)))  # fmt: skip
+                             tuple(s for k, s in r.models.items() if _routable(s) and self._published(k)))  # fmt: skip
                 for r in registry.live()
             ],
             traffic=self.traffic.policies(),
@@ -383,6 +383,7 @@ class Scheduler:
                     ewma_latency_ms=_mean([v.ewma_latency_ms for v in views if v.ewma_latency_ms]),
                     batches_done=sum(v.batches_done for v in views),
                     rows_done=sum(v.rows_done for v in views),
+                    gpus=list(r.gpus),
                 )
             )
         queues: dict[Key, QueueView] = {}
@@ -424,6 +425,11 @@ class Scheduler:
     async def close(self) -> None:
         for task in list(self._background):
             task.cancel()
+
+
+def _routable(spec: ModelSpec) -> bool:
+    """Ready, or LOADING: its backend is coming back (a restarting tritonserver) and requests wait for it."""
+    return spec.ready or spec.state is ModelState.LOADING
 
 
 def _mean(values: list[float]) -> float:

@@ -47,7 +47,7 @@ from aiworks.scheduler.pipeline import PipelineRunner, is_pipeline
 from aiworks.scheduler.policy import RoutingPolicy
 from aiworks.scheduler.replica_state import OutlierDetector
 from aiworks.scheduler.retry_state import RetryBudget
-from aiworks.scheduler.router import PoolPolicy, Router
+from aiworks.scheduler.router import PoolPolicy, Recovering, Router
 from aiworks.scheduler.shadow import ShadowMirror
 from aiworks.scheduler.traffic_state import TrafficState
 from aiworks.scheduler.views import ReplicaView, RoutingReport, RoutingTable
@@ -191,7 +191,11 @@ class Dispatcher:
         self.budget.begin()
         try:
             while True:
-                replica = self.router.pick(key, options.priority, tried)
+                try:
+                    replica = self.router.pick(key, options.priority, tried)
+                except Recovering as coming:
+                    await self._wait_for_recovery(key, options, coming)
+                    continue
                 try:
                     return await self._try(key, replica, request, options, work)
                 except _Retryable as failed:
@@ -214,6 +218,16 @@ class Dispatcher:
             if holds_retry:
                 self.budget.retry_done()
             self.budget.end()
+
+    async def _wait_for_recovery(self, key: Key, options: RequestOptions, coming: Recovering) -> None:
+        """Wait for the routing table to change while ``key``'s replica brings it back (its deadline at most)."""
+        left = options.remaining_s(self.clock())
+        wait_s = self.policy.per_try_timeout_s if left is None else min(left, self.policy.per_try_timeout_s)
+        if wait_s > 0 and await self.mirror.next_change(wait_s):
+            return
+        if left is not None and left <= wait_s:
+            raise DeadlineExceeded(f"{coming.message}; the request's deadline passed meanwhile")
+        raise Unavailable(f"{coming.message}, and it has not come back within {wait_s:g} s")
 
     async def _try(self, key: Key, replica: Replica, request: InferRequest, options: RequestOptions,
                    work: Work | None) -> Answer:  # fmt: skip

@@ -104,6 +104,11 @@ class RoutingMirror(Catalog):
         except RuntimeError:
             pass
 
+    async def next_change(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) for the next table; False when none came."""
+        generation = self.table.generation if self.table is not None else -1
+        return await self.caught_up(generation + 1, timeout_s)
+
     async def caught_up(self, generation: int, timeout_s: float) -> bool:
         """Wait (at most ``timeout_s``) until a table of at least ``generation`` arrived."""
         def seen() -> bool:

@@ -44,7 +44,9 @@ class ReplicaRegistry(Catalog):
 
     # ---- membership ----------------------------------------------------------------------
 
-    def register(self, replica_id: str, address: str, device: str, labels: dict, specs: list[ModelSpec]) -> Replica:
+    def register(
+        self, replica_id: str, address: str, device: str, labels: dict, specs: list[ModelSpec], gpus: list[dict] = ()
+    ) -> Replica:
         old = self.replicas.get(replica_id)
         if old is not None and old.address == address:
             replica = old
@@ -55,15 +57,17 @@ class ReplicaRegistry(Catalog):
             self.replicas[replica_id] = replica
             log.info("replica %s registered at %s (%s)", replica_id, address, device)
         replica.device, replica.labels, replica.live = device, dict(labels), True
+        replica.gpus = list(gpus)
         replica.last_heartbeat_s = self._clock()
         self.set_models(replica, specs)
         return replica
 
-    def heartbeat(self, replica_id: str, specs: list[ModelSpec], *, inflight_batches: int = 0,
+    def heartbeat(self, replica_id: str, specs: list[ModelSpec], gpus: list[dict] = (), *, inflight_batches: int = 0,
                   queues: list | None = None) -> bool:  # fmt: skip
         replica = self.replicas.get(replica_id)
         if replica is None:
             return False
+        replica.gpus = list(gpus)
         replica.last_heartbeat_s = self._clock()
         replica.inflight_batches = inflight_batches
         replica.queues = queues or []

@@ -2,6 +2,9 @@
 
 1. **Candidates**: live replicas that hold the model version (or still
    retire it), minus those already tried for this request.
+   When none serves it but a replica is bringing it back (its backend
+   restarts, the version shows as LOADING), the request waits for it
+   (:class:`Recovering`) rather than failing.
 2. **Unreachable and ejected**: replicas that just failed to answer at all
    are left out for a moment (until :data:`DOWN_S` passes or the table says
    otherwise), and replicas ejected as outliers until their time is up,
@@ -42,6 +45,10 @@ from aiworks.scheduler.replica_state import OutlierDetector
 Selector = tuple[tuple[str, str], ...]
 # How long a replica that could not be reached at all is left out of routing.
 DOWN_S = 1.0
+
+
+class Recovering(Unavailable):
+    """No replica serves the version now, but one is bringing it back (its backend restarts): wait for it."""
 
 
 class PoolPolicy:
@@ -103,6 +110,8 @@ class Router:
     ) -> list[Replica]:
         holders = [r for r in self.catalog.holders(key) if r.replica_id not in exclude]
         if not holders:
+            if self.catalog.recovering(key, exclude):
+                raise Recovering(f"model '{key[0]}' version {key[1]} is coming back on its replica")
             raise Unavailable(f"no live replica serves model '{key[0]}' version {key[1]}")
         now = self._clock()
         reachable = [r for r in holders if self._down_until.get(r.replica_id, 0.0) <= now] or holders

@@ -11,9 +11,34 @@ from aiworks.core.errors import AIWorksError
 from aiworks.core.rpc import handle_errors
 from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
 from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
-from aiworks.scheduler.converters import report_from_pb, shadow_from_pb, status_to_pb, table_to_pb, traffic_to_pb
+from aiworks.scheduler.converters import (
+    gpus_from_pb,
+    report_from_pb,
+    shadow_from_pb,
+    status_to_pb,
+    table_to_pb,
+    traffic_to_pb,
+)
 from aiworks.scheduler.dataplane import Scheduler
 from aiworks.scheduler.traffic_state import TrafficPolicy
+from aiworks.security.callers import ANY_CALLER, current_caller
+
+# Who may call each method (docs/security.md), checked once per call or stream by CallerCheck.
+_LIFECYCLE = {"gateway", "monitor", "admin"}  # admins (tenants with the admin role) act through the gateway too
+_CONTROL = {"monitor", "admin"}
+CALLERS_BY_METHOD = {
+    "WatchRouting": {"gateway"},
+    "LoadModel": _LIFECYCLE,
+    "UnloadModel": _LIFECYCLE,
+    "RegisterReplica": {"runtime"},
+    "Heartbeat": {"runtime"},
+    "SetTrafficPolicy": _CONTROL,
+    "EjectReplica": _CONTROL,
+    **dict.fromkeys(
+        ("ServerReady", "ModelReady", "ModelMetadata", "RepositoryIndex", "ModelStatistics", "Status"), ANY_CALLER
+    ),
+    "GetTrafficPolicy": ANY_CALLER,
+}
 
 log = logging.getLogger(__name__)
 
@@ -21,17 +46,18 @@ log = logging.getLogger(__name__)
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     """``aiworks.scheduler.v1.SchedulerService``."""
 
-    def __init__(self, scheduler: Scheduler, audit=None):
+    def __init__(self, scheduler: Scheduler, audit=None, caller_auth: str = ""):
         self.scheduler = scheduler
         self.audit = audit  # aiworks.security.audit.AuditLog: admin actions, when configured
+        self.caller_auth = caller_auth  # how callers are checked, for Status (aiworks status)
 
     def _audit(self, context, action: str, model: str | None, status: str, **details) -> None:
-        """An admin line for ``action``; the actor is the caller's certificate name under mTLS, else its address."""
+        """An admin line for ``action``; the actor is the checked caller's name, else its address."""
         if self.audit is None:
             return
         from aiworks.security.tls import peer_identity
 
-        actor = peer_identity(context) or context.peer() or "unknown"
+        actor = current_caller() or peer_identity(context) or context.peer() or "unknown"
         self.audit.admin(actor=actor, action=action, status=status, model=model, details=details)
 
     async def WatchRouting(self, request_iterator, context):
@@ -112,6 +138,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             request.device or "cpu",
             dict(request.labels),
             [to_model_spec(s) for s in request.models],
+            gpus_from_pb(request.gpus),
         )
         return pb.RegisterReplicaResponse(heartbeat_interval_s=self.scheduler.settings.heartbeat_interval_s)
 
@@ -120,6 +147,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         known = self.scheduler.registry.heartbeat(
             request.replica_id,
             [to_model_spec(s) for s in request.models],
+            gpus_from_pb(request.gpus),
             inflight_batches=request.inflight_batches,
             queues=list(request.queues),
         )
@@ -127,7 +155,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     @handle_errors
     async def Status(self, request, context):
-        return status_to_pb(self.scheduler.status())
+        reply = status_to_pb(self.scheduler.status())
+        reply.caller_auth = self.caller_auth
+        return reply
 
     @handle_errors
     async def SetTrafficPolicy(self, request, context):

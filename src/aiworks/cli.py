@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -69,6 +70,28 @@ def cmd_scheduler(args) -> None:
     main(settings)
 
 
+RUNTIME_TRITON_FLAGS = [
+    "triton_url", "triton_repository", "triton_metrics_url", "triton_server_path", "triton_grpc_port",
+    "triton_instance_kind", "triton_restart_backoff_s", "triton_recover_give_up_s", "memory_budget_bytes",
+    "gpu_memory_fraction",
+]  # fmt: skip
+
+
+def add_runtime_gpu_flags(parser) -> None:
+    """The runtime's Triton and GPU settings as flags (docs/triton.md, docs/torch.md); each is also AIWORKS_RUNTIME_*."""
+    g = parser.add_argument_group("Triton and GPU")
+    g.add_argument("--triton-url", help="host:port of a running tritonserver's gRPC endpoint (default: start one)")
+    g.add_argument("--triton-repository", type=Path, help="that tritonserver's --model-repository (with --triton-url)")
+    g.add_argument("--triton-metrics-url", help="Triton's metrics endpoint, http://host:8002/metrics")
+    g.add_argument("--triton-server-path", type=Path, help="tritonserver binary to start (default: nvidia-pytriton's)")
+    g.add_argument("--triton-grpc-port", type=int, help="gRPC port of the tritonserver this replica starts")
+    g.add_argument("--triton-instance-kind", choices=["KIND_CPU", "KIND_GPU"], help="replace every instance group's kind")
+    g.add_argument("--triton-restart-backoff-s", type=float, help="first wait before restarting a dead tritonserver")
+    g.add_argument("--triton-recover-give-up-s", type=float, help="seconds Triton may be away before its models go")
+    g.add_argument("--memory-budget-bytes", type=int, help="bound on resident model versions (0: none, or a GPU share)")
+    g.add_argument("--gpu-memory-fraction", type=float, help="share of the GPU's memory resident models may use")
+
+
 def cmd_runtime(args) -> None:
     from aiworks.core.logging import setup_logging
     from aiworks.runtime.server import main
@@ -81,7 +104,7 @@ def cmd_runtime(args) -> None:
         args,
         [
             "host", "port", "metrics_port", "replica_id", "scheduler_address", "model_repository", "models", "device",
-            "batching", "log_level", "otlp_endpoint", "trace_file",
+            "batching", "log_level", "otlp_endpoint", "trace_file", *RUNTIME_TRITON_FLAGS,
         ],  # fmt: skip
     )
     setup_logging(f"runtime[{settings.resolved_replica_id()}]", settings.log_level)
@@ -92,6 +115,7 @@ def cmd_runtime(args) -> None:
 
 
 def cmd_up(args) -> None:
+    from aiworks.core.logging import redact_url
     from aiworks.demo.models import build_demo_repository
     from aiworks.supervisor.supervisor import SuiteConfig, Supervisor
 
@@ -109,7 +133,8 @@ def cmd_up(args) -> None:
         replicas=args.replicas,
         batching=not args.no_batching,
         cache=not args.no_cache,
-        redis_url=args.redis_url,
+        # From the environment too, so a password need not appear on this command line either.
+        redis_url=args.redis_url or os.environ.get("AIWORKS_CACHE_REDIS_URL") or None,
         log_dir=Path(args.log_dir),
         log_level=args.log_level,
         metrics_base_port=args.metrics_base_port,
@@ -136,11 +161,13 @@ def cmd_up(args) -> None:
             f"  scheduler:        {supervisor.scheduler_address}",
         ]
         if supervisor.cache_address:
-            lines.append(f"  cache:            {supervisor.cache_address} ({args.redis_url or 'in-process store'})")
+            store = redact_url(config.redis_url) or "in-process store"
+            lines.append(f"  cache:            {supervisor.cache_address} ({store})")
         if supervisor.monitor_url:
             url = supervisor.monitor_url
             lines.append(f"  monitor:          {url} (see `aiworks events --monitor {url}`)")
-        lines.append(f"  control API:      {supervisor.control_url}/v1/services")
+        lines.append(f"  control API:      {supervisor.control_url}/v1/services (bearer token: docs/security.md)")
+        lines.append(f"  callers checked:  {supervisor.caller_auth}")
         targets = supervisor.metrics_targets()
         lines.append(
             "  metrics:          " + ", ".join(f"{kind} {' '.join(addrs)}" for kind, addrs in sorted(targets.items()))
@@ -150,6 +177,8 @@ def cmd_up(args) -> None:
         lines.append("  logs:             " + ", ".join(str(c.log_path) for c in supervisor.children))
         if supervisor.tls_dir:
             lines += _tls_hints(supervisor, args.grpc_port)
+        else:
+            lines += _token_hints(supervisor)
         lines.append("Press Ctrl-C to stop.")
         print("\n".join(lines), flush=True)
         supervisor.watch(lambda: bool(stopping))
@@ -164,6 +193,15 @@ def cmd_up(args) -> None:
             print(f"stopping ({stopping[0] if stopping else 'interrupt'})...", flush=True)
         supervisor.stop()
     print("stopped.", flush=True)
+
+
+def _token_hints(supervisor) -> list[str]:
+    """How the tools reach the internal services: as admin, with the installation's token file."""
+    from aiworks.security.callers import DEFAULT_TOKEN_FILE, TOKEN_FILE_ENV
+
+    if supervisor.token_file == DEFAULT_TOKEN_FILE.resolve():
+        return ["The tools (aiworks status, traffic, rollout) run from this folder use .aiworks/internal-token."]
+    return [f"The tools need its token file: export {TOKEN_FILE_ENV}={supervisor.token_file}"]
 
 
 def _tls_hints(supervisor, grpc_port: int) -> list[str]:
@@ -243,7 +281,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="Triton-layout model repository; the demo models are built there if it is missing or empty",
     )
     up.add_argument("--no-batching", action="store_true", help="send every request as its own batch")
-    up.add_argument("--redis-url", help="result cache on this Redis (redis://host:port/db); default in-process store")
+    up.add_argument(
+        "--redis-url",
+        help="result cache on this Redis (redis://host:port/db; default $AIWORKS_CACHE_REDIS_URL, which keeps a "
+        "password out of ps); unset: in-process store",
+    )
     up.add_argument("--no-cache", action="store_true", help="start no cache service")
     up.add_argument(
         "--no-monitor", action="store_true", help="start no monitor (no restarts, autoscaling or ejection)"
@@ -310,6 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     rt.add_argument("--log-level")
     rt.add_argument("--otlp-endpoint", help="export spans over OTLP/gRPC to this collector (http://host:4317)")
     rt.add_argument("--trace-file", type=Path, help="append finished spans to this file, one JSON line each")
+    add_runtime_gpu_flags(rt)
     rt.set_defaults(func=cmd_runtime, batching=None)
 
     st = sub.add_parser("status", help="show queues, replicas and their load")
@@ -338,6 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_security_parsers(sub)
     from aiworks.tenancy_cli import add_tenancy_parsers
     add_tenancy_parsers(sub)
+    from aiworks.probe import add_probe_parser
+    add_probe_parser(sub)
     return parser
 
 

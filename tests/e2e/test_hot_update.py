@@ -19,13 +19,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import grpc
 import numpy as np
 import onnxruntime as ort
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from e2e_support import start_suite
+from e2e_support import internal_channel, start_suite
 from tritonclient.utils import InferenceServerException
 
 from aiworks.core.datatypes import Tensor
@@ -42,7 +41,7 @@ def _digits_rows(n: int) -> np.ndarray:
 
 
 def _status(suite) -> scheduler_pb2.StatusResponse:
-    with grpc.insecure_channel(suite.supervisor.scheduler_address) as channel:
+    with internal_channel(suite.supervisor, suite.supervisor.scheduler_address, "scheduler") as channel:
         return scheduler_pb2_grpc.SchedulerServiceStub(channel).Status(scheduler_pb2.StatusRequest(), timeout=5)
 
 
@@ -193,17 +192,20 @@ def test_unload_answers_every_queued_request_first(model_repository, tmp_path):
         address = _status(suite).replicas[0].address
 
         async def unload_while_running() -> tuple[int, float]:
-            client = RuntimeClient(address, 1 << 26, 10.0)
+            sup = suite.supervisor
+            gateway = RuntimeClient(address, 1 << 26, 10.0, sup.client_tls_for("gateway"), caller=sup.client_caller("gateway"))
+            admin_client = RuntimeClient(address, 1 << 26, 10.0, sup.client_tls_for("admin"), caller=sup.client_caller("admin"))
             try:
                 request = InferRequest("iris", "1", [Tensor("input", "FP32", (1, 4), x.tobytes())])
-                running = asyncio.ensure_future(client.infer(request, RequestOptions()))
+                running = asyncio.ensure_future(gateway.infer(request, RequestOptions()))
                 await asyncio.sleep(0.15)
                 started = time.monotonic()
-                await client.unload("iris")
+                await admin_client.unload("iris")
                 waited = time.monotonic() - started
                 return len((await running).outputs), waited
             finally:
-                await client.close()
+                await gateway.close()
+                await admin_client.close()
 
         outputs, waited = asyncio.run(unload_while_running())
         assert outputs == 2  # the request in its batch finished, not cut off

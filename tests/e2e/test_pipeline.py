@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from e2e_support import start_suite
+from e2e_support import internal_channel, start_suite
 
 from aiworks.core.datatypes import Tensor
 from aiworks.core.errors import AIWorksError, Status
@@ -128,7 +128,7 @@ def test_concurrent_pipeline_requests_batch_at_each_stage_and_stay_correct(pipel
     assert rows_after - rows_before == sent
     assert batches_after - batches_before < 96  # stage requests of different clients shared batches
 
-    with grpc.insecure_channel(suite.supervisor.scheduler_address) as channel:
+    with internal_channel(suite.supervisor, suite.supervisor.scheduler_address, "scheduler") as channel:
         status = scheduler_pb2_grpc.SchedulerServiceStub(channel).Status(scheduler_pb2.StatusRequest(), timeout=5)
     queues = {q.model for q in status.queues}
     assert {"digits_stage1", "digits_stage2"} <= queues and "digits_pipe" not in queues
@@ -136,11 +136,13 @@ def test_concurrent_pipeline_requests_batch_at_each_stage_and_stay_correct(pipel
 
 def test_the_runtime_does_not_load_the_pipeline_itself(pipeline_suite, rows):
     suite, _ = pipeline_suite
-    with grpc.insecure_channel(suite.supervisor.scheduler_address) as channel:
+    with internal_channel(suite.supervisor, suite.supervisor.scheduler_address, "scheduler") as channel:
         status = scheduler_pb2_grpc.SchedulerServiceStub(channel).Status(scheduler_pb2.StatusRequest(), timeout=5)
 
     async def ask_a_replica() -> AIWorksError:
-        client = RuntimeClient(status.replicas[0].address, 1 << 26, 10.0)
+        sup = suite.supervisor
+        client = RuntimeClient(status.replicas[0].address, 1 << 26, 10.0, sup.client_tls_for("gateway"),
+                               caller=sup.client_caller("gateway"))  # fmt: skip
         try:
             request = InferRequest("digits_pipe", "1", [Tensor("input", "FP32", (1, 64), rows[:1].tobytes())])
             with pytest.raises(AIWorksError) as refused:

@@ -3,9 +3,8 @@
 On these machines a unary gRPC call between two Python processes costs about
 a millisecond of set-up, and twice that when the callee forwards it; a message
 on an already open stream costs a fraction of it. The hot paths
-(gateway → scheduler ``InferStream``, scheduler → runtime ``ExecuteStream``,
-gateway → cache ``GetStream``/``PutStream``) therefore keep one stream per
-peer and tag each message with a ``stream_id``; answers come back in any
+(gateway → runtime ``InferStream``, gateway → cache ``GetStream``/``PutStream``)
+therefore keep one stream per peer and tag each message with a ``stream_id``; answers come back in any
 order and carry either the result or an error as a gRPC status code and
 message, which map through the one error table.
 
