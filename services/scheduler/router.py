@@ -22,6 +22,13 @@
    timeout. A replica not yet measured counts as twice as fast as the
    fastest measured one, so it gets tried first, and its requests in flight
    still count (a replica costing 0 would take every request until measured).
+   An average not refreshed for a while fades towards that guess (half of it
+   every :data:`FADE_S`, as Finagle's peak-EWMA balancer decays by time), so a
+   replica avoided for being slow is tried again later, not never.
+5. **Probation**: a replica not measured, or whose average has faded, gets
+   one request at a time until it answers, unless no other candidate is
+   left: a replica that came up broken (or hangs) holds one request, not a
+   burst of them, and that one is retried elsewhere.
    A replica k times slower holds each request k times longer and so loses
    the comparisons while the other has fewer in flight: it gets about 1/k as
    many requests.
@@ -45,6 +52,9 @@ from aiworks.scheduler.replica_state import OutlierDetector
 Selector = tuple[tuple[str, str], ...]
 # How long a replica that could not be reached at all is left out of routing.
 DOWN_S = 1.0
+# Half-life of a latency average that is not refreshed: it fades towards the optimistic guess for unmeasured
+# replicas, so a replica once slow is tried again (and, if still bad, ejected) rather than avoided for ever.
+FADE_S = 2.0
 
 
 class Recovering(Unavailable):
@@ -118,12 +128,20 @@ class Router:
         healthy = [r for r in reachable if not self.outliers.ejected(r.health)] or reachable
         return self.pools.prefer(priority, healthy)
 
-    def _cost(self, replica: Replica, key: Key, now: float, unmeasured_s: float) -> float:
-        latency = replica.health.latency_s.get(key, unmeasured_s)
+    def _latency(self, replica: Replica, key: Key, now: float, unmeasured_s: float) -> tuple[float, bool]:
+        """The latency to expect of ``replica`` for ``key``, and whether it is on probation (unknown or faded)."""
+        health = replica.health
+        measured = health.latency_s.get(key)
+        if measured is None:
+            return unmeasured_s, True
+        weight = 0.5 ** ((now - health.latency_at_s.get(key, now)) / FADE_S)
+        return unmeasured_s + (measured - unmeasured_s) * weight, weight < 0.5
+
+    def _cost(self, latency_s: float, replica: Replica, now: float) -> float:
         if replica.outstanding:
             silent_s = now - max(replica.busy_since_s, replica.answered_s)
-            latency = max(latency, silent_s)
-        return latency * (1 + replica.outstanding)
+            latency_s = max(latency_s, silent_s)
+        return latency_s * (1 + replica.outstanding)
 
     def pick(self, key: Key, priority: Priority = Priority.STANDARD,
              exclude: frozenset[str] | set[str] = frozenset()) -> Replica:  # fmt: skip
@@ -131,14 +149,17 @@ class Router:
         candidates = self.candidates(key, priority, exclude)
         if len(candidates) == 1:
             return candidates[0]
-        if len(candidates) > 2:
-            candidates = self._rng.sample(candidates, 2)
-        elif self._rng.random() < 0.5:
-            candidates = [candidates[1], candidates[0]]  # ties go either way
+        now = self._clock()
         measured = [r.health.latency_s[key] for r in candidates if key in r.health.latency_s]
         unmeasured_s = min(measured) / 2 if measured else 1e-3
-        now = self._clock()
-        return min(candidates, key=lambda r: (self._cost(r, key, now, unmeasured_s), r.outstanding))
+        expected = {r.replica_id: self._latency(r, key, now, unmeasured_s) for r in candidates}
+        # Probation: one request at a time for a replica not (or no longer) known to answer.
+        candidates = [r for r in candidates if not (expected[r.replica_id][1] and r.outstanding)] or candidates
+        if len(candidates) > 2:
+            candidates = self._rng.sample(candidates, 2)
+        elif len(candidates) == 2 and self._rng.random() < 0.5:
+            candidates = [candidates[1], candidates[0]]  # ties go either way
+        return min(candidates, key=lambda r: (self._cost(expected[r.replica_id][0], r, now), r.outstanding))
 
     # ---- outcomes ------------------------------------------------------------------------
 
@@ -154,7 +175,7 @@ class Router:
         replica.answered_s = self._clock()
 
     def succeeded(self, replica: Replica, key: Key, latency_s: float, rows: int = 1) -> None:
-        replica.health.observe(key, latency_s, rows, self.ewma_alpha)
+        replica.health.observe(key, latency_s, rows, self.ewma_alpha, self._clock())
         self.outliers.success(replica.health)
         self._down_until.pop(replica.replica_id, None)
 
@@ -167,7 +188,7 @@ class Router:
         replica that hangs looks slow once it is back, not unmeasured.
         """
         if key is not None and waited_s is not None:
-            replica.health.observe_latency(key, waited_s, self.ewma_alpha)
+            replica.health.observe_latency(key, waited_s, self.ewma_alpha, self._clock())
         population = [r.health for r in self.catalog.replicas.values()]
         if self.outliers.failure(replica.health, population):
             metrics.SCHEDULER_EJECTIONS.labels(replica.replica_id, "outlier").inc()

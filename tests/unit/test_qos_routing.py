@@ -298,3 +298,38 @@ async def test_a_request_whose_deadline_passed_never_reaches_a_replica_and_is_co
         await suite.infer(timeout=1)  # 1 us: gone before it is sent
     assert replica.batches == 0 and replica.seen_timeouts == []
     assert REGISTRY.get_sample_value("aiworks_scheduler_timeouts_total", labels) == before + 1
+
+
+def test_a_new_replica_gets_one_request_at_a_time_until_it_answers():
+    clock = FakeClock()
+    suite = make({"old": FakeReplica("old"), "new": FakeReplica("new")}, clock=clock)
+    router = suite.dispatcher.router
+    old, new = suite.replica("old"), suite.replica("new")
+    key = ("m", "1")
+    router.succeeded(old, key, 0.010)
+    for _ in range(5):
+        router.sent(old)
+    assert router.pick(key) is new  # unmeasured: tried first...
+    router.sent(new)
+    assert {router.pick(key).replica_id for _ in range(20)} == {"old"}  # ...but one at a time
+    router.answered(new)
+    router.succeeded(new, key, 0.004)
+    router.sent(new)
+    assert router.pick(key) is new  # measured and fast: several in flight are fine now
+
+
+def test_a_replica_avoided_for_being_slow_is_tried_again_once_its_average_fades():
+    clock = FakeClock()
+    suite = make({"a": FakeReplica("a"), "b": FakeReplica("b")}, clock=clock)
+    router = suite.dispatcher.router
+    a, b = suite.replica("a"), suite.replica("b")
+    key = ("m", "1")
+    router.succeeded(a, key, 0.010)
+    router.failed(b, DeadlineExceeded("per-try timeout"), key, waited_s=1.0)  # it hung once: 1 s on record
+    router.sent(a)
+    assert {router.pick(key).replica_id for _ in range(20)} == {"a"}
+    clock.now += 20  # ten half-lives without news of b; a keeps answering
+    router.answered(a)
+    router.succeeded(a, key, 0.010)
+    router.sent(a)
+    assert router.pick(key) is b  # b's record has faded: it gets a (single) request to prove itself
