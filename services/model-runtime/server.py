@@ -26,6 +26,9 @@ from aiworks.security.model_guard import ModelGuard
 
 log = logging.getLogger("aiworks.runtime")
 
+# gRPC health service name that reports the process alive (liveness), whatever its models' state.
+LIVENESS_SERVICE = "aiworks.runtime.v1.RuntimeService"
+
 
 def _nvml(device: str):
     """NVML's GPUs for a replica that advertises a GPU (its own metrics); None elsewhere."""
@@ -102,6 +105,7 @@ async def serve(settings: RuntimeSettings) -> None:
     metrics, metrics_port = serve_metrics_or_warn(settings.metrics_port, settings.host)
 
     server, health = create_server(settings.max_message_bytes)
+    await set_serving(health, False)  # grpcio's servicer starts with "" SERVING; ready comes after the loads
     runtime_pb2_grpc.add_RuntimeServiceServicer_to_server(RuntimeServicer(dataplane, replica_id), server)
     port = add_port(server, f"{settings.host}:{settings.port}", tls)
     await server.start()
@@ -121,12 +125,17 @@ async def serve(settings: RuntimeSettings) -> None:
         except Exception:
             configs[name] = None
     started = time.perf_counter()
+    failed = []
     for name in startup_models(configs, settings.models):  # preload and warm-up: aiworks.runtime.residency
         try:
             await dataplane.load(name, preloaded=True)
         except Exception as exc:
+            failed.append(name)
             log.error("could not load model %s: %s", name, exc)
     log.info("start-up loads took %.0f ms", (time.perf_counter() - started) * 1e3)
+    # The process is alive once it is up (liveness); it is ready only when its models loaded, so
+    # probes, Services and `helm test` see a replica that has nothing to serve as not ready.
+    await set_serving(health, True, LIVENESS_SERVICE)
 
     channel = client_channel(settings.scheduler_address, settings.max_message_bytes, tls, server_name="scheduler")
     registrar = Registrar(
@@ -139,12 +148,21 @@ async def serve(settings: RuntimeSettings) -> None:
         interval_s=settings.heartbeat_interval_s,
     )
     beats = asyncio.create_task(registrar.run())
-    await set_serving(health, True)
-    log.info("runtime %s ready with %d model version(s)", replica_id, len(dataplane.ready_specs()))
+    # Models named in the settings must all load; of "every model in the repository", at least one.
+    missing = [name for name in failed if name in (settings.models or ())]
+    if missing or not dataplane.ready_specs():
+        log.error(
+            "runtime %s is NOT ready: %s", replica_id,
+            f"model(s) {', '.join(missing)} failed to load" if missing else f"no model in {repository.root} loaded",
+        )  # fmt: skip
+    else:
+        await set_serving(health, True)
+        log.info("runtime %s ready with %d model version(s)", replica_id, len(dataplane.ready_specs()))
 
     await stop.wait()
     log.info("runtime %s stopping", replica_id)
     await set_serving(health, False)
+    await set_serving(health, False, LIVENESS_SERVICE)
     beats.cancel()
     await server.stop(grace=5)
     await channel.close()
