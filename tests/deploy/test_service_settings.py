@@ -15,12 +15,14 @@ from pydantic_settings import BaseSettings
 
 from .support import REPO, SERVICE_FOLDERS, Rendered
 
-# Settings the deployment files already pass but the services do not define
-# yet (the cache peer, tenants and model files). Each is
-# ignored until its service reads it; drop it from here when it lands.
+# Settings the deployment files pass that another change adds to the services
+# (issue 15, internal callers' authentication: AIWORKS_<SVC>_MESH_MTLS and
+# AIWORKS_<SVC>_INSECURE). Each is ignored until its service reads it; drop it
+# from here when it lands.
 PENDING = {
     "AIWORKS_GATEWAY_CACHE_ADDRESS",
-    "AIWORKS_SCHEDULER_MODELS_FILE",
+    *(f"AIWORKS_{svc}_{name}" for svc in ("GATEWAY", "SCHEDULER", "RUNTIME", "CACHE", "MONITOR")
+      for name in ("MESH_MTLS", "INSECURE")),
 }
 COMPOSE_SERVICES = {"gateway": "gateway", "scheduler": "scheduler", "runtime-1": "runtime", "runtime-2": "runtime",
                     "cache": "cache", "monitor": "monitor"}
