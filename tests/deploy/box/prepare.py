@@ -8,8 +8,8 @@ from .cluster import Box
 
 
 def broken_iris(box: Box, workdir: Path, extra: dict) -> None:
-    """A model folder whose config is fine and whose weights are not ONNX (extra["broken_model"] points here)."""
-    folder = Path(extra["broken_model"])
+    """Claim "models" holding iris/ whose config is fine and whose weights are not ONNX."""
+    folder = box.add_claim("models") / "iris"
     (folder / "1").mkdir(parents=True, exist_ok=True)
     from aiworks.demo.models import IRIS_CONFIG
 
