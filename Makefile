@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 DEPS   := pyproject.toml $(wildcard requirements-*.txt)
 
-.PHONY: install run test test-unit test-e2e proto bench clean
+.PHONY: install run test test-unit test-e2e proto bench images clean
 
 install: $(STAMP)
 
@@ -34,6 +34,9 @@ test-e2e: install
 
 proto: install          ## regenerate the gRPC code from proto/
 	$(BIN)/python scripts/gen_proto.py
+
+images:                 ## build the service images with docker, podman or buildah (scripts/build-images.sh)
+	sh scripts/build-images.sh
 
 bench: install          ## the serving-spine benchmark (docs/benchmarks.md)
 	$(BIN)/python bench/serving_spine.py
