@@ -81,7 +81,11 @@ def test_healthchecks_and_ordered_start(compose_project: dict[str, Any]) -> None
                 assert project[dependency].get("healthcheck"), dependency
     assert set(project["gateway"]["depends_on"]) >= {"scheduler", "cache"}
     assert set(project["envoy"]["depends_on"]) >= {"gateway", "certs"}
-    assert set(project["cache"]["depends_on"]) == {"redis"}
+    assert set(project["cache"]["depends_on"]) == {"redis", "certs"}
+    for name in ("scheduler", "runtime-1", "runtime-2", "cache", "gateway", "monitor"):
+        # Every service holds its certificate before it starts (directly, or through a peer that waited).
+        waits = set(project[name].get("depends_on", {}))
+        assert "certs" in waits or waits & {"scheduler", "cache"}, name
 
 
 def test_ports_agree_across_env_expose_and_healthchecks(compose_project: dict[str, Any]) -> None:
@@ -94,7 +98,15 @@ def test_ports_agree_across_env_expose_and_healthchecks(compose_project: dict[st
         assert env_ports == ports, name
         probe = " ".join(service["healthcheck"]["test"])
         main = CONTRACT_PORTS[component].get("http", CONTRACT_PORTS[component].get("grpc"))
-        assert f"127.0.0.1:{main}" in probe, name
+        # gRPC services: the mutual-TLS probe with the service's own certificate; HTTP ones: a GET.
+        assert f"127.0.0.1:{main}" in probe or f"aiworks.kube.probe --port {main} --tls-dir /etc/aiworks/certs/" in probe, name
+        if component != "monitor":
+            # Mutual TLS between the services, from the certs job's volume.
+            tls = {k.removeprefix(prefix): v for k, v in service["environment"].items() if k.startswith(prefix + "TLS_")}
+            folder = f"/etc/aiworks/certs/{component}"
+            assert tls == {"TLS_CERT": f"{folder}/tls.crt", "TLS_KEY": f"{folder}/tls.key", "TLS_CA": f"{folder}/ca.crt"}, name
+            [mount] = [m for m in service["volumes"] if m["target"] == "/etc/aiworks/certs"]
+            assert mount["source"] == "certs" and mount["read_only"], name
         assert service["read_only"] and service["cap_drop"] == ["ALL"]
 
 
