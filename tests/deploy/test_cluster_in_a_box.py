@@ -16,7 +16,7 @@ import pytest
 
 from .box import run_box
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 if shutil.which("unshare") is None or shutil.which("nsenter") is None:
     pytest.skip("the box needs util-linux's unshare and nsenter", allow_module_level=True)

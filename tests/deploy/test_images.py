@@ -24,7 +24,7 @@ import yaml
 
 from .support import REPO, venv_tool
 
-pytestmark = [pytest.mark.images, pytest.mark.slow]
+pytestmark = [pytest.mark.images, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 UNAVAILABLE = {"envoy", "grafana"}  # no registry here, not in Debian: left out, as the module says
 PROJECT = "aiworkstest"
