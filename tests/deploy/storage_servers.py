@@ -53,15 +53,16 @@ class _Process:
 class SeaweedS3(_Process):
     """`weed mini`: master, volume, filer and the S3 gateway in one process, all on loopback."""
 
-    def __init__(self, workdir: Path, bucket: str = "models"):
+    def __init__(self, workdir: Path, bucket: str = "models", ip: str = "127.0.0.1"):
         self.workdir = workdir
         self.bucket = bucket
+        self.ip = ip
         self.port = free_port()
         self.log = workdir / "weed.log"
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.ip}:{self.port}"
 
     def env(self, **overrides: str) -> dict[str, str]:
         """The AWS SDK variables a client of this server needs."""
@@ -87,7 +88,7 @@ class SeaweedS3(_Process):
         data = self.workdir / "data"
         data.mkdir(exist_ok=True)
         command = [
-            venv_tool("weed"), "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            venv_tool("weed"), "mini", f"-dir={data}", f"-ip={self.ip}", f"-ip.bind={self.ip}",
             f"-s3.port={self.port}", "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.config={config}",
             "-admin.ui=false", "-webdav=false", "-master.telemetry=false", f"-bucket={self.bucket}",
             *(f"-{name}={port}" for name, port in ports.items()),

@@ -74,3 +74,19 @@ def test_helm_test_fails_when_no_model_loaded(tmp_path: Path) -> None:
     assert found["runtime_running"] == [True] and found["runtime_ready"] == [False], found["runtime_log"]
     assert not found["helm_test_passed"]
     assert "NOT READY: iris" in found["helm_test_log"], found["helm_test_log"]
+
+
+def test_an_operators_own_stores_and_jwt(tmp_path: Path) -> None:
+    """ci/external-values.yaml: JWT, an external Redis, models from a claim and from S3 (a real SeaweedFS),
+    two gateways, Gateway API routes and a tracing collector, installed as the operator would."""
+    import yaml
+
+    from .support import CHART
+
+    values = yaml.safe_load((CHART / "ci" / "external-values.yaml").read_text())
+    result = run_box(tmp_path / "box", values, ["values_install_serves"], prepare="external_stores", timeout_s=900)
+    found = scenario(result, "values_install_serves")
+    assert found["credentials"] == "jwt"
+    assert {"iris_after_s", "iris-s3_after_s"} <= set(found), found
+    assert "401" in found["anonymous"], found["anonymous"]
+    assert found["helm_test"]["passed"], found["helm_test"]["log"]

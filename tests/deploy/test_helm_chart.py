@@ -31,7 +31,7 @@ def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
 
-@pytest.mark.parametrize("values_file", [None, "ci/all-features-values.yaml"])
+@pytest.mark.parametrize("values_file", [None, *sorted(f"ci/{p.name}" for p in (CHART / "ci").glob("*-values.yaml"))])
 def test_lint_passes_strict(values_file: str | None) -> None:
     values = yaml.safe_load((CHART / values_file).read_text()) if values_file else None
     report = helm.lint(str(CHART), values, strict=True, namespace=NAMESPACE, kube_version="v1.27.0")

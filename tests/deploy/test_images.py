@@ -92,7 +92,9 @@ def podman_compose_file(bases: dict[str, str], out: Path) -> Path:
                                    AIWORKS_RUNTIME_ADVERTISE_ADDRESS="runtime-2:8022")  # fmt: skip
     runtime2["healthcheck"]["test"] = [w.replace("8020", "8022") for w in runtime2["healthcheck"]["test"]]
     services["prometheus"]["entrypoint"] = ["prometheus"]  # Debian's binary; the official image's entrypoint
-    compose = {"name": PROJECT, "services": services, "volumes": project.get("volumes", {})}
+    # Volumes named by the project podman-compose is given.
+    volumes = {name: {k: v for k, v in spec.items() if k != "name"} for name, spec in project.get("volumes", {}).items()}
+    compose = {"name": PROJECT, "services": services, "volumes": volumes}
     path = out / "compose.podman.yml"
     path.write_text(yaml.safe_dump(compose, sort_keys=False))
     return path

@@ -54,6 +54,9 @@ def main(request_path: str, result_path: str) -> None:
         results["cluster"] = box.describe()[-8000:]
     finally:
         box.close()
+        for stop in request["extra"].get("_stop", []):
+            stop()
+        request["extra"].pop("_stop", None)
         Path(result_path).write_text(json.dumps(results, indent=1, default=str))
 
 

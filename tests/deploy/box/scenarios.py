@@ -35,11 +35,21 @@ class Gateway:
             self.ca_path.write_bytes(self.tls["ca.crt"])
         keys = box.api.secret_data(box.namespace, f"{RELEASE}-api-keys")
         self.api_key = keys["api-key"].decode() if keys and "api-key" in keys else None
+        self.token = None
+        if values.get("auth", {}).get("mode") == "jwt" and values.get("_jwt_secret"):
+            import jwt
+
+            jwt_values = values["auth"]["jwt"]
+            claims = {"iss": jwt_values["issuer"], "aud": jwt_values["audience"], "exp": int(time.time()) + 3600,
+                      jwt_values["tenantClaim"]: values["config"]["tenants"][0]["name"], "sub": "box-client"}  # fmt: skip
+            self.token = jwt.encode(claims, bytes.fromhex(values["_jwt_secret"]), algorithm=jwt_values["algorithms"][0])
         self.address = box.service_address(f"{RELEASE}-gateway")
 
     @property
     def headers(self) -> dict[str, str]:
         """A fresh dict each time: tritonclient.http adds its own headers to the one it is given."""
+        if self.token:
+            return {"authorization": f"Bearer {self.token}"}
         return {"x-api-key": self.api_key} if self.api_key else {}
 
     def ssl_context(self) -> ssl.SSLContext | None:
@@ -85,7 +95,7 @@ class Gateway:
 def _inputs(model: str):
     import tritonclient.http as httpclient
 
-    features = 4 if model == "iris" else 64
+    features = 64 if model == "digits" else 4
     data = np.random.default_rng(0).random((3, features), dtype=np.float32)
     tensor = httpclient.InferInput("input", list(data.shape), "FP32")
     tensor.set_data_from_numpy(data)
@@ -223,7 +233,30 @@ def helm_test_fails_without_model(box: Box, ctx: dict) -> dict:
     }
 
 
+def values_install_serves(box: Box, ctx: dict) -> dict:
+    """Any values file: every pool's model answers with the values' credentials; anonymous calls are refused;
+    `helm test` passes."""
+    values = {**ctx["values"], "_jwt_secret": ctx.get("jwt_secret")}
+    box.wait_ready(300)
+    gateway = Gateway(box, values)
+    out: dict[str, Any] = {"credentials": "jwt" if gateway.token else ("api key" if gateway.api_key else "none")}
+    for model in sorted(values["runtime"]["pools"]):
+        out[f"{model}_after_s"] = round(time.monotonic() - ctx["t0"] + wait_for_inference(gateway, model, 240), 2)
+    client = gateway.http()
+    try:
+        client.infer(sorted(values["runtime"]["pools"])[0], _inputs("iris"))
+        out["anonymous"] = "admitted"
+    except Exception as exc:
+        out["anonymous"] = str(exc)[:200]
+    finally:
+        client.close()
+    ok, logs = box.helm_test(200)
+    out["helm_test"] = {"passed": ok, "log": logs[-1500:]}
+    return out
+
+
 SCENARIOS: dict[str, Callable[[Box, dict], dict]] = {
+    "values_install_serves": values_install_serves,
     "default_install_serves": default_install_serves,
     "shared_limits": shared_limits,
     "helm_test_fails_without_model": helm_test_fails_without_model,
