@@ -9,14 +9,21 @@ One run measures, side by side on the same machine and the same suite:
       with the cache vs without it on the same request sequence;
   (c) where the cache does not pay: iris (microseconds of compute), fresh
       inputs, with and without the cache;
-  (d) cold start of the demo models in the runtime (load, warm-up, first request).
+  (d) cold start of the demo models in the runtime (load, warm-up, first request);
+  (e) per-tenant cache keys vs shared ones (``cache_scope: shared``, the keys
+      the cache had before it knew tenants): the Zipf workload's hit rate for
+      one tenant, the same request sequence sent to both models in
+      interleaved chunks, in a suite with a tenants file.
 
 Each cached model is a copy of the demo model with ``response_cache { enable:
 true }``; the plain copies are what the default policy (cache off unless the
 config enables it) serves. The gateway uses its production settings (10 ms
 lookup timeout).
 
+The cached copies set ``report_cache_hit: true`` so the client can count hits.
+
 Usage: python bench/cache_bench.py [--store memory|redis|both] [--duration-s 5] [--out FILE]
+       python bench/cache_bench.py --tenant-keys-only [--tenant-requests 6000]
 """
 
 from __future__ import annotations
@@ -45,18 +52,38 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def bench_repository(demo: Path, root: Path) -> Path:
-    """Cached and plain copies of digits v2 and iris (model files linked, not copied)."""
+    """Cached and plain copies of digits v2 and iris, and a digits copy that shares its entries across tenants.
+
+    Model files are hard-linked (copied across file systems): the runtime refuses a link that leaves
+    the repository (docs/security.md).
+    """
     digits = (demo / "digits" / "config.pbtxt").read_text().replace("version_policy: { all { } }\n", "")
     iris = (demo / "iris" / "config.pbtxt").read_text()
     sources = {"digits": (digits, demo / "digits" / "2"), "iris": (iris, demo / "iris" / "1")}
+    cached = "response_cache { enable: true }\n" + _param("report_cache_hit", "true")
+    variants = {
+        "digits": (("plain", ""), ("cached", cached), ("shared", cached + _param("cache_scope", "shared"))),
+        "iris": (("plain", ""), ("cached", cached)),
+    }
     for base, (config, version_dir) in sources.items():
-        for variant, extra in (("plain", ""), ("cached", "response_cache { enable: true }\n")):
+        for variant, extra in variants[base]:
             name = f"{base}_{variant}"
             (root / name / "1").mkdir(parents=True)
-            os.symlink(version_dir / "model.onnx", root / name / "1" / "model.onnx")
+            _link_or_copy(version_dir / "model.onnx", root / name / "1" / "model.onnx")
             text = config.replace(f'name: "{base}"', f'name: "{name}"') + extra
             (root / name / "config.pbtxt").write_text(text)
     return root
+
+
+def _param(key: str, value: str) -> str:
+    return f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}\n'
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
 
 
 # ---- load ----------------------------------------------------------------------------------------
@@ -227,17 +254,7 @@ def cache_stats(address: str) -> dict:
 def run_store(
     repo: Path, store: str, duration_s: float, zipf_s: float, population: int, logs: Path, env: dict[str, str]
 ) -> dict:
-    redis = None
-    redis_url = None
-    if store == "redis":
-        port = free_port()
-        redis = subprocess.Popen(
-            [shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--maxmemory", "256mb", "--maxmemory-policy", "volatile-lru"],
-            stdout=subprocess.DEVNULL,
-        )  # fmt: skip
-        redis_url = f"redis://127.0.0.1:{port}/0"
-        time.sleep(0.5)
+    redis, redis_url = _redis(store)
     config = SuiteConfig.on_free_ports(
         model_repository=repo,
         replicas=1,
@@ -259,6 +276,106 @@ def run_store(
         if redis is not None:
             redis.terminate()
             redis.wait()
+
+
+# ---- per-tenant keys vs shared keys ---------------------------------------------------------------
+
+
+async def drive_count(url: str, model: str, pick, concurrency: int, count: int, headers: dict) -> dict:
+    """Closed loop: ``concurrency`` workers send ``count`` requests in all, ``pick(i)`` for the i-th."""
+    import tritonclient.grpc.aio as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    latencies: list[float] = []
+    hits = errors = 0
+    counter = iter(range(count))
+
+    async def worker():
+        nonlocal hits, errors
+        for i in counter:
+            inp = pick(i)
+            started = time.perf_counter()
+            try:
+                result = await client.infer(model, [inp], headers=headers)
+            except Exception:  # counted, not fatal
+                errors += 1
+                continue
+            latencies.append(time.perf_counter() - started)
+            params = result.get_response().parameters
+            hits += "cache_hit" in params and params["cache_hit"].bool_param
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - started
+    await client.close()
+    return {"model": model, "concurrency": concurrency, "latencies": latencies, "hits": hits, "errors": errors,
+            "elapsed_s": elapsed}
+
+
+async def tenant_keys_workload(url: str, key: str, requests: int, zipf_s: float, population: int,
+                               chunks: int = 6) -> dict:
+    """The same Zipf sequence, from empty, to a per-tenant model and a shared one, in interleaved chunks."""
+    pool = make_inputs(population, 64, 4)
+    seq = zipf_sequence(population, zipf_s, requests, 5)
+    headers = {"x-api-key": key}
+    runs: dict[str, list[dict]] = {"digits_cached": [], "digits_shared": []}
+    size = requests // chunks
+    for chunk in range(chunks):
+        offset = chunk * size
+        order = list(runs) if chunk % 2 == 0 else list(reversed(runs))  # neither always goes first
+        for model in order:  # each model continues the sequence where its last chunk stopped
+            pick = (lambda o: lambda i: pool[seq[o + i]])(offset)
+            runs[model].append(await drive_count(url, model, pick, 8, size, headers))
+    out = {"requests": size * chunks, "best_hit_rate": repeats_in(seq[: size * chunks])}
+    for model, label in (("digits_cached", "per_tenant"), ("digits_shared", "shared")):
+        out[label] = summarize(runs[model])
+    return out
+
+
+def run_tenant_keys(repo: Path, store: str, requests: int, zipf_s: float, population: int, logs: Path,
+                    env: dict[str, str]) -> dict:
+    """(e) in a suite with one tenant (an API key), the cache on ``store``."""
+    from aiworks.gateway.auth import generate_api_key
+
+    key, digest = generate_api_key()
+    tenants = logs.parent / f"tenants-{store}.yaml"
+    tenants.parent.mkdir(parents=True, exist_ok=True)
+    tenants.write_text(json.dumps({"tenants": [{"id": "solo", "models": ["*"], "api_keys": [digest]}]}))
+    redis, redis_url = _redis(store)
+    config = SuiteConfig.on_free_ports(
+        model_repository=repo, replicas=1, log_dir=logs, log_level="WARNING", redis_url=redis_url,
+        extra_env={**env, "AIWORKS_GATEWAY_TENANTS_FILE": str(tenants)},
+    )  # fmt: skip
+    supervisor = Supervisor(config)
+    try:
+        supervisor.start()
+        print(f"\n(e) per-tenant keys vs shared keys, store {store}: Zipf s={zipf_s} over {population} inputs, "
+              f"{requests} requests each, one tenant, digits v2, concurrency 8, interleaved")  # fmt: skip
+        out = asyncio.run(tenant_keys_workload(f"127.0.0.1:{config.grpc_port}", key, requests, zipf_s, population))
+    finally:
+        supervisor.stop()
+        if redis is not None:
+            redis.terminate()
+            redis.wait()
+    tenant, shared = out["per_tenant"], out["shared"]
+    show("per-tenant keys (the default)", tenant)
+    show("shared keys (cache_scope: shared)", shared)
+    print(f"  best possible hit rate: {out['best_hit_rate']:.1%}; per-tenant / shared: hit rate "
+          f"{tenant['hit_rate'] / max(shared['hit_rate'], 1e-9):.3f}, req/s {tenant['rps'] / shared['rps']:.2f}")
+    return out
+
+
+def _redis(store: str):
+    if store != "redis":
+        return None, None
+    port = free_port()
+    process = subprocess.Popen(
+        [shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind", "127.0.0.1",
+         "--save", "", "--appendonly", "no", "--maxmemory", "256mb", "--maxmemory-policy", "volatile-lru"],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    time.sleep(0.5)
+    return process, f"redis://127.0.0.1:{port}/0"
 
 
 # ---- cold start ----------------------------------------------------------------------------------
@@ -315,6 +432,8 @@ def main() -> None:
     parser.add_argument("--lookup-timeout-s", type=float, help="the gateway's cache lookup timeout (default 10 ms)")
     parser.add_argument("--store-timeout-s", type=float, help="the cache's Redis timeout (default 5 ms)")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
+    parser.add_argument("--tenant-keys-only", action="store_true", help="run only (e): per-tenant vs shared keys")
+    parser.add_argument("--tenant-requests", type=int, default=6000, help="requests per model in (e)")
     args = parser.parse_args()
     env = {}
     if args.lookup_timeout_s is not None:
@@ -325,13 +444,19 @@ def main() -> None:
     if build_demo_repository(args.model_repository):
         print(f"built the demo repository in {args.model_repository}")
     demo = args.model_repository.resolve()
-    results: dict = {"settings": env, "cold_start": asyncio.run(cold_start(demo, args.cold_start_repeats))}
+    results: dict = {"settings": env}
+    if not args.tenant_keys_only:
+        results["cold_start"] = asyncio.run(cold_start(demo, args.cold_start_repeats))
     stores = ["memory", "redis"] if args.store == "both" else [args.store]
     with tempfile.TemporaryDirectory() as tmp:
         repo = bench_repository(demo, Path(tmp) / "repo")
         for store in stores:
-            results[store] = run_store(
-                repo, store, args.duration_s, args.zipf_s, args.population, Path(tmp) / f"logs-{store}", env
+            if not args.tenant_keys_only:
+                results[store] = run_store(
+                    repo, store, args.duration_s, args.zipf_s, args.population, Path(tmp) / f"logs-{store}", env
+                )
+            results[f"tenant_keys_{store}"] = run_tenant_keys(
+                repo, store, args.tenant_requests, args.zipf_s, args.population, Path(tmp) / f"logs-tk-{store}", env
             )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

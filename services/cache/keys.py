@@ -1,11 +1,14 @@
-"""Cache keys: a digest of everything that decides a response.
+"""Cache keys: a digest of everything that decides a response, and of who may see it.
 
-The key hashes the model, its *resolved* version, the policy's mode, every
+The key hashes the tenant (unless the model's policy shares entries across
+tenants: ``cache_scope: shared``), the model, its *resolved* version, the policy's mode, every
 input's name, datatype, shape and bytes (inputs in name order, since their
 order in a request does not change the result), the requested outputs in
 order, and the request parameters that can change the result (all but
 :data:`aiworks.cache.policy.NEUTRAL_PARAMETERS`). Every field is length-prefixed,
-so no two different requests can feed the hash the same bytes.
+so no two different requests can feed the hash the same bytes; per-tenant
+and shared keys use different personalisations of the hash, so they never
+meet either.
 
 In ``similar`` mode inputs are normalized before hashing:
 
@@ -32,6 +35,8 @@ from aiworks.cache.policy import NEUTRAL_PARAMETERS, SIMILAR, CachePolicy
 from aiworks.core.datatypes import Tensor, decode, deserialize_bytes, element_count, serialize_bytes
 
 KEY_BYTES = 20
+_SHARED_PERSON = b"aiworks-cache-1"  # the keys before tenancy reached the cache: shared entries keep them
+_TENANT_PERSON = b"aiworks-cache-t1"
 _FLOATS = ("FP16", "FP32", "FP64")
 
 
@@ -68,9 +73,18 @@ def request_key(
     outputs: list[str],
     parameters: dict,
     policy: CachePolicy,
+    tenant: str | None = None,
 ) -> bytes:
-    """The cache key of one request to ``model`` at its resolved ``version``."""
-    h = hashlib.blake2b(digest_size=KEY_BYTES, person=b"aiworks-cache-1")
+    """The cache key of one request to ``model`` at its resolved ``version``, within ``tenant``'s entries.
+
+    ``tenant`` None (or a policy with ``shared``) gives the key every tenant
+    shares; ``""`` is the anonymous tenant of demo mode, a tenant like any other.
+    """
+    if tenant is None or policy.shared:
+        h = hashlib.blake2b(digest_size=KEY_BYTES, person=_SHARED_PERSON)
+    else:
+        h = hashlib.blake2b(digest_size=KEY_BYTES, person=_TENANT_PERSON)
+        _field(h, tenant.encode())
     _field(h, model.encode())
     _field(h, version.encode())
     _field(h, policy.tag.encode())

@@ -7,6 +7,14 @@ A model is cached only when its config enables it, as in Triton::
     parameters { key: "cache_round_decimals"  value: { string_value: "3" } }        # similar mode, floats
     parameters { key: "cache_ttl_s"           value: { string_value: "600" } }      # 0: the cache's default
     parameters { key: "cache_max_entry_bytes" value: { string_value: "1048576" } }  # bigger results are not stored
+    parameters { key: "cache_scope"           value: { string_value: "shared" } }   # tenant (default) | shared
+    parameters { key: "report_cache_hit"      value: { string_value: "true" } }     # tell clients (default false)
+
+Entries are per tenant unless the model opts into ``cache_scope: shared``:
+a tenant's lookups never find what another tenant asked. Whether a request
+was a hit is counted in the gateway's metrics and the tenant's usage; the
+client is told (response parameter ``cache_hit``) only with
+``report_cache_hit: true``.
 
 The runtime passes ``response_cache`` on as the spec parameter
 ``response_cache: "true"`` (the internal ModelSpec has no field of its own
@@ -25,6 +33,8 @@ log = logging.getLogger(__name__)
 
 EXACT = "exact"
 SIMILAR = "similar"
+TENANT = "tenant"
+SHARED = "shared"
 DEFAULT_MAX_ENTRY_BYTES = 1024 * 1024
 
 # Request parameters that change how a response travels, not what it holds,
@@ -49,6 +59,8 @@ class CachePolicy:
     round_decimals: int = 3
     ttl_s: float = 0.0
     max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES
+    shared: bool = False  # cache_scope: shared, one entry for every tenant (else one per tenant)
+    report_hit: bool = False  # report_cache_hit: the response tells the client whether it was a hit
 
     @property
     def tag(self) -> str:
@@ -73,10 +85,16 @@ class CachePolicy:
             max_entry = int(parameters.get("cache_max_entry_bytes", str(DEFAULT_MAX_ENTRY_BYTES)))
             if max_entry <= 0:
                 raise ValueError(f"cache_max_entry_bytes must be > 0, not {max_entry}")
+            scope = parameters.get("cache_scope", TENANT).strip().lower()
+            if scope not in (TENANT, SHARED):
+                raise ValueError(f"cache_scope must be '{TENANT}' or '{SHARED}', not {scope!r}")
+            report = parameters.get("report_cache_hit", "false").strip().lower()
+            if report not in ("true", "false"):
+                raise ValueError(f"report_cache_hit must be 'true' or 'false', not {report!r}")
         except ValueError as exc:
             log.warning("model %s: response cache disabled, its config is invalid: %s", model, exc)
             return cls()
-        return cls(True, mode, decimals, ttl_s, max_entry)
+        return cls(True, mode, decimals, ttl_s, max_entry, shared=scope == SHARED, report_hit=report == "true")
 
 
 def skip_reason(parameters: dict) -> str | None:

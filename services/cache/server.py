@@ -13,6 +13,7 @@ from aiworks.cache.settings import CacheSettings
 from aiworks.cache.store import MemoryStore, Store
 from aiworks.core import metrics
 from aiworks.core.lifecycle import stop_event
+from aiworks.core.looplag import start_loop_lag_probe
 from aiworks.core.rpc import add_port, create_server, set_serving
 from aiworks.core.tracing import setup_tracing, shutdown_tracing
 from aiworks.pb.cache.v1 import cache_pb2_grpc
@@ -76,6 +77,7 @@ async def serve(settings: CacheSettings) -> None:
     if settings.metrics_port:  # 0 turns /metrics off here (the suite's local default)
         exposition, metrics_port = metrics.serve_metrics_or_warn(settings.metrics_port, settings.host)
     await set_serving(health, True)
+    lag = start_loop_lag_probe("cache")
     log.info(
         "cache serving gRPC%s on %s:%d with the %s store%s",
         " with mutual TLS" if tls else "",
@@ -88,6 +90,7 @@ async def serve(settings: CacheSettings) -> None:
     log.info("cache stopping")
     await set_serving(health, False)
     await server.stop(grace=5)
+    lag.stop()
     await metrics.stop_metrics(exposition)
     collector.unregister()
     await dataplane.close()

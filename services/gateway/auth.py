@@ -18,8 +18,10 @@ preimage, so it reveals nothing about stored keys.
 JWTs are verified with PyJWT against one key read at start-up (an HMAC
 secret, or a PEM public key or certificate for RS*/PS*/ES*/EdDSA) and parsed
 once. The tenant comes from a configured claim (``tenant`` by default),
-falling back to ``sub``; its value is a tenant id or one of a tenant's
-``jwt_subjects``. Verified tokens are remembered (bounded LRU) until they
+falling back to ``sub`` only when the tenants file opts in
+(``jwt.tenant_from_subject: true``): otherwise any token whose subject
+happens to equal a tenant id would act as that tenant. The value is a tenant
+id or one of a tenant's ``jwt_subjects``. Verified tokens are remembered (bounded LRU) until they
 expire or for :data:`TOKEN_CACHE_S`, whichever comes first, so a client that
 reuses its token pays for one signature check, not one per request.
 
@@ -329,10 +331,15 @@ class Authenticator:
             raise unauthenticated(f"bearer JWT is not valid: {exc}") from None
         value = claims.get(settings.tenant_claim)
         claim = settings.tenant_claim
-        if value is None:
+        if value is None and settings.tenant_from_subject:
             value, claim = claims.get("sub"), "sub"
-        if not isinstance(value, str) or not value:
-            raise unauthenticated(f"bearer JWT has no '{settings.tenant_claim}' or 'sub' claim naming a tenant")
+        if not isinstance(value, str) or not value:  # a valid identity, but no tenant: 403
+            if settings.tenant_from_subject:
+                raise permission_denied(f"bearer JWT has no '{settings.tenant_claim}' or 'sub' claim naming a tenant")
+            raise permission_denied(
+                f"bearer JWT has no '{settings.tenant_claim}' claim naming a tenant "
+                "('sub' names one only with jwt.tenant_from_subject: true in the tenants file)"
+            )
         tenant = self._claims.get(value)
         if tenant is None:
             raise permission_denied(f"JWT claim '{claim}' is '{value[:64]}', which maps to no tenant")

@@ -4,7 +4,11 @@ For each request to a model whose config enables the response cache, the
 gateway computes the key (:mod:`aiworks.cache.keys`) from the model's resolved
 version, asks the cache, and on a hit answers without the scheduler. On a
 miss it schedules the request, answers, and stores the result in the
-background. Responses of cached models carry the parameter ``cache_hit``.
+background. Keys are per tenant unless the model shares its entries
+(``cache_scope: shared``). Whether the cache answered is in the response's
+``cache_hit`` field, which the gateway meters; the client sees it as the
+response parameter ``cache_hit`` only when the model opts in
+(``report_cache_hit: true``), since it tells a caller what was asked before.
 
 The cache is an optimization, never a dependency: a lookup slower than
 ``lookup_timeout_s`` or failing counts as a miss; after ``failure_threshold``
@@ -131,11 +135,13 @@ class CacheClient:
         if request.model in self._pending_invalidations:
             self.counters.bypassed += 1
             lookups[R_BYPASS].inc()
-            return self._mark(await compute(request), False)
+            return self._mark(await compute(request), False, resolved.policy)
         with tracing.child_span("cache lookup", {"aiworks.model": request.model}) as span:
+            policy = resolved.policy
             key = request_key(
-                request.model, resolved.version, request.inputs, request.outputs, request.parameters, resolved.policy
-            )
+                request.model, resolved.version, request.inputs, request.outputs, request.parameters, policy,
+                tenant=request.tenant,
+            )  # fmt: skip
             found, result = await self._lookup(request.model, key)
             response = None
             if result == R_HIT:
@@ -148,13 +154,13 @@ class CacheClient:
         lookups[result].inc()
         if response is not None:
             self.counters.hits += 1
-            return self._mark(response, True)
+            return self._mark(response, True, policy)
         response = await compute(request)
         if found is not None:
             self.counters.misses += 1
             if response.version == resolved.version:
-                self._store_later(request.model, key, found.epoch, response, resolved.policy)
-        return self._mark(response, False)
+                self._store_later(request.model, key, found.epoch, response, policy)
+        return self._mark(response, False, policy)
 
     def _lookups(self, model: str) -> dict[str, object]:
         """The lookup counters of ``model`` (a cached model, so the label stays bounded), by result."""
@@ -165,8 +171,10 @@ class CacheClient:
         return children
 
     @staticmethod
-    def _mark(response: InferResponse, hit: bool) -> InferResponse:
-        response.parameters[HIT] = hit
+    def _mark(response: InferResponse, hit: bool, policy: CachePolicy) -> InferResponse:
+        response.cache_hit = hit
+        if policy.report_hit:
+            response.parameters[HIT] = hit
         return response
 
     async def _lookup(self, model: str, key: bytes) -> tuple[pb.GetResponse | None, str]:

@@ -5,9 +5,22 @@ from __future__ import annotations
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
-from aiworks.core.datatypes import NUMPY_DTYPES, Tensor, element_count, encode
-from aiworks.core.errors import InvalidArgument
-from aiworks.core.inference import InferRequest, InferResponse
+from aiworks.gateway.filters import MAX_PARAMETERS, InputLimits
+
+from aiworks.core.datatypes import (
+    NUMPY_DTYPES,
+    Tensor,
+    check_bytes_count,
+    check_shape,
+    element_count,
+    encode,
+    itemsize,
+    serialize_items,
+)
+from aiworks.core.errors import InvalidArgument, PayloadTooLarge
+from aiworks.core.inference import InferRequest, InferResponse, PendingInputs
+
+_DEFAULT_LIMITS = InputLimits()
 
 # Which InferTensorContents field carries each datatype.
 _CONTENTS_FIELD = {
@@ -49,37 +62,47 @@ def from_parameters(params: dict) -> dict[str, pb.InferParameter]:
     return out
 
 
-def to_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
+def to_infer_request_header(
+    msg: pb.ModelInferRequest, limits: InputLimits = _DEFAULT_LIMITS
+) -> tuple[InferRequest, PendingInputs]:
+    """The request with its inputs' names, datatypes and shapes, and the decoder of their data.
+
+    Nothing here is proportional to the tensor data: protobuf counts
+    repeated fields without building their elements, so typed ``contents``
+    are counted against ``max_listed_values`` before any is read.
+    """
+    limits.check_tensor_count(len(msg.inputs), len(msg.outputs))
+    if len(msg.parameters) > MAX_PARAMETERS:
+        raise PayloadTooLarge(f"the request has {len(msg.parameters)} parameters; at most {MAX_PARAMETERS} are allowed")
     raw_contents = msg.raw_input_contents
     if raw_contents and len(raw_contents) != len(msg.inputs):
         raise InvalidArgument(
             f"raw_input_contents has {len(raw_contents)} entries, but the request has {len(msg.inputs)} inputs"
         )
     tensors = []
+    decoders = []
+    listed = slow = 0
     for i, t in enumerate(msg.inputs):
+        if t.datatype not in NUMPY_DTYPES:
+            raise InvalidArgument(f"input '{t.name}': unknown datatype {t.datatype[:40]!r}")
         shape = tuple(t.shape)
         if any(d < 0 for d in shape):
-            raise InvalidArgument(f"input '{t.name}' has a negative dim in shape {list(shape)}")
-        if t.datatype not in NUMPY_DTYPES:
-            raise InvalidArgument(f"input '{t.name}': unknown datatype {t.datatype!r}")
+            raise InvalidArgument(f"input '{t.name}' has a negative dim in shape {list(shape)[:8]}")
+        check_shape(shape, t.name)
         if raw_contents:
-            raw = raw_contents[i]
+            decoders.append(_raw(raw_contents[i], t.datatype, shape, t.name))
+            if t.datatype == "BYTES":
+                slow += element_count(shape)
         else:
             field = _CONTENTS_FIELD.get(t.datatype)
             if field is None:
                 raise InvalidArgument(f"input '{t.name}': {t.datatype} must be sent in raw_input_contents")
             values = getattr(t.contents, field)
-            count = element_count(shape)
-            if len(values) != count:
-                raise InvalidArgument(
-                    f"input '{t.name}' has {len(values)} elements in contents, but the shape needs {count}"
-                )
-            if t.datatype == "BYTES":
-                raw = encode(np.array(list(values), dtype=np.object_), "BYTES")
-            else:
-                raw = encode(np.asarray(values), t.datatype)
-        tensors.append(Tensor(t.name, t.datatype, shape, raw))
-    return InferRequest(
+            listed += len(values)
+            decoders.append(_contents(values, t.datatype, shape, t.name))
+        tensors.append(Tensor(t.name, t.datatype, shape))
+    limits.check_listed(listed, "the request's typed contents")
+    request = InferRequest(
         model=msg.model_name,
         version=msg.model_version,
         inputs=tensors,
@@ -87,6 +110,50 @@ def to_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
         id=msg.id,
         parameters=to_parameters(msg.parameters),
     )
+
+    def decode() -> None:
+        for tensor, fill in zip(tensors, decoders):
+            tensor.raw = fill()
+
+    return request, PendingInputs(decode, slow + listed)
+
+
+def _raw(raw: bytes, datatype: str, shape: tuple[int, ...], name: str):
+    def check() -> bytes:
+        count = element_count(shape)
+        if datatype == "BYTES":
+            check_bytes_count(raw, count, name=name)
+        elif len(raw) != count * itemsize(datatype):
+            raise InvalidArgument(
+                f"input '{name}': {len(raw)} bytes of data, but shape {list(shape)} of {datatype} needs "
+                f"{count * itemsize(datatype)}"
+            )
+        return raw
+
+    return check
+
+
+def _contents(values, datatype: str, shape: tuple[int, ...], name: str):
+    def convert() -> bytes:
+        count = element_count(shape)
+        if len(values) != count:
+            raise InvalidArgument(f"input '{name}' has {len(values)} elements in contents, but the shape needs {count}")
+        if datatype == "BYTES":
+            return serialize_items(values)
+        try:
+            return encode(np.asarray(values, dtype=NUMPY_DTYPES[datatype]), datatype)
+        except (TypeError, ValueError, OverflowError):
+            raise InvalidArgument(f"input '{name}': contents do not hold {datatype} values") from None
+
+    return convert
+
+
+def to_infer_request(msg: pb.ModelInferRequest, limits: InputLimits = _DEFAULT_LIMITS) -> InferRequest:
+    """The whole request, decoded (header, caps, then data)."""
+    request, pending = to_infer_request_header(msg, limits)
+    limits.check_shapes(request)
+    pending.decode()
+    return request
 
 
 def from_infer_response(resp: InferResponse) -> pb.ModelInferResponse:

@@ -22,110 +22,43 @@ caller in as the anonymous tenant, which may do everything):
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from aiworks.gateway.auth import Authenticator, Headers, Principal
-from aiworks.gateway.cache_client import HIT, CacheClient
-from aiworks.gateway.filters import InputFilter
-from aiworks.gateway.limits import TenantLimiter
+from aiworks.gateway.cache_client import CacheClient
+from aiworks.gateway.filters import InputFilter, InputLimits
+from aiworks.gateway.limits import Admission, TenantLimiter
 from aiworks.gateway.masking import MaskingPolicies
 from aiworks.gateway.metering import UsageMeter
-from aiworks.gateway.scheduler_client import SchedulerClient
+from aiworks.gateway.scheduler_client import SchedulerClient, Work, outstanding_compute_s
 from aiworks.gateway.settings import GatewaySettings
+from aiworks.gateway.specs import ModelSpecs
 from aiworks.gateway.telemetry import GatewayTelemetry, short
-from aiworks.gateway.tenancy import apply_tenant_defaults, demo_config, load_tenancy
+from aiworks.gateway.tenancy import PRIORITY_CLAMPED, apply_tenant_defaults, demo_config, load_tenancy
 
 from aiworks import __version__
 from aiworks.core import metrics
-from aiworks.core.errors import AIWorksError, InvalidArgument, PermissionDenied, Status
-from aiworks.core.inference import InferRequest, InferResponse
+from aiworks.core.datatypes import element_count
+from aiworks.core.errors import AIWorksError, InvalidArgument, PermissionDenied, Unauthenticated
+from aiworks.core.inference import InferRequest, InferResponse, PendingInputs
+from aiworks.core.looplag import offload
 from aiworks.core.model_config import ModelSpec
+from aiworks.core.names import check_model_name, check_version
 from aiworks.security.audit import AuditLog
 
 log = logging.getLogger(__name__)
 
 EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics", "schedule_policy"]
 
-Metadata = Callable[[str, str], Awaitable[tuple[ModelSpec, list[str]]]]
+_UNAUTHENTICATED = metrics.GATEWAY_REFUSED.labels("unauthenticated")
 
-
-class ModelSpecs:
-    """Model specs for the request path (input filters, masking), fetched from the scheduler and reused.
-
-    A spec younger than ``ttl_s`` is answered from memory. An older one is
-    still answered while one background fetch refreshes it, so a request waits
-    for the scheduler only the first time a model version is asked for.
-    Unknown models (NOT_FOUND) are remembered for ``ttl_s`` as well, so a
-    client sending made-up names costs no metadata call per request; other
-    errors are not remembered.
-    """
-
-    def __init__(
-        self,
-        fetch: Metadata,
-        ttl_s: float = 1.0,
-        *,
-        max_entries: int = 4096,
-        clock: Callable[[], float] = time.monotonic,
-    ):
-        self._fetch = fetch
-        self.ttl_s = ttl_s
-        self.max_entries = max_entries
-        self._clock = clock
-        self._entries: dict[tuple[str, str], tuple[float, ModelSpec | AIWorksError]] = {}
-        self._pending: dict[tuple[str, str], asyncio.Task] = {}
-
-    async def get(self, name: str, version: str) -> ModelSpec:
-        ref = (name, version)
-        entry = self._entries.get(ref)
-        if entry is not None:
-            expires, value = entry
-            fresh = self._clock() < expires
-            if isinstance(value, ModelSpec):
-                if not fresh:
-                    self._refresh(ref)
-                return value
-            if fresh:
-                raise type(value)(value.message, value.status)
-        value = await asyncio.shield(self._refresh(ref))
-        if isinstance(value, AIWorksError):
-            raise type(value)(value.message, value.status)
-        return value
-
-    def _refresh(self, ref: tuple[str, str]) -> asyncio.Task:
-        task = self._pending.get(ref)
-        if task is None:
-            task = asyncio.get_running_loop().create_task(self._load(ref))
-            self._pending[ref] = task
-            task.add_done_callback(lambda _: self._pending.pop(ref, None))
-        return task
-
-    async def _load(self, ref: tuple[str, str]) -> ModelSpec | AIWorksError:
-        try:
-            spec, _ = await self._fetch(*ref)
-        except AIWorksError as exc:
-            if exc.status is Status.NOT_FOUND:
-                self._store(ref, exc)
-            return exc  # a transient error: a stale spec, if any, is kept
-        except Exception as exc:  # never leave a background refresh's exception unretrieved
-            return AIWorksError(f"model metadata of '{ref[0]}' could not be read: {exc}")
-        self._store(ref, spec)
-        return spec
-
-    def _store(self, ref: tuple[str, str], value: ModelSpec | AIWorksError) -> None:
-        if ref not in self._entries and len(self._entries) >= self.max_entries:
-            self._entries.pop(next(iter(self._entries)))
-        self._entries[ref] = (self._clock() + self.ttl_s, value)
-
-    def forget(self, name: str) -> None:
-        """Drop what is known about ``name`` (after a load or unload through this gateway)."""
-        for ref in [r for r in self._entries if r[0] == name]:
-            del self._entries[ref]
-
+# Requests whose tensor data or checks handle more elements than this one at a time in Python (JSON data,
+# BYTES elements) are decoded and checked in a worker thread, so the event loop keeps answering others.
+OFF_LOOP_ELEMENTS = 32_768
 
 @dataclass
 class Tenancy:
@@ -158,7 +91,13 @@ class Tenancy:
         return cls(
             auth=Authenticator.from_files(config, settings.jwt_key_file),
             filters=InputFilter(
-                max_tensor_elements=settings.max_tensor_elements,
+                limits=InputLimits(
+                    max_tensor_elements=settings.max_tensor_elements,
+                    max_request_elements=settings.max_request_elements,
+                    max_string_elements=settings.max_string_elements,
+                    max_listed_values=settings.max_listed_values,
+                    max_request_tensors=settings.max_request_tensors,
+                ),
                 max_string_bytes=settings.max_string_bytes,
                 deny_patterns=config.deny_patterns,
             ),
@@ -176,7 +115,7 @@ class Tenancy:
                 timeout_s=settings.usage_timeout_s,
                 retention_s=settings.usage_retention_s,
             ),
-            masking=MaskingPolicies(),
+            masking=MaskingPolicies(max_scan_bytes=settings.mask_max_scan_bytes),
             audit=audit,
         )
 
@@ -225,11 +164,24 @@ class GatewayDataPlane:
     # ---- who is asking ------------------------------------------------------------------------
 
     def authenticate(self, credentials: Headers = ()) -> Principal:
-        """The caller's principal from HTTP headers or gRPC metadata; 401 without valid credentials."""
-        return self.tenancy.auth.authenticate(credentials)
+        """The caller's principal from HTTP headers or gRPC metadata; 401 without valid credentials.
 
-    def _for_model(self, credentials: Headers, model: str) -> Principal:
-        return self.tenancy.auth.authenticate_for(credentials, model)
+        A refusal is counted (``aiworks_gateway_refused_requests_total``), not
+        audited or logged one by one: strangers must not be able to fill the disk.
+        """
+        try:
+            return self.tenancy.auth.authenticate(credentials)
+        except Unauthenticated:
+            _UNAUTHENTICATED.inc()
+            raise
+
+    def _for_model(self, credentials: Headers, model: str, version: str = "") -> Principal:
+        """The caller, allowed to use ``model``: authenticated, the names checked (400), then authorized."""
+        principal = self.authenticate(credentials)
+        check_model_name(model)
+        check_version(version)
+        self.tenancy.auth.authorize(principal, model)
+        return principal
 
     @staticmethod
     def is_admin(principal: Principal) -> bool:
@@ -257,7 +209,7 @@ class GatewayDataPlane:
         return {"name": self.server_name, "version": __version__, "extensions": EXTENSIONS}
 
     async def model_metadata(self, name: str, version: str, credentials: Headers = ()) -> dict:
-        self._for_model(credentials, name)
+        self._for_model(credentials, name, version)
         spec, versions = await self.scheduler.metadata(name, version)
         return {
             "name": spec.name,
@@ -269,50 +221,108 @@ class GatewayDataPlane:
 
     async def model_config(self, name: str, version: str, credentials: Headers = ()) -> dict:
         """The model's config in Triton's JSON form (the fields the suite uses)."""
-        self._for_model(credentials, name)
+        self._for_model(credentials, name, version)
         spec, _ = await self.scheduler.metadata(name, version)
         return spec_to_triton_config(spec)
 
     async def model_ready(self, name: str, version: str, credentials: Headers = ()) -> bool:
-        self._for_model(credentials, name)
+        self._for_model(credentials, name, version)
         return await self.scheduler.model_ready(name, version)
 
     # ---- inference ----------------------------------------------------------------------------
 
-    async def infer(self, request: InferRequest, principal: Principal | None = None) -> InferResponse:
+    @property
+    def limits(self) -> InputLimits:
+        """The caps the front ends check while parsing a request's header (its tensor count, its JSON size)."""
+        return self.tenancy.filters.limits
+
+    def authorize(self, principal: Principal, model: str, version: str = "") -> None:
+        """400 for a bad model or version name, 403 unless ``principal`` may use ``model``.
+
+        The front ends ask before any of the request is read or decoded.
+        """
+        check_model_name(model)
+        check_version(version)
+        self.tenancy.auth.authorize(principal, model)
+
+    async def infer(
+        self, request: InferRequest, principal: Principal | None = None, pending: PendingInputs | None = None
+    ) -> InferResponse:
         """One inference, in the order of docs/tenancy.md.
 
-        The front end has authenticated the caller (``principal``) and read
-        the body within :func:`request_limit`; here: authorize the model,
-        filter the inputs against its spec, apply the tenant's defaults, admit
+        The front end has authenticated the caller (``principal``), read the
+        body within :func:`request_limit` and parsed the request's header;
+        ``pending`` decodes its tensor data (None: already decoded). Here:
+        check the names, authorize the model, check the element caps on the
+        declared shapes, and only then decode, filter the inputs against the
+        model's spec, apply the tenant's defaults and priority ceiling, admit
         (rate, concurrency, quota), answer from the cache or the scheduler,
-        release the slot charging the time it took, meter, and mask outputs.
+        release the slot charging the runtime time it cost (:meth:`_settle`),
+        meter, and mask outputs.
         """
         tenancy = self.tenancy
         if principal is None:
             principal = tenancy.auth.authenticate(())
         tenant = principal.tenant
         request.tenant = tenant.id
+        check_model_name(request.model)
+        check_version(request.version)
         tenancy.auth.authorize(principal, request.model)
+        tenancy.filters.check_bounds(request)  # caps on what the header declares: nothing decoded yet
         spec = await self.specs.get(request.model, request.version)
-        rows = tenancy.filters.check(request, spec, against_metadata=not tenancy.demo_mode)
-        apply_tenant_defaults(request, tenant)
+        slow = pending.slow_elements if pending is not None else 0
+        slow += sum(element_count(t.shape) for t in request.inputs if t.datatype == "BYTES")
+        rows = await offload(self._prepare, request, pending, spec, large=slow > OFF_LOOP_ELEMENTS)
+        clamped = apply_tenant_defaults(request, tenant)
         admission = await tenancy.limiter.admit(tenant)
-        compute_s, hit = 0.0, False
+        work = Work()
+        response = None
         try:
-            started = time.perf_counter()
+            compute = functools.partial(self.scheduler.infer, work=work)
             if self.cache is not None:
                 # ---- result cache hook (docs/cache.md): lookup, schedule on a miss, store in the background.
-                response = await self.cache.infer(request, self.scheduler.infer)
+                response = await self.cache.infer(request, compute)
             else:
-                response = await self.scheduler.infer(request)
-            hit = response.parameters.get(HIT) is True
-            if not hit:  # a cache hit costs the tenant no compute
-                compute_s = time.perf_counter() - started
+                response = await compute(request)
         finally:  # the Redis round trip of a release stays off the answer's latency
+            self._settle(admission, spec.name, work, answered=response is not None)
+        # A cache hit cost no runtime time: work.compute_s is 0 then.
+        tenancy.meter.record(tenant.id, spec.name, rows=rows, compute_s=work.compute_s, cache_hit=response.cache_hit)
+        if clamped is not None:
+            response.parameters[PRIORITY_CLAMPED] = clamped
+        return await tenancy.masking.mask_async(spec, response)
+
+    def _prepare(self, request: InferRequest, pending: PendingInputs | None, spec: ModelSpec) -> int:
+        """Decode the tensor data and apply the input filters; the batch rows (in a worker thread when large)."""
+        if pending is not None:
+            pending.decode()
+        return self.tenancy.filters.check(request, spec, against_metadata=not self.tenancy.demo_mode)
+
+    def _settle(self, admission: Admission, model: str, work: Work, *, answered: bool) -> None:
+        """Free the request's slot and charge what the runtime spent: now, or once that work has ended.
+
+        When the request was answered before the scheduler (the client's
+        deadline passed, or the client went away while its batch ran), the
+        slot stays taken and the charge waits for the scheduler's answer,
+        which comes when the batch has ended (bounded by the call's own
+        timeout). A request that failed after costing runtime time shows in
+        usage as compute without a request.
+        """
+        tenancy = self.tenancy
+        tenant_id = admission.tenant.id
+        if work.outstanding is None:
+            tenancy.limiter.release_soon(admission, work.compute_s)
+            if not answered and work.compute_s > 0:
+                tenancy.meter.record(tenant_id, model, requests=0, rows=0, compute_s=work.compute_s)
+            return
+
+        def settle(reply: asyncio.Future) -> None:
+            compute_s = work.compute_s + outstanding_compute_s(reply)
             tenancy.limiter.release_soon(admission, compute_s)
-        tenancy.meter.record(tenant.id, spec.name, rows=rows, compute_s=compute_s, cache_hit=hit)
-        return tenancy.masking.mask(spec, response)
+            if compute_s > 0:
+                tenancy.meter.record(tenant_id, model, requests=0, rows=0, compute_s=compute_s)
+
+        work.outstanding.add_done_callback(settle)
 
     # ---- usage --------------------------------------------------------------------------------
 
@@ -352,6 +362,7 @@ class GatewayDataPlane:
         await self._admin("model.unload", name, credentials, self._unload)
 
     async def _load(self, name: str) -> None:
+        check_model_name(name)
         try:
             await self.scheduler.load(name)
         finally:
@@ -361,6 +372,7 @@ class GatewayDataPlane:
                 await self.cache.invalidate(name)
 
     async def _unload(self, name: str) -> None:
+        check_model_name(name)
         try:
             await self.scheduler.unload(name)
         finally:
@@ -383,7 +395,7 @@ class GatewayDataPlane:
             raise
         finally:
             audit = self.tenancy.audit
-            if audit is not None:
+            if audit is not None and not isinstance(error, Unauthenticated):
                 actor = None if principal is None else (principal.tenant_id or "anonymous")
                 details = {"latency_ms": round((time.perf_counter() - started) * 1e3, 3)}
                 if principal is not None:
@@ -399,7 +411,7 @@ class GatewayDataPlane:
 
     async def statistics(self, name: str, version: str, credentials: Headers = ()) -> list[dict]:
         """Triton's statistics extension, summed over replicas, with a per-replica breakdown."""
-        principal = self._for_model(credentials, name) if name else self.authenticate(credentials)
+        principal = self._for_model(credentials, name, version) if name else self.authenticate(credentials)
         allowed = None if self.is_admin(principal) else principal.tenant.allows
         merged: dict[tuple[str, str], dict] = {}
         for replica_id, models in await self.scheduler.statistics(name, version):

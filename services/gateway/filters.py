@@ -7,18 +7,28 @@ applies, and the rule, so a client can fix its request without guessing:
 rule                          status  configured by
 ============================  ======  =====================================================
 ``max_request_bytes``         413     the gateway's limit, or the tenant's (tenants file)
-``max_tensor_elements``       413     gateway setting
+``max_request_tensors``       413     gateway setting (inputs, and requested outputs)
+``max_listed_values``         413     gateway setting (values given one by one)
+``max_tensor_elements``       413     gateway setting (one input)
+``max_request_elements``      413     gateway setting (all inputs of a request)
+``max_string_elements``       413     gateway setting (BYTES elements of a request)
 ``max_string_bytes``          413     gateway setting (longest BYTES element, in bytes)
 datatype and shape            400     the model's metadata (:func:`check_inputs`)
 ``reject_nonfinite``          400     model config parameter ``reject_nonfinite: "true"``
 deny-list                     400     ``filters.deny_patterns`` in the tenants file
 ============================  ======  =====================================================
 
+The caps down to ``max_string_elements`` are :class:`InputLimits`: they are
+checked on what a request declares (its tensor count, the shapes in its
+header, how many values its JSON holds) before any of its tensor data is
+decoded, so a hostile body costs no more than reading its header.
+
 Nothing is copied to check it: float inputs are read through ``np.frombuffer``
 views (the NaN/Inf test allocates one boolean per element, no copy of the
 data), and BYTES elements are matched as memoryview slices of the request.
-Deny-list patterns are bytes regexes compiled once at start-up; they match
-the UTF-8 bytes of each element (``\\d``, ``\\w`` and case folding are ASCII;
+Deny-list patterns are bytes regexes compiled once at start-up (custom ones
+with RE2, so matching stays linear in the text whatever the pattern; see
+:mod:`aiworks.gateway.masking`); they match the UTF-8 bytes of each element (``\\d``, ``\\w`` and case folding are ASCII;
 literal non-ASCII text matches as written).
 
 The scheduler checks inputs against the model again for every gateway; the
@@ -27,13 +37,13 @@ gateway's check here only lets a bad request fail before it is admitted.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
-from aiworks.gateway.masking import BUILTIN_PATTERNS, builtin_pattern, compile_pattern
+from aiworks.gateway.masking import BUILTIN_PATTERNS, TextPattern, builtin_pattern, compile_pattern
 
-from aiworks.core.datatypes import NUMPY_DTYPES, bytes_offsets, element_count
+from aiworks.core.datatypes import NUMPY_DTYPES, bytes_offsets, element_count, nominal_count
 from aiworks.core.errors import InvalidArgument, PayloadTooLarge
 from aiworks.core.inference import InferRequest
 from aiworks.core.model_config import ModelSpec, check_inputs
@@ -42,10 +52,79 @@ PARAM_REJECT_NONFINITE = "reject_nonfinite"
 _FLOAT_TYPES = frozenset({"FP16", "FP32", "FP64"})
 _TRUE = frozenset({"true", "1", "yes", "on"})
 
+# Defaults of the caps (docs/security.md, "Hostile input", says why each is what it is).
+MI = 1 << 20
+DEFAULT_MAX_TENSOR_ELEMENTS = 64 * MI
+DEFAULT_MAX_REQUEST_ELEMENTS = 128 * MI
+DEFAULT_MAX_STRING_ELEMENTS = 1 * MI
+DEFAULT_MAX_LISTED_VALUES = 1 * MI
+DEFAULT_MAX_REQUEST_TENSORS = 1024
+MAX_PARAMETERS = 256  # request parameters; the protocol's clients send a handful
 
-def compile_deny_list(patterns: Mapping[str, str | None], where: str = "deny_patterns") -> dict[str, re.Pattern[bytes]]:
-    """Named deny-list patterns, compiled; a name with no regex refers to a built-in pattern."""
-    compiled: dict[str, re.Pattern[bytes]] = {}
+
+def _shown(shape) -> list:
+    return list(shape) if len(shape) <= 8 else [*shape[:8], "..."]
+
+
+@dataclass(frozen=True, slots=True)
+class InputLimits:
+    """Caps on what a request declares, checked before its tensor data is decoded; None: no cap."""
+
+    max_tensor_elements: int | None = DEFAULT_MAX_TENSOR_ELEMENTS
+    max_request_elements: int | None = DEFAULT_MAX_REQUEST_ELEMENTS
+    max_string_elements: int | None = DEFAULT_MAX_STRING_ELEMENTS
+    max_listed_values: int | None = DEFAULT_MAX_LISTED_VALUES
+    max_request_tensors: int | None = DEFAULT_MAX_REQUEST_TENSORS
+
+    def check_tensor_count(self, inputs: int, outputs: int = 0) -> None:
+        """Refuse more inputs (or requested outputs) than ``max_request_tensors``, before looking at any."""
+        limit = self.max_request_tensors
+        if limit is not None and max(inputs, outputs) > limit:
+            what = "inputs" if inputs > limit else "requested outputs"
+            raise PayloadTooLarge(
+                f"the request has {max(inputs, outputs)} {what}, more than the limit of {limit} "
+                "(rule max_request_tensors)"
+            )
+
+    def check_listed(self, values: int, where: str) -> None:
+        """Refuse more than ``max_listed_values`` values given one by one (JSON, typed gRPC contents)."""
+        limit = self.max_listed_values
+        if limit is not None and values > limit:
+            raise PayloadTooLarge(
+                f"{where} holds {values} values, more than the limit of {limit} (rule max_listed_values); "
+                "send large tensors as binary data (raw_input_contents, or Inference-Header-Content-Length)"
+            )
+
+    def check_shapes(self, request: InferRequest) -> None:
+        """The element caps, on the shapes the request declares (zero dims count as 1, see nominal_count)."""
+        total = strings = 0
+        per_tensor = self.max_tensor_elements
+        for tensor in request.inputs:
+            count = nominal_count(tensor.shape)
+            if per_tensor is not None and count > per_tensor:
+                real = element_count(tensor.shape)
+                has = f"{count} elements" if real == count else f"shape {_shown(tensor.shape)}, sized as {count} elements"
+                raise PayloadTooLarge(
+                    f"input '{tensor.name}' has {has}, more than the limit of {per_tensor} (rule max_tensor_elements)"
+                )
+            total += count
+            if tensor.datatype == "BYTES":
+                strings += count
+        if self.max_request_elements is not None and total > self.max_request_elements:
+            raise PayloadTooLarge(
+                f"the request's inputs have {total} elements, more than the limit of {self.max_request_elements} "
+                "(rule max_request_elements)"
+            )
+        if self.max_string_elements is not None and strings > self.max_string_elements:
+            raise PayloadTooLarge(
+                f"the request's BYTES inputs have {strings} elements, more than the limit of "
+                f"{self.max_string_elements} (rule max_string_elements)"
+            )
+
+
+def compile_deny_list(patterns: Mapping[str, str | None], where: str = "deny_patterns") -> dict[str, TextPattern]:
+    """Named deny-list patterns, compiled (custom ones with RE2: linear time); a name with no regex is a built-in."""
+    compiled: dict[str, TextPattern] = {}
     for name, source in patterns.items():
         if source is None or source == "":
             builtin = builtin_pattern(name)
@@ -78,13 +157,19 @@ class InputFilter:
     def __init__(
         self,
         *,
-        max_tensor_elements: int | None = None,
+        limits: InputLimits | None = None,
+        max_tensor_elements: int | None = DEFAULT_MAX_TENSOR_ELEMENTS,
         max_string_bytes: int | None = None,
-        deny_patterns: Mapping[str, re.Pattern[bytes]] | None = None,
+        deny_patterns: Mapping[str, TextPattern] | None = None,
     ):
-        self.max_tensor_elements = max_tensor_elements
+        self.limits = limits if limits is not None else InputLimits(max_tensor_elements=max_tensor_elements)
         self.max_string_bytes = max_string_bytes
         self.deny_patterns = list((deny_patterns or {}).items())
+
+    def check_bounds(self, request: InferRequest) -> None:
+        """The caps of :class:`InputLimits` on the request's header; nothing of its data is read."""
+        self.limits.check_tensor_count(len(request.inputs), len(request.outputs))
+        self.limits.check_shapes(request)
 
     def check(self, request: InferRequest, spec: ModelSpec, *, against_metadata: bool = True) -> int:
         """Apply every rule to ``request`` for model version ``spec``; return its batch rows.
@@ -93,14 +178,7 @@ class InputFilter:
         scheduler, which makes it anyway: the gateway's demo mode, where no
         quota is at stake, does so.
         """
-        if self.max_tensor_elements is not None:
-            for tensor in request.inputs:
-                count = element_count(tensor.shape)
-                if count > self.max_tensor_elements:
-                    raise PayloadTooLarge(
-                        f"input '{tensor.name}' has {count} elements, more than the limit of "
-                        f"{self.max_tensor_elements} (rule max_tensor_elements)"
-                    )
+        self.check_bounds(request)  # the data plane checked them before decoding; callers of check alone too
         if against_metadata:
             rows = check_inputs(spec, request.inputs)  # datatype, shape, data size against the metadata
         else:

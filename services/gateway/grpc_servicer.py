@@ -9,7 +9,7 @@ Credentials travel as metadata (``authorization: Bearer <key or JWT>`` or
 
 from __future__ import annotations
 
-from aiworks.gateway.converters import from_infer_response, to_infer_request
+from aiworks.gateway.converters import from_infer_response, to_infer_request_header
 from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
 from aiworks.gateway.filters import check_body_size
 from aiworks.gateway.telemetry import REQUEST_ID_HEADER
@@ -78,10 +78,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             call.request_id = _request_id(metadata)
             principal = self.dataplane.authenticate(metadata)
             call.tenant = principal.tenant_id
+            self.dataplane.authorize(principal, request.model_name, request.model_version)  # before any of the message is converted
             if principal.tenant.max_request_bytes:  # the server already bounds messages by the gateway's limit
                 check_body_size(request.ByteSize(), request_limit(principal, self.max_request_bytes), call.tenant)
-            call.request = to_infer_request(request)
-            call.response = await self.dataplane.infer(call.request, principal)
+            call.request, pending = to_infer_request_header(request, self.dataplane.limits)
+            call.response = await self.dataplane.infer(call.request, principal, pending)
             return from_infer_response(call.response)
 
     @handle_errors

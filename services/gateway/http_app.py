@@ -27,7 +27,12 @@ from collections.abc import AsyncIterator, Mapping
 import orjson
 from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
 from aiworks.gateway.filters import check_body_size
-from aiworks.gateway.http_codec import HEADER_LENGTH, encode_infer_response, parse_infer_request
+from aiworks.gateway.http_codec import (
+    HEADER_LENGTH,
+    INFER_REQUEST_SCHEMA,
+    encode_infer_response,
+    parse_infer_header,
+)
 from aiworks.gateway.metering import DEFAULT_USAGE_SPAN_S, parse_time
 from aiworks.gateway.telemetry import REQUEST_ID_HEADER
 from fastapi import FastAPI, Request
@@ -38,6 +43,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from aiworks.core.errors import AIWorksError, InvalidArgument, PayloadTooLarge, Status
+from aiworks.core.names import NAME_RULE
 
 log = logging.getLogger(__name__)
 
@@ -96,14 +102,19 @@ async def _infer(
         call.request_id = headers.get(REQUEST_ID_HEADER, "")
         principal = dataplane.authenticate(headers)  # before a byte of the body is read
         call.tenant = principal.tenant_id
+        dataplane.authorize(principal, model, version)
         limit = request_limit(principal, max_request_bytes)
         body = await read_body(body_stream, headers.get("content-length"), limit, principal.tenant_id)
-        call.request, fmt = parse_infer_request(body, headers.get(HEADER_LENGTH), model, version)
-        call.response = response = await dataplane.infer(call.request, principal)
+        # The header only: the data plane checks the caps on it, then has the tensor data decoded.
+        call.request, fmt, pending = parse_infer_header(body, headers.get(HEADER_LENGTH), model, version, dataplane.limits)
+        call.response = response = await dataplane.infer(call.request, principal, pending)
         return encode_infer_response(response, fmt)
 
 
 _INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
+# Routes whose path segments are model names and versions (checked by aiworks.core.names in the data plane).
+_NAMED_PATHS = ("/v2/models/", "/v2/repository/models/")
+_ENCODED_SEPARATOR = re.compile(rb"%(2f|5c)", re.IGNORECASE)
 _JSON = [(b"content-type", b"application/json")]
 _BINARY = (b"content-type", b"application/octet-stream")
 
@@ -122,10 +133,15 @@ class InferFastPath:
         self.max_request_bytes = max_request_bytes
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            match = _INFER_PATH.fullmatch(scope["path"])
-            if match is not None:
-                return await self._infer(match[1], match[2] or "", scope, receive, send)
+        if scope["type"] == "http":
+            if scope["path"].startswith(_NAMED_PATHS) and _ENCODED_SEPARATOR.search(scope.get("raw_path") or b""):
+                # "%2F" decodes into the path and would no longer be one name: refuse rather than route it.
+                message = "model name or version contains an encoded '/' or '\\'; names are " + NAME_RULE
+                return await _send(send, 400, orjson.dumps({"error": message}), _JSON)
+            if scope["method"] == "POST":
+                match = _INFER_PATH.fullmatch(scope["path"])
+                if match is not None:
+                    return await self._infer(match[1], match[2] or "", scope, receive, send)
         await self.app(scope, receive, send)
 
     async def _infer(self, model: str, version: str, scope, receive, send) -> None:
@@ -231,8 +247,18 @@ def create_app(dataplane: GatewayDataPlane, *, max_request_bytes: int) -> InferF
 
     # ---- inference ------------------------------------------------------------------------
 
-    @app.post("/v2/models/{model}/infer")
-    @app.post("/v2/models/{model}/versions/{version}/infer")
+    infer_body = {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": INFER_REQUEST_SCHEMA},
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+            },
+        }
+    }
+
+    @app.post("/v2/models/{model}/infer", openapi_extra=infer_body)
+    @app.post("/v2/models/{model}/versions/{version}/infer", openapi_extra=infer_body)
     async def infer(model: str, request: Request, version: str = ""):
         """Answered by InferFastPath in front of this app; the same :func:`_infer` here."""
         args = (dataplane, max_request_bytes, model, version, request.headers, request.stream())
@@ -285,4 +311,5 @@ def create_app(dataplane: GatewayDataPlane, *, max_request_bytes: int) -> InferF
         )
         return _json(report)
 
+    app.openapi()  # built once now, not on the event loop of the first request that asks for it
     return InferFastPath(app, dataplane, max_request_bytes)

@@ -25,23 +25,50 @@ found inside an 18-digit ID or a longer number.
 
 Masking runs on every response, cache hits included: the result cache keeps
 what the model produced, and what a client may see is decided here.
+
+Bounded cost (docs/security.md, "Hostile input"): a model's output can be
+whatever a client made it echo, so masking must cost time linear in it.
+
+- The built-in patterns are linear: a match can start only where a run of its
+  characters starts (a look-behind, then possessive repeats that never give
+  back), and the digit patterns run only on the spans of digits and
+  separators a fast scan finds, not at every position of the text.
+- Custom patterns (``mask_pattern.<name>``, and the deny-list's in the tenants
+  file) are compiled with RE2, whose matching time is linear in the text
+  whatever the pattern: a pattern RE2 cannot run (look-arounds,
+  back-references) is refused when it is loaded, naming it.
+- A response's masked outputs are scanned up to ``max_scan_bytes`` (the
+  gateway's ``mask_max_scan_bytes``); a response with more is refused (413,
+  naming the setting) rather than passed on partly unscanned.
+- Above ``OFF_LOOP_BYTES`` the masking runs in a worker thread, so the event
+  loop keeps answering other requests; below, it runs inline, costing no hop.
 """
 
 from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import re2
+
 from aiworks.core.datatypes import Tensor, bytes_offsets
-from aiworks.core.errors import Internal, InvalidArgument
+from aiworks.core.errors import Internal, InvalidArgument, PayloadTooLarge
 from aiworks.core.inference import InferResponse
+from aiworks.core.looplag import offload
 from aiworks.core.model_config import ModelSpec
 
+DEFAULT_MAX_SCAN_BYTES = 1 << 20
+OFF_LOOP_BYTES = 64 << 10
+
 # Built-in patterns. Kept deliberately broad: a masked false positive costs
-# less than a leaked number.
+# less than a leaked number. Each is linear in the text (see above; the test
+# suite times them on megabytes of hostile text).
 BUILTIN_PATTERNS: dict[str, bytes] = {
-    "email": rb"[A-Za-z0-9._%+\-]+@[A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)*\.[A-Za-z]{2,}",
+    # A match starts only at the start of a run of local-part characters, which it takes whole; the
+    # domain's labels are taken whole as well, so a failed attempt gives back at most one label.
+    "email": rb"(?<![A-Za-z0-9._%+\-])[A-Za-z0-9._%+\-]++@(?:[A-Za-z0-9\-]++\.)+[A-Za-z]{2,}",
     "phone": (
         # Chinese mobile numbers, optionally with +86.
         rb"(?<![\d+])(?:\+?86[ \-]?)?1[3-9]\d(?:[ \-]?\d{4}){2}(?!\d)"
@@ -58,6 +85,20 @@ BUILTIN_PATTERNS: dict[str, bytes] = {
     ),
 }
 
+# The characters each digit pattern's matches are made of, starting with one a match can start with:
+# those patterns run only on these spans (a match never crosses a span's edge), found at scan speed.
+# Spans shorter than the shortest match (10 characters for a phone number, 11 for an SSN) are skipped.
+_CANDIDATES: dict[str, bytes] = {
+    "phone": rb"[\d+(][\d +\-.()]{9,}",
+    "id_card": rb"\d[\dXx\-]{10,}",
+}
+
+# Found at scan speed: each starts with a character class or a literal.
+_THREE_DIGITS = re.compile(rb"\d\d\d")
+_PLUS_DIGITS = re.compile(rb"\+\d[ \-]?\d")
+_MAX_DIGIT_MATCH = 32  # the longest match of a digit pattern (an E.164 number, grouped) is 30 bytes
+_WINDOW = 16 << 10
+
 PARAM_PATTERNS = "mask_patterns"
 PARAM_OUTPUTS = "mask_outputs"
 PARAM_STYLE = "mask_style"
@@ -67,22 +108,95 @@ PARAM_CUSTOM_PREFIX = "mask_pattern."
 STYLES = ("partial", "token")
 
 
-def compile_pattern(name: str, source: str | bytes, where: str) -> re.Pattern[bytes]:
-    """A bytes regex, or InvalidArgument naming the pattern and what is wrong with it."""
+class TextPattern:
+    """A named pattern over UTF-8 bytes whose matching costs time linear in the text.
+
+    ``candidates`` (built-in digit patterns) narrows the work to the spans
+    that can hold a match; the pattern still sees one character on each
+    side of a span, so its look-arounds decide as they would on the whole text.
+    """
+
+    __slots__ = ("name", "pattern", "candidates", "_bytes_only")
+
+    def __init__(self, name: str, pattern, candidates: re.Pattern[bytes] | None = None, *, bytes_only: bool = False):
+        self.name = name
+        self.pattern = pattern
+        self.candidates = candidates
+        self._bytes_only = bytes_only  # RE2's Python wrapper takes bytes, not memoryviews
+
+    def _text(self, data):
+        return bytes(data) if self._bytes_only and not isinstance(data, bytes) else data
+
+    def _matches(self, data):
+        if self.candidates is None:
+            yield from self.pattern.finditer(self._text(data))
+            return
+        for span in self.candidates.finditer(data):
+            pos, stop = span.start(), span.end()
+            # A long span goes in windows, so no one regex call holds the GIL for long; each window reads
+            # _MAX_DIGIT_MATCH + 1 characters past its end, so a match starting in it is found whole.
+            while pos < stop:
+                window_end = min(pos + _WINDOW, stop)
+                resume = window_end
+                reach = min(window_end + _MAX_DIGIT_MATCH, stop) + 1
+                if _THREE_DIGITS.search(data, pos, reach) is None and _PLUS_DIGITS.search(data, pos, reach) is None:
+                    pos = resume  # every digit pattern's match holds three digits in a row, or "+" and two
+                    continue
+                for match in self.pattern.finditer(data, pos, reach):
+                    if match.start() >= window_end:
+                        break
+                    resume = max(resume, match.end())
+                    yield match
+                pos = resume
+
+    def search(self, data):
+        """The first match in ``data``, or None."""
+        return next(self._matches(data), None)
+
+    def sub(self, replace: Callable[[re.Match], bytes], data):
+        """``data`` with every match replaced by ``replace(match)``; ``data`` itself when nothing matched."""
+        parts: list = []
+        last = 0
+        text = self._text(data)
+        for match in self._matches(text):
+            parts.append(text[last : match.start()])
+            parts.append(replace(match))
+            last = match.end()
+        if not parts:
+            return data
+        parts.append(text[last:])
+        return b"".join(parts)
+
+
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # the error reaches the operator in our own message
+
+
+def compile_pattern(name: str, source: str | bytes, where: str) -> TextPattern:
+    """A custom pattern, compiled with RE2 (linear time), or InvalidArgument naming it and what is wrong."""
     raw = source.encode("utf-8") if isinstance(source, str) else source
     try:
-        pattern = re.compile(raw)
-    except re.error as exc:
-        raise InvalidArgument(f"{where}: pattern '{name}' is not a valid regular expression: {exc}") from None
+        pattern = re2.compile(raw, _RE2_OPTIONS)
+    except re2.error as exc:
+        reason = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) else exc
+        raise InvalidArgument(
+            f"{where}: pattern '{name}' is not a valid regular expression for RE2, the linear-time engine "
+            f"custom patterns run on (no look-arounds or back-references): {reason}"
+        ) from None
     if pattern.search(b"") is not None:
         raise InvalidArgument(f"{where}: pattern '{name}' matches the empty string, so it would match everything")
-    return pattern
+    return TextPattern(name, pattern, bytes_only=True)
 
 
-_BUILTINS = {name: compile_pattern(name, src, "built-in patterns") for name, src in BUILTIN_PATTERNS.items()}
+def _builtin(name: str, source: bytes) -> TextPattern:
+    candidates = _CANDIDATES.get(name)
+    return TextPattern(name, re.compile(source), re.compile(candidates) if candidates else None)
 
 
-def builtin_pattern(name: str) -> re.Pattern[bytes] | None:
+_BUILTINS = {name: _builtin(name, src) for name, src in BUILTIN_PATTERNS.items()}
+
+
+def builtin_pattern(name: str) -> TextPattern | None:
     return _BUILTINS.get(name)
 
 
@@ -93,7 +207,7 @@ def _names(value: str) -> list[str]:
 @dataclass(frozen=True, slots=True)
 class MaskRule:
     name: str
-    pattern: re.Pattern[bytes]
+    pattern: TextPattern
     replacement: bytes  # the token, for ``token`` style
 
 
@@ -173,8 +287,6 @@ class Masker:
         """One element, masked; the same object when nothing matched."""
         out: bytes | memoryview = data
         for rule in self.rules:
-            if rule.pattern.search(out) is None:
-                continue
             if self.style == "token":
                 token = rule.replacement  # a function, so the token is never read as a template
                 out = rule.pattern.sub(lambda _m, token=token: token, out)
@@ -202,6 +314,10 @@ class Masker:
     def applies_to(self, tensor: Tensor) -> bool:
         return tensor.datatype == "BYTES" and (self.outputs is None or tensor.name in self.outputs)
 
+    def scan_bytes(self, response: InferResponse) -> int:
+        """How many bytes of ``response`` masking would scan."""
+        return sum(len(t.raw) for t in response.outputs if self.applies_to(t))
+
     def mask_response(self, response: InferResponse) -> InferResponse:
         """Mask the response's BYTES outputs in place, and return it."""
         for i, tensor in enumerate(response.outputs):
@@ -217,8 +333,9 @@ class MaskingPolicies:
     the masking parameters themselves, not just the name and version.
     """
 
-    def __init__(self, max_entries: int = 1024):
+    def __init__(self, max_entries: int = 1024, *, max_scan_bytes: int | None = DEFAULT_MAX_SCAN_BYTES):
         self.max_entries = max_entries
+        self.max_scan_bytes = max_scan_bytes
         self._maskers: dict[tuple, Masker | None] = {}
 
     def for_spec(self, spec: ModelSpec) -> Masker | None:
@@ -240,6 +357,25 @@ class MaskingPolicies:
         return masker
 
     def mask(self, spec: ModelSpec, response: InferResponse) -> InferResponse:
-        """The response with the model's masking applied (unchanged when it has none)."""
+        """The response with the model's masking applied (unchanged when it has none), here on the caller's thread."""
         masker = self.for_spec(spec)
-        return masker.mask_response(response) if masker is not None else response
+        if masker is None:
+            return response
+        self._check_size(spec, masker.scan_bytes(response))
+        return masker.mask_response(response)
+
+    async def mask_async(self, spec: ModelSpec, response: InferResponse) -> InferResponse:
+        """:meth:`mask`, in a worker thread when there is more than ``OFF_LOOP_BYTES`` to scan."""
+        masker = self.for_spec(spec)
+        if masker is None:
+            return response
+        size = masker.scan_bytes(response)
+        self._check_size(spec, size)
+        return await offload(masker.mask_response, response, large=size > OFF_LOOP_BYTES)
+
+    def _check_size(self, spec: ModelSpec, size: int) -> None:
+        if self.max_scan_bytes is not None and size > self.max_scan_bytes:
+            raise PayloadTooLarge(
+                f"model '{spec.name}' answered with {size} bytes of text to mask, more than the "
+                f"{self.max_scan_bytes} bytes masking scans (setting mask_max_scan_bytes); the answer is withheld"
+            )

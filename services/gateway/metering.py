@@ -57,6 +57,11 @@ def _iso(epoch_s: float) -> str:
     return datetime.fromtimestamp(epoch_s, UTC).isoformat().replace("+00:00", "Z")
 
 
+# The times a report can name: from the epoch (before it there is no usage) to the year 9000, leaving the
+# report's windows room below datetime's year 9999.
+MAX_EPOCH_S = 221845392000.0  # 9000-01-01T00:00:00Z
+
+
 def parse_time(text: str, name: str = "time") -> float:
     """Epoch seconds from epoch seconds or ISO 8601 (``2026-01-01T00:00:00Z``; no zone means UTC)."""
     value = text.strip()
@@ -65,8 +70,8 @@ def parse_time(text: str, name: str = "time") -> float:
     except ValueError:
         pass
     else:
-        if not math.isfinite(epoch):
-            raise InvalidArgument(f"'{name}' is {value[:40]!r}: not a time")
+        if not math.isfinite(epoch) or not 0 <= epoch <= MAX_EPOCH_S:
+            raise InvalidArgument(f"'{name}' is {value[:40]!r}: not a time between 1970 and 9000 (epoch seconds)")
         return epoch
     try:
         when = datetime.fromisoformat(value)
@@ -76,7 +81,10 @@ def parse_time(text: str, name: str = "time") -> float:
         ) from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
-    return when.timestamp()
+    epoch = when.timestamp()
+    if not 0 <= epoch <= MAX_EPOCH_S:
+        raise InvalidArgument(f"'{name}' is {value[:40]!r}: not a time between 1970 and 9000")
+    return epoch
 
 
 @dataclass(slots=True)
@@ -182,12 +190,19 @@ class UsageMeter:
             )
 
     def record(
-        self, tenant: str, model: str, *, rows: int = 1, compute_s: float = 0.0, cache_hit: bool = False
+        self,
+        tenant: str,
+        model: str,
+        *,
+        rows: int = 1,
+        compute_s: float = 0.0,
+        cache_hit: bool = False,
+        requests: int = 1,
     ) -> None:
-        """Count one answered request. Cheap: no I/O, no await."""
+        """Count one answered request (``requests=0, rows=0``: only the compute of one that failed). No I/O."""
         window = int(self._clock() // self.window_s) * self.window_s
         key = (window, tenant, model)
-        values = (1, rows, max(0.0, compute_s), int(cache_hit))
+        values = (requests, rows, max(0.0, compute_s), int(cache_hit))
         for table in (self._pending, self._local):
             acc = table.get(key)
             if acc is None:
@@ -195,8 +210,9 @@ class UsageMeter:
             else:
                 for i, v in enumerate(values):
                     acc[i] += v
-        self._requests(tenant, model).inc()
-        self._rows(tenant, model).inc(rows)
+        if requests:
+            self._requests(tenant, model).inc(requests)
+            self._rows(tenant, model).inc(rows)
         if compute_s > 0:
             self._compute(tenant, model).inc(compute_s)
         if cache_hit:

@@ -11,6 +11,7 @@ from tritonclient.grpc import service_pb2_grpc
 
 from aiworks.core.errors import AIWorksError
 from aiworks.core.lifecycle import stop_event
+from aiworks.core.looplag import start_loop_lag_probe
 from aiworks.core.metrics import serve_metrics_or_warn, stop_metrics
 from aiworks.core.rpc import add_port, create_server, set_serving
 from aiworks.core.tracing import setup_tracing, shutdown_tracing
@@ -18,6 +19,7 @@ from aiworks.gateway.cache_client import CacheClient
 from aiworks.gateway.dataplane import GatewayDataPlane, Tenancy
 from aiworks.gateway.grpc_servicer import InferenceServicer
 from aiworks.gateway.http_app import create_app
+from aiworks.gateway.http_protocol import bounded_protocol
 from aiworks.gateway.scheduler_client import SchedulerClient
 from aiworks.gateway.settings import GatewaySettings
 from aiworks.security.tls import uvicorn_ssl_options
@@ -75,7 +77,7 @@ async def serve(settings: GatewaySettings) -> None:
         scheduler, settings.server_name, cache=cache, tenancy=tenancy, spec_ttl_s=settings.cache_metadata_ttl_s
     )
 
-    grpc_server, health = create_server(settings.max_request_bytes)
+    grpc_server, health = create_server(settings.max_request_bytes, max_metadata_bytes=settings.max_header_bytes)
     servicer = InferenceServicer(dataplane, settings.max_request_bytes)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, grpc_server)
     grpc_port = add_port(grpc_server, f"{settings.host}:{settings.grpc_port}", public_tls, require_client_cert=False)
@@ -90,7 +92,7 @@ async def serve(settings: GatewaySettings) -> None:
             log_config=None,
             access_log=False,
             lifespan="off",
-            http="httptools",
+            http=bounded_protocol(settings.max_header_bytes),
             timeout_keep_alive=30,
             **(uvicorn_ssl_options(public_tls) if public_tls else {}),
         )
@@ -102,6 +104,7 @@ async def serve(settings: GatewaySettings) -> None:
             raise SystemExit(f"HTTP server could not start on {settings.host}:{settings.http_port}")
         await asyncio.sleep(0.01)
     await set_serving(health, True)
+    lag = start_loop_lag_probe("gateway")
     log.info(
         "gateway serving HTTP on %s:%d and gRPC on %s:%d (scheduler %s, cache %s, metrics %s)",
         settings.host,
@@ -118,11 +121,13 @@ async def serve(settings: GatewaySettings) -> None:
     http.should_exit = True
     await http_task
     await grpc_server.stop(grace=5)
-    await tenancy.close()  # the last usage to Redis, the last audit lines to disk
     if cache is not None:
         await cache.close()
         log.info("result cache client: %s", cache.counters.as_dict())
+    # Before the limits close: answers still awaited for abandoned requests settle (free their slots) now.
     await scheduler.close()
+    await tenancy.close()  # the last usage to Redis, the last audit lines to disk
+    lag.stop()
     await stop_metrics(metrics)
     shutdown_tracing()
 

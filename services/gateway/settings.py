@@ -8,6 +8,14 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from aiworks.core.settings import ServiceSettings
+from aiworks.gateway.masking import DEFAULT_MAX_SCAN_BYTES
+from aiworks.gateway.filters import (
+    DEFAULT_MAX_LISTED_VALUES,
+    DEFAULT_MAX_REQUEST_ELEMENTS,
+    DEFAULT_MAX_REQUEST_TENSORS,
+    DEFAULT_MAX_STRING_ELEMENTS,
+    DEFAULT_MAX_TENSOR_ELEMENTS,
+)
 
 
 class GatewaySettings(ServiceSettings):
@@ -67,9 +75,37 @@ class GatewaySettings(ServiceSettings):
     usage_flush_interval_s: float = Field(1.0, gt=0, description="How often this replica adds its usage to Redis.")
     usage_timeout_s: float = Field(0.05, gt=0, description="Bound of one usage flush to Redis.")
     usage_retention_s: float = Field(35 * 86400.0, gt=0, description="How long usage windows are kept in Redis.")
+    # ---- input bounds (docs/security.md, "Hostile input"), checked before any tensor data is decoded ----
     max_tensor_elements: int | None = Field(
-        None, ge=1, description="Largest element count of one input tensor (rule max_tensor_elements); unset: none."
-    )
+        DEFAULT_MAX_TENSOR_ELEMENTS, ge=1,
+        description="Most elements of one input tensor, zero dims counted as 1 (rule max_tensor_elements); null: none.",
+    )  # fmt: skip
+    max_request_elements: int | None = Field(
+        DEFAULT_MAX_REQUEST_ELEMENTS, ge=1,
+        description="Most elements of all the inputs of one request (rule max_request_elements); null: none.",
+    )  # fmt: skip
+    max_string_elements: int | None = Field(
+        DEFAULT_MAX_STRING_ELEMENTS, ge=1,
+        description="Most BYTES elements of one request, each a Python object (rule max_string_elements); null: none.",
+    )  # fmt: skip
+    max_listed_values: int | None = Field(
+        DEFAULT_MAX_LISTED_VALUES, ge=1,
+        description="Most values one request lists one by one: JSON values of an HTTP body (counted before it is "
+        "parsed), elements of gRPC typed contents (rule max_listed_values); binary data is not counted; null: none.",
+    )  # fmt: skip
+    max_request_tensors: int | None = Field(
+        DEFAULT_MAX_REQUEST_TENSORS, ge=1,
+        description="Most inputs, and most requested outputs, of one request (rule max_request_tensors); null: none.",
+    )  # fmt: skip
+    mask_max_scan_bytes: int | None = Field(
+        DEFAULT_MAX_SCAN_BYTES, ge=1,
+        description="Most bytes of a response's text outputs that masking scans; a response with more is refused "
+        "(413) rather than passed on partly unscanned; null: no cap.",
+    )  # fmt: skip
+    max_header_bytes: int = Field(
+        64 * 1024, ge=1024,
+        description="Largest HTTP request line and headers, and gRPC metadata, accepted before authentication (431).",
+    )  # fmt: skip
     max_string_bytes: int | None = Field(
         None, ge=0, description="Longest BYTES element of an input, in bytes (rule max_string_bytes); unset: none."
     )

@@ -9,7 +9,9 @@ A server-side failure is logged here, inside the request's trace, so the
 line carries its trace id (a successful request, at DEBUG only). With an
 audit log configured, every inference, answered or refused, is appended to it
 here as well: tenant, model, version, status, latency and request id, never
-the payload.
+the payload. Requests without valid credentials are not audited (nor logged
+one by one): anyone can send them, so they would let anyone grow the audit
+log; they are counted in ``aiworks_gateway_refused_requests_total``.
 
 Label values stay bounded whatever clients send: a model name (and a
 version) becomes a label only once this gateway has answered with it;
@@ -81,7 +83,9 @@ class GatewayTelemetry:
         self._requests(model, version, tenant, call.protocol, status).inc()
         self._duration(model, version, tenant, call.protocol).observe(elapsed_s)
         self._inflight[call.protocol].dec()
-        if self.audit is not None:
+        # A caller that never proved who it is costs no audit line (each is written and fsynced): it is
+        # counted in aiworks_gateway_refused_requests_total{reason="unauthenticated"} instead.
+        if self.audit is not None and call.tenant is not None:
             self._audit(call, status, elapsed_s)
         return status
 

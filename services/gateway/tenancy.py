@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 import yaml
 from aiworks.gateway.filters import compile_deny_list
+from aiworks.scheduler.qos import parse_priority  # Triton's priority convention, read as the scheduler reads it
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
@@ -54,6 +55,9 @@ PUBLIC_KEY_ALGORITHMS = frozenset(
     {"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"}
 )
 Priority = Literal["realtime", "standard", "batch"]
+_RANK = {"realtime": 0, "standard": 1, "batch": 2}  # aiworks.scheduler.qos.Priority's values
+# Response parameter naming the class a request was served in when it asked for more than its tenant's ceiling.
+PRIORITY_CLAMPED = "priority_clamped"
 
 
 class _Section(BaseModel):
@@ -79,6 +83,9 @@ class Tenant(_Section):
     max_concurrent_requests: int | None = Field(None, ge=1, description="Requests in flight at once, all replicas.")
     max_request_bytes: int | None = Field(None, ge=1, description="Largest body, when lower than the gateway's.")
     default_priority: Priority | None = Field(None, description="Class of requests that name none.")
+    max_priority: Priority | None = Field(
+        None, description="Most urgent class it may ask for; unset: its default_priority (or any, without one)."
+    )
     compute_quota: ComputeQuota | None = None
     api_keys: tuple[str, ...] = Field((), description='Hashes of its API keys, "sha256:<hex>".')
     jwt_subjects: tuple[str, ...] = Field((), description="Tenant-claim values besides its id that map to it.")
@@ -109,6 +116,19 @@ class Tenant(_Section):
             raise ValueError("'burst' is set but 'requests_per_second' is not")
         return self
 
+    @model_validator(mode="after")
+    def _default_within_ceiling(self) -> Tenant:
+        if self.max_priority and self.default_priority and _RANK[self.default_priority] < _RANK[self.max_priority]:
+            raise ValueError(
+                f"'default_priority' {self.default_priority} is more urgent than 'max_priority' {self.max_priority}"
+            )
+        return self
+
+    @property
+    def priority_ceiling(self) -> str | None:
+        """The most urgent class its requests get: ``max_priority``, else ``default_priority``, else none."""
+        return self.max_priority or self.default_priority
+
     @property
     def bucket_size(self) -> int:
         """Tokens the bucket holds: ``burst``, else one second's worth of requests."""
@@ -133,7 +153,10 @@ class JwtSettings(_Section):
     algorithms: tuple[str, ...] = Field(min_length=1, description="Accepted algorithms, all HS* or all public-key.")
     issuer: str | None = Field(None, description="Required 'iss'; unset: not checked.")
     audience: str | None = Field(None, description="Required 'aud'; unset: tokens with an 'aud' are refused.")
-    tenant_claim: str = Field("tenant", description="Claim naming the tenant; 'sub' when the token lacks it.")
+    tenant_claim: str = Field("tenant", description="Claim naming the tenant.")
+    tenant_from_subject: bool = Field(
+        False, description="Let 'sub' name the tenant when the token lacks tenant_claim (off: such tokens are 403)."
+    )
     leeway_s: float = Field(10.0, ge=0, description="Clock skew allowed on 'exp' and 'nbf'.")
 
     @field_validator("algorithms")
@@ -169,7 +192,7 @@ class TenancyConfig:
     tenants: Mapping[str, Tenant] = field(default_factory=dict)
     key_hashes: Mapping[str, str] = field(default_factory=dict)  # "sha256:<hex>" -> tenant id
     jwt: JwtSettings | None = None
-    deny_patterns: Mapping[str, re.Pattern[bytes]] = field(default_factory=dict)
+    deny_patterns: Mapping[str, Any] = field(default_factory=dict)  # name -> masking.TextPattern
     source: str = "demo"
 
     @property
@@ -313,13 +336,30 @@ def load_tenancy(tenants_file: Path | str | None, api_keys_file: Path | str | No
     return config
 
 
-def apply_tenant_defaults(request: InferRequest, tenant: Tenant) -> None:
-    """Give a request that names no class its tenant's default (the scheduler reads ``priority``).
+def apply_tenant_defaults(request: InferRequest, tenant: Tenant) -> str | None:
+    """Give a request its tenant's class: the default when it names none, the ceiling at most.
 
     ``priority`` 0 or absent means "default" in Triton's convention, which is
-    exactly when the tenant's class applies; a class the client names wins.
+    exactly when the tenant's ``default_priority`` applies. A class the client
+    names is kept unless it is more urgent than the tenant's ceiling
+    (:attr:`Tenant.priority_ceiling`); then it is lowered to the ceiling and
+    the class applied is returned, for the response parameter
+    :data:`PRIORITY_CLAMPED`. A value that names no class is left for the
+    scheduler to refuse (400).
     """
-    if tenant.default_priority is None:
-        return
-    if request.parameters.get("priority") in (None, "", 0, "0"):
-        request.parameters["priority"] = tenant.default_priority
+    value = request.parameters.get("priority")
+    if value in (None, "", 0, "0"):
+        if tenant.default_priority is not None:
+            request.parameters["priority"] = tenant.default_priority
+        return None
+    ceiling = tenant.priority_ceiling
+    if ceiling is None:
+        return None
+    try:
+        asked = parse_priority(value)
+    except InvalidArgument:
+        return None
+    if asked is not None and int(asked) < _RANK[ceiling]:  # a lower rank is more urgent
+        request.parameters["priority"] = ceiling
+        return ceiling
+    return None

@@ -38,6 +38,7 @@ from aiworks.core.datatypes import Tensor, decode, encode
 from aiworks.core.errors import AIWorksError, Internal, InvalidArgument, NotFound
 from aiworks.core.inference import ModelStatistics
 from aiworks.core.model_config import ModelConfig, ModelSpec, ModelState
+from aiworks.core.names import check_model_name
 
 log = logging.getLogger(__name__)
 
@@ -144,8 +145,8 @@ class RuntimeDataPlane:
         async with lock:
             entry = self.repository.entry(name)
             if entry.config is None:
-                self._failed[name] = entry.error
-                raise InvalidArgument(f"cannot load model '{name}': {entry.error}")
+                self._failed[name] = self.repository.relative(entry.error)
+                raise InvalidArgument(f"cannot load model '{name}': {self._failed[name]}")
             config = entry.config
             if config.platform in PIPELINE_PLATFORMS:
                 return self._load_pipeline(entry.versions, config, preloaded)
@@ -165,11 +166,12 @@ class RuntimeDataPlane:
                 started = time.perf_counter_ns()
                 try:
                     model = await loop.run_in_executor(self._pool, backend, path, config, self.intra_op_threads)
-                except AIWorksError:
+                except AIWorksError as exc:
+                    exc.message = self.repository.relative(exc.message)
                     raise
-                except Exception as exc:
-                    self._failed[name] = f"version {version}: {exc}"
-                    raise InvalidArgument(f"cannot load model '{name}' version {version}: {exc}") from None
+                except Exception as exc:  # the backend's words may hold paths: they leave this process relative
+                    self._failed[name] = f"version {version}: {self.repository.relative(str(exc))}"
+                    raise InvalidArgument(f"cannot load model '{name}' {self._failed[name]}") from None
                 load_ns = time.perf_counter_ns() - started
                 completed = self._complete(config, model)
                 spec = completed.spec(str(version))
@@ -190,8 +192,9 @@ class RuntimeDataPlane:
                     try:
                         stats.warmup_ns = await self._warm_up(version_loaded, completed)
                     except Exception as exc:
-                        self._failed[name] = f"version {version}: warm-up failed: {exc}"
-                        raise InvalidArgument(f"model '{name}' version {version} failed its warm-up: {exc}") from None
+                        why = self.repository.relative(str(exc))
+                        self._failed[name] = f"version {version}: warm-up failed: {why}"
+                        raise InvalidArgument(f"model '{name}' version {version} failed its warm-up: {why}") from None
                     stats.cold_start_ns = time.perf_counter_ns() - requested_ns  # the warm-up answered first
                 stats.resident, stats.resident_bytes = True, size
                 loaded[str(version)] = version_loaded
@@ -290,6 +293,7 @@ class RuntimeDataPlane:
 
     async def unload(self, name: str) -> None:
         """Stop new executions of ``name`` at once; free it once those in progress finished."""
+        check_model_name(name)
         async with self._locks.setdefault(name, asyncio.Lock()):
             versions = self._models.pop(name, None)
             retiring = [k for k in self._retiring if k[0] == name]
@@ -339,7 +343,8 @@ class RuntimeDataPlane:
                     self._pool, BACKENDS[loaded.config.backend], loaded.path, loaded.config, self.intra_op_threads
                 )
             except Exception as exc:
-                raise Internal(f"model '{name}' version {loaded.spec.version} could not be loaded again: {exc}") from None
+                why = self.repository.relative(str(exc))
+                raise Internal(f"model '{name}' version {loaded.spec.version} could not be loaded again: {why}") from None
             stats = loaded.stats
             stats.load_ns, stats.warmup_ns, stats.cold_start_ns = time.perf_counter_ns() - started, 0, 0
             stats.load_count += 1
@@ -470,8 +475,11 @@ class RuntimeDataPlane:
             self.inflight_batches += 1
             self._inflight_gauge.inc()
             try:
+                delayed_ns = 0
                 if self._debug_delay_s:  # TESTS ONLY: see RuntimeSettings.debug_delay_ms
+                    delayed_ns = time.perf_counter_ns()
                     await asyncio.sleep(self._debug_delay_s)
+                    delayed_ns = time.perf_counter_ns() - delayed_ns
                 recent = loaded.recent_compute_ns
                 # Backends that do I/O (a remote Triton) set inline_ok = False.
                 inline_ok = getattr(model, "inline_ok", True)
@@ -481,6 +489,7 @@ class RuntimeDataPlane:
                     results, compute_ns = await asyncio.get_running_loop().run_in_executor(
                         self._pool, _timed_run, model, feeds, names
                     )
+                compute_ns += delayed_ns  # a replica slowed on purpose is a slow backend, quota included
             except Exception:
                 stats.failure_count += 1
                 raise

@@ -51,13 +51,24 @@ class OnnxRuntimeModel:
             import onnxruntime_extensions
 
             options.register_custom_ops_library(onnxruntime_extensions.get_library_path())
-        source = _guard.open(path, model=config.name, version=Path(path).parent.name)
-        if isinstance(source, bytes):
+        guarded = _guard.open_all(
+            path,
+            model=config.name,
+            version=Path(path).parent.name,
+            config_file=config.source_file,
+            config_sha256=config.source_sha256,
+        )
+        source = guarded.source
+        if guarded.external:  # checked against the signature: ONNX Runtime gets exactly those bytes
+            names = list(guarded.external)
+            buffers = [guarded.external[n] for n in names]
+            options.add_external_initializers_from_files_in_memory(names, buffers, [len(b) for b in buffers])
+        elif isinstance(source, bytes):
             # Weights kept in external files beside the model are found here when it loads from memory.
             options.add_session_config_entry(
                 "session.model_external_initializers_file_folder_path", str(Path(path).parent)
             )
-        else:
+        if not isinstance(source, bytes):
             source = str(source)
         self.session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
         self.output_names = [o.name for o in self.session.get_outputs()]

@@ -5,6 +5,11 @@
 <repo>/<model>/<version>/model.onnx        (plain or encrypted; or model.onnx.enc)
 <repo>/<model>/<version>/model.onnx.sig    (optional Ed25519 signature, docs/security.md)
 ```
+
+Names arrive from callers (a load request names a model): every name is
+checked with :mod:`aiworks.core.names` and every path resolved, symlinks
+included, and refused unless it stays inside the repository. Messages name
+the model and the file relative to its folder, never the repository's path.
 """
 
 from __future__ import annotations
@@ -13,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiworks.core.errors import NotFound
-from aiworks.core.model_config import ModelConfig, read_config
+from aiworks.core.model_config import CONFIG_FILES, ModelConfig, read_config
+from aiworks.core.names import check_model_name, inside, valid_model_name
 from aiworks.security.model_crypto import ENC_SUFFIX
 
 MODEL_FILES = {"onnxruntime": "model.onnx"}
@@ -38,13 +44,31 @@ class ModelRepository:
     def names(self) -> list[str]:
         if not self.root.is_dir():
             return []
-        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        # A folder whose name no request could name is not a model (Kubernetes' "..data" links among them).
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and valid_model_name(p.name) and p.name[0] != ".")
 
-    def entry(self, name: str) -> RepositoryEntry:
+    def relative(self, text: str) -> str:
+        """``text`` with the repository's path taken out, so a message can leave this process."""
+        for root in {str(self.root.resolve()), str(self.root.absolute()), str(self.root)}:
+            if root not in ("", ".", "/"):
+                text = text.replace(root + "/", "").replace(root, "<model repository>")
+        return text
+
+    def folder(self, name: str) -> Path:
+        """The folder of model ``name``: a valid name whose folder resolves inside the repository."""
+        check_model_name(name)
         folder = self.root / name
         if not folder.is_dir():
-            raise NotFound(f"model '{name}' is not in the model repository {self.root}")
+            raise NotFound(f"model '{name}' is not in the model repository")
+        inside(self.root, folder, f"model '{name}' folder")
+        return folder
+
+    def entry(self, name: str) -> RepositoryEntry:
+        folder = self.folder(name)
         versions = tuple(sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit()))
+        for filename in CONFIG_FILES:
+            if (folder / filename).exists():
+                inside(self.root, folder / filename, f"model '{name}' file {filename}")
         try:
             config = read_config(folder)
         except Exception as exc:  # a broken config must not hide the other models
@@ -53,10 +77,9 @@ class ModelRepository:
 
     def model_file(self, config: ModelConfig, version: int) -> Path:
         filename = MODEL_FILES.get(config.backend, "model.onnx")
-        path = self.root / config.name / str(version) / filename
-        if path.is_file():
-            return path
-        encrypted = path.with_name(filename + ENC_SUFFIX)  # an encrypted model kept under its .enc name
-        if encrypted.is_file():
-            return encrypted
+        path = self.folder(config.name) / str(version) / filename
+        for candidate in (path, path.with_name(filename + ENC_SUFFIX)):  # or encrypted, under its .enc name
+            if candidate.is_file():
+                inside(self.root, candidate, f"model '{config.name}' file {version}/{candidate.name}")
+                return candidate
         raise NotFound(f"model '{config.name}' version {version} has no {filename} (nor {filename}{ENC_SUFFIX})")

@@ -30,6 +30,7 @@ from aiworks.core.datatypes import NUMPY_DTYPES, Tensor, element_count, encode, 
 from aiworks.core.errors import InvalidArgument
 from aiworks.core.inference import ModelStatistics
 from aiworks.core.model_config import ModelConfig, TensorSpec
+from aiworks.core.names import inside
 
 Key = tuple[str, str]  # (model, version)
 
@@ -134,9 +135,10 @@ def response_cache_enabled(config: ModelConfig) -> bool:
 def _sample_tensor(name: str, datatype: str, shape: tuple[int, ...], how: dict, model_dir: Path, rng) -> Tensor:
     count = element_count(shape)
     if how.get("input_data_file"):
-        path = model_dir / "warmup" / how["input_data_file"]
+        shown = f"warmup/{how['input_data_file']}"
+        path = inside(model_dir / "warmup", model_dir / "warmup" / how["input_data_file"], f"warm-up file {shown}")
         if not path.is_file():
-            raise InvalidArgument(f"warm-up input '{name}': {path} does not exist")
+            raise InvalidArgument(f"warm-up input '{name}': {shown} does not exist")
         return Tensor(name, datatype, shape, path.read_bytes())
     if datatype == "BYTES":
         if how.get("random_data"):

@@ -17,6 +17,7 @@ from aiworks.runtime.settings import RuntimeSettings
 
 from aiworks.core.errors import AIWorksError
 from aiworks.core.lifecycle import stop_event
+from aiworks.core.looplag import start_loop_lag_probe
 from aiworks.core.metrics import on_loop, serve_metrics_or_warn, stop_metrics
 from aiworks.core.rpc import add_port, client_channel, create_server, set_serving
 from aiworks.core.tracing import setup_tracing, shutdown_tracing
@@ -103,6 +104,7 @@ async def serve(settings: RuntimeSettings) -> None:
         nvml,
     ).register()
     metrics, metrics_port = serve_metrics_or_warn(settings.metrics_port, settings.host)
+    lag = start_loop_lag_probe("runtime")
 
     server, health = create_server(settings.max_message_bytes)
     await set_serving(health, False)  # grpcio's servicer starts with "" SERVING; ready comes after the loads
@@ -168,6 +170,7 @@ async def serve(settings: RuntimeSettings) -> None:
     await channel.close()
     dataplane.close()
     triton_backend.shutdown()
+    lag.stop()
     await stop_metrics(metrics)
     collector.unregister()
     if nvml is not None:

@@ -40,7 +40,9 @@ class RuntimeSettings(ServiceSettings):
     )
     warmup: bool = Field(True, description="Run each version's warm-up batches before reporting it ready.")
     # For tests only: makes a replica slow on purpose (tests/qos). Leave at 0.
-    debug_delay_ms: float = Field(0.0, description="TESTS ONLY: extra delay added to every batch, in milliseconds.")
+    debug_delay_ms: float = Field(
+        0.0, description="TESTS ONLY: extra delay added to every batch, in milliseconds; counted as compute time."
+    )
 
     # ---- models at rest (docs/security.md); keys come from files or variables, never from the repository ----
     model_key_files: Annotated[list[Path], NoDecode] = Field(

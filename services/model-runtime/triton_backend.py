@@ -222,9 +222,10 @@ class TritonConnection:
         """Raise :class:`Unavailable` at once if the tritonserver we supervise has died."""
         server = self.server
         if server is not None and server.exit_code is not None:
+            # The message reaches clients; the log's path is in this replica's own log (tritonserver.py).
             raise Unavailable(
-                f"tritonserver (pid {server.pid}) exited with code {server.exit_code}; "
-                f"this replica cannot serve Triton models until it is restarted (log: {server.log_path})"
+                f"tritonserver exited with code {server.exit_code}; "
+                "this replica cannot serve Triton models until it is restarted (see its log)"
             )
 
     def healthy(self) -> bool:

@@ -46,6 +46,9 @@ class MonitorMetrics:
             m.MONITOR_REPLICAS, "Runtime replicas over all pools: desired and running.", ["state"],
             registry=self.registry,
         )  # fmt: skip
+        # The event-loop lag every service reports (aiworks.core.looplag) lives in the default registry.
+        for shared in (m.EVENT_LOOP_LAG, m.EVENT_LOOP_LAG_MAX, m.EVENT_LOOP_STALL_MAX):
+            self.registry.register(shared)
         self._scored: set[str] = set()
 
     def set_health(self, scores: dict[str, float]) -> None:

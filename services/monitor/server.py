@@ -27,6 +27,7 @@ from aiworks.monitor.settings import MonitorSettings
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from aiworks.core.errors import AIWorksError, InvalidArgument
+from aiworks.core.looplag import start_loop_lag_probe
 from aiworks.core.lifecycle import stop_event
 
 log = logging.getLogger("aiworks.monitor")
@@ -175,10 +176,12 @@ async def serve(settings: MonitorSettings) -> None:
     if platform.name == "local" and not settings.supervisor_url:
         log.warning("no supervisor URL: nothing is discovered, restarted or scaled (AIWORKS_MONITOR_SUPERVISOR_URL)")
     log.info("monitor serving HTTP on %s:%d", settings.host, settings.port)
+    lag = start_loop_lag_probe("monitor")
     loop_task = asyncio.create_task(controller.run(stop))
     rollout_task = asyncio.create_task(rollouts.run(stop))
     await stop.wait()
     log.info("monitor stopping")
+    lag.stop()
     await loop_task
     await rollout_task
     await rollouts.close()

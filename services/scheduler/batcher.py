@@ -18,8 +18,12 @@ three classes with aging); sending a batch, with retries, in
 5. split the outputs back by rows, exactly, to each request.
 
 A request waits for its answer until its own deadline at most; if it gives up
-(deadline, or the caller cancelled), it leaves the queue at once and frees
-its room.
+(deadline, or the caller cancelled) while queued, it leaves the queue at once,
+frees its room and costs nothing. One whose deadline passes while its batch
+runs is answered DEADLINE_EXCEEDED when the batch has ended, so that what the
+runtime spent on it is known: each request's :class:`~aiworks.scheduler.dispatch.Charge`
+(:data:`CHARGE`, set by the caller) receives its share of every batch it ran
+in, by rows, failures included (docs/tenancy.md, "Compute quota").
 
 Telemetry: each request's wait is a "scheduler queue" span (when tracing
 records) and an observation of ``aiworks_scheduler_queue_duration_seconds``,
@@ -45,7 +49,7 @@ from aiworks.core.datatypes import Tensor, split_rows
 from aiworks.core.errors import AIWorksError, DeadlineExceeded, Internal, PayloadTooLarge, Status, Unavailable
 from aiworks.core.inference import InferRequest
 from aiworks.core.model_config import ModelSpec
-from aiworks.scheduler.dispatch import BatchSender
+from aiworks.scheduler.dispatch import BatchSender, Charge
 from aiworks.scheduler.qos import Priority
 from aiworks.scheduler.queue_state import Entry, QueueState
 from aiworks.scheduler.registry import Key
@@ -73,12 +77,17 @@ class _Pending:
     future: asyncio.Future
     trace_parent: SpanContext | None = None  # the caller's span (or only its propagated context)
     span: object = None  # the queue span while it waits, when tracing records
+    charge: Charge | None = None  # where its share of its batch's compute goes
 
     def link(self) -> SpanContext | None:
         return self.span.get_span_context() if self.span is not None else self.trace_parent
 
 
 REJECTION_REASONS = ("queue_full", "queue_bytes", "no_replica")
+
+# The request being served charges its batches' compute here (Scheduler.infer sets it; pipeline steps
+# inherit it, shadow copies run in a fresh context and charge nobody).
+CHARGE: contextvars.ContextVar[Charge | None] = contextvars.ContextVar("aiworks_scheduler_charge", default=None)
 
 
 class ModelQueue:
@@ -157,7 +166,9 @@ class ModelQueue:
             tuple(sorted((t.name, t.shape[1:] if self.spec.max_batch_size > 0 else t.shape) for t in request.inputs)),
             tuple(request.outputs),
         )
-        pending = _Pending(request, rows, asyncio.get_running_loop().create_future(), tracing.current_span_context())
+        pending = _Pending(
+            request, rows, asyncio.get_running_loop().create_future(), tracing.current_span_context(), charge=CHARGE.get()
+        )
         entry = Entry(pending, priority, rows, nbytes, signature, now, deadline_s)
         state = self.state
         reason = "queue_full" if state.requests >= state.max_requests else "queue_bytes"
@@ -177,16 +188,19 @@ class ModelQueue:
         try:
             if deadline_s is None:
                 return await future
-            return await asyncio.wait_for(future, deadline_s - self._clock())
-        except TimeoutError:
-            if entry.queued:  # dropped before it ran; one that ran late is not counted
+            # asyncio.wait, not wait_for: the future must survive the deadline if its batch is running.
+            await asyncio.wait((future,), timeout=deadline_s - self._clock())
+            if future.done():
+                return future.result()
+            if entry.queued:  # dropped before it ran: it costs nothing
                 self.expired += 1
-            error = DeadlineExceeded(
-                f"the request's deadline passed while it {'was queued' if entry.queued else 'ran'}"
-            )
-            if pending.span is not None:
-                tracing.fail(pending.span, error)
-            raise error from None
+                raise DeadlineExceeded("the request's deadline passed while it was queued")
+            # Its batch runs: the runtime spends the time anyway, so wait for the batch (bounded by the
+            # per-try timeouts) and answer with what it cost; the gateway answered its client already.
+            await asyncio.wait((future,))
+            if not future.cancelled():
+                future.exception()  # retrieved: the deadline is the answer either way
+            raise DeadlineExceeded("the request's deadline passed while it ran")
         except BaseException as exc:
             if pending.span is not None:  # it never left the queue in a batch
                 tracing.fail(pending.span, exc)
@@ -286,6 +300,7 @@ class ModelQueue:
         with scope:
             try:
                 inputs = self._join_inputs(pendings, rows)
+                cost = Charge()
                 try:
                     result = await self._sender.send(
                         self.key,
@@ -295,9 +310,11 @@ class ModelQueue:
                         list(pendings[0].request.outputs),
                         priority=min(e.priority for e in batch),
                         deadline_s=deadline_s,
+                        charge=cost,
                     )
                 finally:  # before any answer leaves, so a scrape after the answers sees the batch
                     self._batch_duration.observe(time.perf_counter() - started)
+                    _share(pendings, rows, cost.compute_ns)
                 self._deliver(pendings, rows, result)
             except AIWorksError as exc:
                 scope.fail(exc)
@@ -355,6 +372,15 @@ class ModelQueue:
         """Stop the loop; requests still queued fail with ``error`` (default: the scheduler is shutting down)."""
         self._loop_task.cancel()
         self._fail_all(error or Unavailable("the scheduler is shutting down"))
+
+
+def _share(pendings: list[_Pending], rows: int, compute_ns: int) -> None:
+    """Each request's part of a batch's compute, by its rows."""
+    if compute_ns <= 0:
+        return
+    for p in pendings:
+        if p.charge is not None:
+            p.charge.compute_ns += compute_ns * p.rows // max(1, rows)
 
 
 def _copy(exc: AIWorksError) -> AIWorksError:

@@ -20,8 +20,9 @@ from aiworks.core.datatypes import Tensor
 from aiworks.core.errors import AIWorksError, InvalidArgument, NotFound, Unavailable
 from aiworks.core.inference import InferRequest, InferResponse, ModelStatistics
 from aiworks.core.model_config import ModelSpec, ModelState, check_inputs
-from aiworks.scheduler.batcher import ModelQueue, QueueLimits
-from aiworks.scheduler.dispatch import BatchSender
+from aiworks.core.names import check_model_name, check_version
+from aiworks.scheduler.batcher import CHARGE, ModelQueue, QueueLimits
+from aiworks.scheduler.dispatch import BatchSender, Charge
 from aiworks.scheduler.drain import Drainer
 from aiworks.scheduler.pipeline import PipelineRunner, is_pipeline
 from aiworks.scheduler.qos import ClassResolver, Priority, parse_timeout_s
@@ -104,11 +105,20 @@ class Scheduler:
 
     # ---- the hot path --------------------------------------------------------------------
 
-    async def infer(self, request: InferRequest, *, timeout_s: float | None = None) -> InferResponse:
-        """Run one request; ``timeout_s`` is the transport's deadline, the ``timeout`` parameter applies too."""
+    async def infer(
+        self, request: InferRequest, *, timeout_s: float | None = None, charge: Charge | None = None
+    ) -> InferResponse:
+        """Run one request; ``timeout_s`` is the transport's deadline, the ``timeout`` parameter applies too.
+
+        ``charge`` receives the runtime time spent on the request (its share of
+        each batch it ran in), whether it succeeds or fails.
+        """
         priority = self.classes.default
         spec = None
+        token = CHARGE.set(charge)  # pipeline steps inherit it; shadow copies run in a context of their own
         try:
+            check_model_name(request.model)
+            check_version(request.version)
             priority = self.classes.priority(request)
             param_timeout_s = parse_timeout_s(request.parameters.get("timeout"))
             timeouts = [t for t in (timeout_s, param_timeout_s) if t is not None]
@@ -135,8 +145,13 @@ class Scheduler:
         except BaseException as exc:
             self._count_failure(request, spec, priority, exc)
             raise
+        finally:
+            CHARGE.reset(token)
         self._requests(spec.name, spec.version, priority.label, "ok").inc()
-        return InferResponse(spec.name, spec.version, outputs, id=request.id)
+        response = InferResponse(spec.name, spec.version, outputs, id=request.id)
+        if charge is not None:
+            response.compute_s = charge.compute_ns / 1e9
+        return response
 
     def _count_failure(self, request: InferRequest, spec: ModelSpec | None, priority: Priority, exc) -> None:
         """Count a failed request; before it resolved, only a known model (and version) becomes a label."""
@@ -170,7 +185,7 @@ class Scheduler:
 
     async def _run_batch(
         self, replica: Replica, model: str, version: str, inputs: list[Tensor], outputs: list[str], timeout_s: float
-    ):
+    ) -> tuple[list[Tensor], int]:
         return await replica.client.execute(model, version, inputs, outputs, timeout_s)
 
     async def _run_stage(
@@ -302,6 +317,7 @@ class Scheduler:
         such versions that no replica still serves are drained in the
         background: the runtimes keep them until no batch arrives any more.
         """
+        check_model_name(model)
         started = time.perf_counter()
 
         async def one(replica: Replica):
@@ -325,6 +341,7 @@ class Scheduler:
 
     async def unload(self, model: str) -> None:
         """Stop taking requests for ``model``, let its queued and running batches finish, then unload it."""
+        check_model_name(model)
         keys = {k for r in self.registry.live() for k in r.models if k[0] == model}
         self.registry.close(keys)
         try:

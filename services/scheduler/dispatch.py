@@ -11,6 +11,14 @@
 - UNAVAILABLE and per-try timeouts are retried on a replica not tried yet, at
   most ``max_retries`` times per batch and only while the retry budget allows.
   Other errors (the model rejected the batch, the deadline passed) are final.
+- A batch whose deadline passes while it runs is not cut short: the runtime
+  goes on computing it anyway, so the scheduler waits for it (within the
+  per-try timeout) to learn what it cost. Its requests' waiters answer at
+  their deadline (aiworks.scheduler.batcher); no retry starts after it.
+- What the batch cost is added to a :class:`Charge`: the runtime's compute
+  time of a try that answered, the wall time of a try that timed out or that
+  the model refused (the replica worked on it until then), nothing for a
+  replica that could not be reached.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from aiworks.core import metrics
 from aiworks.core.datatypes import Tensor
@@ -29,10 +38,21 @@ from aiworks.scheduler.router import Router
 
 log = logging.getLogger(__name__)
 
-# (replica, model, version, inputs, outputs, timeout_s) -> outputs
-Runner = Callable[[Replica, str, str, list[Tensor], list[str], float], Awaitable[list[Tensor]]]
+# (replica, model, version, inputs, outputs, timeout_s) -> (outputs, the runtime's compute time in ns)
+Runner = Callable[[Replica, str, str, list[Tensor], list[str], float], Awaitable[tuple[list[Tensor], int]]]
 
 _REPLICA_FAULTS = (Status.UNAVAILABLE, Status.INTERNAL)
+
+
+@dataclass(slots=True, eq=False)
+class Charge:
+    """Runtime time spent on behalf of something (a batch, or one request's share of its batches)."""
+
+    compute_ns: int = 0
+
+    @property
+    def compute_us(self) -> int:
+        return self.compute_ns // 1000
 
 
 class BatchSender:
@@ -66,8 +86,13 @@ class BatchSender:
         *,
         priority: Priority,
         deadline_s: float | None,
+        charge: Charge | None = None,
     ) -> list[Tensor]:
-        """Run the batch, starting on ``replica`` (already reserved for ``rows``); always releases it."""
+        """Run the batch, starting on ``replica`` (already reserved for ``rows``); always releases it.
+
+        What every try cost is added to ``charge``, whether the batch succeeds or not.
+        """
+        charge = charge if charge is not None else Charge()
         tried: set[str] = set()
         attempt = 0
         holds_retry = False
@@ -75,7 +100,7 @@ class BatchSender:
         try:
             while True:
                 try:
-                    return await self._try(key, replica, rows, inputs, outputs, deadline_s)
+                    return await self._try(key, replica, rows, inputs, outputs, deadline_s, charge)
                 except _Retryable as failed:
                     error = failed.error
                 finally:
@@ -103,22 +128,19 @@ class BatchSender:
             if replica is not None:
                 await self.router.release(replica, key, rows)
 
-    async def _try(self, key, replica, rows, inputs, outputs, deadline_s) -> list[Tensor]:
-        timeout_s = self.per_try_timeout_s
-        per_try_binds = True
+    async def _try(self, key, replica, rows, inputs, outputs, deadline_s, charge: Charge) -> list[Tensor]:
+        timeout_s = told_s = self.per_try_timeout_s
         if deadline_s is not None:
             remaining = deadline_s - self._clock()
             if remaining <= 0:
                 raise DeadlineExceeded("the deadline passed before the batch reached a replica")
-            if remaining < timeout_s:
-                timeout_s, per_try_binds = remaining, False
+            told_s = min(told_s, remaining)  # the runtime is told the time left...
         started = self._clock()
         try:
-            async with asyncio.timeout(timeout_s):
-                result = await self._runner(replica, key[0], key[1], inputs, outputs, timeout_s)
+            async with asyncio.timeout(timeout_s):  # ...but a running try is bounded by the per-try timeout only
+                result, compute_ns = await self._runner(replica, key[0], key[1], inputs, outputs, told_s)
         except TimeoutError:
-            if not per_try_binds:
-                raise DeadlineExceeded("the deadline passed while the batch ran") from None
+            charge.compute_ns += int((self._clock() - started) * 1e9)
             exc = DeadlineExceeded(
                 f"replica {replica.replica_id} did not answer within the per-try timeout of {timeout_s:g} s"
             )
@@ -129,7 +151,9 @@ class BatchSender:
                 self.router.failed(replica, exc)
             if exc.status is Status.UNAVAILABLE:
                 raise _Retryable(exc) from None
+            charge.compute_ns += int((self._clock() - started) * 1e9)
             raise
+        charge.compute_ns += compute_ns
         self.router.succeeded(replica, key, self._clock() - started, rows)
         return result
 

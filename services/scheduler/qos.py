@@ -49,25 +49,41 @@ def parse_priority(value) -> Priority | None:
         raise InvalidArgument("parameter 'priority' must be an integer or realtime, standard or batch")
     if isinstance(value, str):
         text = value.strip().lower()
-        if text.isdigit():
+        if _is_small_integer(text):
             return parse_priority(int(text))
         try:
             return Priority.named(text)
         except KeyError:
-            raise InvalidArgument(f"parameter 'priority' is {value!r}; use 1/realtime, 2/standard or 3/batch") from None
+            raise InvalidArgument(
+                f"parameter 'priority' is {value[:40]!r}; use 1/realtime, 2/standard or 3/batch"
+            ) from None
     if isinstance(value, int) and value > 0:
         return _TRITON_LEVELS.get(value, Priority.BATCH)
-    raise InvalidArgument(f"parameter 'priority' is {value!r}; use 1/realtime, 2/standard or 3/batch")
+    raise InvalidArgument(f"parameter 'priority' is {str(value)[:40]!r}; use 1/realtime, 2/standard or 3/batch")
+
+
+MAX_TIMEOUT_US = 2**64 - 1  # Triton's timeout is a uint64 of microseconds
+
+
+def _is_small_integer(text: str) -> bool:
+    """ASCII digits only (``str.isdigit`` also takes ``"²"``, which ``int`` refuses), and few enough for ``int``."""
+    return text.isascii() and text.isdigit() and len(text) <= 20
 
 
 def parse_timeout_s(value) -> float | None:
     """Seconds a ``timeout`` parameter (microseconds) allows; None for 0 or absent."""
     if value is None or value == "":
         return None
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and _is_small_integer(value.strip()):
         value = int(value)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise InvalidArgument(f"parameter 'timeout' is {value!r}; it is microseconds, a non-negative integer")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not 0 <= value <= MAX_TIMEOUT_US  # NaN fails this too
+    ):
+        raise InvalidArgument(
+            f"parameter 'timeout' is {str(value)[:40]!r}; it is microseconds, an integer from 0 to 2^64-1"
+        )
     return value / 1e6 if value else None
 
 

@@ -40,17 +40,21 @@ class RuntimeClient:
 
     async def execute(
         self, model: str, version: str, inputs: list[Tensor], outputs: list[str], timeout_s: float | None = None
-    ) -> list[Tensor]:
-        """Run one batch; ``timeout_s`` (the time left for it) also travels to the runtime as ``timeout_us``."""
+    ) -> tuple[list[Tensor], int]:
+        """Run one batch: its outputs and the runtime's compute time in ns.
+
+        ``timeout_s`` (the time the batch is given) also travels to the runtime as ``timeout_us``.
+        """
         request = pb.ExecuteRequest(
             model=model, version=version, inputs=[from_tensor(t) for t in inputs], outputs=outputs
         )
         if timeout_s is not None:
             request.timeout_us = max(1, int(timeout_s * 1e6))
         inject(request.trace_context)  # the batch's span is the parent of the runtime's
-        # The caller enforces timeout_s itself; the stream's own timeout is only a backstop.
-        reply = await self._batches.call(request, (timeout_s or self._timeout_s) + _BACKSTOP_S)
-        return [to_tensor(t) for t in reply.outputs]
+        # The caller bounds a try itself (by the per-try timeout, which may outlast timeout_s: a batch past
+        # its deadline still runs to its end); the stream's own timeout is only a backstop.
+        reply = await self._batches.call(request, max(timeout_s or 0.0, self._timeout_s) + _BACKSTOP_S)
+        return [to_tensor(t) for t in reply.outputs], reply.compute_ns
 
     async def load(self, name: str) -> list[ModelSpec]:
         reply = await self._call(self._stub.LoadModel, pb.LoadModelRequest(name=name), 120)

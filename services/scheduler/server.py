@@ -6,6 +6,7 @@ import asyncio
 import logging
 
 from aiworks.core.lifecycle import stop_event
+from aiworks.core.looplag import start_loop_lag_probe
 from aiworks.core.metrics import on_loop, serve_metrics_or_warn, stop_metrics
 from aiworks.core.rpc import add_port, create_server, set_serving
 from aiworks.core.tracing import setup_tracing, shutdown_tracing
@@ -42,6 +43,7 @@ async def serve(settings: SchedulerSettings) -> None:
     collector = SchedulerCollector(on_loop(asyncio.get_running_loop(), scheduler.status)).register()
     metrics, metrics_port = serve_metrics_or_warn(settings.metrics_port, settings.host)
     await set_serving(health, True)
+    lag = start_loop_lag_probe("scheduler")
     log.info(
         "scheduler serving gRPC%s on %s:%d (batching %s, metrics %s)",
         " with mutual TLS" if tls else "",
@@ -58,6 +60,7 @@ async def serve(settings: SchedulerSettings) -> None:
     await scheduler.close()
     if audit is not None:
         await audit.close()
+    lag.stop()
     await stop_metrics(metrics)
     collector.unregister()
     shutdown_tracing()

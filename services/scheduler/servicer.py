@@ -16,6 +16,7 @@ from aiworks.core.tracing import remote_scope
 from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
 from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
 from aiworks.scheduler.dataplane import Scheduler
+from aiworks.scheduler.dispatch import Charge
 from aiworks.scheduler.traffic_state import DEFAULT_TOLERANCE, ShadowPolicy, TrafficPolicy
 from aiworks.scheduler.views import StatusView
 
@@ -36,12 +37,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         actor = peer_identity(context) or context.peer() or "unknown"
         self.audit.admin(actor=actor, action=action, status=status, model=model, details=details)
 
-    async def _infer(self, request, timeout_s: float | None = None) -> pb.InferResponse:
+    async def _infer(self, request, timeout_s: float | None = None, charge: Charge | None = None) -> pb.InferResponse:
         if request.timeout_us:
             timeout_s = min(timeout_s or float("inf"), request.timeout_us / 1e6)
         # The gateway's span is the parent of this request's spans here (the queue wait, its batch).
         with remote_scope(request.trace_context):
-            response = await self.scheduler.infer(to_infer_request(request), timeout_s=timeout_s)
+            response = await self.scheduler.infer(
+                to_infer_request(request), timeout_s=timeout_s, charge=charge if charge is not None else Charge()
+            )
         return from_infer_response(response)
 
     @handle_errors
@@ -49,12 +52,19 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         return await self._infer(request, context.time_remaining())
 
     async def _infer_on_stream(self, request) -> pb.InferResponse:
-        # Errors are answered here rather than by serve_stream so the Retry-After hint travels too.
+        # Errors are answered here rather than by serve_stream so the Retry-After hint, and what the
+        # runtime spent before the failure (compute_us), travel too.
+        charge = Charge()
         try:
-            return await self._infer(request)
+            return await self._infer(request, charge=charge)
         except AIWorksError as exc:
             code, message = error_fields(exc)
-            return pb.InferResponse(error_code=code, error_message=message, retry_after_s=exc.retry_after_s or 0.0)
+            return pb.InferResponse(
+                error_code=code,
+                error_message=message,
+                retry_after_s=exc.retry_after_s or 0.0,
+                compute_us=charge.compute_us,
+            )
 
     async def InferStream(self, request_iterator, context):
         await serve_stream(

@@ -98,7 +98,8 @@ class RedisServer:
 
 # ---- tiny models -----------------------------------------------------------------------------
 
-CACHED = 'response_cache { enable: true }\n'
+# These tests watch the cache through the response's cache_hit, which clients see only when the model opts in.
+CACHED = 'response_cache { enable: true }\nparameters { key: "report_cache_hit" value: { string_value: "true" } }\n'
 
 
 def write_scale(folder: Path, factor: float) -> None:

@@ -116,10 +116,11 @@ async def test_miss_store_then_hit_without_the_scheduler(server):
     client = CacheClient(f"127.0.0.1:{server.port}", backend.metadata, max_message_bytes=1 << 20, lookup_timeout_s=0.5)
     try:
         first = await client.infer(request(), backend.infer)
-        assert first.parameters == {"cache_hit": False} and backend.infer_calls == 1
+        # The gateway learns whether it was a hit; the client is not told unless the model opts in.
+        assert first.cache_hit is False and first.parameters == {} and backend.infer_calls == 1
         await until(lambda: client.counters.stores == 1)
         hit = await client.infer(request(), backend.infer)
-        assert hit.parameters == {"cache_hit": True} and backend.infer_calls == 1
+        assert hit.cache_hit is True and hit.parameters == {} and backend.infer_calls == 1
         assert (hit.model, hit.version, hit.id) == ("m", "3", "r1")
         np.testing.assert_array_equal(hit.outputs[0].to_numpy(), first.outputs[0].to_numpy())
         skipped = await client.infer(request(cache_bypass=True), backend.infer)
@@ -128,6 +129,47 @@ async def test_miss_store_then_hit_without_the_scheduler(server):
         assert (c.hits, c.misses, c.skipped, c.bypassed, c.lookup_errors) == (1, 1, 1, 0, 0)
     finally:
         await client.close()
+
+
+def tenant_request(tenant: str, value: float = 1.0) -> InferRequest:
+    r = request(value)
+    r.tenant = tenant
+    return r
+
+
+@pytest.mark.parametrize(
+    ("parameters", "b_hits", "reported"),
+    [
+        ({}, False, None),  # per tenant, not reported: the default
+        ({"report_cache_hit": "true"}, False, False),
+        ({"cache_scope": "shared", "report_cache_hit": "true"}, True, True),
+        ({"cache_scope": "shared"}, True, None),
+    ],
+    ids=["tenant", "tenant-reported", "shared-reported", "shared"],
+)
+async def test_entries_are_per_tenant_unless_the_model_shares_them(server, parameters, b_hits, reported):
+    backend = Backend(parameters={**CACHED, **parameters})
+    client = CacheClient(f"127.0.0.1:{server.port}", backend.metadata, max_message_bytes=1 << 20, lookup_timeout_s=0.5)
+    try:
+        await client.infer(tenant_request("alice"), backend.infer)
+        await until(lambda: client.counters.stores == 1)
+        again = await client.infer(tenant_request("alice"), backend.infer)
+        assert again.cache_hit is True and backend.infer_calls == 1
+        bob = await client.infer(tenant_request("bob"), backend.infer)
+        assert bob.cache_hit is b_hits and backend.infer_calls == (1 if b_hits else 2)
+        assert bob.parameters.get("cache_hit") is reported
+    finally:
+        await client.close()
+
+
+def test_invalid_scope_or_report_values_disable_the_cache():
+    from aiworks.cache.policy import CachePolicy
+
+    assert CachePolicy.from_parameters({**CACHED, "cache_scope": "Shared "}).shared
+    assert not CachePolicy.from_parameters({**CACHED, "cache_scope": "global"}).enabled
+    assert not CachePolicy.from_parameters({**CACHED, "report_cache_hit": "yes"}).enabled
+    default = CachePolicy.from_parameters(CACHED)
+    assert default.enabled and not default.shared and not default.report_hit
 
 
 async def test_policy_lookups_are_shared_and_reused_for_the_ttl(server):
@@ -177,7 +219,7 @@ async def test_an_unreachable_cache_is_bypassed_and_caching_resumes_when_it_retu
     try:
         for i in range(30):
             response = await client.infer(request(float(i)), backend.infer)
-            assert response.parameters == {"cache_hit": False}
+            assert response.cache_hit is False and response.parameters == {}
         assert backend.infer_calls == 30
         assert client.counters.bypassed == 30
         assert 3 <= client.counters.lookup_errors < 30  # the breaker skipped the rest

@@ -104,3 +104,20 @@ def test_policy_comes_from_the_config_and_is_off_by_default():
 )
 def test_requests_can_skip_the_cache(parameters, reason):
     assert skip_reason(parameters) == reason
+
+
+def test_keys_are_per_tenant_unless_the_policy_shares_them():
+    def tkey(tenant, policy=EXACT) -> bytes:
+        return request_key("m", "1", BASE["inputs"], [], {}, policy, tenant=tenant)
+
+    assert tkey("alice") != tkey("bob")
+    assert tkey("alice") == tkey("alice")
+    assert tkey("") != tkey("alice") and tkey("") != tkey(None)  # demo mode's anonymous tenant is a tenant too
+    shared = CachePolicy(enabled=True, shared=True)
+    assert tkey("alice", shared) == tkey("bob", shared) == tkey(None, shared)
+    # Shared entries keep the keys the cache had before it knew tenants (no tenant, the same digest).
+    assert tkey(None) == key(**BASE) == tkey("alice", shared)
+    # A tenant name cannot be crafted to reach another key space: "alice" + model "m" is not tenant "" + "alicem".
+    assert request_key("m", "1", [], [], {}, EXACT, tenant="alice") != request_key(
+        "alicem", "1", [], [], {}, EXACT, tenant=""
+    )

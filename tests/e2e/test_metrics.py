@@ -38,7 +38,9 @@ def _repository(demo: Path, target: Path) -> Path:
     shutil.copytree(demo / "iris", target / "iris_cached")
     config = target / "iris_cached" / "config.pbtxt"
     text = config.read_text().replace('name: "iris"', 'name: "iris_cached"')
-    config.write_text(text + "response_cache { enable: true }\n")
+    # Clients see cache_hit only when the model opts in (report_cache_hit, docs/cache.md).
+    report = 'parameters { key: "report_cache_hit" value: { string_value: "true" } }\n'
+    config.write_text(text + "response_cache { enable: true }\n" + report)
     return target
 
 

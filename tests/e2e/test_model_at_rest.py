@@ -4,8 +4,11 @@ The repository holds copies of the demo ``iris`` model, protected as
 docs/security.md tells an operator to (``aiworks model watermark embed``,
 ``sign``, ``encrypt``), and one copy for each failure: a flipped ciphertext
 byte, a foreign data key, a signature of other bytes, no signature while
-signatures are required, and another owner's watermark. The runtime gets its
-keys from files outside the repository, through its settings.
+signatures are required, and another owner's watermark. Three more models keep
+their weights in an external data file (``weights.bin``): one signed and
+served, one whose weights were overwritten after signing, one whose config
+was. The runtime gets its keys from files outside the repository, through its
+settings.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import requests
+from onnx import TensorProto, helper, numpy_helper
 
 from aiworks.security import model_crypto as mc
 from aiworks.security import model_keys as mk
@@ -38,7 +43,10 @@ REFUSED = {
     "iris_bad_signature": "bad-signature",
     "iris_unsigned": "missing-signature",
     "iris_wrong_owner": "watermark-other-owner",
+    "ext_weights_overwritten": "bad-signature",
+    "ext_config_changed": "bad-signature",
 }
+WEIGHTS = np.arange(16, dtype=np.float32).reshape(4, 4)
 
 
 def _aiworks(*args: str | Path) -> str:
@@ -67,6 +75,32 @@ def _protect(version: Path, keys: Path, *, owner: str = OWNER, sign: bool = True
         mc.sign_file(model, mk.load_signing_key(keys / "signing.key"))
     mc.encrypt_file(model, key=mk.load_data_key(keys / data_key))
     model.unlink()
+
+
+def _external_weights(repo: Path, name: str, keys: Path) -> Path:
+    """``repo/name``: y = x @ WEIGHTS with the weights in ``1/weights.bin``, watermarked and signed in place."""
+    version = repo / name / "1"
+    version.mkdir(parents=True)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        initializer=[numpy_helper.from_array(WEIGHTS, "w")],
+    )
+    model = version / "model.onnx"
+    onnx.save_model(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model, save_as_external_data=True,
+        all_tensors_to_one_file=True, location="weights.bin", size_threshold=0,
+    )  # fmt: skip
+    (repo / name / "config.pbtxt").write_text(
+        "max_batch_size: 8\n"
+        'input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+    )
+    watermark_file(model, model, OWNER, mk.load_data_key(keys / "owner.key"))
+    _aiworks("model", "sign", model, "--signing-key", keys / "signing.key")
+    return version
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +147,12 @@ def repo(model_repository, keys, tmp_path_factory) -> Path:
     shutil.copy(other.with_name("model.onnx.sig"), bad / "model.onnx.sig")  # a valid signature, of other bytes
     _protect(_copy_iris(model_repository, repo, "iris_unsigned"), keys, sign=False)
     _protect(_copy_iris(model_repository, repo, "iris_wrong_owner"), keys, owner="someone-else")
+    _external_weights(repo, "ext_signed", keys)
+    overwritten = _external_weights(repo, "ext_weights_overwritten", keys)
+    (overwritten / "weights.bin").write_bytes((WEIGHTS * 10).tobytes())  # same size, other weights
+    _external_weights(repo, "ext_config_changed", keys)
+    with open(repo / "ext_config_changed" / "config.pbtxt", "a") as config:
+        config.write('parameters { key: "mask_patterns" value: { string_value: "" } }\n')
     return repo
 
 
@@ -160,6 +200,11 @@ def test_protected_models_serve_the_outputs_of_the_plaintext_model(suite, model_
         np.testing.assert_allclose(
             np.array(outputs["probabilities"]["data"]).reshape(probabilities.shape), probabilities, rtol=1e-6
         )
+    # Weights in an external file, covered by the signature's manifest: served from the checked bytes.
+    body = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 0, 0, 0]}]}
+    reply = requests.post(f"{suite.http_url}/v2/models/ext_signed/infer", json=body, timeout=10)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["outputs"][0]["data"] == WEIGHTS[0].tolist()
     # Nothing decrypted was left on disk: the protected folders hold ciphertext and signature only.
     assert sorted(p.name for p in (repo / "iris_secure" / "1").iterdir()) == ["model.onnx.enc", "model.onnx.sig"]
     assert (repo / "iris_inplace" / "1" / "model.onnx").read_bytes().startswith(mc.MAGIC)
@@ -181,8 +226,17 @@ def test_loading_a_failing_model_at_the_gateway_answers_with_the_reason(suite):
         assert reply.status_code == 400, reply.text
         error = reply.json()["error"]
         assert f"cannot load model '{model}' version 1: refused ({reason})" in error, error
-        assert f"{model}/1/model.onnx" in error  # names the file
+        assert f"{model}/1/model.onnx" in error  # names the file...
+        assert str(suite.config.model_repository) not in error  # ...never the server's path
         assert _infer(suite, model).status_code in (404, 503)
+    errors = {
+        model: requests.post(f"{suite.http_url}/v2/repository/models/{model}/load", json={}, timeout=60).json()["error"]
+        for model in ("ext_weights_overwritten", "ext_config_changed")
+    }
+    assert errors["ext_weights_overwritten"].endswith(
+        "model file ext_weights_overwritten/1/model.onnx: external data file 'weights.bin' was modified after signing"
+    )
+    assert errors["ext_config_changed"].endswith("config 'config.pbtxt' was modified after signing")
 
 
 def test_refusals_are_audited_and_the_audit_log_verifies(suite):
@@ -195,6 +249,8 @@ def test_refusals_are_audited_and_the_audit_log_verifies(suite):
         assert line["details"]["reason"] == REFUSED[line["model"]]
         assert line["details"]["file"].startswith(f"{line['model']}/1/model.onnx")
     verified = {line["model"] for line in lines if line["action"] == "model_verified"}
-    assert verified == {"iris_secure", "iris_inplace"}
+    assert verified == {"iris_secure", "iris_inplace", "ext_signed"}
+    [ext] = [line for line in lines if line["action"] == "model_verified" and line["model"] == "ext_signed"][:1]
+    assert ext["details"]["signed_files"] == "../config.pbtxt, model.onnx, weights.bin"
     out = _aiworks("audit", "verify", _audit_path(suite))
     assert out.startswith(f"ok: {len(lines)} records")

@@ -45,7 +45,9 @@ def repo(model_repository, tmp_path_factory) -> Path:
     shutil.copytree(model_repository / "iris", repo / "iris")
     shutil.copytree(model_repository / "iris", repo / "iris_cached")
     config = (repo / "iris" / "config.pbtxt").read_text().replace('name: "iris"', 'name: "iris_cached"')
-    (repo / "iris_cached" / "config.pbtxt").write_text(config + "response_cache { enable: true }\n")
+    # Clients see cache_hit only when the model opts in (report_cache_hit, docs/cache.md).
+    report = 'parameters { key: "report_cache_hit" value: { string_value: "true" } }\n'
+    (repo / "iris_cached" / "config.pbtxt").write_text(config + "response_cache { enable: true }\n" + report)
     return repo
 
 

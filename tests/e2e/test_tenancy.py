@@ -9,11 +9,16 @@ B has an audit log of its own (one writer per file).
 Models (built here): ``scale`` (FP32 x*2, rejects NaN/Inf), ``plain`` (the
 same without that rule), ``echo`` (BYTES identity that masks e-mail, phone
 and ID numbers), ``slow`` (FP32, batching that holds a lone request for
-1.5 s: a request that stays in flight without burning CPU).
+1.5 s: a request that stays in flight without burning CPU), ``heavy`` (x*2
+served only by a runtime replica of its own, from a repository of its own,
+whose every batch takes HEAVY_S of compute: the runtime's debug delay). Beside the repository lies
+``elsewhere/echo``, an echo without masking, and the repository holds a link
+to it (``evil``): what a model name must never reach.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import subprocess
@@ -35,12 +40,16 @@ from aiworks.gateway.auth import generate_api_key
 from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
+from e2e_support import Suite
+from qos.qos_support import ExtraRuntime
+
 from aiworks.security.audit import verify_audit_log
 from aiworks.supervisor.supervisor import SuiteConfig, Supervisor, free_port
 
 pytestmark = pytest.mark.slow
 
 SLOW_DELAY_S = 1.5
+HEAVY_S = 0.6
 JWT_SECRET = b"s" * 32
 TENANT_MAX_BYTES = 4096
 
@@ -73,8 +82,25 @@ def _scale(folder: Path, config: str) -> None:
     (folder / "config.pbtxt").write_text(f"max_batch_size: 8\n{io}{config}")
 
 
+def _echo(folder: Path, config: str) -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["text"], ["echo"])],
+        "echo",
+        [helper.make_tensor_value_info("text", TensorProto.STRING, ["N", 1])],
+        [helper.make_tensor_value_info("echo", TensorProto.STRING, ["N", 1])],
+    )
+    _save(folder, graph)
+    (folder / "config.pbtxt").write_text(
+        "max_batch_size: 8\ndynamic_batching { }\n"
+        'input [ { name: "text" data_type: TYPE_STRING dims: [ 1 ] } ]\n'
+        'output [ { name: "echo" data_type: TYPE_STRING dims: [ 1 ] } ]\n' + config
+    )
+
+
 def build_repository(root: Path) -> Path:
     _scale(root / "scale", "dynamic_batching { }\n" + _params(preload="true", reject_nonfinite="true"))
+    _echo(root.parent / "elsewhere" / "echo", "")  # no masking: outside the repository
+    os.symlink(root.parent / "elsewhere" / "echo", root / "evil")
     _scale(root / "plain", "dynamic_batching { }\n" + _params(preload="true"))
     delay_us = int(SLOW_DELAY_S * 1e6)
     _scale(
@@ -82,20 +108,7 @@ def build_repository(root: Path) -> Path:
         f"dynamic_batching {{ preferred_batch_size: [ 8 ] max_queue_delay_microseconds: {delay_us} }}\n"
         + _params(preload="true"),
     )
-    echo = root / "echo"
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["text"], ["echo"])],
-        "echo",
-        [helper.make_tensor_value_info("text", TensorProto.STRING, ["N", 1])],
-        [helper.make_tensor_value_info("echo", TensorProto.STRING, ["N", 1])],
-    )
-    _save(echo, graph)
-    (echo / "config.pbtxt").write_text(
-        "max_batch_size: 8\ndynamic_batching { }\n"
-        'input [ { name: "text" data_type: TYPE_STRING dims: [ 1 ] } ]\n'
-        'output [ { name: "echo" data_type: TYPE_STRING dims: [ 1 ] } ]\n'
-        + _params(preload="true", mask_patterns="email,phone,id_card")
-    )
+    _echo(root / "echo", _params(preload="true", mask_patterns="email,phone,id_card"))
     return root
 
 
@@ -108,8 +121,11 @@ TENANTS = {
     "ops": {"admin": True},
     "rate": {"models": ["scale"], "requests_per_second": 0.01, "burst": 4},
     "conc": {"models": ["slow"], "max_concurrent_requests": 1},
-    "quota": {"models": ["slow"], "compute_quota": {"seconds": 1.0, "window_s": 86400}},
+    "quota": {"models": ["heavy"], "compute_quota": {"seconds": 0.3, "window_s": 86400}},
     "meter": {"models": ["scale"], "default_priority": "batch"},
+    "dodger": {"models": ["heavy"], "max_concurrent_requests": 1, "compute_quota": {"seconds": 60, "window_s": 86400}},
+    "jobs": {"models": ["scale"], "default_priority": "batch"},
+    "jobs_plus": {"models": ["scale"], "default_priority": "batch", "max_priority": "realtime"},
 }
 
 
@@ -132,6 +148,7 @@ class Tenancy:
     keys: dict[str, str]
     redis_url: str
     env: dict[str, str]
+    repository: Path
 
 
 def _start_redis(workdir: Path) -> tuple[subprocess.Popen, str]:
@@ -222,9 +239,14 @@ def tenancy(tmp_path_factory):
         model_repository=repository, log_dir=work / "logs", replicas=1, cache=False, extra_env=env_a
     )
     supervisor = Supervisor(config)
-    gateway_b = None
+    gateway_b = heavy = None
     try:
         supervisor.start()
+        # A replica of its own, with a repository of its own: only it serves "heavy", and it serves nothing else.
+        _scale(work / "heavy-repository" / "heavy", "")
+        suite = Suite(supervisor, "", "", work / "heavy-repository")
+        heavy = ExtraRuntime(suite, "runtime-heavy", ["heavy"], {"AIWORKS_RUNTIME_DEBUG_DELAY_MS": str(HEAVY_S * 1e3)})
+        heavy.start()
         b_http, b_grpc = free_port(), free_port()
         env_b = {**os.environ, **shared, "AIWORKS_GATEWAY_AUDIT_LOG": str(work / "audit-b.jsonl")}
         b_log = work / "logs" / "gateway-b.log"
@@ -243,11 +265,14 @@ def tenancy(tmp_path_factory):
             keys,
             redis_url,
             shared,
+            repository,
         )
     finally:
         if gateway_b is not None:
             gateway_b.terminate()
             gateway_b.wait(20)
+        if heavy is not None:
+            heavy.stop()
         supervisor.stop()
         redis_process.terminate()
         redis_process.wait(10)
@@ -502,10 +527,15 @@ def test_concurrency_limit_is_shared_by_two_gateways(tenancy):
 
 def test_compute_quota(tenancy):
     key = tenancy.keys["quota"]
-    assert _slow(tenancy.a, key).status_code == 200  # about SLOW_DELAY_S charged against 1 s
-    r = _slow(tenancy.b, key)
+    assert infer(tenancy.a, "heavy", scale_body(), key=key).status_code == 200  # HEAVY_S charged against 0.3 s
+    deadline = time.monotonic() + 5
+    while True:  # the charge reaches Redis one round trip after the answer
+        r = infer(tenancy.b, "heavy", scale_body(), key=key)
+        if r.status_code == 429 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert r.status_code == 429, r.text
-    assert "used its compute quota of 1 runtime-seconds per 86400 s window" in r.json()["error"]
+    assert "used its compute quota of 0.3 runtime-seconds per 86400 s window" in r.json()["error"]
     assert int(r.headers["retry-after"]) >= 1
 
 
@@ -588,10 +618,179 @@ def test_audit_log_records_inferences_and_admin_actions_and_verifies(tenancy):
     assert (ok["kind"], ok["tenant"], ok["model"], ok["version"], ok["status"]) == ("inference", "alice", "echo", "1",
                                                                                     "ok")  # fmt: skip
     assert ok["latency_ms"] > 0
-    [anon] = [r for r in records if r["request_id"] == request_id + "-anon"]
-    assert (anon["tenant"], anon["status"]) == (None, "unauthenticated")
+    # A stranger costs no audit line (issue 15): it is counted in aiworks_gateway_refused_requests_total.
+    assert not [r for r in records if r["request_id"] == request_id + "-anon"]
     admin = [r for r in records if r["kind"] == "admin"]
     loads = [r for r in admin if r["action"] == "model.load" and r["actor"] == "ops" and r["model"] == "plain"]
     assert loads and loads[-1]["status"] == "ok" and loads[-1]["details"]["auth"] == "api_key"
     assert any(r["action"] == "model.unload" and r["actor"] == "bob" and r["status"] == "permission_denied"
                for r in admin)  # fmt: skip
+
+
+# ---- model names stay inside the repository (issue 15, finding 4) --------------------------------------
+
+
+def _raw(gateway: Gateway, method: str, path: str, key: str, body: bytes = b"{}") -> tuple[int, str]:
+    """One request whose path goes out exactly as written (no client normalises its dots or escapes)."""
+    host, port = gateway.http.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.request(method, path, body=body if method == "POST" else None,
+                     headers={"x-api-key": key, "content-type": "application/json"})  # fmt: skip
+        reply = conn.getresponse()
+        return reply.status, reply.read().decode()
+    finally:
+        conn.close()
+
+
+def test_model_names_cannot_reach_outside_the_repository(tenancy):
+    a, ops, alice = tenancy.a, tenancy.keys["ops"], tenancy.keys["alice"]
+    outside = tenancy.repository.parent / "elsewhere" / "echo"
+    server_paths = {str(tenancy.repository), str(tenancy.repository.resolve()), str(tenancy.repository.parent)}
+    config_before = requests.get(f"{a.base}/v2/models/echo/config", headers=bearer(alice), timeout=10).json()
+    assert config_before["parameters"]["mask_patterns"]["string_value"] == "email,phone,id_card"
+    messages = []
+
+    client = grpcclient.InferenceServerClient(a.grpc)
+    try:
+        for name in (str(outside), "../elsewhere/echo", "..", "evil"):  # evil: a link out of the repository
+            with pytest.raises(InferenceServerException) as err:
+                client.load_model(name, headers={"x-api-key": ops})
+            assert err.value.status() == "StatusCode.INVALID_ARGUMENT", (name, err.value.message())
+            messages.append(err.value.message())
+        assert "model 'evil' folder resolves outside the model repository" in messages[-1]
+        text = grpcclient.InferInput("text", [1, 1], "BYTES")
+        text.set_data_from_numpy(np.array([["x"]], dtype=object))
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("../echo", [text], headers={"x-api-key": ops})
+        assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("echo", [text], model_version="../1", headers={"x-api-key": ops})
+        assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
+    finally:
+        client.close()
+
+    for method, path in [
+        ("POST", "/v2/repository/models/%2F" + str(outside).lstrip("/").replace("/", "%2F") + "/load"),
+        ("POST", "/v2/repository/models/..%2Felsewhere%2Fecho/load"),
+        ("POST", "/v2/repository/models/%2E%2E/load"),
+        ("POST", "/v2/repository/models/../load"),
+        ("POST", "/v2/repository/models/evil/load"),
+        ("POST", "/v2/models/..%2Fecho/infer"),
+        ("POST", "/v2/models/%2E%2E/infer"),
+        ("GET", "/v2/models/%2E%2E/config"),
+        ("GET", "/v2/models/echo/versions/..%2F1"),
+    ]:
+        status, body = _raw(a, method, path, ops)
+        assert status == 400, (path, status, body)
+        messages.append(body)
+
+    # echo is still echo: its config, and its masking for every tenant.
+    config_after = requests.get(f"{a.base}/v2/models/echo/config", headers=bearer(alice), timeout=10).json()
+    assert config_after == config_before
+    r = infer(a, "echo", text_body("mail user7@example.com"), key=alice)
+    assert r.ok and r.json()["outputs"][0]["data"] == ["mail us" + "*" * 13 + "om"]
+    index = requests.post(f"{a.base}/v2/repository/index", headers=bearer(ops), timeout=10).text
+    for message in [*messages, index]:
+        assert not any(path in message for path in server_paths), message
+
+
+# ---- the compute quota counts what the runtime did (issue 15, finding 5) -------------------------------
+
+
+def _heavy(gateway: Gateway, key: str, **parameters):
+    return infer(gateway, "heavy", {**scale_body(), "parameters": parameters}, key=key)
+
+
+def _usage_total(tenancy: Tenancy, tenant: str, model: str) -> dict:
+    r = _usage(tenancy.a, tenancy.keys["ops"], tenant=tenant, model=model)
+    assert r.ok, r.text
+    totals = r.json()["totals"]
+    return totals[0] if totals else {"requests": 0, "compute_seconds": 0.0}
+
+
+def test_timed_out_and_cancelled_requests_are_charged_and_keep_their_slot_while_the_work_runs(tenancy):
+    key = tenancy.keys["dodger"]  # one request at a time; the runtime spends HEAVY_S on each
+    before = _usage_total(tenancy, "dodger", "heavy")
+    answered_in = []
+    for gateway in (tenancy.a, tenancy.b, tenancy.a):
+        started = time.monotonic()
+        r = _heavy(gateway, key, timeout=200_000)  # 200 ms: the client is answered long before the runtime ends
+        answered_in.append(time.monotonic() - started)
+        assert r.status_code == 504, r.text
+        # The runtime still works on it, so the tenant's one slot is still taken, on either gateway.
+        busy = _heavy(tenancy.b, key)
+        assert busy.status_code == 429 and "has 1 requests in flight" in busy.json()["error"], busy.text
+        time.sleep(HEAVY_S + 0.3)  # the work ends, the slot is given back
+    assert max(answered_in) < HEAVY_S, answered_in
+
+    # A gRPC call its client abandons (here: its deadline) is the same.
+    client = grpcclient.InferenceServerClient(tenancy.a.grpc)
+    x = grpcclient.InferInput("x", [1, 4], "FP32")
+    x.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
+    try:
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("heavy", [x], headers={"x-api-key": key}, client_timeout=0.2)
+        assert err.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+        assert _heavy(tenancy.a, key).status_code == 429
+    finally:
+        client.close()
+    time.sleep(HEAVY_S + 0.3)
+    assert _heavy(tenancy.a, key).status_code == 200  # the slot came back once the work had ended
+
+    deadline = time.monotonic() + 10
+    while True:  # each gateway adds its usage to Redis every 0.1 s
+        total = _usage_total(tenancy, "dodger", "heavy")
+        charged = total["compute_seconds"] - before["compute_seconds"]
+        if charged >= 5 * HEAVY_S * 0.95 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    # Four abandoned requests and one answered: five times the runtime's time, one request answered.
+    assert 5 * HEAVY_S * 0.95 <= charged < 5 * HEAVY_S * 2, total
+    assert total["requests"] - before["requests"] == 1
+
+
+# ---- a tenant's class is a ceiling; JWT subjects are not tenants by default (issue 15, finding 11) ---------
+
+
+def _scheduler_ok(tenancy: Tenancy, priority: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    [target] = tenancy.supervisor.metrics_targets()["scheduler"]
+    text = requests.get(f"http://{target}/metrics", timeout=5).text
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "aiworks_scheduler_requests_total"
+        and s.labels.get("model") == "scale" and s.labels.get("priority") == priority and s.labels.get("status") == "ok"
+    )  # fmt: skip
+
+
+def test_a_batch_tenant_asking_for_realtime_is_served_as_batch_and_told(tenancy):
+    realtime, batch = _scheduler_ok(tenancy, "realtime"), _scheduler_ok(tenancy, "batch")
+    r = infer(tenancy.a, "scale", {**scale_body(), "parameters": {"priority": 1}}, key=tenancy.keys["jobs"])
+    assert r.status_code == 200, r.text
+    assert r.json()["parameters"]["priority_clamped"] == "batch"
+    client = grpcclient.InferenceServerClient(tenancy.b.grpc)
+    x = grpcclient.InferInput("x", [1, 4], "FP32")
+    x.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
+    try:
+        result = client.infer("scale", [x], priority=1, headers={"x-api-key": tenancy.keys["jobs"]})
+        assert result.get_response().parameters["priority_clamped"].string_param == "batch"
+        # A tenant the tenants file allows more keeps what it asked for, and is told nothing.
+        result = client.infer("scale", [x], priority=1, headers={"x-api-key": tenancy.keys["jobs_plus"]})
+        assert "priority_clamped" not in result.get_response().parameters
+    finally:
+        client.close()
+    assert _scheduler_ok(tenancy, "batch") - batch == 2
+    assert _scheduler_ok(tenancy, "realtime") - realtime == 1
+
+
+def test_a_jwt_whose_sub_equals_a_tenant_id_is_not_that_tenant(tenancy):
+    claims = {"sub": "alice", "aud": "aiworks", "exp": int(time.time()) + 600}  # no tenant claim
+    r = infer(tenancy.a, "scale", scale_body(), headers=bearer(jwt.encode(claims, JWT_SECRET, "HS256")))
+    assert r.status_code == 403, r.text
+    assert "'sub' names one only with jwt.tenant_from_subject: true" in r.json()["error"]
+    claims["tenant"] = "alice"
+    assert infer(tenancy.a, "scale", scale_body(), headers=bearer(jwt.encode(claims, JWT_SECRET, "HS256"))).ok

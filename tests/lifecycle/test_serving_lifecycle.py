@@ -44,7 +44,7 @@ class FakeReplica:
         await asyncio.sleep(self.delays.get(version, self.delay_s))
         x = inputs[0].to_numpy()
         self.rows[version] = self.rows.get(version, 0) + len(x)
-        return [Tensor.from_numpy("y", (x * self.factors[version]).astype(np.float32))]
+        return [Tensor.from_numpy("y", (x * self.factors[version]).astype(np.float32))], 0
 
     async def load(self, model):
         return self.reloaded

@@ -170,15 +170,27 @@ def test_jwt_maps_its_tenant_claim(write_yaml, algorithm):
     token = jwt.encode(claims(tenant="lab"), signing, algorithm=algorithm)
     principal = auth.authenticate({"authorization": f"Bearer {token}"})
     assert (principal.tenant_id, principal.method, principal.subject) == ("lab", "jwt", "user-1")
-    # Falls back to "sub"; a tenant's jwt_subjects map to it too.
-    assert (
-        auth.authenticate({"authorization": "Bearer " + jwt.encode(claims(sub="acme"), signing, algorithm)}).tenant_id
-        == "acme"
-    )
+    # A tenant's jwt_subjects map to it too.
     token = jwt.encode(claims(tenant="acme-backend"), signing, algorithm=algorithm)
     assert auth.authenticate({"authorization": f"Bearer {token}"}).tenant_id == "acme"
     # API keys keep working beside JWTs.
     assert auth.authenticate({"x-api-key": KEY_ACME}).tenant_id == "acme"
+
+
+def test_sub_names_a_tenant_only_when_the_tenants_file_opts_in(write_yaml):
+    token = "Bearer " + jwt.encode(claims(sub="acme"), HMAC_SECRET, algorithm="HS256")  # no tenant claim
+    closed = jwt_authenticator(write_yaml, "HS256", HMAC_SECRET)
+    status, text = status_of(lambda: closed.authenticate({"authorization": token}))
+    assert status is Status.PERMISSION_DENIED
+    assert text == (
+        "bearer JWT has no 'tenant' claim naming a tenant "
+        "('sub' names one only with jwt.tenant_from_subject: true in the tenants file)"
+    )
+    opted_in = jwt_authenticator(write_yaml, "HS256", HMAC_SECRET, tenant_from_subject=True)
+    assert opted_in.authenticate({"authorization": token}).tenant_id == "acme"
+    # With the fallback on, the tenant claim still wins over "sub".
+    both = "Bearer " + jwt.encode(claims(sub="acme", tenant="lab"), HMAC_SECRET, algorithm="HS256")
+    assert opted_in.authenticate({"authorization": both}).tenant_id == "lab"
 
 
 def test_jwt_tenant_claim_is_configurable(write_yaml):

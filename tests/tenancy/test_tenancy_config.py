@@ -176,11 +176,31 @@ def test_api_keys_file_errors(write_yaml, keys, message):
 
 
 @pytest.mark.parametrize(
-    ("given", "expected"),
-    [({}, "batch"), ({"priority": 0}, "batch"), ({"priority": 1}, 1), ({"priority": "realtime"}, "realtime")],
+    ("tenant", "given", "expected", "clamped"),
+    [
+        # The default applies when the request names no class...
+        ({"default_priority": "batch"}, {}, "batch", None),
+        ({"default_priority": "batch"}, {"priority": 0}, "batch", None),
+        # ...and is a ceiling: a more urgent class is lowered to it, and the response says so.
+        ({"default_priority": "batch"}, {"priority": 1}, "batch", "batch"),
+        ({"default_priority": "batch"}, {"priority": "realtime"}, "batch", "batch"),
+        ({"default_priority": "standard"}, {"priority": 3}, 3, None),  # less urgent: kept
+        # max_priority allows more than the default.
+        ({"default_priority": "batch", "max_priority": "realtime"}, {"priority": 1}, 1, None),
+        ({"default_priority": "batch", "max_priority": "standard"}, {"priority": "1"}, "standard", "standard"),
+        ({"max_priority": "standard"}, {}, None, None),
+        ({}, {"priority": 1}, 1, None),  # no class, no ceiling
+        ({"default_priority": "batch"}, {"priority": "urgent!"}, "urgent!", None),  # the scheduler refuses it
+    ],
 )
-def test_default_priority_applies_only_when_the_request_names_none(write_yaml, given, expected):
-    config = load_tenancy(write_yaml("t.yaml", {"tenants": [{"id": "jobs", "default_priority": "batch"}]}))
+def test_the_tenants_class_is_a_default_and_a_ceiling(write_yaml, tenant, given, expected, clamped):
+    config = load_tenancy(write_yaml("t.yaml", {"tenants": [{"id": "jobs", **tenant}]}))
     request = InferRequest("iris", parameters=dict(given))
-    apply_tenant_defaults(request, config.tenants["jobs"])
-    assert request.parameters["priority"] == expected
+    assert apply_tenant_defaults(request, config.tenants["jobs"]) == clamped
+    assert request.parameters.get("priority") == expected
+
+
+def test_a_default_more_urgent_than_the_ceiling_is_refused(write_yaml):
+    path = write_yaml("t.yaml", {"tenants": [{"id": "jobs", "default_priority": "realtime", "max_priority": "batch"}]})
+    with pytest.raises(InvalidArgument, match="'default_priority' realtime is more urgent than 'max_priority' batch"):
+        load_tenancy(path)

@@ -137,7 +137,7 @@ class EchoReplica:
     async def execute(self, model, version, inputs, outputs, timeout_s=None):
         self.batches.append(inputs[0].shape[0])
         await asyncio.sleep(self.delay_s)
-        return [Tensor.from_numpy("y", inputs[0].to_numpy())]
+        return [Tensor.from_numpy("y", inputs[0].to_numpy())], 0
 
     async def close(self):
         pass

@@ -29,7 +29,7 @@ class TaggingReplica:
         await asyncio.sleep(self.delay_s)
         self.rows_seen.extend(float(v) for v in x[:, 0])
         self.batches += 1
-        return [Tensor.from_numpy("y", x)]
+        return [Tensor.from_numpy("y", x)], 0
 
     async def close(self):
         pass

@@ -28,7 +28,7 @@ class FakeReplica:
         x = inputs[0].to_numpy()
         self.batches.append(x.shape[0])
         await asyncio.sleep(self.delay_s)
-        return [Tensor.from_numpy("y", x * 2)]
+        return [Tensor.from_numpy("y", x * 2)], 0
 
     async def close(self):
         pass

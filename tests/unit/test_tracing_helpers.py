@@ -123,7 +123,7 @@ class ContextRecordingReplica:
         tracing.inject(carrier)  # what RuntimeClient puts into ExecuteRequest.trace_context
         self.contexts.append(carrier)
         await asyncio.sleep(0.01)
-        return [Tensor.from_numpy("y", inputs[0].to_numpy())]
+        return [Tensor.from_numpy("y", inputs[0].to_numpy())], 0
 
     async def close(self):
         pass

@@ -111,9 +111,15 @@ def from_infer_request(req: InferRequest) -> spb.InferRequest:
 
 def from_infer_response(resp: InferResponse) -> spb.InferResponse:
     return spb.InferResponse(
-        id=resp.id, model=resp.model, version=resp.version, outputs=[from_tensor(t) for t in resp.outputs]
+        id=resp.id,
+        model=resp.model,
+        version=resp.version,
+        outputs=[from_tensor(t) for t in resp.outputs],
+        compute_us=int(resp.compute_s * 1e6),
     )
 
 
 def to_infer_response(msg: spb.InferResponse) -> InferResponse:
-    return InferResponse(msg.model, msg.version, [to_tensor(t) for t in msg.outputs], id=msg.id)
+    return InferResponse(
+        msg.model, msg.version, [to_tensor(t) for t in msg.outputs], id=msg.id, compute_s=msg.compute_us / 1e6
+    )

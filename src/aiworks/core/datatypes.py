@@ -61,8 +61,34 @@ def itemsize(datatype: str) -> int:
     return NUMPY_DTYPES[datatype].itemsize
 
 
+# Dims travel as int64 (the gRPC protocol and the suite's protos); numpy allows at most 64 of them.
+MAX_DIM = 2**63 - 1
+MAX_RANK = 64
+
+
 def element_count(shape) -> int:
     return math.prod(shape)
+
+
+def nominal_count(shape) -> int:
+    """The element count of ``shape`` with its zero dims taken as 1.
+
+    A shape such as ``[0, 2**62]`` holds no elements, yet numpy (and every
+    runtime) refuses it as too big: element caps are checked against this
+    count, so such a shape is refused as a 4xx where it arrives.
+    """
+    return math.prod(d or 1 for d in shape)
+
+
+def check_shape(shape, name: str = "tensor") -> tuple[int, ...]:
+    """``shape`` as a tuple, or InvalidArgument: at most MAX_RANK dims, each an integer in [0, MAX_DIM]."""
+    if len(shape) > MAX_RANK:
+        raise InvalidArgument(f"input '{name}' has {len(shape)} dims; at most {MAX_RANK} are allowed")
+    for d in shape:
+        if type(d) is not int or not 0 <= d <= MAX_DIM:
+            shown = shape if len(shape) <= 8 else [*shape[:8], "..."]
+            raise InvalidArgument(f"input '{name}': shape {shown} has a bad dim (each must be an integer 0..2^63-1)")
+    return tuple(shape)
 
 
 def datatype_of(array: np.ndarray) -> str:
@@ -108,7 +134,7 @@ def decode(raw: bytes | memoryview, datatype: str, shape, *, name: str = "tensor
     """A numpy view of ``raw`` (no copy for fixed-size datatypes)."""
     count = element_count(shape)
     if datatype == "BYTES":
-        return deserialize_bytes(raw, count, name=name).reshape(shape)
+        return _reshape(deserialize_bytes(raw, count, name=name), shape, name)
     try:
         dtype = NUMPY_DTYPES[datatype]
     except KeyError:
@@ -118,32 +144,56 @@ def decode(raw: bytes | memoryview, datatype: str, shape, *, name: str = "tensor
         raise InvalidArgument(
             f"input '{name}': {len(raw)} bytes of data, but shape {list(shape)} of {datatype} needs {expected}"
         )
-    return np.frombuffer(raw, dtype=dtype).reshape(shape)
+    return _reshape(np.frombuffer(raw, dtype=dtype), shape, name)
+
+
+def _reshape(array: np.ndarray, shape, name: str) -> np.ndarray:
+    try:
+        return array.reshape(shape)
+    except ValueError:  # numpy sizes zero dims as 1, and allows at most 64 dims
+        raise InvalidArgument(f"input '{name}': shape {list(shape)[:8]} is too large for an array") from None
 
 
 def serialize_bytes(array: np.ndarray) -> bytes:
     """Length-prefixed serialization of a BYTES tensor (str elements become UTF-8)."""
+    return serialize_items(np.asarray(array, dtype=np.object_).ravel(order="C"))
+
+
+_LENGTH = struct.Struct("<I")
+
+
+def serialize_items(items) -> bytes:
+    """Length-prefixed serialization of an iterable of str (as UTF-8) or bytes-like elements, in one pass."""
+    pack = _LENGTH.pack
     parts = []
-    for item in np.asarray(array, dtype=np.object_).ravel(order="C"):
+    append = parts.append
+    for item in items:
         if isinstance(item, str):
             item = item.encode("utf-8")
-        elif not isinstance(item, (bytes, bytearray)):
+        elif not isinstance(item, (bytes, bytearray, memoryview)):
             item = str(item).encode("utf-8")
-        parts.append(struct.pack("<I", len(item)))
-        parts.append(item)
+        append(pack(len(item)))
+        append(item)
     return b"".join(parts)
 
 
-def bytes_offsets(raw: bytes | memoryview, *, name: str = "tensor") -> list[int]:
-    """Start offsets of each length-prefixed element, plus the end offset."""
+def bytes_offsets(raw: bytes | memoryview, *, name: str = "tensor", limit: int | None = None) -> list[int]:
+    """Start offsets of each length-prefixed element, plus the end offset.
+
+    With ``limit``, stops as soon as the data holds more than ``limit``
+    elements (InvalidArgument), so a wrong count costs no more than the right one.
+    """
     view = memoryview(raw)
     offsets = [0]
     pos = 0
     end = len(view)
+    unpack = _LENGTH.unpack_from
     while pos < end:
         if pos + 4 > end:
             raise InvalidArgument(f"input '{name}': BYTES data ends inside an element's length prefix")
-        (length,) = struct.unpack_from("<I", view, pos)
+        if limit is not None and len(offsets) > limit:
+            raise InvalidArgument(f"input '{name}': more than {limit} BYTES elements, but the shape needs {limit}")
+        (length,) = unpack(view, pos)
         pos += 4 + length
         if pos > end:
             raise InvalidArgument(f"input '{name}': a BYTES element's length runs past the end of the data")
@@ -151,10 +201,30 @@ def bytes_offsets(raw: bytes | memoryview, *, name: str = "tensor") -> list[int]
     return offsets
 
 
+def check_bytes_count(raw: bytes | memoryview, count: int, *, name: str = "tensor") -> None:
+    """InvalidArgument unless ``raw`` holds exactly ``count`` well-formed BYTES elements; builds no element."""
+    view = memoryview(raw)
+    pos = 0
+    end = len(view)
+    found = 0
+    unpack = _LENGTH.unpack_from
+    while pos < end:
+        if found == count:
+            raise InvalidArgument(f"input '{name}': more than {count} BYTES elements, but the shape needs {count}")
+        if pos + 4 > end:
+            raise InvalidArgument(f"input '{name}': BYTES data ends inside an element's length prefix")
+        pos += 4 + unpack(view, pos)[0]
+        if pos > end:
+            raise InvalidArgument(f"input '{name}': a BYTES element's length runs past the end of the data")
+        found += 1
+    if found != count:
+        raise InvalidArgument(f"input '{name}': {found} BYTES elements, but the shape needs {count}")
+
+
 def deserialize_bytes(raw: bytes | memoryview, count: int, *, name: str = "tensor") -> np.ndarray:
     """An object array of the ``count`` bytes elements in ``raw``."""
     view = memoryview(raw)
-    offsets = bytes_offsets(view, name=name)
+    offsets = bytes_offsets(view, name=name, limit=count)
     if len(offsets) - 1 != count:
         raise InvalidArgument(f"input '{name}': {len(offsets) - 1} BYTES elements, but the shape needs {count}")
     out = np.empty(count, dtype=np.object_)

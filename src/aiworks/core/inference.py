@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from aiworks.core.datatypes import Tensor
@@ -29,6 +30,10 @@ class InferResponse:
     outputs: list[Tensor]
     id: str = ""
     parameters: dict = field(default_factory=dict)
+    # Accounting that never reaches a client: the runtime time spent on this request (its share of its
+    # batches), and whether the result cache answered it (docs/tenancy.md, docs/cache.md).
+    compute_s: float = 0.0
+    cache_hit: bool = False
 
 
 @dataclass(slots=True)
@@ -53,3 +58,19 @@ class ModelStatistics:
     first_request_ns: int = 0
     load_count: int = 0
     eviction_count: int = 0
+
+
+@dataclass(slots=True)
+class PendingInputs:
+    """Tensor data a front end has read but not decoded: ``decode()`` fills each input's ``raw``.
+
+    The gateway's front ends parse only the request's header (names,
+    datatypes, shapes) and hand this over, so the caller is authorized and
+    the element caps are checked before any tensor data costs work.
+    ``slow_elements`` counts the elements ``decode`` handles one at a time
+    (JSON ``data``, typed gRPC ``contents``, BYTES elements): a large count is
+    decoded off the event loop. Fixed-size binary data costs nothing here.
+    """
+
+    decode: Callable[[], None]
+    slow_elements: int = 0

@@ -44,6 +44,27 @@ LATENCY_BUCKETS_S = (
 )  # fmt: skip
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
+# ---- every service: event-loop responsiveness (aiworks.core.looplag) ------------------------
+
+LOOP_LAG_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+EVENT_LOOP_LAG = Histogram(
+    "aiworks_event_loop_lag_seconds",
+    "How late the service's event loop ran a timer that was due: the time anything else waited for it.",
+    ["service"],
+    buckets=LOOP_LAG_BUCKETS_S,
+)
+EVENT_LOOP_LAG_MAX = Gauge(
+    "aiworks_event_loop_lag_max_seconds",
+    "The longest event-loop lag seen since the service started.",
+    ["service"],
+)
+EVENT_LOOP_STALL_MAX = Gauge(
+    "aiworks_event_loop_stall_max_seconds",
+    "The longest event-loop lag since start less the time the loop's thread waited for a CPU (Linux): "
+    "the stall the service's own work caused.",
+    ["service"],
+)
+
 # ---- gateway -------------------------------------------------------------------------------
 
 GATEWAY_REQUESTS = Counter(
@@ -59,6 +80,12 @@ GATEWAY_REQUEST_DURATION = Histogram(
 )
 GATEWAY_INFLIGHT = Gauge(
     "aiworks_gateway_inflight_requests", "Inference requests the gateway is handling now.", ["protocol"]
+)
+GATEWAY_REFUSED = Counter(
+    "aiworks_gateway_refused_requests",
+    "Requests refused before they reached a handler's work, by reason: unauthenticated (no or bad credentials: "
+    "no audit line, no log line each) or header_too_large.",
+    ["reason"],
 )
 GATEWAY_CACHE_LOOKUPS = Counter(
     "aiworks_gateway_cache_lookups",

@@ -22,7 +22,7 @@ Settings the suite reads (all standard Triton fields):
 from __future__ import annotations
 
 import enum
-import re
+import hashlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -31,9 +31,9 @@ from tritonclient.grpc import model_config_pb2
 
 from aiworks.core.datatypes import DATATYPES, bytes_offsets, element_count, itemsize
 from aiworks.core.errors import AIWorksError, InvalidArgument, Status
+from aiworks.core.names import valid_model_name
 
 CONFIG_FILES = ("config.pbtxt", "config.json")
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
 class ModelState(enum.Enum):
@@ -92,6 +92,10 @@ class ModelConfig:
     parameters: dict[str, str] = field(default_factory=dict)
     # The config in Triton's JSON form, for the model-config endpoint.
     document: dict = field(default_factory=dict)
+    # The file it was read from and the SHA-256 of the bytes parsed: a signed
+    # model's manifest covers its config (docs/security.md), checked against these.
+    source_file: str = ""
+    source_sha256: str = ""
 
     def spec(self, version: str, state: ModelState = ModelState.READY, reason: str = "") -> ModelSpec:
         return ModelSpec(
@@ -211,12 +215,18 @@ def parse_config(text: str, *, fmt: str, model_name: str) -> ModelConfig:
 def read_config(model_dir: Path) -> ModelConfig:
     """Read ``config.pbtxt`` or ``config.json`` from a model folder."""
     name = model_dir.name
-    if not _NAME_RE.match(name):
+    if not valid_model_name(name):
         raise InvalidArgument(f"model folder '{name}' is not a valid model name")
     for filename in CONFIG_FILES:
         path = model_dir / filename
         if path.is_file():
-            return parse_config(path.read_text(), fmt=path.suffix.lstrip("."), model_name=name)
+            data = path.read_bytes()
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                raise InvalidArgument(f"model '{name}' config: {filename} is not UTF-8 text") from None
+            config = parse_config(text, fmt=path.suffix.lstrip("."), model_name=name)
+            return replace(config, source_file=filename, source_sha256=hashlib.sha256(data).hexdigest())
     raise AIWorksError(f"model '{name}' has no config ({' or '.join(CONFIG_FILES)})", Status.NOT_FOUND)
 
 

@@ -44,9 +44,18 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
     ]
 
 
-def create_server(max_message_bytes: int) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
-    """A grpc.aio server with ``grpc.health.v1`` registered (status NOT_SERVING)."""
-    server = grpc.aio.server(options=channel_options(max_message_bytes))
+def create_server(
+    max_message_bytes: int, *, max_metadata_bytes: int | None = None
+) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+    """A grpc.aio server with ``grpc.health.v1`` registered (status NOT_SERVING).
+
+    ``max_metadata_bytes`` bounds a call's metadata (soft and hard limit
+    alike); unset, gRPC's defaults apply (8 KiB soft, 16 KiB hard).
+    """
+    options = channel_options(max_message_bytes)
+    if max_metadata_bytes is not None:
+        options += [("grpc.max_metadata_size", max_metadata_bytes), ("grpc.absolute_max_metadata_size", max_metadata_bytes)]
+    server = grpc.aio.server(options=options)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     return server, health_servicer

@@ -122,6 +122,19 @@ class Outbox:
             self._writer = None
 
 
+def reply_error(reply) -> AIWorksError:
+    """The error an answer with a non-zero ``error_code`` carries, with its Retry-After hint if it has one."""
+    error = from_grpc_code(_CODES.get(reply.error_code, grpc.StatusCode.UNKNOWN), reply.error_message)
+    # A reply type with a retry_after_s field (the scheduler's) carries the Retry-After hint.
+    error.retry_after_s = getattr(reply, "retry_after_s", 0.0) or None
+    return error
+
+
+def _expire(future: asyncio.Future, message: str) -> None:
+    if not future.done():
+        future.set_exception(DeadlineExceeded(message))
+
+
 def error_fields(exc: BaseException) -> tuple[int, str]:
     """(gRPC status code number, message) for an error answered on a stream."""
     if isinstance(exc, AIWorksError):
@@ -191,11 +204,39 @@ class MultiplexedStream:
             if outbox is not None:
                 outbox.discard(stream_id)  # not written yet: nobody waits for it now
         if reply.error_code:
-            error = from_grpc_code(_CODES.get(reply.error_code, grpc.StatusCode.UNKNOWN), reply.error_message)
-            # A reply type with a retry_after_s field (the scheduler's) carries the Retry-After hint.
-            error.retry_after_s = getattr(reply, "retry_after_s", 0.0) or None
-            raise error
+            raise reply_error(reply)
         return reply
+
+    def send(self, message, timeout_s: float) -> asyncio.Future:
+        """Send one message; the future resolves with its reply as the peer sent it, errors included.
+
+        Unlike :meth:`call`, the answer outlives its caller: cancelling the
+        caller (or the caller giving up waiting) leaves the future to resolve,
+        so the caller can learn later what the peer did. It fails on its own
+        with DEADLINE_EXCEEDED after ``timeout_s``, or UNAVAILABLE if the
+        stream breaks. Cancel the future to stop waiting for it.
+        """
+        stream_id = next(self._ids)
+        message.stream_id = stream_id
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._pending[stream_id] = future
+        try:
+            outbox = self._ensure_open()
+        except grpc.aio.UsageError:  # the channel was closed under us
+            self._pending.pop(stream_id, None)
+            future.set_exception(Unavailable(f"stream to {self.peer} is closed"))
+            return future
+        outbox.put(stream_id, message)
+        timer = loop.call_later(timeout_s, _expire, future, f"{self.peer} did not answer within {timeout_s:g} s")
+
+        def done(_) -> None:
+            timer.cancel()
+            self._pending.pop(stream_id, None)
+            outbox.discard(stream_id)  # not written yet: nobody waits for it now
+
+        future.add_done_callback(done)
+        return future
 
     async def _read(self, call) -> None:
         error: AIWorksError = Unavailable(f"{self.peer} closed the stream")

@@ -9,6 +9,7 @@ passed as arguments (they would land in shell history and ``ps``).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -182,7 +183,8 @@ def cmd_model_sign(args) -> None:
 
     key = load_signing_key(args.signing_key)
     sig = sign_file(args.file, key, _keyring(args))
-    print(f"signed {args.file} with key id {public_key_id(key.public_key())} -> {sig}")
+    covered = ", ".join(sorted(json.loads(sig.read_text())["files"]))
+    print(f"signed {args.file} ({covered}) with key id {public_key_id(key.public_key())} -> {sig}")
 
 
 @_guarded
@@ -191,7 +193,8 @@ def cmd_model_verify(args) -> None:
 
     opened = open_model_checked(args.file, _keyring(args, require_signature=True), name=args.name)
     state = "encrypted, decrypted and " if opened.encrypted else ""
-    print(f"ok: {args.file} is {state}signed by trusted key {opened.signed_by} ({len(opened.data)} bytes)")
+    covered = f", covering {', '.join(opened.covered)}" if opened.covered else ""
+    print(f"ok: {args.file} is {state}signed by trusted key {opened.signed_by} ({len(opened.data)} bytes{covered})")
 
 
 @_guarded
@@ -307,7 +310,10 @@ def add_security_parsers(sub, *, model_command: str = "model") -> None:
     _key_options(de, "data key")
     de.set_defaults(func=cmd_model_decrypt)
 
-    sg = m_sub.add_parser("sign", help="sign a model's plaintext with Ed25519, writing MODEL.sig")
+    sg = m_sub.add_parser(
+        "sign",
+        help="sign every file a model reads (its plaintext, external data, config) with Ed25519, writing MODEL.sig",
+    )
     sg.add_argument("file", help="model file (an encrypted one is decrypted in memory first: pass its data key)")
     sg.add_argument("--signing-key", required=True, help="Ed25519 private key file from `keygen --kind signing`")
     _key_options(sg, "data key")

@@ -13,8 +13,9 @@ encrypted model copied over another one is refused rather than served. The
 format streams (the low-level ``Cipher`` API, not ``AESGCM``), so multi-GiB
 models encrypt in constant memory and the 2 GiB one-shot limit never applies.
 
-Signatures: Ed25519 over a SHA-256 digest of the *plaintext* model, in a
-detached ``<model>.sig`` JSON file with the signer's key id. Signing the
+Signatures: Ed25519 over a manifest of every file the model reads (its
+*plaintext*, its external data files, its config: ``model_manifest.py``), in
+a detached ``<model>.sig`` JSON file with the signer's key id. Signing the
 plaintext means one signature covers the model however it is stored.
 
 Keys and the :class:`~aiworks.security.model_keys.Keyring` live in
@@ -29,7 +30,7 @@ import hashlib
 import json
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
@@ -38,6 +39,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from aiworks.core.errors import AIWorksError, InvalidArgument, NotFound, Status
+from aiworks.security import model_manifest as manifest
 from aiworks.security.certs import write_private_file
 from aiworks.security.model_keys import (
     AES_256_GCM,
@@ -58,6 +60,7 @@ ENC_SUFFIX = ".enc"
 SIG_SUFFIX = ".sig"
 SIGNATURE_ALGORITHM = "Ed25519"
 _SIG_DOMAIN = b"aiworks model signature v1\x00"
+_MANIFEST_DOMAIN = b"aiworks model manifest v2\x00"
 _PREFIX = struct.Struct(">6sBH")
 
 
@@ -70,6 +73,7 @@ class ModelIntegrityError(AIWorksError):
         super().__init__(f"model file {path}: {message}")
         self.path = Path(path)
         self.reason = reason
+        self.detail = message  # without the path, for messages that leave the server
 
 
 class AlgorithmUnavailable(AIWorksError):
@@ -252,6 +256,7 @@ def _signed_message(digest: bytes) -> bytes:
 
 
 def sign_bytes(plaintext: bytes, key: Ed25519PrivateKey) -> dict[str, str]:
+    """A format 1 signature, of the model's plaintext alone (what earlier versions wrote; still verified)."""
     digest = hashlib.sha256(plaintext).digest()
     return {
         "alg": SIGNATURE_ALGORITHM,
@@ -261,29 +266,61 @@ def sign_bytes(plaintext: bytes, key: Ed25519PrivateKey) -> dict[str, str]:
     }
 
 
+def _canonical(files: dict[str, str]) -> bytes:
+    return json.dumps(files, sort_keys=True, separators=(",", ":")).encode()
+
+
+def sign_manifest(files: dict[str, str], key: Ed25519PrivateKey) -> dict:
+    """A format 2 signature of ``files`` (path -> SHA-256 hex, from :func:`model_manifest.build`)."""
+    return {
+        "format": manifest.FORMAT,
+        "alg": SIGNATURE_ALGORITHM,
+        "kid": public_key_id(key.public_key()),
+        "files": dict(sorted(files.items())),
+        "signature": base64.b64encode(key.sign(_MANIFEST_DOMAIN + _canonical(files))).decode(),
+    }
+
+
 def sign_file(model_path: Path | str, key: Ed25519PrivateKey, keyring: Keyring | None = None) -> Path:
-    """Sign a model's plaintext (decrypting it with ``keyring`` if it is encrypted); writes ``<model>.sig``."""
+    """Sign every file the model reads (decrypting it with ``keyring`` if it is encrypted); writes ``<model>.sig``."""
     path = Path(model_path)
     data = _read_model(path)
     if is_encrypted(data):
         data = decrypt_bytes(data, keyring or Keyring(), path)
+    try:
+        files = manifest.build(path, data)
+    except manifest.ManifestError as exc:
+        raise ModelIntegrityError(path, exc.reason, exc.message) from None
     sig_path = signature_path(path)
-    write_private_file(sig_path, (json.dumps(sign_bytes(data, key), indent=2) + "\n").encode(), 0o644)
+    write_private_file(sig_path, (json.dumps(sign_manifest(files, key), indent=2) + "\n").encode(), 0o644)
     return sig_path
 
 
-def verify_signature(plaintext: bytes, sig_path: Path, keyring: Keyring, model_path: Path | str) -> str:
-    """Check ``sig_path`` against the trusted keys; returns the signer's key id."""
+@dataclass(frozen=True)
+class Signed:
+    """A verified signature: its signer and the files it covers (path -> SHA-256 hex)."""
+
+    kid: str
+    files: dict[str, str]
+
+
+def verify_signature(plaintext: bytes, sig_path: Path, keyring: Keyring, model_path: Path | str) -> Signed:
+    """Check ``sig_path`` against the trusted keys: its signer and what it signed (format 1: the model alone)."""
     try:
         sig = json.loads(sig_path.read_bytes())
         kid, signature = str(sig["kid"]), base64.b64decode(sig["signature"], validate=True)
         alg = sig.get("alg", SIGNATURE_ALGORITHM)
+        files = sig.get("files")
+        if files is not None and not (
+            isinstance(files, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())
+        ):
+            raise ValueError("files")
     except FileNotFoundError:
         raise ModelIntegrityError(
-            model_path, "missing-signature", f"has no signature ({sig_path} is missing)"
+            model_path, "missing-signature", f"has no signature ({sig_path.name} is missing)"
         ) from None
     except (ValueError, KeyError, TypeError, binascii.Error):
-        raise ModelIntegrityError(model_path, "bad-signature", f"signature file {sig_path} is unreadable") from None
+        raise ModelIntegrityError(model_path, "bad-signature", f"signature file {sig_path.name} is unreadable") from None
     if alg != SIGNATURE_ALGORITHM:
         raise ModelIntegrityError(model_path, "bad-signature", f"signature uses {alg!r}; only Ed25519 is accepted")
     public = keyring.trusted_keys.get(kid)
@@ -292,13 +329,18 @@ def verify_signature(plaintext: bytes, sig_path: Path, keyring: Keyring, model_p
         raise ModelIntegrityError(
             model_path, "untrusted-signer", f"is signed by key id {kid}, which is not trusted (trusted: {have})"
         )
+    if files is not None:  # format 2: a manifest
+        message = _MANIFEST_DOMAIN + _canonical(files)
+    else:  # format 1: the model's plaintext alone
+        files = {manifest.plain_name(Path(model_path)): hashlib.sha256(plaintext).hexdigest()}
+        message = _signed_message(hashlib.sha256(plaintext).digest())
     try:
-        public.verify(signature, _signed_message(hashlib.sha256(plaintext).digest()))
+        public.verify(signature, message)
     except InvalidSignature:
         raise ModelIntegrityError(
             model_path, "bad-signature", f"signature does not match the model (modified after signing by key {kid})"
         ) from None
-    return kid
+    return Signed(kid, files)
 
 
 # ---- loading ------------------------------------------------------------------------------------
@@ -315,25 +357,46 @@ def _read_model(path: Path) -> bytes:
 
 @dataclass(frozen=True)
 class OpenedModel:
-    """A model's plaintext and what was checked on the way."""
+    """A model's plaintext and what was checked on the way.
+
+    ``external``: its external data files, verified against the signature,
+    for the backend to load from memory (empty when no signature was checked:
+    the backend then reads them from the model's folder itself).
+    """
 
     data: bytes
     encrypted: bool
     signed_by: str | None
+    external: dict[str, bytes] = field(default_factory=dict)
+    covered: tuple[str, ...] = ()
 
 
-def open_model_checked(path: Path | str, keyring: Keyring, *, name: str | None = None) -> OpenedModel:
-    """Read a model: decrypt it if encrypted, check its signature when trusted keys are configured."""
+def open_model_checked(
+    path: Path | str, keyring: Keyring, *, name: str | None = None, config_file: str = "", config_sha256: str = ""
+) -> OpenedModel:
+    """Read a model: decrypt it if encrypted, check its signature when trusted keys are configured.
+
+    A signature is checked against every file the model reads
+    (:mod:`model_manifest`); ``config_file``/``config_sha256`` name the config
+    the caller parsed, so its digest is the one compared.
+    """
     path = Path(path)
     data = _read_model(path)
     encrypted = is_encrypted(data)
     if encrypted:
         data = decrypt_bytes(data, keyring, path, name=name)
-    signed_by = None
     sig_path = signature_path(path)
-    if keyring.trusted_keys and (keyring.require_signature or sig_path.exists()):
-        signed_by = verify_signature(data, sig_path, keyring, path)
-    return OpenedModel(data, encrypted, signed_by)
+    if not (keyring.trusted_keys and (keyring.require_signature or sig_path.exists())):
+        return OpenedModel(data, encrypted, None)
+    signed = verify_signature(data, sig_path, keyring, path)
+    try:
+        checked = manifest.check(
+            signed.files, path, data, required=keyring.require_signature,
+            config_file=config_file, config_sha256=config_sha256,
+        )  # fmt: skip
+    except manifest.ManifestError as exc:
+        raise ModelIntegrityError(path, exc.reason, exc.message) from None
+    return OpenedModel(data, encrypted, signed.kid, checked.external, checked.covered)
 
 
 def open_model(path: Path | str, keyring: Keyring, *, name: str | None = None) -> bytes:
@@ -341,7 +404,9 @@ def open_model(path: Path | str, keyring: Keyring, *, name: str | None = None) -
 
     Plain models pass through unless ``keyring.require_signature``. Reasons:
     ``wrong-key``, ``tampered``, ``wrong-name``, ``missing-signature``,
-    ``untrusted-signer``, ``bad-signature``, ``unsupported``.
+    ``untrusted-signer``, ``bad-signature``, ``unsupported``, and for the
+    other files the model reads ``unsigned-file``, ``missing-file``,
+    ``unsafe-external-data``.
     """
     return open_model_checked(path, keyring, name=name).data
 

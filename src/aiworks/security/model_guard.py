@@ -3,13 +3,16 @@
 :class:`ModelGuard` is what a runtime replica opens every ONNX model file
 through. It reads the file with :func:`~aiworks.security.model_crypto.open_model_checked`
 (decrypting ``model.onnx.enc`` or an encrypted ``model.onnx``, checking the
-Ed25519 signature when trusted keys are configured, refusing unsigned models
-when signatures are required), then checks the owner's watermark when a
-watermark key is configured. The plaintext stays in memory and goes to the
-backend as bytes; it is never written to disk.
+Ed25519 signature when trusted keys are configured, against every file the
+model reads: its external data and its config too, ``model_manifest.py``;
+refusing unsigned models when signatures are required), then checks the
+owner's watermark when a watermark key is configured. The plaintext stays in
+memory and goes to the backend as bytes, with the verified external data
+(:meth:`ModelGuard.open_all`); it is never written to disk.
 
-A failing model raises :class:`ModelRefused`, whose message names the file and
-the one-word reason, and leaves an audit line (kind ``admin``, action
+A failing model raises :class:`ModelRefused`, whose message names the file
+(relative to the repository: messages reach clients) and the one-word
+reason, and leaves an audit line (kind ``admin``, action
 ``model_refused``, the reason in ``details``). Models that pass through a
 check are audited too (``model_verified``), so the audit file says which
 signer and owner every served model was checked against.
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
@@ -48,6 +51,14 @@ class ModelRefused(Exception):
         super().__init__(f"refused ({reason}): {message}")
         self.path = path
         self.reason = reason
+
+
+@dataclass(frozen=True)
+class GuardedModel:
+    """What the backend loads: ``source`` (a path, or the checked plaintext), and verified external data by name."""
+
+    source: bytes | Path
+    external: dict[str, bytes] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -135,16 +146,27 @@ class ModelGuard:
 
         Raises :class:`ModelRefused` (after an audit line) when a check fails.
         """
+        return self.open_all(path, model=model, version=version).source
+
+    def open_all(
+        self, path: Path | str, *, model: str = "", version: str = "", config_file: str = "", config_sha256: str = ""
+    ) -> GuardedModel:
+        """:meth:`open`, with the external data files checked against the signature, for the backend to use.
+
+        ``config_file``/``config_sha256``: the config the runtime parsed for
+        this model (``ModelConfig.source_file``/``source_sha256``), which a
+        signature covers too.
+        """
         path = Path(path)
         try:
             if self._plain_path_will_do(path):
-                return path
-            opened = open_model_checked(path, self.keyring)
+                return GuardedModel(path)
+            opened = open_model_checked(path, self.keyring, config_file=config_file, config_sha256=config_sha256)
             owner = None
             if self.watermark is not None:
                 owner = self._check_watermark(opened.data, path)
         except ModelIntegrityError as exc:
-            raise self._refuse(path, exc.reason, exc.message, model, version) from None
+            raise self._refuse(path, exc.reason, exc.detail, model, version) from None
         except WatermarkError as exc:
             raise self._refuse(path, f"watermark-{exc.reason}", exc.message, model, version) from None
         if self.audit is not None:
@@ -152,23 +174,23 @@ class ModelGuard:
                 actor=self.actor, action=ACTION_VERIFIED, model=model or None, version=version or None,
                 details={
                     "file": self._shown(path), "encrypted": opened.encrypted, "signed_by": opened.signed_by,
-                    "watermark_owner": owner,
+                    "signed_files": ", ".join(opened.covered)[:200] or None, "watermark_owner": owner,
                 },
             )  # fmt: skip
-        return opened.data
+        return GuardedModel(opened.data, opened.external)
 
     def _check_watermark(self, data: bytes, path: Path) -> str:
         assert self.watermark is not None
         try:
             proto = onnx.load_model_from_string(data)
         except Exception as exc:  # DecodeError and friends
-            raise WatermarkError("unreadable", f"model file {path} is not an ONNX model: {exc}") from None
+            raise WatermarkError("unreadable", f"is not an ONNX model: {exc}") from None
         try:
             return check_watermark(proto, self.watermark.key, owner=self.watermark.owner, base_dir=path.parent).owner
-        except WatermarkError as exc:
-            raise WatermarkError(exc.reason, f"model file {path}: {exc.message}") from None
+        except WatermarkError:
+            raise
         except AIWorksError as exc:  # a weight that cannot be read
-            raise WatermarkError("unreadable", f"model file {path}: {exc.message}") from None
+            raise WatermarkError("unreadable", exc.message) from None
 
     def _shown(self, path: Path) -> str:
         """The file as the audit line names it: relative to the repository when inside it."""
@@ -179,9 +201,10 @@ class ModelGuard:
                 pass
         return str(path)
 
-    def _refuse(self, path: Path, reason: str, message: str, model: str, version: str) -> ModelRefused:
+    def _refuse(self, path: Path, reason: str, detail: str, model: str, version: str) -> ModelRefused:
+        message = f"model file {self._shown(path)}: {detail}"
         refused = ModelRefused(path, reason, message)
-        log.error("%s", refused)
+        log.error("%s (%s)", refused, path)
         if self.audit is not None:
             details = {"reason": reason, "file": self._shown(path), "message": message[:500]}
             if signature_path(path).exists():

@@ -44,7 +44,7 @@ class InferRequest(_message.Message):
     def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[_runtime_pb2.Tensor, _Mapping]]] = ..., outputs: _Optional[_Iterable[str]] = ..., parameters: _Optional[_Mapping[str, str]] = ..., stream_id: _Optional[int] = ..., timeout_us: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class InferResponse(_message.Message):
-    __slots__ = ("id", "model", "version", "outputs", "stream_id", "error_code", "error_message", "retry_after_s")
+    __slots__ = ("id", "model", "version", "outputs", "stream_id", "error_code", "error_message", "retry_after_s", "compute_us")
     ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,7 @@ class InferResponse(_message.Message):
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_US_FIELD_NUMBER: _ClassVar[int]
     id: str
     model: str
     version: str
@@ -61,7 +62,8 @@ class InferResponse(_message.Message):
     error_code: int
     error_message: str
     retry_after_s: float
-    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., outputs: _Optional[_Iterable[_Union[_runtime_pb2.Tensor, _Mapping]]] = ..., stream_id: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., retry_after_s: _Optional[float] = ...) -> None: ...
+    compute_us: int
+    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., outputs: _Optional[_Iterable[_Union[_runtime_pb2.Tensor, _Mapping]]] = ..., stream_id: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., retry_after_s: _Optional[float] = ..., compute_us: _Optional[int] = ...) -> None: ...
 
 class InferRequestFrame(_message.Message):
     __slots__ = ("items",)
