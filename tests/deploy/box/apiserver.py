@@ -44,6 +44,7 @@ class FakeAPIServer:
         deployments: Callable[[], list[dict]],
         delete_pod: Callable[[str], bool],
         scale: Callable[[str, int], bool],
+        port: int = 443,
     ):
         self.secrets: dict[tuple[str, str], dict] = {}
         self.tokens = tokens  # token -> "system:serviceaccount:<ns>:<name>"
@@ -116,7 +117,8 @@ class FakeAPIServer:
             def do_DELETE(self) -> None:
                 self._handle("DELETE")
 
-        self.server = ThreadingHTTPServer((address, 443), Handler)
+        self.server = ThreadingHTTPServer((address, port), Handler)
+        self.port = self.server.server_address[1]
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(cert, key)
         self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
