@@ -22,8 +22,9 @@ if shutil.which("unshare") is None or shutil.which("nsenter") is None:
     pytest.skip("the box needs util-linux's unshare and nsenter", allow_module_level=True)
 
 # The shared 2-core machine answers Redis slower than the gateway's 5 ms budget under this load, and
-# the gateway then enforces 1/N locally (by design); the test is about sharing, so it gives Redis time.
-SHARED_MACHINE = {"gateway": {"extraEnv": [{"name": "AIWORKS_GATEWAY_LIMITS_TIMEOUT_S", "value": "0.1"}]}}
+# the gateway then enforces 1/N locally for a while (by design, and it over-admits); the test is about
+# sharing, so it gives Redis a second.
+SHARED_MACHINE = {"gateway": {"extraEnv": [{"name": "AIWORKS_GATEWAY_LIMITS_TIMEOUT_S", "value": "1.0"}]}}
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +55,7 @@ def test_default_install_answers_the_demo_models(default_install: dict) -> None:
 def test_two_gateways_share_one_tenants_limits(default_install: dict) -> None:
     found = scenario(default_install, "shared_limits")
     assert found["gateways"] == 2 and found["other_errors"] == 0, found
+    assert found["redis_fallbacks"] == 0, "a gateway lost Redis during the run: not a test of sharing"
     assert found["limited"] > 0, "the load exceeded the rate"
     # Admitted within 1 % of what one bucket of `burst` refilled at `rate` admits over the span.
     assert abs(found["error_pct"]) <= 1.0, found
