@@ -59,11 +59,10 @@ def check(
     deadline = time.monotonic() + timeout_s
     ca = tls_dir / "ca.crt" if tls_dir else None
     while True:
-        problems = {}
+        # Both, every round: a test that fails names every part that is not ready.
+        problems = models_not_ready(scheduler, models, tls_dir)
         if (why := gateway_ready(gateway, ca)) is not None:
             problems["gateway"] = why
-        else:
-            problems = models_not_ready(scheduler, models, tls_dir)
         if not problems:
             log(f"ready: gateway {gateway}, models {', '.join(models)}")
             return True
