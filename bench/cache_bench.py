@@ -240,13 +240,12 @@ async def cache_workloads(url: str, duration_s: float, zipf_s: float, population
     return out
 
 
-def cache_stats(address: str) -> dict:
-    import grpc
+def cache_stats(supervisor) -> dict:
     from google.protobuf import json_format
 
     from aiworks.pb.cache.v1 import cache_pb2, cache_pb2_grpc
 
-    with grpc.insecure_channel(address) as channel:
+    with supervisor.caller_channel(supervisor.cache_address, "cache") as channel:
         reply = cache_pb2_grpc.CacheServiceStub(channel).Stats(cache_pb2.StatsRequest(), timeout=5)
     return json_format.MessageToDict(reply, preserving_proto_field_name=True)
 
@@ -268,7 +267,7 @@ def run_store(
         supervisor.start()
         print(f"\n=== cache store: {store} ===")
         out = asyncio.run(cache_workloads(f"127.0.0.1:{config.grpc_port}", duration_s, zipf_s, population))
-        out["cache_stats"] = cache_stats(supervisor.cache_address)
+        out["cache_stats"] = cache_stats(supervisor)
         print(f"\n  the cache service's counters: {out['cache_stats']}")
         return out
     finally:

@@ -268,6 +268,7 @@ def main() -> None:
                             "key": key, "pid": supervisor.child("gateway").process.pid}}  # fmt: skip
         for name in cases[1:]:
             env = tenancy_env(work, args.model, redis_url, name, key)
+            env = {**supervisor.caller_env("gateway"), **env}  # the scheduler checks who calls it
             process, http, grpc = start_gateway(f"gateway-{name}", supervisor.scheduler_address, env, log_dir)
             started.append(process)
             gateways[name] = {"http": http, "grpc": grpc, "key": key, "pid": process.pid}

@@ -8,7 +8,7 @@ import logging
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from aiworks.cache.dataplane import CacheDataPlane
-from aiworks.cache.servicer import CacheServicer
+from aiworks.cache.servicer import CALLERS_BY_METHOD, CacheServicer
 from aiworks.cache.settings import CacheSettings
 from aiworks.cache.store import MemoryStore, Store
 from aiworks.core import metrics
@@ -16,7 +16,8 @@ from aiworks.core.lifecycle import stop_event
 from aiworks.core.looplag import start_loop_lag_probe
 from aiworks.core.rpc import add_port, create_server, set_serving
 from aiworks.core.tracing import setup_tracing, shutdown_tracing
-from aiworks.pb.cache.v1 import cache_pb2_grpc
+from aiworks.pb.cache.v1 import cache_pb2, cache_pb2_grpc
+from aiworks.security.callers import server_check
 
 log = logging.getLogger("aiworks.cache")
 
@@ -66,10 +67,13 @@ class CacheCollector(metrics.ScrapeCollector):
 async def serve(settings: CacheSettings) -> None:
     stop = stop_event()
     setup_tracing("cache", settings)
-    dataplane = build_dataplane(settings)
-    server, health = create_server(settings.max_message_bytes)
-    cache_pb2_grpc.add_CacheServiceServicer_to_server(CacheServicer(dataplane), server)
     tls = settings.tls_files()
+    callers = server_check(
+        settings, "cache", settings.host, cache_pb2.DESCRIPTOR.services_by_name["CacheService"], CALLERS_BY_METHOD
+    )
+    dataplane = build_dataplane(settings)
+    server, health = create_server(settings.max_message_bytes, callers)
+    cache_pb2_grpc.add_CacheServiceServicer_to_server(CacheServicer(dataplane), server)
     port = add_port(server, f"{settings.host}:{settings.port}", tls)
     await server.start()
     collector = CacheCollector(dataplane).register()
@@ -79,10 +83,11 @@ async def serve(settings: CacheSettings) -> None:
     await set_serving(health, True)
     lag = start_loop_lag_probe("cache")
     log.info(
-        "cache serving gRPC%s on %s:%d with the %s store%s",
+        "cache serving gRPC%s on %s:%d (callers checked by %s) with the %s store%s",
         " with mutual TLS" if tls else "",
         settings.host,
         port,
+        callers.auth.describe,
         dataplane.store.name,
         f" (metrics on :{metrics_port})" if exposition else "",
     )

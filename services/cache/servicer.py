@@ -7,6 +7,14 @@ from aiworks.core.rpc import handle_errors
 from aiworks.core.stream import serve_stream
 from aiworks.pb.cache.v1 import cache_pb2 as pb
 from aiworks.pb.cache.v1 import cache_pb2_grpc
+from aiworks.security.callers import ANY_CALLER
+
+# Who may call each method (docs/security.md), checked once per call or stream by CallerCheck.
+CALLERS_BY_METHOD = {
+    **dict.fromkeys(("Get", "Put", "GetStream", "PutStream"), {"gateway"}),
+    "Invalidate": {"gateway", "admin"},
+    "Stats": ANY_CALLER,
+}
 
 
 class CacheServicer(cache_pb2_grpc.CacheServiceServicer):

@@ -273,8 +273,9 @@ class Authenticator:
             scheme, _, token = authorization.strip().partition(" ")
             token = token.strip()
             if scheme.lower() != "bearer":
+                # Never echo the header: a client that sends its bare key puts the key where the scheme goes.
                 raise unauthenticated(
-                    f"authorization scheme '{scheme[:20]}' is not supported; send 'Bearer <API key or JWT>' "
+                    "the authorization header's scheme is not supported; send 'Bearer <API key or JWT>' "
                     "or an x-api-key header"
                 )
             if not token:

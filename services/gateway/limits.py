@@ -61,6 +61,7 @@ from aiworks.gateway.tenancy import Tenant
 from redis.exceptions import NoScriptError, RedisError
 
 from aiworks.core.errors import ResourceExhausted
+from aiworks.core.logging import redact_url
 from aiworks.core.redis_client import fail_fast_redis
 
 log = logging.getLogger(__name__)
@@ -361,14 +362,16 @@ class TenantLimiter:
             self._fallback = True
             log.warning(
                 "limits: Redis at %s unreachable (%s); enforcing 1/%d of each limit in this replica until it answers",
-                self.redis_url, exc or type(exc).__name__, self.local.share,
+                redact_url(self.redis_url), exc or type(exc).__name__, self.local.share,
             )  # fmt: skip
 
     def _succeeded(self) -> None:
         self._breaker.success()
         if self._fallback:
             self._fallback = False
-            log.warning("limits: Redis at %s answers again; limits are shared across replicas", self.redis_url)
+            log.warning(
+                "limits: Redis at %s answers again; limits are shared across replicas", redact_url(self.redis_url)
+            )
             if self._unsent_s:
                 self._spawn(self._send_unsent())
 

@@ -13,7 +13,7 @@ from aiworks.core.errors import AIWorksError
 from aiworks.core.lifecycle import stop_event
 from aiworks.core.looplag import start_loop_lag_probe
 from aiworks.core.metrics import serve_metrics_or_warn, stop_metrics
-from aiworks.core.rpc import add_port, create_server, set_serving
+from aiworks.core.rpc import add_port, create_server, set_serving, use_process_caller
 from aiworks.core.tracing import setup_tracing, shutdown_tracing
 from aiworks.gateway.cache_client import CacheClient
 from aiworks.gateway.dataplane import GatewayDataPlane, Tenancy
@@ -22,6 +22,7 @@ from aiworks.gateway.http_app import create_app
 from aiworks.gateway.http_protocol import bounded_protocol
 from aiworks.gateway.scheduler_client import SchedulerClient
 from aiworks.gateway.settings import GatewaySettings
+from aiworks.security.callers import own_caller
 from aiworks.security.tls import uvicorn_ssl_options
 
 log = logging.getLogger("aiworks.gateway")
@@ -59,6 +60,7 @@ async def serve(settings: GatewaySettings) -> None:
     # TLS on the public ports with a certificate; mutual TLS to the scheduler and cache once a CA is set too.
     public_tls = settings.tls_files(mutual=False)
     internal_tls = public_tls if public_tls and public_tls.ca else None
+    use_process_caller(own_caller(settings, "gateway"))  # to the scheduler and cache, over plaintext
     scheduler = SchedulerClient(
         settings.scheduler_address, settings.max_message_bytes, settings.request_timeout_s, internal_tls
     )

@@ -12,17 +12,18 @@ from aiworks.runtime.dataplane import RuntimeDataPlane
 from aiworks.runtime.registrar import Registrar
 from aiworks.runtime.repository import ModelRepository
 from aiworks.runtime.residency import startup_models
-from aiworks.runtime.servicer import RuntimeServicer
+from aiworks.runtime.servicer import CALLERS_BY_METHOD, RuntimeServicer
 from aiworks.runtime.settings import RuntimeSettings
 
 from aiworks.core.errors import AIWorksError
 from aiworks.core.lifecycle import stop_event
 from aiworks.core.looplag import start_loop_lag_probe
 from aiworks.core.metrics import on_loop, serve_metrics_or_warn, stop_metrics
-from aiworks.core.rpc import add_port, client_channel, create_server, set_serving
+from aiworks.core.rpc import add_port, client_channel, create_server, set_serving, use_process_caller
 from aiworks.core.tracing import setup_tracing, shutdown_tracing
-from aiworks.pb.runtime.v1 import runtime_pb2_grpc
+from aiworks.pb.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from aiworks.security.audit import AuditLog
+from aiworks.security.callers import own_caller, server_check
 from aiworks.security.model_guard import ModelGuard
 
 log = logging.getLogger("aiworks.runtime")
@@ -84,6 +85,10 @@ async def serve(settings: RuntimeSettings) -> None:
     replica_id = settings.resolved_replica_id()
     setup_tracing("runtime", settings, instance=replica_id)
     tls = settings.tls_files()  # mutual TLS with the scheduler when set
+    callers = server_check(
+        settings, "runtime", settings.host, runtime_pb2.DESCRIPTOR.services_by_name["RuntimeService"], CALLERS_BY_METHOD
+    )
+    use_process_caller(own_caller(settings, "runtime"))  # to the scheduler, over plaintext
     audit = await _start_audit(settings, replica_id)
     onnxruntime_backend.use_model_guard(_model_guard(settings, replica_id, audit))
     dataplane = RuntimeDataPlane(
@@ -106,17 +111,18 @@ async def serve(settings: RuntimeSettings) -> None:
     metrics, metrics_port = serve_metrics_or_warn(settings.metrics_port, settings.host)
     lag = start_loop_lag_probe("runtime")
 
-    server, health = create_server(settings.max_message_bytes)
+    server, health = create_server(settings.max_message_bytes, callers)
     await set_serving(health, False)  # grpcio's servicer starts with "" SERVING; ready comes after the loads
     runtime_pb2_grpc.add_RuntimeServiceServicer_to_server(RuntimeServicer(dataplane, replica_id), server)
     port = add_port(server, f"{settings.host}:{settings.port}", tls)
     await server.start()
     log.info(
-        "runtime %s serving gRPC%s on %s:%d (metrics %s)",
+        "runtime %s serving gRPC%s on %s:%d (callers checked by %s; metrics %s)",
         replica_id,
         " with mutual TLS" if tls else "",
         settings.host,
         port,
+        callers.auth.describe,
         metrics_port or "off",
     )
 

@@ -11,6 +11,17 @@ from aiworks.core.tracing import enabled as tracing_enabled
 from aiworks.core.tracing import server_span
 from aiworks.pb.runtime.v1 import runtime_pb2 as pb
 from aiworks.pb.runtime.v1 import runtime_pb2_grpc
+from aiworks.security.callers import ANY_CALLER
+
+
+# Who may call each method (docs/security.md), checked once per call or stream by CallerCheck.
+CALLERS_BY_METHOD = {
+    "Execute": {"scheduler"},
+    "ExecuteStream": {"scheduler"},
+    "LoadModel": {"scheduler", "admin"},
+    "UnloadModel": {"scheduler", "admin"},
+    **dict.fromkeys(("ListModels", "ModelMetadata", "Statistics"), ANY_CALLER),
+}
 
 
 class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):

@@ -58,11 +58,13 @@ def cmd_monitor(args: argparse.Namespace) -> None:
 
     from aiworks.cli import _settings_from
     from aiworks.core.logging import setup_logging
-    from aiworks.core.rpc import use_process_tls
+    from aiworks.core.rpc import use_process_caller, use_process_tls
+    from aiworks.security.callers import own_caller
 
     settings = _settings_from(MonitorSettings, args, FLAGS)
     setup_logging("monitor", settings.log_level)
     use_process_tls(settings.tls_files())  # its calls to the scheduler use mutual TLS when set
+    use_process_caller(own_caller(settings, "monitor"))  # or, over plaintext, its token
     main(settings)
 
 

@@ -24,6 +24,7 @@ from aiworks.monitor.discovery import Inventory, Service, from_supervisor
 from aiworks.core.errors import AIWorksError, Status, Unavailable, from_rpc_error
 from aiworks.core.rpc import client_channel, process_tls
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from aiworks.security.callers import ClientCaller
 from aiworks.security.tls import TLSFiles
 
 log = logging.getLogger(__name__)
@@ -104,9 +105,17 @@ class LocalPlatform(Platform):
 
     name = "local"
 
-    def __init__(self, supervisor_url: str | None, ejector: SchedulerEjector, timeout_s: float = 5.0):
+    def __init__(
+        self,
+        supervisor_url: str | None,
+        ejector: SchedulerEjector,
+        timeout_s: float = 5.0,
+        caller: ClientCaller | None = None,
+    ):
         self.url = supervisor_url.rstrip("/") if supervisor_url else None
         self.ejector = ejector
+        # The control API wants a bearer token (the monitor's, from its token file) and JSON bodies.
+        self._headers = {"Authorization": caller.bearer()} if caller else {}
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
 
@@ -118,7 +127,10 @@ class LocalPlatform(Platform):
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self.timeout)
         try:
-            async with self._session.request(method, f"{self.url}{path}", json=body) as resp:
+            payload = body if body is not None or method == "GET" else {}
+            async with self._session.request(
+                method, f"{self.url}{path}", json=payload, headers=self._headers
+            ) as resp:
                 doc = await resp.json(content_type=None)
                 if resp.status >= 400:
                     status = _STATUS_BY_HTTP.get(resp.status, Status.INTERNAL)

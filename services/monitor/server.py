@@ -29,6 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from aiworks.core.errors import AIWorksError, InvalidArgument
 from aiworks.core.looplag import start_loop_lag_probe
 from aiworks.core.lifecycle import stop_event
+from aiworks.security.callers import CallerAuth, check_control_request, own_caller, read_secret
 
 log = logging.getLogger("aiworks.monitor")
 
@@ -41,7 +42,7 @@ def build_platform(settings: MonitorSettings) -> Platform:
         from aiworks.monitor.k8s import KubernetesPlatform
 
         return KubernetesPlatform(settings.namespace, settings.release, ejector)
-    return LocalPlatform(settings.supervisor_url, ejector)
+    return LocalPlatform(settings.supervisor_url, ejector, caller=own_caller(settings, "monitor"))
 
 
 def build_collector(settings: MonitorSettings) -> Collector:
@@ -99,16 +100,58 @@ def _int_param(request: web.Request, name: str, default: int | None) -> int | No
     return value
 
 
+def _error_response(exc: AIWorksError) -> web.Response:
+    headers = {"WWW-Authenticate": 'Bearer realm="aiworks-monitor"'} if exc.status.http == 401 else None
+    return web.json_response({"error": exc.message}, status=exc.status.http, headers=headers)
+
+
 @web.middleware
 async def _errors(request: web.Request, handler):
     try:
         return await handler(request)
     except AIWorksError as exc:
-        return web.json_response({"error": exc.message}, status=exc.status.http)
+        return _error_response(exc)
 
 
-def create_app(controller: Controller, events: EventLog, metrics: MonitorMetrics) -> web.Application:
-    """The HTTP API; see docs/monitor.md."""
+# Who may change things through the API (docs/security.md): the operator's CLI. Reads stay open.
+_ACT = frozenset({"admin"})
+
+
+def control_guard(auth: CallerAuth | None):
+    """Every request but GET and HEAD needs an admin's bearer token, a JSON body and a Content-Length."""
+
+    @web.middleware
+    async def guard(request: web.Request, handler):
+        if request.method not in ("GET", "HEAD"):
+            try:
+                check_control_request(
+                    auth, request.headers, allowed=_ACT, what=f"{request.method} {request.path}", body=True,
+                    closed_hint=" (set AIWORKS_MONITOR_INTERNAL_TOKEN_FILE)",
+                )  # fmt: skip
+            except AIWorksError as exc:
+                return _error_response(exc)
+        return await handler(request)
+
+    return guard
+
+
+def control_auth(settings: MonitorSettings) -> CallerAuth | None:
+    """What checks the API's bearer tokens: the token file's secret; ``None`` (closed) without one."""
+    secret = None
+    if settings.internal_token_file:
+        try:
+            secret = read_secret(settings.internal_token_file)
+        except AIWorksError as exc:
+            raise SystemExit(f"monitor: AIWORKS_MONITOR_INTERNAL_TOKEN_FILE: {exc}") from None
+    if secret is None and not settings.insecure:
+        return None
+    return CallerAuth(secret=secret, insecure=settings.insecure)
+
+
+def create_app(
+    controller: Controller, events: EventLog, metrics: MonitorMetrics, auth: CallerAuth | None = None
+) -> web.Application:
+    """The HTTP API; see docs/monitor.md. ``auth`` checks the callers of its POST routes (``None``: refused)."""
 
     async def list_events(request: web.Request) -> web.Response:
         since = _int_param(request, "since", 0)
@@ -128,7 +171,7 @@ def create_app(controller: Controller, events: EventLog, metrics: MonitorMetrics
     async def prometheus(request: web.Request) -> web.Response:
         return web.Response(body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    app = web.Application(middlewares=[_errors])
+    app = web.Application(middlewares=[_errors, control_guard(auth)])
     app.router.add_get("/v1/events", list_events)
     app.router.add_get("/v1/replicas", replicas)
     app.router.add_get("/healthz", healthz)
@@ -158,7 +201,8 @@ async def serve(settings: MonitorSettings) -> None:
             )  # fmt: skip
 
     rollouts = build_rollouts(settings, platform, events, audit)
-    app = create_app(controller, events, metrics)
+    auth = control_auth(settings)
+    app = create_app(controller, events, metrics, auth)
     add_rollout_routes(app, rollouts)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -175,7 +219,12 @@ async def serve(settings: MonitorSettings) -> None:
     )  # fmt: skip
     if platform.name == "local" and not settings.supervisor_url:
         log.warning("no supervisor URL: nothing is discovered, restarted or scaled (AIWORKS_MONITOR_SUPERVISOR_URL)")
-    log.info("monitor serving HTTP on %s:%d", settings.host, settings.port)
+    if auth is not None and auth.insecure:
+        log.warning("INSECURE: the monitor's POST routes accept every caller (AIWORKS_MONITOR_INSECURE=true)")
+    log.info(
+        "monitor serving HTTP on %s:%d (POST routes %s)", settings.host, settings.port,
+        "closed: no AIWORKS_MONITOR_INTERNAL_TOKEN_FILE" if auth is None else "need an admin's bearer token",
+    )  # fmt: skip
     lag = start_loop_lag_probe("monitor")
     loop_task = asyncio.create_task(controller.run(stop))
     rollout_task = asyncio.create_task(rollouts.run(stop))

@@ -8,15 +8,16 @@ import logging
 from aiworks.core.lifecycle import stop_event
 from aiworks.core.looplag import start_loop_lag_probe
 from aiworks.core.metrics import on_loop, serve_metrics_or_warn, stop_metrics
-from aiworks.core.rpc import add_port, create_server, set_serving
+from aiworks.core.rpc import add_port, create_server, set_serving, use_process_caller
 from aiworks.core.tracing import setup_tracing, shutdown_tracing
-from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
+from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from aiworks.scheduler.collector import SchedulerCollector
 from aiworks.scheduler.dataplane import Scheduler
 from aiworks.scheduler.registry import ReplicaRegistry
 from aiworks.scheduler.runtime_client import RuntimeClient
-from aiworks.scheduler.servicer import SchedulerServicer
+from aiworks.scheduler.servicer import CALLERS_BY_METHOD, SchedulerServicer
 from aiworks.scheduler.settings import SchedulerSettings
+from aiworks.security.callers import own_caller, server_check
 
 log = logging.getLogger("aiworks.scheduler")
 
@@ -25,6 +26,9 @@ async def serve(settings: SchedulerSettings) -> None:
     stop = stop_event()
     setup_tracing("scheduler", settings)
     tls = settings.tls_files()  # mutual TLS with gateways, runtimes and tools when set
+    service = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"]
+    callers = server_check(settings, "scheduler", settings.host, service, CALLERS_BY_METHOD)
+    use_process_caller(own_caller(settings, "scheduler"))  # to the runtimes, over plaintext
     registry = ReplicaRegistry(
         lambda address: RuntimeClient(address, settings.max_message_bytes, settings.runtime_timeout_s, tls)
     )
@@ -35,8 +39,9 @@ async def serve(settings: SchedulerSettings) -> None:
 
         audit = AuditLog(settings.audit_log)
         await audit.start()
-    server, health = create_server(settings.max_message_bytes)
-    scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(SchedulerServicer(scheduler, audit), server)
+    server, health = create_server(settings.max_message_bytes, callers)
+    servicer = SchedulerServicer(scheduler, audit, callers.auth.describe)
+    scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, server)
     port = add_port(server, f"{settings.host}:{settings.port}", tls)
     await server.start()
     expiry = asyncio.create_task(scheduler.expire_loop())
@@ -45,10 +50,11 @@ async def serve(settings: SchedulerSettings) -> None:
     await set_serving(health, True)
     lag = start_loop_lag_probe("scheduler")
     log.info(
-        "scheduler serving gRPC%s on %s:%d (batching %s, metrics %s)",
+        "scheduler serving gRPC%s on %s:%d (callers checked by %s; batching %s, metrics %s)",
         " with mutual TLS" if tls else "",
         settings.host,
         port,
+        callers.auth.describe,
         "on" if settings.batching else "off",
         metrics_port or "off",
     )

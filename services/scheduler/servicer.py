@@ -19,22 +19,44 @@ from aiworks.scheduler.dataplane import Scheduler
 from aiworks.scheduler.dispatch import Charge
 from aiworks.scheduler.traffic_state import DEFAULT_TOLERANCE, ShadowPolicy, TrafficPolicy
 from aiworks.scheduler.views import StatusView
+from aiworks.security.callers import ANY_CALLER, current_caller
+
+
+# Who may call each method (docs/security.md), checked once per call or stream by CallerCheck.
+_DATA = {"gateway"}
+_LIFECYCLE = {"gateway", "monitor", "admin"}  # admins (tenants with the admin role) act through the gateway too
+_CONTROL = {"monitor", "admin"}
+CALLERS_BY_METHOD = {
+    "Infer": _DATA,
+    "InferStream": _DATA,
+    "LoadModel": _LIFECYCLE,
+    "UnloadModel": _LIFECYCLE,
+    "RegisterReplica": {"runtime"},
+    "Heartbeat": {"runtime"},
+    "SetTrafficPolicy": _CONTROL,
+    "EjectReplica": _CONTROL,
+    **dict.fromkeys(
+        ("ServerReady", "ModelReady", "ModelMetadata", "RepositoryIndex", "ModelStatistics", "Status"), ANY_CALLER
+    ),
+    "GetTrafficPolicy": ANY_CALLER,
+}
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     """``aiworks.scheduler.v1.SchedulerService``."""
 
-    def __init__(self, scheduler: Scheduler, audit=None):
+    def __init__(self, scheduler: Scheduler, audit=None, caller_auth: str = ""):
         self.scheduler = scheduler
         self.audit = audit  # aiworks.security.audit.AuditLog: admin actions, when configured
+        self.caller_auth = caller_auth  # how callers are checked, for Status (aiworks status)
 
     def _audit(self, context, action: str, model: str | None, status: str, **details) -> None:
-        """An admin line for ``action``; the actor is the caller's certificate name under mTLS, else its address."""
+        """An admin line for ``action``; the actor is the checked caller's name, else its address."""
         if self.audit is None:
             return
         from aiworks.security.tls import peer_identity
 
-        actor = peer_identity(context) or context.peer() or "unknown"
+        actor = current_caller() or peer_identity(context) or context.peer() or "unknown"
         self.audit.admin(actor=actor, action=action, status=status, model=model, details=details)
 
     async def _infer(self, request, timeout_s: float | None = None, charge: Charge | None = None) -> pb.InferResponse:
@@ -131,7 +153,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     @handle_errors
     async def Status(self, request, context):
-        return status_to_pb(self.scheduler.status())
+        reply = status_to_pb(self.scheduler.status())
+        reply.caller_auth = self.caller_auth
+        return reply
 
     @handle_errors
     async def SetTrafficPolicy(self, request, context):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -94,6 +95,7 @@ def cmd_runtime(args) -> None:
 
 
 def cmd_up(args) -> None:
+    from aiworks.core.logging import redact_url
     from aiworks.demo.models import build_demo_repository
     from aiworks.supervisor.supervisor import SuiteConfig, Supervisor
 
@@ -111,7 +113,8 @@ def cmd_up(args) -> None:
         replicas=args.replicas,
         batching=not args.no_batching,
         cache=not args.no_cache,
-        redis_url=args.redis_url,
+        # From the environment too, so a password need not appear on this command line either.
+        redis_url=args.redis_url or os.environ.get("AIWORKS_CACHE_REDIS_URL") or None,
         log_dir=Path(args.log_dir),
         log_level=args.log_level,
         metrics_base_port=args.metrics_base_port,
@@ -138,11 +141,13 @@ def cmd_up(args) -> None:
             f"  scheduler:        {supervisor.scheduler_address}",
         ]
         if supervisor.cache_address:
-            lines.append(f"  cache:            {supervisor.cache_address} ({args.redis_url or 'in-process store'})")
+            store = redact_url(config.redis_url) or "in-process store"
+            lines.append(f"  cache:            {supervisor.cache_address} ({store})")
         if supervisor.monitor_url:
             url = supervisor.monitor_url
             lines.append(f"  monitor:          {url} (see `aiworks events --monitor {url}`)")
-        lines.append(f"  control API:      {supervisor.control_url}/v1/services")
+        lines.append(f"  control API:      {supervisor.control_url}/v1/services (bearer token: docs/security.md)")
+        lines.append(f"  callers checked:  {supervisor.caller_auth}")
         targets = supervisor.metrics_targets()
         lines.append(
             "  metrics:          " + ", ".join(f"{kind} {' '.join(addrs)}" for kind, addrs in sorted(targets.items()))
@@ -152,6 +157,8 @@ def cmd_up(args) -> None:
         lines.append("  logs:             " + ", ".join(str(c.log_path) for c in supervisor.children))
         if supervisor.tls_dir:
             lines += _tls_hints(supervisor, args.grpc_port)
+        else:
+            lines += _token_hints(supervisor)
         lines.append("Press Ctrl-C to stop.")
         print("\n".join(lines), flush=True)
         supervisor.watch(lambda: bool(stopping))
@@ -166,6 +173,15 @@ def cmd_up(args) -> None:
             print(f"stopping ({stopping[0] if stopping else 'interrupt'})...", flush=True)
         supervisor.stop()
     print("stopped.", flush=True)
+
+
+def _token_hints(supervisor) -> list[str]:
+    """How the tools reach the internal services: as admin, with the installation's token file."""
+    from aiworks.security.callers import DEFAULT_TOKEN_FILE, TOKEN_FILE_ENV
+
+    if supervisor.token_file == DEFAULT_TOKEN_FILE.resolve():
+        return ["The tools (aiworks status, traffic, rollout) run from this folder use .aiworks/internal-token."]
+    return [f"The tools need its token file: export {TOKEN_FILE_ENV}={supervisor.token_file}"]
 
 
 def _tls_hints(supervisor, grpc_port: int) -> list[str]:
@@ -245,7 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="Triton-layout model repository; the demo models are built there if it is missing or empty",
     )
     up.add_argument("--no-batching", action="store_true", help="send every request as its own batch")
-    up.add_argument("--redis-url", help="result cache on this Redis (redis://host:port/db); default in-process store")
+    up.add_argument(
+        "--redis-url",
+        help="result cache on this Redis (redis://host:port/db; default $AIWORKS_CACHE_REDIS_URL, which keeps a "
+        "password out of ps); unset: in-process store",
+    )
     up.add_argument("--no-cache", action="store_true", help="start no cache service")
     up.add_argument(
         "--no-monitor", action="store_true", help="start no monitor (no restarts, autoscaling or ejection)"
@@ -345,6 +365,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_kube_parser(sub)
     from aiworks.tenancy_cli import add_tenancy_parsers
     add_tenancy_parsers(sub)
+    from aiworks.probe import add_probe_parser
+    add_probe_parser(sub)
     return parser
 
 

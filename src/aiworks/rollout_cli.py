@@ -107,14 +107,26 @@ def parse_steps(text: str) -> list[int]:
 
 
 def call(monitor_url: str, method: str, path: str, body: dict | None = None, timeout_s: float = 15.0) -> Any:
-    """One call to the monitor's API; its error message becomes SystemExit."""
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(
-        f"{monitor_url.rstrip('/')}{path}",
-        data=data,
-        method=method,
-        headers={"Content-Type": "application/json"} if data is not None else {},
-    )
+    """One call to the monitor's API, as ``admin`` (docs/security.md); its error message becomes SystemExit."""
+    from aiworks.core.errors import AIWorksError
+    from aiworks.security.callers import TOKEN_FILE_ENV, tool_caller
+
+    headers = {}
+    data = None
+    if method != "GET":  # the monitor takes JSON only, with a length, from a caller with a token
+        data = json.dumps(body if body is not None else {}).encode()
+        headers["Content-Type"] = "application/json"
+        try:
+            caller = tool_caller()
+        except AIWorksError as exc:
+            raise SystemExit(f"error: {exc}") from None
+        if caller is None:
+            raise SystemExit(
+                f"error: no token to act with: set {TOKEN_FILE_ENV} to the suite's token file "
+                "(`aiworks up` makes .aiworks/internal-token)"
+            )
+        headers["Authorization"] = caller.bearer()
+    request = urllib.request.Request(f"{monitor_url.rstrip('/')}{path}", data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as resp:
             return json.load(resp)

@@ -1,7 +1,8 @@
 """``aiworks status``: the scheduler's view of queues, replicas, ejections and weights, as tables.
 
-Against a suite with mutual TLS (``aiworks up --tls``), set ``AIWORKS_TLS_DIR``
-to a folder holding the client certificate, its key and the CA
+It calls as ``admin``: with the token of ``$AIWORKS_INTERNAL_TOKEN_FILE`` (default
+``.aiworks/internal-token``, which ``aiworks up`` makes) over plaintext, or, against a
+suite with mutual TLS (``aiworks up --tls``), with the certificate in ``AIWORKS_TLS_DIR``
 (``tls.crt``, ``tls.key``, ``ca.crt``; ``.aiworks/certs/admin`` for ``aiworks up``).
 """
 
@@ -12,23 +13,37 @@ import grpc
 from aiworks.core.errors import AIWorksError
 from aiworks.core.rpc import blocking_channel
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from aiworks.security.callers import TOKEN_FILE_ENV, ClientCaller, tool_caller
 from aiworks.security.tls import TLSFiles, tool_tls
 from aiworks.traffic_cli import format_shadows
 
 
-def fetch_status(address: str, tls: TLSFiles | None = None) -> scheduler_pb2.StatusResponse:
+def fetch_status(
+    address: str, tls: TLSFiles | None = None, caller: ClientCaller | None = None
+) -> scheduler_pb2.StatusResponse:
     try:
-        with blocking_channel(address, tls, server_name="scheduler") as ch:
+        with blocking_channel(address, tls, server_name="scheduler", caller=caller) as ch:
             return scheduler_pb2_grpc.SchedulerServiceStub(ch).Status(scheduler_pb2.StatusRequest(), timeout=3)
     except grpc.RpcError as exc:
-        hint = ""
-        if tls is None and exc.code() == grpc.StatusCode.UNAVAILABLE:
-            hint = " (if the suite runs with mutual TLS, set AIWORKS_TLS_DIR to a certificate folder)"
+        hint = rpc_hint(exc, tls)
         raise SystemExit(f"error: cannot reach the scheduler at {address}: {exc.details()}{hint}") from None
 
 
+def rpc_hint(exc: grpc.RpcError, tls: TLSFiles | None) -> str:
+    """What a tool's user can do about a refused or failed call to an internal service."""
+    if tls is None and exc.code() == grpc.StatusCode.UNAVAILABLE:
+        return " (if the suite runs with mutual TLS, set AIWORKS_TLS_DIR to a certificate folder)"
+    if tls is None and exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+        return f" (set {TOKEN_FILE_ENV} to the suite's token file, or AIWORKS_TLS_DIR to an admin certificate folder)"
+    return ""
+
+
 def format_status(reply: scheduler_pb2.StatusResponse) -> str:
-    lines = [f"replicas ({len(reply.replicas)}):"]
+    lines = []
+    if reply.caller_auth:
+        warn = "  <- anyone who reaches the scheduler may call it" if reply.caller_auth.startswith("INSECURE") else ""
+        lines.append(f"callers checked by: {reply.caller_auth}{warn}")
+    lines.append(f"replicas ({len(reply.replicas)}):")
     lines.append(
         f"  {'id':<14} {'address':<22} {'device':<6} {'state':<9} {'batches':>7} {'rows':>6} {'ewma ms':>8} "
         f"{'done':>7} {'errors':>6} {'ejected':>7} {'beat':>6}  models"
@@ -80,6 +95,7 @@ def format_status(reply: scheduler_pb2.StatusResponse) -> str:
 def show_status(address: str, tls_dir: str | None = None) -> None:
     try:
         tls = tool_tls(tls_dir)
+        caller = None if tls else tool_caller()
     except AIWorksError as exc:
         raise SystemExit(f"error: {exc}") from None
-    print(format_status(fetch_status(address, tls)))
+    print(format_status(fetch_status(address, tls, caller)))

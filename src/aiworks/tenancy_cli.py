@@ -87,6 +87,7 @@ def _usage_from_redis(args) -> dict:
     import asyncio
     import time
 
+    from aiworks.core.logging import redact_url
     from aiworks.gateway.metering import DEFAULT_USAGE_SPAN_S, UsageMeter, parse_time
 
     end = parse_time(args.end, "end") if args.end else time.time()
@@ -99,7 +100,7 @@ def _usage_from_redis(args) -> dict:
         finally:
             await meter.close()
         if report.source != "redis":
-            raise SystemExit(f"error: Redis at {args.redis_url} did not answer")
+            raise SystemExit(f"error: Redis at {redact_url(args.redis_url)} did not answer")
         return report.to_dict()
 
     return asyncio.run(read())

@@ -71,7 +71,9 @@ def run_traffic(args) -> None:
     from aiworks.core.rpc import blocking_channel
     from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
     from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
+    from aiworks.security.callers import tool_caller
     from aiworks.security.tls import tool_tls
+    from aiworks.status import rpc_hint
 
     if args.traffic_action == "set":
         if args.weights and args.clear:
@@ -90,10 +92,11 @@ def run_traffic(args) -> None:
             weights[version] = int(weight)
     try:
         tls = tool_tls(args.tls_dir)
+        caller = None if tls else tool_caller()
     except AIWorksError as exc:
         raise SystemExit(f"error: {exc}") from None
     try:
-        with blocking_channel(args.scheduler, tls, server_name="scheduler") as channel:
+        with blocking_channel(args.scheduler, tls, server_name="scheduler", caller=caller) as channel:
             stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
             if args.traffic_action == "set":
                 if not (args.weights or args.clear):  # a shadow change keeps the weights in force
@@ -120,7 +123,7 @@ def run_traffic(args) -> None:
                     status = stub.Status(pb.StatusRequest(), timeout=5)
                     shadows = [s for s in status.shadows if s.model == args.model]
     except grpc.RpcError as exc:
-        raise SystemExit(f"error: {exc.details()}") from None
+        raise SystemExit(f"error: {exc.details()}{rpc_hint(exc, tls)}") from None
     print(format_policy(reply))
     if shadows is not None:
         print(format_shadows(shadows) if shadows else "  no shadow traffic yet")

@@ -10,7 +10,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import onnx
 import pytest
 from onnx import TensorProto, helper
@@ -185,7 +184,7 @@ class CachedSuite:
     first_request_s: float  # client-side latency of the suite's very first request (to "scale")
 
     def cache_stats(self) -> cache_pb2.StatsResponse:
-        with grpc.insecure_channel(self.supervisor.cache_address) as ch:
+        with self.supervisor.caller_channel(self.supervisor.cache_address, "cache") as ch:
             return cache_pb2_grpc.CacheServiceStub(ch).Stats(cache_pb2.StatsRequest(), timeout=5)
 
 

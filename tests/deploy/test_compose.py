@@ -82,10 +82,6 @@ def test_healthchecks_and_ordered_start(compose_project: dict[str, Any]) -> None
     assert set(project["gateway"]["depends_on"]) >= {"scheduler", "cache"}
     assert set(project["envoy"]["depends_on"]) >= {"gateway", "certs"}
     assert set(project["cache"]["depends_on"]) == {"redis", "certs"}
-    for name in ("scheduler", "runtime-1", "runtime-2", "cache", "gateway", "monitor"):
-        # Every service holds its certificate before it starts (directly, or through a peer that waited).
-        waits = set(project[name].get("depends_on", {}))
-        assert "certs" in waits or waits & {"scheduler", "cache"}, name
 
 
 def test_ports_agree_across_env_expose_and_healthchecks(compose_project: dict[str, Any]) -> None:
@@ -96,17 +92,8 @@ def test_ports_agree_across_env_expose_and_healthchecks(compose_project: dict[st
         prefix = f"AIWORKS_{component.upper()}_"
         env_ports = {v for k, v in service["environment"].items() if k.startswith(prefix) and k.endswith("_PORT")}
         assert env_ports == ports, name
-        probe = " ".join(service["healthcheck"]["test"])
-        main = CONTRACT_PORTS[component].get("http", CONTRACT_PORTS[component].get("grpc"))
-        # gRPC services: the mutual-TLS probe with the service's own certificate; HTTP ones: a GET.
-        assert f"127.0.0.1:{main}" in probe or f"aiworks.kube.probe --port {main} --tls-dir /etc/aiworks/certs/" in probe, name
-        if component != "monitor":
-            # Mutual TLS between the services, from the certs job's volume.
-            tls = {k.removeprefix(prefix): v for k, v in service["environment"].items() if k.startswith(prefix + "TLS_")}
-            folder = f"/etc/aiworks/certs/{component}"
-            assert tls == {"TLS_CERT": f"{folder}/tls.crt", "TLS_KEY": f"{folder}/tls.key", "TLS_CA": f"{folder}/ca.crt"}, name
-            [mount] = [m for m in service["volumes"] if m["target"] == "/etc/aiworks/certs"]
-            assert mount["source"] == "certs" and mount["read_only"], name
+        # The probe dials 127.0.0.1 on the port of the environment checked above, over the service's TLS.
+        assert service["healthcheck"]["test"] == ["CMD", "aiworks", "probe", "--quiet", component], name
         assert service["read_only"] and service["cap_drop"] == ["ALL"]
 
 
@@ -129,6 +116,48 @@ def test_models_job_fills_the_runtimes_repository(compose_project: dict[str, Any
     assert job["entrypoint"] == ["aiworks", "demo-models"]
     for name in ("runtime-1", "runtime-2"):
         assert services(compose_project)[name]["environment"]["AIWORKS_RUNTIME_MODEL_REPOSITORY"] == out
+
+
+def test_every_internal_hop_is_mutual_tls_with_the_jobs_certificates(compose_project: dict[str, Any]) -> None:
+    """Services bind 0.0.0.0 in their containers, so each needs its certificate (they refuse to start without)."""
+    project = services(compose_project)
+    job = project["certs"]["command"]
+    out_dir = job[job.index("--out-dir") + 1]
+    issued = set(job[job.index("--services") + 1].split(","))
+    assert issued >= set(SUITE.values()) | {"admin"}
+    [job_mount] = [m for m in project["certs"]["volumes"] if m["target"] == out_dir]
+    for name, component in SUITE.items():
+        service = project[name]
+        env = service["environment"]
+        prefix = f"AIWORKS_{component.upper()}_"
+        assert env[f"{prefix}HOST"] == "0.0.0.0"
+        assert not {f"{prefix}INSECURE", f"{prefix}MESH_MTLS"} & set(env), name
+        [mount] = [m for m in service["volumes"] if m["source"] == job_mount["source"]]
+        assert mount["read_only"], name
+        for key, file in (("TLS_CERT", "tls.crt"), ("TLS_KEY", "tls.key"), ("TLS_CA", "ca.crt")):
+            assert env[prefix + key] == f"{mount['target']}/{component}/{file}", (name, key)
+        assert project[name]["depends_on"]["certs"]["condition"] == "service_completed_successfully"
+    token = job[job.index("--internal-token") + 1]
+    monitor = project["monitor"]
+    [mount] = [m for m in monitor["volumes"] if m["source"] == job_mount["source"]]
+    assert monitor["environment"]["AIWORKS_MONITOR_INTERNAL_TOKEN_FILE"] == token.replace(out_dir, mount["target"])
+    # Only the suite and Envoy see the keys.
+    readers = {n for n, svc in project.items() for m in svc.get("volumes", []) if m["source"] == job_mount["source"]}
+    assert readers == set(SUITE) | {"envoy", "certs"}
+
+
+def test_envoy_reaches_the_gateway_over_tls_checked_against_the_ca(compose_project: dict[str, Any]) -> None:
+    config = yaml.safe_load((REPO / "mesh" / "envoy" / "envoy.yaml").read_text())
+    envoy_mounts = {m["target"]: m for m in services(compose_project)["envoy"]["volumes"]}
+    for cluster in config["static_resources"]["clusters"]:
+        if not cluster["name"].startswith("gateway_"):
+            continue
+        tls = cluster["transport_socket"]["typed_config"]
+        assert tls["sni"] == "gateway"
+        validation = tls["common_tls_context"]["validation_context"]
+        ca = Path(validation["trusted_ca"]["filename"])
+        assert str(ca.parent) in envoy_mounts and ca.name == "ca.crt"
+        assert validation["match_typed_subject_alt_names"] == [{"san_type": "DNS", "matcher": {"exact": "gateway"}}]
 
 
 def test_envoy_reads_the_certs_the_job_writes(compose_project: dict[str, Any]) -> None:

@@ -107,7 +107,7 @@ def test_ports_follow_the_contract(rendered: Rendered) -> None:
 
 def test_probes_use_grpc_health(rendered: Rendered) -> None:
     """gRPC health on every gRPC service: the kubelet's probe in the mesh, and with the services' own
-    mutual TLS (which the kubelet's plaintext probe cannot pass) `aiworks.kube.probe` with the pod's certificate."""
+    mutual TLS (which the kubelet's plaintext probe cannot pass) `aiworks probe <service>`, with the pod's certificate."""
     for deployment in rendered.of_kind("Deployment"):
         service = component(deployment)
         [container] = containers(deployment)
@@ -116,10 +116,7 @@ def test_probes_use_grpc_health(rendered: Rendered) -> None:
         if service in GRPC_SERVICES:
             ready, live = container["readinessProbe"], container["livenessProbe"]
             if tls:
-                command = ready["exec"]["command"]
-                assert command[:3] == ["python", "-m", "aiworks.kube.probe"], command
-                assert command[command.index("--port") + 1] == str(ports["grpc"])
-                assert command[command.index("--identity") + 1] == service
+                assert ready["exec"]["command"] == ["aiworks", "probe", "--quiet", service]
                 assert live["tcpSocket"]["port"] == ports["grpc"]
             else:
                 assert ready["grpc"]["port"] == live["grpc"]["port"] == ports["grpc"], service

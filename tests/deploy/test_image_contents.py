@@ -23,13 +23,13 @@ from .support import REPO, SERVICE_FOLDERS
 # What each image must be able to import, beyond `aiworks --help`.
 MODULES = {
     "gateway": ["aiworks.gateway.server", "aiworks.gateway.auth", "aiworks.gateway.limits", "aiworks.gateway.metering",
-                "aiworks.kube.secrets", "aiworks.kube.check", "aiworks.kube.probe", "aiworks.security.certs",
+                "aiworks.kube.secrets", "aiworks.kube.check", "aiworks.probe", "aiworks.security.certs",
                 "redis.asyncio"],
-    "scheduler": ["aiworks.scheduler.server", "aiworks.kube.probe"],
+    "scheduler": ["aiworks.scheduler.server", "aiworks.probe"],
     "runtime": ["aiworks.runtime.server", "aiworks.runtime.onnxruntime_backend", "aiworks.runtime.triton_backend",
                 "aiworks.storage.fetch", "aiworks.storage.s3", "aiworks.storage.gcs", "aiworks.demo.models",
-                "sklearn.linear_model", "sklearn.neural_network", "skl2onnx", "aiworks.kube.probe"],
-    "cache": ["aiworks.cache.server", "aiworks.cache.redis_store", "redis.asyncio", "aiworks.kube.probe"],
+                "sklearn.linear_model", "sklearn.neural_network", "skl2onnx", "aiworks.probe"],
+    "cache": ["aiworks.cache.server", "aiworks.cache.redis_store", "redis.asyncio", "aiworks.probe"],
     "monitor": ["aiworks.monitor.server", "aiworks.monitor.k8s", "kubernetes.client", "kubernetes.config"],
 }
 HEAVY = {"onnxruntime", "torch", "sklearn", "scipy", "tensorflow", "transformers"}

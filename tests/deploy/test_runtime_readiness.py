@@ -29,10 +29,16 @@ def health(port: int, service: str = "") -> int | None:
 
 def run_runtime(repository: Path, models: str, log: Path) -> tuple[subprocess.Popen, int]:
     port = free_port()
+    # On loopback the runtime tells callers apart by the installation's token (health checks stay open).
+    token = log.parent / "internal-token"
+    if not token.exists():
+        token.write_text(os.urandom(24).hex())
+        token.chmod(0o600)
     env = {
         **os.environ, "AIWORKS_RUNTIME_PORT": str(port), "AIWORKS_RUNTIME_METRICS_PORT": "0",
         "AIWORKS_RUNTIME_SCHEDULER_ADDRESS": f"127.0.0.1:{free_port()}", "AIWORKS_RUNTIME_MODELS": models,
         "AIWORKS_RUNTIME_MODEL_REPOSITORY": str(repository), "AIWORKS_RUNTIME_REPLICA_ID": "r0",
+        "AIWORKS_RUNTIME_INTERNAL_TOKEN_FILE": str(token),
     }  # fmt: skip
     process = subprocess.Popen(
         [sys.executable, "-m", "aiworks", "runtime"], env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT

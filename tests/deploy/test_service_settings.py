@@ -15,15 +15,9 @@ from pydantic_settings import BaseSettings
 
 from .support import REPO, SERVICE_FOLDERS, Rendered
 
-# Settings the deployment files pass that another change adds to the services
-# (issue 15, internal callers' authentication: AIWORKS_<SVC>_MESH_MTLS and
-# AIWORKS_<SVC>_INSECURE). Each is ignored until its service reads it; drop it
-# from here when it lands.
-PENDING = {
-    "AIWORKS_GATEWAY_CACHE_ADDRESS",
-    *(f"AIWORKS_{svc}_{name}" for svc in ("GATEWAY", "SCHEDULER", "RUNTIME", "CACHE", "MONITOR")
-      for name in ("MESH_MTLS", "INSECURE")),
-}
+# Settings the deployment files already pass but the services do not define
+# yet. Each is ignored until its service reads it; none is pending now.
+PENDING: set[str] = set()
 COMPOSE_SERVICES = {"gateway": "gateway", "scheduler": "scheduler", "runtime-1": "runtime", "runtime-2": "runtime",
                     "cache": "cache", "monitor": "monitor"}
 

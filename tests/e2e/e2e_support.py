@@ -7,9 +7,14 @@ this folder on sys.path), so test files import it instead of loading
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
+
+from aiworks.core.rpc import client_channel
+from aiworks.security.callers import TOKEN_FILE_ENV
 from aiworks.supervisor.supervisor import SuiteConfig, Supervisor
 
 
@@ -38,3 +43,38 @@ def start_suite(model_repository: Path, log_dir: Path, **overrides) -> Suite:
         supervisor.stop()
         raise
     return Suite(supervisor, f"127.0.0.1:{config.http_port}", f"127.0.0.1:{config.grpc_port}", model_repository)
+
+
+# ---- calling the internal services: every one checks who calls (docs/security.md) --------------
+
+
+def internal_channel(supervisor: Supervisor, address: str, service: str, caller: str = "admin") -> grpc.Channel:
+    """A blocking channel to the suite's ``service`` at ``address``, calling as ``caller`` (token or certificate)."""
+    return supervisor.caller_channel(address, service, caller)
+
+
+def internal_aio_channel(
+    supervisor: Supervisor, address: str, service: str, caller: str = "gateway", max_message_bytes: int = 64 << 20
+) -> grpc.aio.Channel:
+    """The grpc.aio form of :func:`internal_channel` (the gateway's identity by default: it may call ``Infer``)."""
+    return client_channel(
+        address,
+        max_message_bytes,
+        supervisor.client_tls_for(caller),
+        server_name=service,
+        caller=supervisor.client_caller(caller),
+    )
+
+
+def tool_env(supervisor: Supervisor) -> dict[str, str]:
+    """``os.environ`` plus what the CLI tools (``aiworks status``, ``traffic``, ``rollout``) need to act as admin."""
+    env = {k: v for k, v in os.environ.items() if k not in (TOKEN_FILE_ENV, "AIWORKS_TLS_DIR")}
+    env[TOKEN_FILE_ENV] = str(supervisor.token_file)
+    if supervisor.tls_dir:
+        env["AIWORKS_TLS_DIR"] = str(supervisor.tls_dir / "admin")
+    return env
+
+
+def bearer(supervisor: Supervisor, caller: str = "admin") -> dict[str, str]:
+    """Headers for the supervisor's control API and the monitor's POST routes, as ``caller``."""
+    return {"Authorization": supervisor.client_caller(caller).bearer(), "Content-Type": "application/json"}

@@ -18,13 +18,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import grpc
 import numpy as np
 import onnxruntime as ort
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from e2e_support import start_suite
+from e2e_support import internal_channel, start_suite
 from tritonclient.utils import InferenceServerException
 
 from aiworks.pb.runtime.v1 import runtime_pb2, runtime_pb2_grpc
@@ -38,7 +37,7 @@ def _digits_rows(n: int) -> np.ndarray:
 
 
 def _status(suite) -> scheduler_pb2.StatusResponse:
-    with grpc.insecure_channel(suite.supervisor.scheduler_address) as channel:
+    with internal_channel(suite.supervisor, suite.supervisor.scheduler_address, "scheduler") as channel:
         return scheduler_pb2_grpc.SchedulerServiceStub(channel).Status(scheduler_pb2.StatusRequest(), timeout=5)
 
 
@@ -187,7 +186,7 @@ def test_unload_answers_every_queued_request_first(model_repository, tmp_path):
         # A runtime's own unload waits for the batch it is running (300 ms here).
         admin.load_model("iris")
         address = _status(suite).replicas[0].address
-        with grpc.insecure_channel(address) as channel:
+        with internal_channel(suite.supervisor, address, "runtime", caller="scheduler") as channel:
             stub = runtime_pb2_grpc.RuntimeServiceStub(channel)
             request = runtime_pb2.ExecuteRequest(
                 model="iris",

@@ -20,7 +20,7 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from e2e_support import start_suite
+from e2e_support import internal_channel, start_suite
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
@@ -196,7 +196,7 @@ def test_cache_lookups_count_hits_misses_and_bypasses(suite):
 
 
 def test_eject_replica_is_counted_and_shown_then_refused_for_an_unknown_replica(suite):
-    with grpc.insecure_channel(suite.supervisor.scheduler_address) as channel:
+    with internal_channel(suite.supervisor, suite.supervisor.scheduler_address, "scheduler") as channel:
         stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
         reply = stub.EjectReplica(
             scheduler_pb2.EjectReplicaRequest(replica_id="runtime-0", duration_s=30, reason="e2e: p99 breach"),

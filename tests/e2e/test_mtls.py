@@ -28,6 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from aiworks.core.errors import NotFound, Unavailable
 from aiworks.core.rpc import blocking_channel, use_process_tls
+from aiworks.pb.cache.v1 import cache_pb2, cache_pb2_grpc
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from aiworks.security.certs import write_certificates
 from aiworks.security.tls import TLSFiles, client_ssl_context
@@ -247,6 +248,39 @@ async def test_monitor_reaches_the_scheduler_over_mutual_tls(suite):
         await plain.close()
 
 
+# ---- internal ports: who may call what (the certificate's name) -----------------------------------------
+
+
+def _as(suite: Supervisor, name: str, address: str, service: str) -> grpc.Channel:
+    return blocking_channel(address, TLSFiles.from_dir(suite.tls_dir / name), server_name=service)
+
+
+def test_a_certificate_of_the_suite_calls_only_its_own_methods(suite):
+    ref = scheduler_pb2.ModelRef(name="iris")
+    policy = scheduler_pb2.SetTrafficPolicyRequest(policy=scheduler_pb2.TrafficPolicy(model="iris", weights={"1": 1}))
+    for name, method, request in [
+        ("runtime", "SetTrafficPolicy", policy),
+        ("runtime", "LoadModel", ref),
+        ("runtime", "UnloadModel", ref),
+        ("gateway", "RegisterReplica", scheduler_pb2.ReplicaInfo(replica_id="rogue", address="127.0.0.1:1")),
+        ("admin", "Infer", scheduler_pb2.InferRequest(model="iris")),
+    ]:
+        with _as(suite, name, suite.scheduler_address, "scheduler") as ch:
+            with pytest.raises(grpc.RpcError) as info:
+                getattr(scheduler_pb2_grpc.SchedulerServiceStub(ch), method)(request, timeout=5)
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED, (name, method)
+        assert f"caller '{name}' may not call" in info.value.details()
+    put = cache_pb2.PutRequest(model="iris_cached", key=b"k" * 32, value=b"planted", epoch=0)
+    with _as(suite, "admin", suite.cache_address, "cache") as ch:
+        with pytest.raises(grpc.RpcError) as info:
+            cache_pb2_grpc.CacheServiceStub(ch).Put(put, timeout=5)
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    with _as(suite, "monitor", suite.scheduler_address, "scheduler") as ch:  # the monitor may steer traffic
+        stub = scheduler_pb2_grpc.SchedulerServiceStub(ch)
+        assert stub.GetTrafficPolicy(scheduler_pb2.GetTrafficPolicyRequest(model="iris"), timeout=5).model == "iris"
+        assert stub.Status(scheduler_pb2.StatusRequest(), timeout=5).caller_auth == "mutual TLS, token"
+
+
 # ---- the tools ------------------------------------------------------------------------------------------
 
 
@@ -271,6 +305,21 @@ def test_status_and_traffic_use_the_admin_certificate(suite):
     assert traffic.stdout.startswith("iris: ")
     refused = _aiworks("status", "--scheduler", suite.scheduler_address)
     assert refused.returncode != 0 and "set AIWORKS_TLS_DIR" in refused.stderr
+
+
+def test_aiworks_probe_passes_the_handshake_with_the_services_own_certificate(suite):
+    """What the container healthchecks run (docker-compose.yml, the images): the service's environment, no more."""
+    ports = {service: address.rsplit(":", 1)[1] for service, address in _internal_addresses(suite).items()}
+    ports["gateway"] = str(suite.config.http_port)
+    for service, port in ports.items():
+        prefix = f"AIWORKS_{service.upper()}_"
+        env = {**suite.caller_env(service), f"{prefix}{'HTTP_' if service == 'gateway' else ''}PORT": port}
+        env[f"{prefix}SCHEDULER_ADDRESS"] = suite.scheduler_address  # required by the runtime's and gateway's settings
+        probe = _aiworks("probe", service, env=env)
+        assert probe.returncode == 0, (service, probe.stderr)
+        assert probe.stdout.strip() == f"{service}: {'200' if service == 'gateway' else 'SERVING'}"
+    plain = _aiworks("probe", "scheduler", env={"AIWORKS_SCHEDULER_PORT": ports["scheduler"]})
+    assert plain.returncode == 1 and "scheduler is not serving: UNAVAILABLE" in plain.stderr
 
 
 def test_https_health_check_uses_the_ca_and_client_certificate(suite):

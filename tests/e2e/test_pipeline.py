@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from e2e_support import start_suite
+from e2e_support import internal_channel, start_suite
 
 from aiworks.pb.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -123,7 +123,7 @@ def test_concurrent_pipeline_requests_batch_at_each_stage_and_stay_correct(pipel
     assert rows_after - rows_before == sent
     assert batches_after - batches_before < 96  # stage requests of different clients shared batches
 
-    with grpc.insecure_channel(suite.supervisor.scheduler_address) as channel:
+    with internal_channel(suite.supervisor, suite.supervisor.scheduler_address, "scheduler") as channel:
         status = scheduler_pb2_grpc.SchedulerServiceStub(channel).Status(scheduler_pb2.StatusRequest(), timeout=5)
     queues = {q.model for q in status.queues}
     assert {"digits_stage1", "digits_stage2"} <= queues and "digits_pipe" not in queues
@@ -131,9 +131,9 @@ def test_concurrent_pipeline_requests_batch_at_each_stage_and_stay_correct(pipel
 
 def test_the_runtime_does_not_load_the_pipeline_itself(pipeline_suite, rows):
     suite, _ = pipeline_suite
-    with grpc.insecure_channel(suite.supervisor.scheduler_address) as channel:
+    with internal_channel(suite.supervisor, suite.supervisor.scheduler_address, "scheduler") as channel:
         status = scheduler_pb2_grpc.SchedulerServiceStub(channel).Status(scheduler_pb2.StatusRequest(), timeout=5)
-    with grpc.insecure_channel(status.replicas[0].address) as channel:
+    with internal_channel(suite.supervisor, status.replicas[0].address, "runtime", caller="scheduler") as channel:
         stub = runtime_pb2_grpc.RuntimeServiceStub(channel)
         request = runtime_pb2.ExecuteRequest(
             model="digits_pipe",

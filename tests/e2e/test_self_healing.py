@@ -23,7 +23,7 @@ import grpc
 import numpy as np
 import pytest
 import requests
-from e2e_support import start_suite
+from e2e_support import internal_channel, start_suite, tool_env
 
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 
@@ -50,7 +50,7 @@ def wait_for(check, timeout_s: float, what: str, interval_s: float = 0.1):
 
 
 def replica(suite, replica_id: str):
-    with grpc.insecure_channel(suite.supervisor.scheduler_address) as ch:
+    with internal_channel(suite.supervisor, suite.supervisor.scheduler_address, "scheduler") as ch:
         reply = scheduler_pb2_grpc.SchedulerServiceStub(ch).Status(scheduler_pb2.StatusRequest(), timeout=5)
     return next((r for r in reply.replicas if r.replica_id == replica_id), None)
 
@@ -297,8 +297,10 @@ async def test_a_sustained_spike_scales_out_within_15_s_and_back_in_after(scalin
 # ---- rollouts through the running monitor --------------------------------------------------------
 
 
-def aiworks(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "aiworks", *args], capture_output=True, text=True, timeout=60)
+def aiworks(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "aiworks", *args], capture_output=True, text=True, timeout=60, env=env
+    )
 
 
 def test_a_rollout_started_with_the_cli_drives_the_schedulers_weights_and_is_audited(healing_suite):
@@ -306,24 +308,25 @@ def test_a_rollout_started_with_the_cli_drives_the_schedulers_weights_and_is_aud
     force at the scheduler, abort returns all traffic to stable, and each step is an event and an audit line."""
     suite = healing_suite
     url = suite.supervisor.monitor_url
+    env = tool_env(suite.supervisor)  # the CLI acts as admin, with the suite's token file
     started = aiworks("rollout", "--monitor", url, "start", "digits", "--from", "1", "--to", "2",
-                      "--steps", "20,100", "--dwell", "60s", "--json")  # fmt: skip
+                      "--steps", "20,100", "--dwell", "60s", "--json", env=env)  # fmt: skip
     assert started.returncode == 0, started.stderr
     weights = subprocess.run(
         [sys.executable, "-m", "aiworks", "traffic", "--scheduler", suite.supervisor.scheduler_address, "get", "digits"],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True, text=True, timeout=30, env=env,
     )  # fmt: skip
     assert weights.returncode == 0, weights.stderr
     assert "1" in weights.stdout and "80" in weights.stdout and "20" in weights.stdout, weights.stdout
-    status = aiworks("rollout", "--monitor", url, "status", "digits", "--json")
+    status = aiworks("rollout", "--monitor", url, "status", "digits", "--json", env=env)
     assert status.returncode == 0, status.stderr
     doc = json.loads(status.stdout)
     assert doc["model"] == "digits" and doc["canary"] == "2" and doc["stable"] == "1", doc
-    aborted = aiworks("rollout", "--monitor", url, "abort", "digits")
+    aborted = aiworks("rollout", "--monitor", url, "abort", "digits", env=env)
     assert aborted.returncode == 0, aborted.stderr
     after = subprocess.run(
         [sys.executable, "-m", "aiworks", "traffic", "--scheduler", suite.supervisor.scheduler_address, "get", "digits"],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True, text=True, timeout=30, env=env,
     )  # fmt: skip
     assert "100" in after.stdout, after.stdout
     kinds = {e["kind"] for e in events(suite) if e["target"] == "digits"}

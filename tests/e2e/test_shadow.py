@@ -14,12 +14,11 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-import grpc
 import numpy as np
 import onnxruntime as ort
 import pytest
 import tritonclient.http as httpclient
-from e2e_support import start_suite
+from e2e_support import internal_channel, start_suite, tool_env
 
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 
@@ -55,7 +54,7 @@ def local(shadow_suite):
 
 
 def _stub(suite):
-    channel = grpc.insecure_channel(suite.supervisor.scheduler_address)
+    channel = internal_channel(suite.supervisor, suite.supervisor.scheduler_address, "scheduler")
     return channel, scheduler_pb2_grpc.SchedulerServiceStub(channel)
 
 
@@ -65,6 +64,7 @@ def _traffic(suite, *args: str) -> str:
         capture_output=True,
         text=True,
         timeout=60,
+        env=tool_env(suite.supervisor),
     )
     assert out.returncode == 0, out.stderr
     return out.stdout

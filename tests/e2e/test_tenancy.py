@@ -248,7 +248,10 @@ def tenancy(tmp_path_factory):
         heavy = ExtraRuntime(suite, "runtime-heavy", ["heavy"], {"AIWORKS_RUNTIME_DEBUG_DELAY_MS": str(HEAVY_S * 1e3)})
         heavy.start()
         b_http, b_grpc = free_port(), free_port()
-        env_b = {**os.environ, **shared, "AIWORKS_GATEWAY_AUDIT_LOG": str(work / "audit-b.jsonl")}
+        env_b = {
+            **os.environ, **supervisor.caller_env("gateway"), **shared,
+            "AIWORKS_GATEWAY_AUDIT_LOG": str(work / "audit-b.jsonl"),
+        }  # fmt: skip
         b_log = work / "logs" / "gateway-b.log"
         with open(b_log, "ab") as out:
             gateway_b = subprocess.Popen(

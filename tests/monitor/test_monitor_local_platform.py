@@ -1,8 +1,15 @@
-"""The supervisor's control API and the monitor's local adapter that drives it, on 127.0.0.1."""
+"""The supervisor's control API and the monitor's local adapter that drives it, on 127.0.0.1.
+
+The API wants a bearer token derived from the installation's secret, JSON
+bodies with a length, and caps ``replicas`` (issue 15, finding 7); the
+refusals are checked here against the real server, raw HTTP included.
+"""
 
 from __future__ import annotations
 
+import http.client
 import json
+import secrets
 import urllib.error
 import urllib.request
 
@@ -11,7 +18,10 @@ from aiworks.monitor.discovery import DEAD, LOCAL_POOL, RUNNING
 from aiworks.monitor.platform import LocalPlatform, SchedulerEjector
 
 from aiworks.core.errors import AIWorksError, NotFound, Status
+from aiworks.security.callers import CallerAuth, ClientCaller
 from aiworks.supervisor.control import ControlServer
+
+SECRET = secrets.token_hex(32).encode()
 
 pytestmark = pytest.mark.loopback
 
@@ -52,15 +62,20 @@ class FakeSupervisor:
 @pytest.fixture
 def control():
     target = FakeSupervisor()
-    server = ControlServer(target, "127.0.0.1", 0)
+    server = ControlServer(target, "127.0.0.1", 0, auth=CallerAuth(secret=SECRET), max_replicas=64)
     server.start()
     server.target = target
     yield server
     server.stop()
 
 
-def call(url: str, method: str = "GET", body: bytes | None = None) -> tuple[int, dict]:
-    request = urllib.request.Request(url, data=body, method=method, headers={"Content-Type": "application/json"})
+def headers(caller: str | None = "monitor", content_type: str | None = "application/json") -> dict[str, str]:
+    found = {"Authorization": ClientCaller.from_secret(caller, SECRET).bearer()} if caller else {}
+    return found | ({"Content-Type": content_type} if content_type else {})
+
+
+def call(url: str, method: str = "GET", body: bytes | None = None, caller: str | None = "monitor", **kw):
+    request = urllib.request.Request(url, data=body, method=method, headers=headers(caller, **kw))
     try:
         with urllib.request.urlopen(request, timeout=5) as resp:
             return resp.status, json.load(resp)
@@ -80,12 +95,80 @@ def test_control_api_routes_and_errors(control):
         status, doc = call(f"{control.url}/v1/runtime/scale", "POST", bad)
         assert status == 400 and "error" in doc, bad
     assert call(f"{control.url}/v1/nothing")[0] == 404
-    assert call(f"{control.url}/healthz") == (200, {"status": "ok"})
-    assert call(f"{control.url}/v1/stop", "POST") == (200, {"stopping": True}) and control.target.stopped
+    assert call(f"{control.url}/healthz", caller=None) == (200, {"status": "ok"})
+    assert call(f"{control.url}/v1/stop", "POST", caller="admin") == (200, {"stopping": True})
+    assert control.target.stopped
+
+
+def raw(control, method: str, path: str, head: dict, body: bytes = b"") -> tuple[int, dict, dict]:
+    """One request as written, Content-Length and all (urllib would fix them up)."""
+    conn = http.client.HTTPConnection(control.host, control.port, timeout=5)
+    try:
+        conn.putrequest(method, path, skip_accept_encoding=True)
+        for key, value in head.items():
+            conn.putheader(key, value)
+        conn.endheaders(body or None)
+        resp = conn.getresponse()
+        return resp.status, dict(resp.getheaders()), json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+def test_control_api_needs_a_callers_bearer_token(control):
+    status, doc = call(f"{control.url}/v1/stop", "POST", caller=None)
+    assert status == 401 and "Bearer" in doc["error"] and not control.target.stopped
+    status, head, _ = raw(control, "GET", "/v1/services", {})
+    assert status == 401 and head["WWW-Authenticate"].startswith("Bearer")
+    forged = ClientCaller("admin", "0" * 64).bearer()  # the right form, a token not derived from the secret
+    status, _, doc = raw(control, "POST", "/v1/stop", {"Authorization": forged, "Content-Type": "application/json",
+                                                        "Content-Length": "0"})  # fmt: skip
+    assert status == 401 and "does not verify" in doc["error"] and "0" * 64 not in doc["error"]
+    # Known callers, each allowed its own routes: a runtime may nothing; the monitor may restart and scale, not stop.
+    status, doc = call(f"{control.url}/v1/runtime/scale", "POST", b'{"replicas": 2}', caller="runtime")
+    assert status == 403 and "'runtime'" in doc["error"] and control.target.replicas == 1
+    status, doc = call(f"{control.url}/v1/stop", "POST", caller="monitor")
+    assert status == 403 and "admin" in doc["error"] and not control.target.stopped
+    assert call(f"{control.url}/v1/services", caller="admin")[0] == 200
+
+
+def test_a_cross_site_text_plain_post_cannot_stop_the_suite(control):
+    # What a web page can send without a CORS preflight: a "simple" POST, text/plain, no Authorization.
+    status, doc = call(f"{control.url}/v1/stop", "POST", b"{}", caller=None, content_type="text/plain")
+    assert status == 401 and not control.target.stopped
+    # Even with a stolen token, the body must be JSON.
+    status, doc = call(f"{control.url}/v1/stop", "POST", b"{}", caller="admin", content_type="text/plain")
+    assert status == 415 and "application/json" in doc["error"] and not control.target.stopped
+    status, doc = call(f"{control.url}/v1/stop", "POST", b"{}", caller="admin", content_type=None)
+    assert status == 415 and not control.target.stopped
+    assert call(f"{control.url}/v1/services")[0] == 200  # still serving
+
+
+def test_bodies_need_a_length_that_is_not_negative(control):
+    auth = headers("admin")
+    for length, want in (("-1", 400), ("1e3", 400), ("+5", 400), ("٣".encode(), 400)):
+        status, _, doc = raw(control, "POST", "/v1/runtime/scale", auth | {"Content-Length": length})
+        assert status == want and "Content-Length" in doc["error"], length
+    status, _, doc = raw(control, "POST", "/v1/runtime/scale", auth)  # no length at all
+    assert status == 411 and "Content-Length" in doc["error"]
+    status, _, doc = raw(control, "POST", "/v1/runtime/scale", auth | {"Transfer-Encoding": "chunked"},
+                         b"f\r\n{\"replicas\": 9}\r\n0\r\n\r\n")  # fmt: skip
+    assert status == 411 and control.target.replicas == 1
+    status, _, doc = raw(control, "POST", "/v1/runtime/scale", auth | {"Content-Length": str(10**9)})
+    assert status == 413
+    assert call(f"{control.url}/v1/services")[0] == 200  # and it still answers
+
+
+def test_replicas_are_capped(control):
+    for replicas in (65, 10**9, 2**63):
+        status, doc = call(f"{control.url}/v1/runtime/scale", "POST", json.dumps({"replicas": replicas}).encode())
+        assert status == 400 and "0 to 64" in doc["error"], replicas
+    assert control.target.replicas == 1
+    assert call(f"{control.url}/v1/runtime/scale", "POST", b'{"replicas": 64}')[0] == 200
 
 
 async def test_local_platform_acts_through_the_control_api(control):
-    platform = LocalPlatform(control.url, SchedulerEjector("127.0.0.1:1"))
+    caller = ClientCaller.from_secret("monitor", SECRET)
+    platform = LocalPlatform(control.url, SchedulerEjector("127.0.0.1:1"), caller=caller)
     try:
         inv = await platform.inventory()
         assert [(s.name, s.kind, s.state) for s in inv.services] == [

@@ -28,7 +28,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
 import numpy as np
 import onnx
 import pytest
@@ -194,7 +193,7 @@ class Observed:
 
 def _wait_registered(supervisor: Supervisor, replica_id: str, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(supervisor.scheduler_address) as channel:
+    with supervisor.caller_channel(supervisor.scheduler_address, "scheduler") as channel:
         stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
         while time.monotonic() < deadline:
             replicas = stub.Status(scheduler_pb2.StatusRequest(), timeout=5).replicas

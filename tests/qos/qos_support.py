@@ -110,7 +110,7 @@ class ExtraRuntime:
                 argv,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **self.env},
+                env={**os.environ, **sup.caller_env("runtime"), **self.env},
                 start_new_session=True,
             )
         deadline = time.monotonic() + timeout_s
@@ -137,7 +137,7 @@ class ExtraRuntime:
 
 
 def scheduler_status(suite: Suite) -> scheduler_pb2.StatusResponse:
-    with grpc.insecure_channel(suite.supervisor.scheduler_address) as ch:
+    with suite.supervisor.caller_channel(suite.supervisor.scheduler_address, "scheduler") as ch:
         return scheduler_pb2_grpc.SchedulerServiceStub(ch).Status(scheduler_pb2.StatusRequest(), timeout=5)
 
 

@@ -13,11 +13,13 @@ import os
 import signal
 import time
 from collections import Counter
+from unittest import mock
 
 import numpy as np
 import pytest
 from qos_support import ExtraRuntime, KServeClient, child_pid, closed_loop, replica_status, scheduler_status
 
+from aiworks.security.callers import TOKEN_FILE_ENV
 from aiworks.status import format_status
 from aiworks.traffic_cli import add_traffic_parser
 
@@ -28,7 +30,8 @@ def traffic(suite, *argv: str, capsys=None) -> str:
     parser = argparse.ArgumentParser()
     add_traffic_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["traffic", "--scheduler", suite.supervisor.scheduler_address, *argv])
-    args.func(args)
+    with mock.patch.dict(os.environ, {TOKEN_FILE_ENV: str(suite.supervisor.token_file)}):  # acts as admin
+        args.func(args)
     return capsys.readouterr().out if capsys else ""
 
 

@@ -1,4 +1,8 @@
-"""The /v1/rollouts routes on a real aiohttp server, driven by the real ``aiworks rollout`` command."""
+"""The /v1/rollouts routes on a real aiohttp server, driven by the real ``aiworks rollout`` command.
+
+The server checks callers as the monitor's does (an admin's bearer token, JSON
+bodies); the command reads its token from ``$AIWORKS_INTERNAL_TOKEN_FILE``.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +13,23 @@ import json
 import pytest
 from aiohttp import web
 from aiworks.monitor.rollout_routes import add_rollout_routes
+from aiworks.monitor.server import control_guard
 from rollout_support import Behaviour, make_rig
 
 from aiworks.rollout_cli import add_rollout_parser, parse_duration_s, parse_rate
+from aiworks.security.callers import TOKEN_FILE_ENV, CallerAuth, ClientCaller, ensure_secret_file
 
 pytestmark = pytest.mark.loopback
 
 
 @pytest.fixture
-async def served():
+async def served(tmp_path, monkeypatch):
+    token_file = tmp_path / "internal-token"
+    secret = ensure_secret_file(token_file)
+    monkeypatch.setenv(TOKEN_FILE_ENV, str(token_file))  # what the CLI acts with
     rig = make_rig()
-    app = web.Application()
+    rig.admin = {"Authorization": ClientCaller.from_secret("admin", secret).bearer()}
+    app = web.Application(middlewares=[control_guard(CallerAuth(secret=secret))])
     add_rollout_routes(app, rig.controller)
     runner = web.AppRunner(app)
     await runner.setup()
@@ -115,7 +125,8 @@ async def test_watch_follows_a_rollout_to_its_end(served, capsys):
 async def test_bad_requests_get_the_error_table_status(served):
     import aiohttp
 
-    _, url = served
+    rig, url = served
+    json_headers = {**rig.admin, "Content-Type": "application/json"}
     async with aiohttp.ClientSession() as session:
         for body, status, message in [
             (b"not json", 400, "not JSON"),
@@ -127,10 +138,16 @@ async def test_bad_requests_get_the_error_table_status(served):
             (b'{"model": "m", "to": "2", "canary": "3"}', 400, "name the same field"),
             (b'{"model": "m", "to": "9"}', 412, "not ready"),
         ]:
-            async with session.post(f"{url}/v1/rollouts", data=body) as resp:
+            async with session.post(f"{url}/v1/rollouts", data=body, headers=json_headers) as resp:
                 assert resp.status == status, body
                 assert message in (await resp.json())["error"]
-        async with session.post(f"{url}/v1/rollouts", json={"model": "m", "to": 2, "steps": "20,100"}) as resp:
+        async with session.post(f"{url}/v1/rollouts", data=b'{"model": "m", "to": 2}') as resp:
+            assert resp.status == 401  # no token: a stranger (or a web page) cannot start a rollout
+        async with session.post(f"{url}/v1/rollouts", data=b'{"model": "m", "to": 2}', headers=rig.admin) as resp:
+            assert resp.status == 415  # not declared JSON: what a cross-site form would send
+        async with session.post(
+            f"{url}/v1/rollouts", json={"model": "m", "to": 2, "steps": "20,100"}, headers=rig.admin
+        ) as resp:
             assert resp.status == 201
             assert (await resp.json())["weights"] == {"1": 80, "2": 20}
         async with session.get(f"{url}/v1/rollouts") as resp:

@@ -29,6 +29,7 @@ from aiworks.monitor.rollout_targets import LocalTraffic
 from rollout_models import MODEL, TRIGGER, build_repository
 from tritonclient.utils import InferenceServerException
 
+from aiworks.core.rpc import use_process_caller
 from aiworks.supervisor.supervisor import SuiteConfig, Supervisor
 
 log = logging.getLogger(__name__)
@@ -70,9 +71,12 @@ def suite(tmp_path_factory):
             if attempt == 2:
                 raise
             log.warning("the suite did not start (%s); trying again on other ports", exc)
+    # LocalTraffic runs here as it runs in the monitor: calling the scheduler as "monitor".
+    use_process_caller(supervisor.client_caller("monitor"))
     try:
         yield supervisor
     finally:
+        use_process_caller(None)
         supervisor.stop()
 
 

@@ -75,7 +75,11 @@ def test_missing_and_bad_credentials_are_401_and_say_why(config):
     assert status is Status.UNAUTHENTICATED and message == "API key is not recognised"
     assert KEY_ACME not in message
     status, message = status_of(lambda: auth.authenticate({"authorization": f"Basic {KEY_ACME}"}))
-    assert status is Status.UNAUTHENTICATED and "scheme 'Basic' is not supported" in message
+    assert status is Status.UNAUTHENTICATED and "scheme is not supported" in message
+    # A bare key where the scheme goes (issue 15, finding 9): none of it comes back.
+    status, message = status_of(lambda: auth.authenticate({"authorization": KEY_ACME}))
+    assert status is Status.UNAUTHENTICATED and "scheme is not supported" in message
+    assert KEY_ACME[:8] not in message and KEY_ACME[-8:] not in message
     status, message = status_of(lambda: auth.authenticate({"authorization": "Bearer "}))
     assert status is Status.UNAUTHENTICATED and "no bearer token" in message
     status, message = status_of(lambda: auth.authenticate({"authorization": "Bearer eyJhbGciOi.eyJzdWIi.c2ln"}))

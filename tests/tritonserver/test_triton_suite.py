@@ -117,7 +117,8 @@ def test_the_suite_answers_what_triton_answers_directly(suite, suite_repository)
 
 
 def test_triton_replica_advertises_gpu(suite):
-    with grpc.insecure_channel(suite["supervisor"].scheduler_address) as channel:
+    supervisor = suite["supervisor"]
+    with supervisor.caller_channel(supervisor.scheduler_address, "scheduler") as channel:
         reply = scheduler_pb2_grpc.SchedulerServiceStub(channel).Status(scheduler_pb2.StatusRequest(), timeout=5)
     (replica,) = reply.replicas
     assert replica.device == "gpu"
@@ -148,7 +149,8 @@ def test_unload_and_load_go_through_tritons_repository_api(suite):
 
 def test_a_dead_tritonserver_makes_the_replica_unavailable(suite):
     """Runs last: it kills the module's tritonserver."""
-    with grpc.insecure_channel(suite["supervisor"].scheduler_address) as channel:
+    supervisor = suite["supervisor"]
+    with supervisor.caller_channel(supervisor.scheduler_address, "scheduler") as channel:
         reply = scheduler_pb2_grpc.SchedulerServiceStub(channel).Status(scheduler_pb2.StatusRequest(), timeout=5)
     runtime_address = reply.replicas[0].address
     os.kill(suite["triton_pid"], signal.SIGKILL)
@@ -157,7 +159,7 @@ def test_a_dead_tritonserver_makes_the_replica_unavailable(suite):
     # The replica's backend says why, with UNAVAILABLE ...
     request = runtime_pb2.ExecuteRequest(model="iris_triton", version="1")
     request.inputs.add(name="input", datatype="FP32", shape=list(IRIS_ROWS.shape), raw=IRIS_ROWS.tobytes())
-    with grpc.insecure_channel(runtime_address) as channel:
+    with supervisor.caller_channel(runtime_address, "runtime", caller="scheduler") as channel:
         with pytest.raises(grpc.RpcError) as failed:
             runtime_pb2_grpc.RuntimeServiceStub(channel).Execute(request, timeout=10)
     assert failed.value.code() == grpc.StatusCode.UNAVAILABLE

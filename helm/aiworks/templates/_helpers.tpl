@@ -275,15 +275,15 @@ insecure
 {{/*
 Readiness, liveness and startup probes of a gRPC service. The kubelet's grpc
 probe is plaintext only, so with the services' own mutual TLS readiness runs
-`python -m aiworks.kube.probe` with the pod's certificate, and liveness only
-checks the port accepts connections. Call with (dict "root" $ "identity"
-"scheduler" "port" 8010 "startupFailures" 30 "liveService" "").
+`aiworks probe <service>` (it reads the pod's settings and certificate), and
+liveness only checks the port accepts connections. Call with (dict "root" $
+"identity" "scheduler" "port" 8010 "startupFailures" 30 "liveService" "").
 */}}
 {{- define "aiworks.grpcProbes" -}}
 {{- if eq (include "aiworks.ownTLS" .root) "true" }}
 readinessProbe:
   exec:
-    command: [python, -m, aiworks.kube.probe, --port, {{ .port | quote }}, --tls-dir, {{ include "aiworks.tlsDir" . }}, --identity, {{ .identity }}]
+    command: [aiworks, probe, --quiet, {{ .identity }}]
   periodSeconds: 10
   timeoutSeconds: 5
   failureThreshold: 3

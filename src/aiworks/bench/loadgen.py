@@ -63,12 +63,17 @@ def make_inputs(metadata: dict, batch_size: int, seed: int = 0) -> list[tuple[st
 
 
 class GrpcTarget:
-    def __init__(self, url: str, model: str, version: str):
+    def __init__(self, url: str, model: str, version: str, root_certificates: bytes | None = None):
         import grpc
         from tritonclient.grpc import service_pb2, service_pb2_grpc
 
         self.pb = service_pb2
-        self.channel = grpc.aio.insecure_channel(url, options=[("grpc.max_receive_message_length", 1 << 26)])
+        options = [("grpc.max_receive_message_length", 1 << 26)]
+        if root_certificates is None:
+            self.channel = grpc.aio.insecure_channel(url, options=options)
+        else:  # a gateway serving TLS (aiworks up --tls): trust its CA
+            credentials = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+            self.channel = grpc.aio.secure_channel(url, credentials, options=options)
         self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self.channel)
         self.model, self.version = model, version
 
@@ -200,8 +205,13 @@ async def sweep(
     warmup_s: float = 1.0,
     duration_s: float = 5.0,
     report=print,
+    root_certificates: bytes | None = None,
 ) -> list[LevelResult]:
-    target = GrpcTarget(url, model, version) if protocol == "grpc" else HttpTarget(url, model, version)
+    """One level after another; ``root_certificates``: the CA of a gateway serving gRPC over TLS."""
+    if protocol == "grpc":
+        target = GrpcTarget(url, model, version, root_certificates)
+    else:
+        target = HttpTarget(url, model, version)
     try:
         target.prepare(make_inputs(await target.metadata(), batch_size))
         results = []

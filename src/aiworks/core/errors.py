@@ -32,6 +32,9 @@ class Status(enum.Enum):
     ALREADY_EXISTS = _Row(409, grpc.StatusCode.ALREADY_EXISTS)
     FAILED_PRECONDITION = _Row(412, grpc.StatusCode.FAILED_PRECONDITION)
     PAYLOAD_TOO_LARGE = _Row(413, grpc.StatusCode.RESOURCE_EXHAUSTED)
+    # HTTP-only refinements of INVALID_ARGUMENT (the control APIs: JSON bodies with a length).
+    LENGTH_REQUIRED = _Row(411, grpc.StatusCode.INVALID_ARGUMENT)
+    UNSUPPORTED_MEDIA_TYPE = _Row(415, grpc.StatusCode.INVALID_ARGUMENT)
     RESOURCE_EXHAUSTED = _Row(429, grpc.StatusCode.RESOURCE_EXHAUSTED)
     INTERNAL = _Row(500, grpc.StatusCode.INTERNAL)
     UNIMPLEMENTED = _Row(501, grpc.StatusCode.UNIMPLEMENTED)
@@ -58,7 +61,9 @@ _GRPC_FALLBACK = {
     grpc.StatusCode.OUT_OF_RANGE: Status.INVALID_ARGUMENT,
     grpc.StatusCode.DATA_LOSS: Status.INTERNAL,
 }
-_BY_GRPC = {row.grpc: status for status, row in STATUS_TABLE.items() if status is not Status.PAYLOAD_TOO_LARGE}
+# HTTP refinements whose gRPC code belongs to another row: a peer's code never comes back as these.
+HTTP_REFINEMENTS = frozenset({Status.PAYLOAD_TOO_LARGE, Status.LENGTH_REQUIRED, Status.UNSUPPORTED_MEDIA_TYPE})
+_BY_GRPC = {row.grpc: status for status, row in STATUS_TABLE.items() if status not in HTTP_REFINEMENTS}
 
 
 class AIWorksError(Exception):

@@ -9,9 +9,24 @@ trace viewer's id leads straight to them.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 
 from opentelemetry import trace
+
+# scheme://user:password@ or scheme://:password@ (Redis): up to the last @ before the path, as urlparse reads it.
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/\s]*@")
+
+
+def redact_url(text: str | None) -> str:
+    """``text`` with the credentials of every URL in it replaced: ``redis://:***@host:6379/0``.
+
+    Log lines, status pages and errors that name a URL go through this, so a
+    password in ``redis://user:secret@host`` never reaches a log file.
+    """
+    if not text:
+        return ""
+    return _USERINFO.sub(lambda m: f"{m['scheme']}***@", text)
 
 
 class TraceIdFilter(logging.Filter):

@@ -11,6 +11,12 @@ certificate from ``aiworks certs --services`` carries, not against the address
 dialled: replicas advertise whatever they bound (an IP, ``runtime-1:8020``)
 and all share one certificate, as all share one identity.
 
+Who calls is checked where servers are made: :func:`create_server` takes the
+service's :class:`~aiworks.security.callers.CallerCheck`, and every channel made
+here presents this process's caller (:func:`use_process_caller`): its client
+certificate under TLS, else the ``x-aiworks-caller`` metadata, added once per
+call or stream by :class:`CallerChannel` (never per message).
+
 Servicer methods are wrapped by :func:`handle_errors`, which turns an
 :class:`AIWorksError` into the gRPC status from the one error table, and any
 other exception into INTERNAL with a log line. Clients turn failures back into
@@ -27,6 +33,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from aiworks.core.errors import AIWorksError
+from aiworks.security.callers import ClientCaller
 from aiworks.security.tls import TLSFiles, channel_credentials, server_credentials
 
 log = logging.getLogger(__name__)
@@ -45,17 +52,19 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
 
 
 def create_server(
-    max_message_bytes: int, *, max_metadata_bytes: int | None = None
+    max_message_bytes: int, callers: grpc.aio.ServerInterceptor | None = None, *, max_metadata_bytes: int | None = None
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
     """A grpc.aio server with ``grpc.health.v1`` registered (status NOT_SERVING).
 
+    ``callers`` (an internal service's :class:`~aiworks.security.callers.CallerCheck`)
+    refuses calls from callers its table does not allow; health checks stay open.
     ``max_metadata_bytes`` bounds a call's metadata (soft and hard limit
     alike); unset, gRPC's defaults apply (8 KiB soft, 16 KiB hard).
     """
     options = channel_options(max_message_bytes)
     if max_metadata_bytes is not None:
         options += [("grpc.max_metadata_size", max_metadata_bytes), ("grpc.absolute_max_metadata_size", max_metadata_bytes)]
-    server = grpc.aio.server(options=options)
+    server = grpc.aio.server(options=options, interceptors=[callers] if callers else None)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     return server, health_servicer
@@ -83,26 +92,106 @@ def insecure_channel(address: str, max_message_bytes: int) -> grpc.aio.Channel:
 
 
 def client_channel(
-    address: str, max_message_bytes: int, tls: TLSFiles | None = None, *, server_name: str | None = None
+    address: str,
+    max_message_bytes: int,
+    tls: TLSFiles | None = None,
+    *,
+    server_name: str | None = None,
+    caller: ClientCaller | None = None,
 ) -> grpc.aio.Channel:
     """A channel to a peer service: plaintext without ``tls``, mutual TLS with it.
 
     ``server_name`` is the peer's service name, checked against its
     certificate instead of the host in ``address`` (see :func:`tls_options`).
+    Over plaintext, ``caller`` (default: :func:`process_caller`) rides on every call.
     """
     options = channel_options(max_message_bytes)
-    if tls is None:
-        return grpc.aio.insecure_channel(address, options=options)
-    return grpc.aio.secure_channel(
-        address, channel_credentials(tls), options=options + tls_options(address, server_name)
-    )
+    if tls is not None:
+        return grpc.aio.secure_channel(
+            address, channel_credentials(tls), options=options + tls_options(address, server_name)
+        )
+    return _with_caller(grpc.aio.insecure_channel(address, options=options), caller)
 
 
-def blocking_channel(address: str, tls: TLSFiles | None = None, *, server_name: str | None = None) -> grpc.Channel:
+def blocking_channel(
+    address: str, tls: TLSFiles | None = None, *, server_name: str | None = None, caller: ClientCaller | None = None
+) -> grpc.Channel:
     """A synchronous channel (tools, the supervisor's health checks), plaintext or mutual TLS."""
-    if tls is None:
-        return grpc.insecure_channel(address)
-    return grpc.secure_channel(address, channel_credentials(tls), options=tls_options(address, server_name))
+    if tls is not None:
+        return grpc.secure_channel(address, channel_credentials(tls), options=tls_options(address, server_name))
+    return _with_caller(grpc.insecure_channel(address), caller)
+
+
+def _with_caller(channel, caller: ClientCaller | None):
+    caller = caller or _process_caller
+    return CallerChannel(channel, caller.metadata()) if caller else channel
+
+
+class _CallerMetadata:
+    """A multi-callable that adds the caller's metadata to each call (or stream) it starts."""
+
+    __slots__ = ("_inner", "_metadata")
+
+    def __init__(self, inner, metadata: tuple[tuple[str, str], ...]):
+        self._inner = inner
+        self._metadata = metadata
+
+    def _merged(self, metadata):
+        return self._metadata if metadata is None else (*tuple(metadata), *self._metadata)
+
+    def __call__(self, *args, metadata=None, **kwargs):
+        return self._inner(*args, metadata=self._merged(metadata), **kwargs)
+
+    def with_call(self, *args, metadata=None, **kwargs):
+        return self._inner.with_call(*args, metadata=self._merged(metadata), **kwargs)
+
+    def future(self, *args, metadata=None, **kwargs):
+        return self._inner.future(*args, metadata=self._merged(metadata), **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+class CallerChannel:
+    """A gRPC channel (grpc.aio or blocking) whose every call carries the caller's metadata.
+
+    Only the multi-callable factories the stubs use are wrapped; the rest is
+    the channel's own. A grpc.aio client interceptor would do the same but
+    adds tasks per streamed message, which the hot-path streams cannot afford.
+    """
+
+    def __init__(self, channel, metadata: tuple[tuple[str, str], ...]):
+        self._channel = channel
+        self._metadata = metadata
+
+    def unary_unary(self, *args, **kwargs):
+        return _CallerMetadata(self._channel.unary_unary(*args, **kwargs), self._metadata)
+
+    def unary_stream(self, *args, **kwargs):
+        return _CallerMetadata(self._channel.unary_stream(*args, **kwargs), self._metadata)
+
+    def stream_unary(self, *args, **kwargs):
+        return _CallerMetadata(self._channel.stream_unary(*args, **kwargs), self._metadata)
+
+    def stream_stream(self, *args, **kwargs):
+        return _CallerMetadata(self._channel.stream_stream(*args, **kwargs), self._metadata)
+
+    def __getattr__(self, name):
+        return getattr(self._channel, name)
+
+    def __enter__(self):
+        self._channel.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._channel.__exit__(*exc)
+
+    async def __aenter__(self):
+        await self._channel.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc):
+        return await self._channel.__aexit__(*exc)
 
 
 def tls_options(address: str, server_name: str | None) -> list[tuple[str, Any]]:
@@ -128,6 +217,20 @@ def use_process_tls(files: TLSFiles | None) -> None:
 def process_tls() -> TLSFiles | None:
     """The TLS files :func:`use_process_tls` recorded; ``None`` (plaintext) unless it was called."""
     return _process_tls
+
+
+_process_caller: ClientCaller | None = None
+
+
+def use_process_caller(caller: ClientCaller | None) -> None:
+    """Record the caller this process presents on plaintext channels (its service's token), once, in its main."""
+    global _process_caller
+    _process_caller = caller
+
+
+def process_caller() -> ClientCaller | None:
+    """The caller :func:`use_process_caller` recorded; ``None`` (no metadata) unless it was called."""
+    return _process_caller
 
 
 def handle_errors(method):

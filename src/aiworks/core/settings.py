@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings
 
 from aiworks.core.errors import InvalidArgument
+from aiworks.security.callers import ClientCaller
 from aiworks.security.tls import TLSFiles, tls_files
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -45,6 +46,25 @@ class ServiceSettings(BaseSettings):
         None, description="PEM CA that signs every peer's certificate; set: mutual TLS between the services."
     )
 
+    # ---- who may call (docs/security.md); internal services refuse to start with none of these ----
+    internal_token_file: Path | None = Field(
+        None,
+        description=(
+            "0600 file holding the installation's secret: callers prove their name with an HMAC of it, "
+            "over plaintext on loopback (`aiworks up` makes it and passes its path)."
+        ),
+    )
+    mesh_mtls: bool = Field(
+        False,
+        description=(
+            "A service mesh does the mutual TLS (Istio STRICT): take the caller from the sidecar's "
+            "x-forwarded-client-cert (service account <release>-<caller>)."
+        ),
+    )
+    insecure: bool = Field(
+        False, description="Accept every caller unchecked, on any address; logged as a warning (isolated tests only)."
+    )
+
     @model_validator(mode="after")
     def _tls_pair(self):
         if bool(self.tls_cert) != bool(self.tls_key) or (self.tls_ca and not self.tls_cert):
@@ -52,6 +72,16 @@ class ServiceSettings(BaseSettings):
             missing = [f"{prefix}TLS_{n}" for n, v in (("CERT", self.tls_cert), ("KEY", self.tls_key)) if not v]
             raise ValueError(f"TLS needs both a certificate and a key; set {' and '.join(missing)}")
         return self
+
+    def client_caller(self, name: str) -> ClientCaller | None:
+        """Who this service is on plaintext channels: ``name`` and its token from ``internal_token_file``."""
+        if not self.internal_token_file:
+            return None
+        try:
+            return ClientCaller.from_file(name, self.internal_token_file)
+        except InvalidArgument as exc:
+            prefix = self.model_config.get("env_prefix", "")
+            raise InvalidArgument(f"{prefix}INTERNAL_TOKEN_FILE: {exc}") from None
 
     def tls_files(self, *, mutual: bool = True) -> TLSFiles | None:
         """This service's certificate, key and CA; ``None`` when TLS is off.

@@ -16,6 +16,8 @@ Secrets, for a release whose full name is ``P``:
   gateway mounts) and ``api-key`` (the key itself, for the operator).
 - ``P-redis``: ``password``, ``users.acl`` (Redis's ACL file) and
   ``redis-url`` (what the services are given).
+- ``P-internal-token``: ``internal-token``, the installation's secret that
+  admins' bearer tokens for the monitor's control API derive from.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class Plan:
     validity_days: int = 365
     api_key_tenant: str | None = None
     redis_host: str | None = None  # host:port of the release's Redis
+    internal_token: bool = False
     labels: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -141,6 +144,16 @@ def ensure_redis_password(api: KubeAPI, plan: Plan, log: Callable[[str], None]) 
     return True
 
 
+def ensure_internal_token(api: KubeAPI, plan: Plan, log: Callable[[str], None]) -> bool:
+    """The installation's secret (at least 16 bytes; here 43 URL-safe characters), unless the Secret exists."""
+    name = f"{plan.prefix}-internal-token"
+    if api.get_secret(name) is not None:
+        return False
+    api.put_secret(Secret(name, {"internal-token": random.token_urlsafe(32).encode()}, {**plan.labels, **MANAGED_BY}))
+    log(f"made the installation's internal token in Secret {name}")
+    return True
+
+
 def ensure_secrets(api: KubeAPI, plan: Plan, log: Callable[[str], None] = print) -> None:
     if plan.services:
         ensure_certificates(api, plan, log)
@@ -148,3 +161,5 @@ def ensure_secrets(api: KubeAPI, plan: Plan, log: Callable[[str], None] = print)
         ensure_api_key(api, plan, log)
     if plan.redis_host:
         ensure_redis_password(api, plan, log)
+    if plan.internal_token:
+        ensure_internal_token(api, plan, log)

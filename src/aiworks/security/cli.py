@@ -54,6 +54,15 @@ def cmd_certs(args) -> None:
     except OSError as exc:
         _fail(f"cannot write certificates: {exc.filename or args.out_dir}: {exc.strerror or exc}")
     print(result.summary())
+    if args.internal_token:
+        from aiworks.security.callers import ensure_secret_file
+
+        path = Path(args.internal_token)
+        try:
+            ensure_secret_file(path)
+        except (AIWorksError, OSError) as exc:
+            _fail(f"cannot write the internal token file {path}: {exc}")
+        print(f"internal token file: {path} (mode 0600; kept when it exists)")
 
 
 # ---- audit -------------------------------------------------------------------------------------
@@ -235,7 +244,9 @@ def add_security_parsers(sub, *, model_command: str = "model") -> None:
         "--hostname list. With --services, also OUT/<service>/{tls.crt,tls.key,ca.crt}, each valid\n"
         "for the hostnames plus the service's name, usable as server and as client (mTLS).\n"
         "An existing CA is reused, so certificates issued earlier stay valid; --force replaces it.\n\n"
-        "  aiworks certs --out-dir certs --services gateway,scheduler,runtime,cache,monitor",
+        "With --internal-token FILE, also FILE (0600): the installation's secret, which the control APIs'\n"
+        "bearer tokens and plaintext callers' tokens derive from (kept when it exists).\n\n"
+        "  aiworks certs --out-dir certs --services gateway,scheduler,runtime,cache,monitor,admin",
     )
     c.add_argument("--out-dir", required=True, help="folder to write the certificates into")
     c.add_argument(
@@ -244,6 +255,9 @@ def add_security_parsers(sub, *, model_command: str = "model") -> None:
         help="DNS name or IP the certificates are valid for; repeat or comma-separate (default localhost,127.0.0.1)",
     )
     c.add_argument("--services", action="append", help="comma-separated services to issue mTLS certificates for")
+    c.add_argument(
+        "--internal-token", metavar="FILE", help="also write the installation's secret to FILE (0600; kept if present)"
+    )
     c.add_argument("--ca-dir", help="keep ca.crt and ca.key here instead of --out-dir (keep the CA key off servers)")
     c.add_argument(
         "--force", action="store_true", help="replace an existing CA (every older certificate stops working)"

@@ -19,6 +19,15 @@ process. Children are therefore forked by one long-lived spawner thread, so a
 child started on behalf of a control API request (served on a short-lived
 thread) does not die with that thread.
 
+Every internal service checks who calls it (:mod:`aiworks.security.callers`).
+On start the supervisor makes the installation's secret, ``.aiworks/internal-token``
+(mode 0600, next to the log folder; reused when it exists), and hands each
+child its *path* as ``AIWORKS_<SVC>_INTERNAL_TOKEN_FILE``, never the secret:
+over plaintext loopback each child proves its name with a token derived from
+it, and the control API and the CLI tools (as ``admin``) use it too. Secrets
+(the token, a Redis URL's password) reach children through files and the
+environment only, never their command lines, which ``ps`` shows to everyone.
+
 With ``tls`` the suite runs with mutual TLS inside and TLS on the gateway's
 ports: the supervisor writes a CA and one certificate per service (and one
 for itself and one for the operator's tools, ``admin``) with
@@ -48,11 +57,13 @@ import grpc
 
 from aiworks.core.errors import AIWorksError, NotFound, Status
 from aiworks.core.lifecycle import orphan_proof, terminate
+from aiworks.core.logging import redact_url
 from aiworks.core.rpc import blocking_channel
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from aiworks.security.callers import CallerAuth, ClientCaller, ensure_secret_file, is_loopback
 from aiworks.security.certs import CA_CERT, DEFAULT_HOSTNAMES, TLS_CERT, TLS_KEY, write_certificates
 from aiworks.security.tls import TLSFiles, client_ssl_context
-from aiworks.supervisor.control import ControlServer
+from aiworks.supervisor.control import DEFAULT_MAX_REPLICAS, ControlServer
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +136,10 @@ class SuiteConfig:
     # that already holds a certificate for every service is used as it is.
     tls: bool = False
     tls_dir: Path | None = None
+    # The installation's secret (docs/security.md): created when missing; default <log_dir>/../internal-token.
+    token_file: Path | None = None
+    # Most runtime replicas the control API starts on request (POST /v1/runtime/scale).
+    max_scale_replicas: int = DEFAULT_MAX_REPLICAS
 
     @classmethod
     def on_free_ports(cls, **fields) -> SuiteConfig:
@@ -219,6 +234,9 @@ class Supervisor:
             self.tls_dir = Path(config.tls_dir or config.log_dir.parent / "certs").resolve()
         self.client_tls: TLSFiles | None = None
         self._http_context: ssl.SSLContext | None = None
+        self.token_file = Path(config.token_file or config.log_dir.parent / "internal-token").resolve()
+        self._secret: bytes | None = None  # read by start()
+        self.caller: ClientCaller | None = None  # the supervisor's own identity on plaintext channels
 
     # ---- registry --------------------------------------------------------------------------
 
@@ -253,8 +271,39 @@ class Supervisor:
                 "services": [c.describe(self.reach_host) for c in self.children],
                 "runtime_replicas": len(self.runtimes()),
                 "scheduler_address": self.scheduler_address,
+                "caller_auth": self.caller_auth,
                 "stopping": self._stopping,
             }
+
+    @property
+    def caller_auth(self) -> str:
+        """How the internal services check their callers, in words (the banner, ``GET /v1/services``)."""
+        insecure = [k for k, v in self.config.extra_env.items() if k.endswith("_INSECURE") and v.lower() == "true"]
+        if insecure:
+            return f"INSECURE ({', '.join(sorted(insecure))}): callers unchecked"
+        return "mutual TLS (certificates)" if self.tls_dir else f"token ({self.token_file})"
+
+    # ---- identities for code that calls the services it started (tests, benchmarks, tools) --------
+
+    def client_caller(self, name: str = "admin") -> ClientCaller:
+        """``name``'s token-mode identity (its token from the installation's secret); after :meth:`start`."""
+        if self._secret is None:
+            raise RuntimeError("the supervisor has not started: no secret yet")
+        return ClientCaller.from_secret(name, self._secret)
+
+    def client_tls_for(self, name: str = "admin") -> TLSFiles | None:
+        """``name``'s certificate folder under ``tls`` (``None`` without TLS)."""
+        return TLSFiles.from_dir(self.tls_dir / name) if self.tls_dir else None
+
+    def caller_channel(self, address: str, service: str, caller: str = "admin") -> grpc.Channel:
+        """A blocking channel to one of the suite's internal services, calling as ``caller``."""
+        return blocking_channel(
+            address, self.client_tls_for(caller), server_name=service, caller=self.client_caller(caller)
+        )
+
+    def caller_env(self, kind: str) -> dict[str, str]:
+        """The environment a service of ``kind`` started by hand needs to join the suite (token file, TLS)."""
+        return {f"AIWORKS_{kind.upper()}_INTERNAL_TOKEN_FILE": str(self.token_file), **self._tls_env(kind)}
 
     def metrics_targets(self) -> dict[str, list[str]]:
         """Service kind -> ``host:port`` of each child's metrics endpoint (the monitor's is its HTTP port)."""
@@ -327,7 +376,7 @@ class Supervisor:
 
     def _spawn(self, name: str, kind: str, args: list[str], env: dict[str, str] | None = None, **registry) -> Child:
         self.config.log_dir.mkdir(parents=True, exist_ok=True)
-        env = {**self._tls_env(kind), **(env or {})}
+        env = {**self.caller_env(kind), **(env or {})}
         metrics_port = registry.pop("metrics_port", None)
         index = registry.pop("metrics_index", 0)
         if kind in _METRICS_ENV:  # the monitor serves its metrics on its own HTTP port
@@ -394,9 +443,20 @@ class Supervisor:
     def start(self) -> None:
         c = self.config
         level = ["--log-level", c.log_level]
+        if not is_loopback(c.host) and self.tls_dir is None:
+            raise RuntimeError(
+                f"the internal services refuse plaintext on {c.host}, beyond loopback, where anyone on the network "
+                "could call them: add --tls (mutual TLS between them), or bind 127.0.0.1"
+            )
         if self.tls_dir is not None:
             self._prepare_certificates()
-        self.control = ControlServer(self, "127.0.0.1", c.control_port)
+        try:
+            self._secret = ensure_secret_file(self.token_file)
+        except (AIWorksError, OSError) as exc:
+            raise RuntimeError(f"cannot make the internal token file {self.token_file}: {exc}") from None
+        self.caller = self.client_caller("supervisor")
+        auth = CallerAuth(secret=self._secret)
+        self.control = ControlServer(self, "127.0.0.1", c.control_port, auth=auth, max_replicas=c.max_scale_replicas)
         self.control.start()
         scheduler = ["scheduler", "--host", c.host, "--port", str(c.scheduler_port), *level]
         if not c.batching:
@@ -404,9 +464,11 @@ class Supervisor:
         self._spawn("scheduler", "scheduler", scheduler, grpc_address=self.scheduler_address)
         if self.cache_address:  # starts alongside the scheduler; the gateway needs it
             cache = ["cache", "--host", c.host, "--port", str(c.cache_port), *level]
+            # The URL may hold a password: the environment, never argv (ps shows argv to every user).
+            secret_env = {"AIWORKS_CACHE_REDIS_URL": c.redis_url} if c.redis_url else {}
+            self._spawn("cache", "cache", cache, env=secret_env, grpc_address=self.cache_address)
             if c.redis_url:
-                cache += ["--redis-url", c.redis_url]
-            self._spawn("cache", "cache", cache, grpc_address=self.cache_address)
+                log.info("cache store: Redis at %s", redact_url(c.redis_url))
         self._wait(lambda: self._grpc_serving(self.scheduler_address, "scheduler"), "scheduler")
         for _ in range(c.replicas):
             self.start_runtime()
@@ -488,12 +550,13 @@ class Supervisor:
     def _grpc_serving(self, address: str, service: str) -> bool:
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-        with blocking_channel(address, self.client_tls, server_name=service) as ch:
+        with blocking_channel(address, self.client_tls, server_name=service, caller=self.caller) as ch:
             reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1)
             return reply.status == health_pb2.HealthCheckResponse.SERVING
 
     def _live_replicas(self) -> int:
-        with blocking_channel(self.scheduler_address, self.client_tls, server_name="scheduler") as ch:
+        channel = blocking_channel(self.scheduler_address, self.client_tls, server_name="scheduler", caller=self.caller)
+        with channel as ch:
             reply = scheduler_pb2_grpc.SchedulerServiceStub(ch).Status(scheduler_pb2.StatusRequest(), timeout=1)
             return sum(1 for r in reply.replicas if r.live and r.models)
 

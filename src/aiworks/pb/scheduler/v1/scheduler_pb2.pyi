@@ -280,18 +280,20 @@ class RetryBudgetStatus(_message.Message):
     def __init__(self, active: _Optional[int] = ..., active_retries: _Optional[int] = ..., allowed: _Optional[int] = ..., denied: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("replicas", "queues", "traffic", "retry_budget", "shadows")
+    __slots__ = ("replicas", "queues", "traffic", "retry_budget", "shadows", "caller_auth")
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     TRAFFIC_FIELD_NUMBER: _ClassVar[int]
     RETRY_BUDGET_FIELD_NUMBER: _ClassVar[int]
     SHADOWS_FIELD_NUMBER: _ClassVar[int]
+    CALLER_AUTH_FIELD_NUMBER: _ClassVar[int]
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
     queues: _containers.RepeatedCompositeFieldContainer[QueueStatus]
     traffic: _containers.RepeatedCompositeFieldContainer[TrafficPolicy]
     retry_budget: RetryBudgetStatus
     shadows: _containers.RepeatedCompositeFieldContainer[ShadowStatus]
-    def __init__(self, replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[QueueStatus, _Mapping]]] = ..., traffic: _Optional[_Iterable[_Union[TrafficPolicy, _Mapping]]] = ..., retry_budget: _Optional[_Union[RetryBudgetStatus, _Mapping]] = ..., shadows: _Optional[_Iterable[_Union[ShadowStatus, _Mapping]]] = ...) -> None: ...
+    caller_auth: str
+    def __init__(self, replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[QueueStatus, _Mapping]]] = ..., traffic: _Optional[_Iterable[_Union[TrafficPolicy, _Mapping]]] = ..., retry_budget: _Optional[_Union[RetryBudgetStatus, _Mapping]] = ..., shadows: _Optional[_Iterable[_Union[ShadowStatus, _Mapping]]] = ..., caller_auth: _Optional[str] = ...) -> None: ...
 
 class ShadowStatus(_message.Message):
     __slots__ = ("model", "shadow_version", "active", "mirrored", "compared", "agreed", "errors", "dropped", "agreement", "inflight", "compare")
