@@ -7,14 +7,30 @@ A backend is a class built as ``Backend(model_path, config, default_intra_op_thr
   thread-safe, called in a worker thread;
 - ``io_specs(batched: bool) -> (inputs, outputs)``, the model's own tensor specs,
   used when the config omits them.
+
+and optionally:
+
+- ``inline_ok``: False when a batch must never run on the event loop (it does I/O or waits for a GPU);
+- ``healthy() -> bool`` and ``recovering() -> bool``: cheap, no I/O; a version
+  whose backend is unhealthy is not ready, and one that is recovering (a
+  tritonserver restarting) is advertised as LOADING meanwhile;
+- ``batch_sizes``: the batch sizes it runs best (CUDA graphs), advertised as the
+  dynamic batcher's preferred sizes when the config gives none;
+- ``device_bytes``: accelerator memory the version holds, which residency counts instead of its size on disk;
+- ``close()``: free it now; called once no batch of the version runs any more.
+
+A config without ``backend`` gets one from its platform (``pytorch_libtorch``:
+``pytorch``, ``tensorrt_plan``: ``triton``), as Triton picks its backend.
 """
 
 from __future__ import annotations
 
 from aiworks.runtime.onnxruntime_backend import OnnxRuntimeModel
+from aiworks.runtime.torch_backend import TorchModel
 from aiworks.runtime.triton_backend import TritonModel
 
 BACKENDS = {
     "onnxruntime": OnnxRuntimeModel,  # ONNX Runtime on the CPU
+    "pytorch": TorchModel,  # TorchScript / torch.export on the CPU or a CUDA GPU; docs/torch.md
     "triton": TritonModel,  # a Triton Inference Server (GPU) over gRPC; docs/triton.md
 }

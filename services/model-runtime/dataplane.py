@@ -135,6 +135,9 @@ class RuntimeDataPlane:
         self._executions = metrics.Children(metrics.RUNTIME_EXECUTIONS)
         # TESTS ONLY (RuntimeSettings.debug_delay_ms): a replica made slow on purpose.
         self._debug_delay_s = debug_delay_ms / 1e3
+        # Awaited before a batch's error leaves when its backend just went unhealthy (a dead tritonserver):
+        # the registrar tells the scheduler first, so the scheduler queues the model's requests, not fails them.
+        self.on_backend_down = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -173,6 +176,7 @@ class RuntimeDataPlane:
                     self._failed[name] = f"version {version}: {self.repository.relative(str(exc))}"
                     raise InvalidArgument(f"cannot load model '{name}' {self._failed[name]}") from None
                 load_ns = time.perf_counter_ns() - started
+                size = getattr(model, "device_bytes", 0) or size  # accelerator memory, when the backend knows it
                 completed = self._complete(config, model)
                 spec = completed.spec(str(version))
                 if response_cache_enabled(config):  # the ModelSpec message has no field for it: a parameter
@@ -273,8 +277,7 @@ class RuntimeDataPlane:
                 break
         if self._retiring.get(key) is loaded:
             del self._retiring[key]
-        loaded.model = None  # executions still running keep their own reference
-        loaded.stats.resident = False
+        self._drop(loaded)
         log.info("retired %s version %s (%.1f s after it was retired)", *key, time.monotonic() - started)
 
     async def _wait_idle(self, versions: list[LoadedVersion], what: str) -> None:
@@ -305,9 +308,17 @@ class RuntimeDataPlane:
                 self.residency.remove((name, v))
             await self._wait_idle(held, f"unload of {name}")
             for v in held:
-                v.model = None
-                v.stats.resident = False
+                self._drop(v)
             log.info("unloaded %s", name)
+
+    def _drop(self, loaded: LoadedVersion) -> None:
+        """Forget a version's model; close it (in the pool: it may block) once no batch of it runs."""
+        model, loaded.model = loaded.model, None  # executions still running keep their own reference
+        loaded.stats.resident = False
+        close = getattr(model, "close", None)
+        if close is not None and not loaded.running:
+            future = asyncio.get_running_loop().run_in_executor(self._pool, close)
+            future.add_done_callback(_log_close_failure)
 
     # ---- residency ---------------------------------------------------------------------------
 
@@ -365,7 +376,14 @@ class RuntimeDataPlane:
         return time.perf_counter_ns() - started
 
     def _complete(self, config: ModelConfig, model) -> ModelConfig:
-        """Fill inputs/outputs the config omits from the model itself (Triton's auto-complete)."""
+        """Fill what the config omits from the model itself: inputs/outputs (Triton's auto-complete), and
+        the batch sizes it runs best (CUDA graphs) as the batcher's preferred sizes; no scheduler window
+        for a backend that holds the window itself (Triton)."""
+        sizes = getattr(model, "batch_sizes", ())
+        if sizes and config.batching.enabled and not config.batching.preferred_batch_sizes:
+            config = replace(config, batching=replace(config.batching, preferred_batch_sizes=tuple(sizes)))
+        if getattr(model, "batch_window_in_backend", False) and config.batching.max_queue_delay_us:
+            config = replace(config, batching=replace(config.batching, max_queue_delay_us=0))  # Triton waits
         if config.inputs and config.outputs:
             return config
         inputs, outputs = model.io_specs(config.max_batch_size > 0)
@@ -374,7 +392,31 @@ class RuntimeDataPlane:
     # ---- queries -----------------------------------------------------------------------------
 
     def ready_specs(self) -> list[ModelSpec]:
-        return [v.spec for versions in self._models.values() for v in versions.values()]
+        return [s for s in self.advertised_specs() if s.ready]
+
+    def advertised_specs(self) -> list[ModelSpec]:
+        """What the registrar tells the scheduler: ready versions, and LOADING ones whose backend is recovering.
+
+        A version whose backend is unhealthy and not recovering is left out. Backends answer without I/O.
+        """
+        out = []
+        for versions in self._models.values():
+            for v in versions.values():
+                healthy = getattr(v.model, "healthy", None)
+                if healthy is None or healthy():
+                    out.append(v.spec)
+                elif getattr(v.model, "recovering", lambda: False)():
+                    out.append(v.spec.with_state(ModelState.LOADING, "its backend is recovering"))
+        return out
+
+    def unhealthy_versions(self) -> list[tuple[str, str, bool]]:
+        """(model, version, recovering) of each loaded version whose backend is unhealthy; no I/O."""
+        return [
+            (v.spec.name, v.spec.version, bool(getattr(v.model, "recovering", lambda: False)()))
+            for versions in self._models.values()
+            for v in versions.values()
+            if not getattr(v.model, "healthy", lambda: True)()
+        ]
 
     def index(self, ready_only: bool) -> list[ModelSpec]:
         """Every model in the repository with its state (Triton's repository index)."""
@@ -481,9 +523,14 @@ class RuntimeDataPlane:
                     await asyncio.sleep(self._debug_delay_s)
                     delayed_ns = time.perf_counter_ns() - delayed_ns
                 recent = loaded.recent_compute_ns
-                # Backends that do I/O (a remote Triton) set inline_ok = False.
+                # Backends that do I/O (a remote Triton) set inline_ok = False; those with run_async await it here.
                 inline_ok = getattr(model, "inline_ok", True)
-                if inline_ok and recent is not None and recent < self.inline_below_ns:
+                run_async = getattr(model, "run_async", None)
+                if run_async is not None:
+                    started = time.perf_counter_ns()
+                    results = await run_async(feeds, names)
+                    compute_ns = time.perf_counter_ns() - started
+                elif inline_ok and recent is not None and recent < self.inline_below_ns:
                     results, compute_ns = _timed_run(model, feeds, names)
                 else:
                     results, compute_ns = await asyncio.get_running_loop().run_in_executor(
@@ -492,6 +539,8 @@ class RuntimeDataPlane:
                 compute_ns += delayed_ns  # a replica slowed on purpose is a slow backend, quota included
             except Exception:
                 stats.failure_count += 1
+                if self.on_backend_down is not None and not getattr(model, "healthy", lambda: True)():
+                    await self.on_backend_down()
                 raise
             finally:
                 self.inflight_batches -= 1
@@ -528,6 +577,11 @@ def _feeds(inputs: list[Tensor]) -> dict[str, np.ndarray]:
             array = np.vectorize(lambda b: b.decode("utf-8", "replace"), otypes=[object])(array)
         feeds[t.name] = array
     return feeds
+
+
+def _log_close_failure(future) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("closing a dropped model version failed: %s", future.exception())
 
 
 def _timed_run(model, feeds, names):

@@ -1,9 +1,18 @@
-"""Registers this replica with the scheduler and heartbeats its load and models."""
+"""Registers this replica with the scheduler and heartbeats its load, its models and its GPUs.
+
+A heartbeat leaves every ``interval_s``, and also as soon as a backend goes
+down or comes back (checked every ``watch_s``), so the scheduler learns of a
+restarting tritonserver in well under a second. Versions loaded or unloaded
+are told by the load's own answer and the next regular heartbeat, as before. :meth:`beat_now` sends one at once and waits for the
+answer: the data plane awaits it before a failed batch's error leaves, so the
+scheduler already knows the model is coming back when the error arrives.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import grpc
 from aiworks.runtime.dataplane import RuntimeDataPlane
@@ -13,6 +22,28 @@ from aiworks.pb.scheduler.v1 import scheduler_pb2 as spb
 from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
+
+
+def gpu_messages(read: Callable[[], list] | None) -> list[spb.GpuInfo]:
+    """NVML readings (:class:`aiworks.core.gpu.GpuReading`) as GpuInfo messages; none without NVML."""
+    if read is None:
+        return []
+    try:
+        readings = read()
+    except Exception as exc:  # a GPU fell off the bus: the heartbeat still goes
+        log.warning("cannot read the GPUs for the heartbeat: %s", exc)
+        return []
+    return [
+        spb.GpuInfo(
+            index=r.index,
+            uuid=r.uuid,
+            name=r.name,
+            memory_total_bytes=r.memory_total_bytes,
+            memory_used_bytes=r.memory_used_bytes,
+            utilization_ratio=r.utilization_ratio,
+        )
+        for r in readings
+    ]
 
 
 class Registrar:
@@ -28,48 +59,78 @@ class Registrar:
         device: str,
         labels: dict[str, str],
         interval_s: float,
+        gpus: Callable[[], list] | None = None,
+        watch_s: float = 0.2,
     ):
         self._stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
         self._dataplane = dataplane
         self._info = dict(replica_id=replica_id, address=address, device=device, labels=labels)
+        self._gpus = gpus
         self.interval_s = interval_s
+        self.watch_s = watch_s
         self.registered = asyncio.Event()
+        self._send_lock = asyncio.Lock()
+        self._sent_states: tuple = ()
 
     def _models(self):
-        return [from_model_spec(s) for s in self._dataplane.ready_specs()]
+        self._sent_states = self._health()
+        return [from_model_spec(s) for s in self._dataplane.advertised_specs()]
+
+    def _health(self) -> tuple:
+        return tuple(sorted(self._dataplane.unhealthy_versions()))
 
     async def register(self) -> None:
-        reply = await self._stub.RegisterReplica(spb.ReplicaInfo(models=self._models(), **self._info), timeout=5)
+        reply = await self._stub.RegisterReplica(
+            spb.ReplicaInfo(models=self._models(), gpus=gpu_messages(self._gpus), **self._info), timeout=5
+        )
         if reply.heartbeat_interval_s > 0:
             self.interval_s = reply.heartbeat_interval_s
         if not self.registered.is_set():
             log.info("registered with the scheduler as %s at %s", self._info["replica_id"], self._info["address"])
         self.registered.set()
 
+    async def _beat(self) -> None:
+        async with self._send_lock:
+            if not self.registered.is_set():
+                await self.register()
+                return
+            reply = await self._stub.Heartbeat(
+                spb.HeartbeatRequest(
+                    replica_id=self._info["replica_id"],
+                    inflight_batches=self._dataplane.inflight_batches,
+                    models=self._models(),
+                    gpus=gpu_messages(self._gpus),
+                ),
+                timeout=max(self.interval_s * 3, 1.0),
+            )
+            if not reply.known:
+                log.warning("the scheduler no longer knows this replica; registering again")
+                self.registered.clear()
+                await self.register()
+
+    async def beat_now(self, timeout_s: float = 1.0) -> None:
+        """Send a heartbeat now and wait for the scheduler's answer (at most ``timeout_s``; never raises)."""
+        try:
+            await asyncio.wait_for(self._beat(), timeout_s)
+        except (TimeoutError, grpc.aio.AioRpcError) as exc:
+            log.warning("immediate heartbeat failed: %s", exc)
+
+    def _changed(self) -> bool:
+        return self._health() != self._sent_states
+
     async def run(self) -> None:
         """Register, then heartbeat forever; survives scheduler restarts."""
         warned = False
+        loop = asyncio.get_running_loop()
         while True:
             try:
-                if not self.registered.is_set():
-                    await self.register()
-                else:
-                    reply = await self._stub.Heartbeat(
-                        spb.HeartbeatRequest(
-                            replica_id=self._info["replica_id"],
-                            inflight_batches=self._dataplane.inflight_batches,
-                            models=self._models(),
-                        ),
-                        timeout=max(self.interval_s * 3, 1.0),
-                    )
-                    if not reply.known:
-                        log.warning("the scheduler no longer knows this replica; registering again")
-                        self.registered.clear()
-                        continue
+                await self._beat()
                 warned = False
             except grpc.aio.AioRpcError as exc:
                 if not warned:
                     log.warning("cannot reach the scheduler (%s): %s; retrying", exc.code().name, exc.details())
                     warned = True
                 self.registered.clear()
-            await asyncio.sleep(self.interval_s)
+            due = loop.time() + self.interval_s
+            while loop.time() < due and not self._changed():
+                await asyncio.sleep(min(self.watch_s, max(0.0, due - loop.time())))

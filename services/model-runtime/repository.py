@@ -6,6 +6,10 @@
 <repo>/<model>/<version>/model.onnx.sig    (optional Ed25519 signature, docs/security.md)
 ```
 
+The model file's name is Triton's: the config's ``default_model_filename``
+when it sets one, else the platform's own (``model.onnx``, ``model.plan``,
+``model.pt``, ...), and ``model.py`` for a Triton Python-backend model.
+
 Names arrive from callers (a load request names a model): every name is
 checked with :mod:`aiworks.core.names` and every path resolved, symlinks
 included, and refused unless it stays inside the repository. Messages name
@@ -22,7 +26,27 @@ from aiworks.core.model_config import CONFIG_FILES, ModelConfig, read_config
 from aiworks.core.names import check_model_name, inside, valid_model_name
 from aiworks.security.model_crypto import ENC_SUFFIX
 
-MODEL_FILES = {"onnxruntime": "model.onnx"}
+PLATFORM_FILES = {
+    "onnxruntime_onnx": "model.onnx",
+    "tensorrt_plan": "model.plan",
+    "pytorch_libtorch": "model.pt",
+    "torch_aoti": "model.pt2",
+    "tensorflow_savedmodel": "model.savedmodel",
+    "tensorflow_graphdef": "model.graphdef",
+}
+# Triton backends named in the triton backend's ``triton_backend`` parameter, by their model file.
+BACKEND_FILES = {"python": "model.py"}
+
+
+def model_filename(config: ModelConfig) -> str:
+    """The file (or folder) a version of ``config`` keeps its model in."""
+    given = config.document.get("default_model_filename")
+    if given:
+        return given
+    triton_backend = config.parameters.get("triton_backend", "")
+    if config.backend == "triton" and triton_backend in BACKEND_FILES:
+        return BACKEND_FILES[triton_backend]
+    return PLATFORM_FILES.get(config.platform, "model.onnx")
 
 
 @dataclass(frozen=True)
@@ -76,10 +100,13 @@ class ModelRepository:
         return RepositoryEntry(name, config, versions)
 
     def model_file(self, config: ModelConfig, version: int) -> Path:
-        filename = MODEL_FILES.get(config.backend, "model.onnx")
+        filename = model_filename(config)
+        if "/" in filename or "\\" in filename or filename in ("", ".", ".."):
+            raise NotFound(f"model '{config.name}': default_model_filename must be a plain file name")
         path = self.folder(config.name) / str(version) / filename
-        for candidate in (path, path.with_name(filename + ENC_SUFFIX)):  # or encrypted, under its .enc name
-            if candidate.is_file():
+        # The file, or a folder (a SavedModel), or the file encrypted under its .enc name.
+        for candidate in (path, path.with_name(filename + ENC_SUFFIX)):
+            if candidate.is_file() or (candidate is path and candidate.is_dir()):
                 inside(self.root, candidate, f"model '{config.name}' file {version}/{candidate.name}")
                 return candidate
         raise NotFound(f"model '{config.name}' version {version} has no {filename} (nor {filename}{ENC_SUFFIX})")

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 
-from aiworks.runtime import onnxruntime_backend, triton_backend
+from aiworks.runtime import onnxruntime_backend, torch_backend, triton_backend
 from aiworks.runtime.collector import RuntimeCollector
 from aiworks.runtime.dataplane import RuntimeDataPlane
 from aiworks.runtime.registrar import Registrar
@@ -28,8 +28,8 @@ from aiworks.security.model_guard import ModelGuard
 
 log = logging.getLogger("aiworks.runtime")
 
-# gRPC health service name that reports the process alive (liveness), whatever its models' state.
 LIVENESS_SERVICE = "aiworks.runtime.v1.RuntimeService"
+"""gRPC health service that is SERVING while the process serves; the overall status ("") is readiness."""
 
 
 def _nvml(device: str):
@@ -77,6 +77,40 @@ def _model_guard(settings: RuntimeSettings, replica_id: str, audit: AuditLog | N
     return guard
 
 
+def _memory_budget(settings: RuntimeSettings, nvml) -> int:
+    """The residency budget: the setting, or on a gpu replica a share of its first GPU's memory."""
+    if settings.memory_budget_bytes or nvml is None:
+        return settings.memory_budget_bytes
+    readings = nvml.read()
+    if not readings:
+        return 0
+    budget = int(readings[0].memory_total_bytes * settings.gpu_memory_fraction)
+    log.info(
+        "resident models may use %.1f GiB: %.0f%% of GPU %d (%s)",
+        budget / 2**30, settings.gpu_memory_fraction * 100, readings[0].index, readings[0].name,
+    )  # fmt: skip
+    return budget
+
+
+def _uses_triton(settings: RuntimeSettings, configs: dict) -> bool:
+    return bool(settings.triton_url) or any(c is not None and c.backend == "triton" for c in configs.values())
+
+
+async def _follow_backend_health(dataplane: RuntimeDataPlane, health, interval_s: float = 0.2) -> None:
+    """The replica's gRPC health follows its backends' (a tritonserver restarting makes it NOT_SERVING)."""
+    serving = True
+    while True:
+        await asyncio.sleep(interval_s)
+        healthy = not dataplane.unhealthy_versions()
+        if healthy != serving:
+            serving = healthy
+            await set_serving(health, healthy)
+            if healthy:
+                log.info("every backend is healthy again: serving")
+            else:
+                log.warning("a backend is unhealthy: this replica reports NOT_SERVING until it recovers")
+
+
 async def serve(settings: RuntimeSettings) -> None:
     stop = stop_event()
     repository = ModelRepository(settings.model_repository)
@@ -90,18 +124,22 @@ async def serve(settings: RuntimeSettings) -> None:
     )
     use_process_caller(own_caller(settings, "runtime"))  # to the scheduler, over plaintext
     audit = await _start_audit(settings, replica_id)
-    onnxruntime_backend.use_model_guard(_model_guard(settings, replica_id, audit))
+    guard = _model_guard(settings, replica_id, audit)
+    onnxruntime_backend.use_model_guard(guard)
+    torch_backend.use_model_guard(guard)
+    nvml = _nvml(settings.device)
+    if settings.device == "gpu" and nvml is None:
+        log.warning("device gpu, but NVML sees no GPU here: this replica advertises no GPU details")
     dataplane = RuntimeDataPlane(
         repository,
         intra_op_threads=settings.intra_op_threads,
         inline_below_us=settings.inline_below_us,
-        memory_budget_bytes=settings.memory_budget_bytes,
+        memory_budget_bytes=_memory_budget(settings, nvml),
         warmup=settings.warmup,
         debug_delay_ms=settings.debug_delay_ms,
         replica_id=replica_id,
     )
-    triton_backend.use_settings(settings)  # tritonserver starts only if a model uses it
-    nvml = _nvml(settings.device)
+    triton_backend.use_settings(settings)
     collector = RuntimeCollector(
         replica_id,
         on_loop(asyncio.get_running_loop(), lambda: len(dataplane.ready_specs())),
@@ -132,6 +170,11 @@ async def serve(settings: RuntimeSettings) -> None:
             configs[name] = repository.entry(name).config
         except Exception:
             configs[name] = None
+    if _uses_triton(settings, configs):  # start (or reach) Triton now, with these settings, not on first use
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, triton_backend.configure, settings)
+        except AIWorksError as exc:
+            log.error("Triton is not available: %s; its models cannot load until it is", exc)
     started = time.perf_counter()
     failed = []
     for name in startup_models(configs, settings.models):  # preload and warm-up: aiworks.runtime.residency
@@ -154,10 +197,13 @@ async def serve(settings: RuntimeSettings) -> None:
         device=settings.device,
         labels=settings.labels,
         interval_s=settings.heartbeat_interval_s,
+        gpus=nvml.read if nvml is not None else None,
     )
+    dataplane.on_backend_down = registrar.beat_now
     beats = asyncio.create_task(registrar.run())
     # Models named in the settings must all load; of "every model in the repository", at least one.
     missing = [name for name in failed if name in (settings.models or ())]
+    follower = None
     if missing or not dataplane.ready_specs():
         log.error(
             "runtime %s is NOT ready: %s", replica_id,
@@ -165,6 +211,8 @@ async def serve(settings: RuntimeSettings) -> None:
         )  # fmt: skip
     else:
         await set_serving(health, True)
+        # From here readiness ("") follows the backends (a tritonserver restarting makes it NOT_SERVING).
+        follower = asyncio.create_task(_follow_backend_health(dataplane, health))
         log.info("runtime %s ready with %d model version(s)", replica_id, len(dataplane.ready_specs()))
 
     await stop.wait()
@@ -172,6 +220,8 @@ async def serve(settings: RuntimeSettings) -> None:
     await set_serving(health, False)
     await set_serving(health, False, LIVENESS_SERVICE)
     beats.cancel()
+    if follower is not None:
+        follower.cancel()
     await server.stop(grace=5)
     await channel.close()
     dataplane.close()

@@ -103,9 +103,29 @@ class RuntimeSettings(ServiceSettings):
         None, description="tritonserver binary to start; default the one bundled in nvidia-pytriton."
     )
     triton_grpc_port: int = Field(0, description="gRPC port of the tritonserver this replica starts; 0: any.")
-    triton_metrics_port: int = Field(0, description="Metrics port of the tritonserver this replica starts; 0: any.")
+    triton_metrics_port: int = Field(
+        0, description="Metrics port of the tritonserver started here (0: any), or of the one at triton_url."
+    )
     triton_instance_kind: str | None = Field(
         None, description="Replace every instance group's kind (KIND_CPU runs GPU configs on a CPU-only Triton)."
     )
     triton_start_timeout_s: float = Field(60.0, description="Seconds to wait for a started tritonserver to be ready.")
     triton_request_timeout_s: float = Field(30.0, description="Timeout of one inference request to Triton, in seconds.")
+    triton_restart_backoff_s: float = Field(
+        0.5, description="Wait before restarting a tritonserver that died; doubles while it keeps dying."
+    )
+    triton_restart_backoff_max_s: float = Field(10.0, description="Longest wait between tritonserver restarts.")
+    triton_recover_give_up_s: float = Field(
+        60.0, description="Seconds Triton may be away before its models are reported unavailable, not recovering."
+    )
+    triton_health_interval_s: float = Field(
+        1.0, description="Seconds between readiness checks of a Triton at triton_url."
+    )
+
+    # ---- GPU replicas (device gpu; docs/torch.md) ----
+    gpu_memory_fraction: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="On a gpu replica with no memory_budget_bytes: the share of the GPU's memory resident models may use.",
+    )

@@ -22,12 +22,14 @@ import sysconfig
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from aiworks.core.lifecycle import orphan_proof, terminate
 
 log = logging.getLogger(__name__)
+
 
 class TritonServerError(RuntimeError):
     """tritonserver cannot be found, or it did not start."""
@@ -150,6 +152,11 @@ class TritonServer:
         self._watcher: threading.Thread | None = None
         self._stopping = False
         self.exit_code: int | None = None
+        # Set once a start's process has exited and on_exit has run (so waiters see the state it set).
+        self.exited = threading.Event()
+        self.on_exit: Callable[[int], None] | None = None
+        """Called from the watcher thread with the exit code when the server dies (not when stopped)."""
+        self.starts = 0
 
     @property
     def grpc_url(self) -> str:
@@ -188,6 +195,7 @@ class TritonServer:
         """Start the server and return once it is live and ready; raise with its log if not."""
         if self._process is not None:
             raise TritonServerError("this TritonServer was started already")
+        self.starts += 1
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.model_repository.mkdir(parents=True, exist_ok=True)
         argv, env = self.argv(), self.distribution.environment()
@@ -207,11 +215,17 @@ class TritonServer:
                 return
             finally:
                 started.set()
-            code = self._process.wait()
-            self._clean_up_after(self._process.pid)
+            process = self._process
+            code = process.wait()
+            self._clean_up_after(process.pid)
             self.exit_code = code
-            if not self._stopping:
-                log.error("tritonserver (pid %d) exited with code %d; see %s", self._process.pid, code, self.log_path)
+            try:
+                if not self._stopping:
+                    log.error("tritonserver (pid %d) exited with code %d; see %s", process.pid, code, self.log_path)
+                    if self.on_exit is not None:
+                        self.on_exit(code)
+            finally:
+                self.exited.set()
 
         self._watcher = threading.Thread(target=watch, name="tritonserver-watcher", daemon=True)
         self._watcher.start()
@@ -258,6 +272,13 @@ class TritonServer:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+    def restart(self, timeout_s: float = 60.0) -> None:
+        """Start a new server on the same ports and repository after this one died (or stop it first)."""
+        self.stop()
+        self._process, self._watcher, self.exit_code, self._stopping = None, None, None, False
+        self.exited.clear()
+        self.start(timeout_s)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM the server (Triton unloads its models and exits), SIGKILL it if it lingers."""

@@ -440,6 +440,7 @@ class Scheduler:
                 ewma_latency_ms=r.health.mean_latency_s() * 1e3,
                 batches_done=r.health.batches,
                 rows_done=r.health.rows,
+                gpus=list(r.gpus),
             )
             for r in self.registry.replicas.values()
         ]

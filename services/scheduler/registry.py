@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from collections.abc import Callable
 
 from aiworks.core.errors import NotFound, Unavailable
-from aiworks.core.model_config import ModelSpec
+from aiworks.core.model_config import ModelSpec, ModelState
 from aiworks.scheduler.replica_state import ReplicaHealth
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,8 @@ class Replica:
     outstanding_rows: int = 0
     # Ejection state and latency averages (the router's view; see replica_state.py).
     health: ReplicaHealth = field(default_factory=ReplicaHealth)
+    # The GPUs of a "gpu" replica as of its last heartbeat (GpuInfo fields), for status.
+    gpus: list[dict] = field(default_factory=list)
 
     def __post_init__(self):
         self.health.name = self.replica_id
@@ -54,6 +56,11 @@ class Replica:
     def holds(self, key: Key) -> bool:
         spec = self.models.get(key)
         return spec is not None and spec.ready
+
+    def recovering(self, key: Key) -> bool:
+        """It advertises ``key`` as LOADING: its backend is coming back (a tritonserver restarting)."""
+        spec = self.models.get(key)
+        return spec is not None and spec.state is ModelState.LOADING
 
 
 class ReplicaRegistry:
@@ -75,7 +82,9 @@ class ReplicaRegistry:
 
     # ---- membership ----------------------------------------------------------------------
 
-    def register(self, replica_id: str, address: str, device: str, labels: dict, specs: list[ModelSpec]) -> Replica:
+    def register(
+        self, replica_id: str, address: str, device: str, labels: dict, specs: list[ModelSpec], gpus: list[dict] = ()
+    ) -> Replica:
         old = self.replicas.get(replica_id)
         if old is not None and old.address == address:
             replica = old
@@ -86,14 +95,16 @@ class ReplicaRegistry:
             self.replicas[replica_id] = replica
             log.info("replica %s registered at %s (%s)", replica_id, address, device)
         replica.device, replica.labels, replica.live = device, dict(labels), True
+        replica.gpus = list(gpus)
         replica.last_heartbeat_s = self._clock()
         self.set_models(replica, specs)
         return replica
 
-    def heartbeat(self, replica_id: str, specs: list[ModelSpec]) -> bool:
+    def heartbeat(self, replica_id: str, specs: list[ModelSpec], gpus: list[dict] = ()) -> bool:
         replica = self.replicas.get(replica_id)
         if replica is None:
             return False
+        replica.gpus = list(gpus)
         replica.last_heartbeat_s = self._clock()
         if not replica.live:
             log.info("replica %s is back", replica_id)
@@ -194,6 +205,11 @@ class ReplicaRegistry:
         retiring = self.retiring.get(key, ())
         return [r for r in self.replicas.values() if r.live and (r.holds(key) or r.replica_id in retiring)]
 
+    def recovering(self, key: Key, exclude: frozenset[str] | set[str] = frozenset()) -> list[Replica]:
+        """Replicas still registered (live, or marked down since their last heartbeat) whose ``key`` is
+        coming back: requests for it wait in the queue instead of failing."""
+        return [r for r in self.replicas.values() if r.recovering(key) and r.replica_id not in exclude]
+
     def advertisers(self, key: Key) -> list[Replica]:
         """Live replicas that hold ``key`` as loaded (retiring ones not included)."""
         return [r for r in self.replicas.values() if r.live and r.holds(key)]
@@ -210,7 +226,7 @@ class ReplicaRegistry:
             if k[0] == model and s.ready and k not in self.closing
         }
         if version:
-            spec = live_specs.get((model, version))
+            spec = live_specs.get((model, version)) or self._coming(model).get((model, version))
             if spec is not None:
                 return spec
             if (model, version) in self.closing:
@@ -220,13 +236,23 @@ class ReplicaRegistry:
             if any(k[0] == model for k in self.known):
                 raise NotFound(f"model '{model}' has no version '{version}'")
             raise NotFound(f"unknown model '{model}'")
-        if live_specs:
-            return live_specs[max(live_specs, key=lambda k: _version_order(k[1]))]
+        candidates = live_specs or self._coming(model)
+        if candidates:
+            return candidates[max(candidates, key=lambda k: _version_order(k[1]))]
         if any(k[0] == model for k in self.closing):
             raise Unavailable(f"model '{model}' is being unloaded")
         if any(k[0] == model for k in self.known):
             raise Unavailable(f"model '{model}' has no live replica")
         raise NotFound(f"unknown model '{model}'")
+
+    def _coming(self, model: str) -> dict[Key, ModelSpec]:
+        """Versions of ``model`` coming back (their backend recovers): they take requests, which queue."""
+        return {
+            k: s
+            for r in self.replicas.values()
+            for k, s in r.models.items()
+            if k[0] == model and s.state is ModelState.LOADING and k not in self.closing
+        }
 
     def versions(self, model: str) -> list[str]:
         found = {

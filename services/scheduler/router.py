@@ -92,6 +92,8 @@ class Router:
     ) -> list[Replica]:
         holders = [r for r in self.registry.holders(key) if r.replica_id not in exclude]
         if not holders:
+            if self.registry.recovering(key, exclude):
+                return []  # a replica's backend is coming back: wait for it (acquire waits on changes)
             raise Unavailable(f"no live replica serves model '{key[0]}' version {key[1]}")
         healthy = [r for r in holders if not self.outliers.ejected(r.health)] or holders
         return self.pools.prefer(priority, healthy)

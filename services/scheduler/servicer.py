@@ -143,12 +143,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             request.device or "cpu",
             dict(request.labels),
             [to_model_spec(s) for s in request.models],
+            _gpus(request.gpus),
         )
         return pb.RegisterReplicaResponse(heartbeat_interval_s=self.scheduler.settings.heartbeat_interval_s)
 
     @handle_errors
     async def Heartbeat(self, request, context):
-        known = self.scheduler.registry.heartbeat(request.replica_id, [to_model_spec(s) for s in request.models])
+        known = self.scheduler.registry.heartbeat(
+            request.replica_id, [to_model_spec(s) for s in request.models], _gpus(request.gpus)
+        )
         return pb.HeartbeatResponse(known=known)
 
     @handle_errors
@@ -211,6 +214,11 @@ def traffic_to_pb(policy: TrafficPolicy) -> pb.TrafficPolicy:
             pb.ShadowPolicy(version=s.version, fraction=s.fraction, compare=s.compare, tolerance=s.tolerance)
         )
     return message
+
+
+def _gpus(messages) -> list[dict]:
+    """GpuInfo messages as plain dicts (the registry keeps no pb objects)."""
+    return [{f.name: getattr(g, f.name) for f in pb.GpuInfo.DESCRIPTOR.fields} for g in messages]
 
 
 def status_to_pb(view: StatusView) -> pb.StatusResponse:

@@ -27,6 +27,7 @@ class ReplicaView:
     ewma_latency_ms: float = 0.0
     batches_done: int = 0
     rows_done: int = 0
+    gpus: list[dict] = field(default_factory=list)  # GpuInfo fields, as of the last heartbeat
 
 
 @dataclass

@@ -74,6 +74,28 @@ def cmd_scheduler(args) -> None:
     main(settings)
 
 
+RUNTIME_TRITON_FLAGS = [
+    "triton_url", "triton_repository", "triton_metrics_url", "triton_server_path", "triton_grpc_port",
+    "triton_instance_kind", "triton_restart_backoff_s", "triton_recover_give_up_s", "memory_budget_bytes",
+    "gpu_memory_fraction",
+]  # fmt: skip
+
+
+def add_runtime_gpu_flags(parser) -> None:
+    """The runtime's Triton and GPU settings as flags (docs/triton.md, docs/torch.md); each is also AIWORKS_RUNTIME_*."""
+    g = parser.add_argument_group("Triton and GPU")
+    g.add_argument("--triton-url", help="host:port of a running tritonserver's gRPC endpoint (default: start one)")
+    g.add_argument("--triton-repository", type=Path, help="that tritonserver's --model-repository (with --triton-url)")
+    g.add_argument("--triton-metrics-url", help="Triton's metrics endpoint, http://host:8002/metrics")
+    g.add_argument("--triton-server-path", type=Path, help="tritonserver binary to start (default: nvidia-pytriton's)")
+    g.add_argument("--triton-grpc-port", type=int, help="gRPC port of the tritonserver this replica starts")
+    g.add_argument("--triton-instance-kind", choices=["KIND_CPU", "KIND_GPU"], help="replace every instance group's kind")
+    g.add_argument("--triton-restart-backoff-s", type=float, help="first wait before restarting a dead tritonserver")
+    g.add_argument("--triton-recover-give-up-s", type=float, help="seconds Triton may be away before its models go")
+    g.add_argument("--memory-budget-bytes", type=int, help="bound on resident model versions (0: none, or a GPU share)")
+    g.add_argument("--gpu-memory-fraction", type=float, help="share of the GPU's memory resident models may use")
+
+
 def cmd_runtime(args) -> None:
     from aiworks.core.logging import setup_logging
     from aiworks.runtime.server import main
@@ -84,7 +106,7 @@ def cmd_runtime(args) -> None:
         args,
         [
             "host", "port", "metrics_port", "replica_id", "scheduler_address", "model_repository", "models", "device",
-            "log_level", "otlp_endpoint", "trace_file",
+            "log_level", "otlp_endpoint", "trace_file", *RUNTIME_TRITON_FLAGS,
         ],  # fmt: skip
     )
     setup_logging(f"runtime[{settings.resolved_replica_id()}]", settings.log_level)
@@ -333,6 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     rt.add_argument("--log-level")
     rt.add_argument("--otlp-endpoint", help="export spans over OTLP/gRPC to this collector (http://host:4317)")
     rt.add_argument("--trace-file", type=Path, help="append finished spans to this file, one JSON line each")
+    add_runtime_gpu_flags(rt)
     rt.set_defaults(func=cmd_runtime)
 
     st = sub.add_parser("status", help="show queues, replicas and their load")

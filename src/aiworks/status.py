@@ -57,6 +57,11 @@ def format_status(reply: scheduler_pb2.StatusResponse) -> str:
             f"{ejected:>7} {r.last_heartbeat_age_s:>5.1f}s  {', '.join(r.models)}"
             + (f"  [{', '.join(f'{k}={v}' for k, v in sorted(r.labels.items()))}]" if r.labels else "")
         )
+        for g in r.gpus:  # a gpu replica's GPUs, as of its last heartbeat
+            lines.append(
+                f"    gpu {g.index}: {g.name}, {g.memory_used_bytes / 2**30:.1f}/{g.memory_total_bytes / 2**30:.1f} GiB, "
+                f"{g.utilization_ratio:.0%} busy"
+            )
     lines.append(f"queues ({len(reply.queues)}):")
     lines.append(
         f"  {'model':<16} {'version':<8} {'queued':>7} {'rt/std/batch':>13} {'rows':>6} {'KiB':>7} {'batches':>9} "

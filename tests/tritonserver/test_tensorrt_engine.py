@@ -73,3 +73,38 @@ def test_builds_an_engine_that_tensorrt_loads(tmp_path, precision):
     assert engine is not None
     names = {engine.get_tensor_name(i) for i in range(engine.num_io_tensors)}
     assert names == {"input", "output"}
+
+
+def test_optimize_tensorrt_says_clearly_when_tensorrt_or_a_gpu_is_missing(tmp_path):
+    import subprocess
+    import sys
+
+    folder = tmp_path / "tiny" / "1"
+    folder.mkdir(parents=True)
+    tiny_mlp(folder / "model.onnx")
+    done = subprocess.run([sys.executable, "-m", "aiworks", "optimize", str(tmp_path / "tiny"), "--tensorrt",
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)  # fmt: skip
+    if HAS_TENSORRT and HAS_GPU:
+        assert done.returncode == 0, done.stderr
+        assert (tmp_path / "out" / "tiny_trt" / "1" / "model.plan").is_file()
+        assert 'platform: "tensorrt_plan"' in (tmp_path / "out" / "tiny_trt" / "config.pbtxt").read_text()
+    else:
+        assert done.returncode == 4, done.stderr
+        assert "tensorrt" in done.stderr and "GPU" in done.stderr
+        assert not (tmp_path / "out" / "tiny_trt").exists()
+
+
+def test_profiles_and_the_engines_config(tmp_path):
+    import onnx
+
+    from aiworks.core.model_config import parse_config
+    from aiworks.lifecycle.tensorrt_plan import default_profile, parse_profile, plan_config
+
+    assert parse_profile("input_ids:1x16/32x128/64x128") == ("input_ids", ((1, 16), (32, 128), (64, 128)))
+    with pytest.raises(ValueError, match="NAME:MIN/OPT/MAX"):
+        parse_profile("input_ids:1x16")
+    model = onnx.load(str(tiny_mlp(tmp_path / "model.onnx")))
+    assert default_profile(model, 32, {}) == {"input": ((1, 16), (16, 16), (32, 16))}
+    config = parse_config(plan_config("tiny_trt", model, 32, "fp16"), fmt="pbtxt", model_name="tiny_trt")
+    assert (config.platform, config.backend, config.max_batch_size) == ("tensorrt_plan", "triton", 32)
+    assert [(t.name, t.dims) for t in config.inputs] == [("input", (16,))]

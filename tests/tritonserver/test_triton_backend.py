@@ -13,7 +13,7 @@ from aiworks.runtime.settings import RuntimeSettings
 from aiworks.runtime.triton_backend import TritonModel
 from triton_support import IRIS_ROWS, ort_reference
 
-from aiworks.core.errors import Unavailable
+from aiworks.core.errors import AIWorksError, Unavailable
 from aiworks.core.model_config import read_config
 
 
@@ -141,3 +141,73 @@ def test_unreachable_triton_is_unavailable(suite_repository, tmp_path):
         assert not triton_backend.connection().healthy()
     finally:
         triton_backend.shutdown()
+
+
+def test_default_model_filename_reaches_triton(connection, direct, suite_repository, tmp_path):
+    import shutil
+
+    folder = tmp_path / "iris_named"
+    shutil.copytree(suite_repository / "iris_triton", folder)
+    for version in ("1", "2"):
+        (folder / version / "model.py").rename(folder / version / "stand_in.py")
+    text = (folder / "config.pbtxt").read_text().replace('name: "iris_triton"', 'name: "iris_named"')
+    (folder / "config.pbtxt").write_text(text + 'default_model_filename: "stand_in.py"\n')
+    repo = ModelRepository(tmp_path)
+    config = read_config(folder)
+    assert repo.model_file(config, 1).name == "stand_in.py"
+    model = TritonModel(repo.model_file(config, 1), config, 1)
+    try:
+        assert direct.get_model_config("iris_named", as_json=True)["config"]["default_model_filename"] == "stand_in.py"
+        assert model.run({"input": IRIS_ROWS}, ["label"])[0].shape == (3,)
+    finally:
+        model.close()
+
+
+def test_a_tensorrt_plan_is_handed_to_triton_as_a_plan(connection, suite_repository, tmp_path):
+    """No TensorRT in this tritonserver: it refuses the plan, and says why (a GPU build serves it)."""
+    folder = tmp_path / "iris_plan"
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.plan").write_bytes(b"not a real engine")
+    (folder / "config.pbtxt").write_text(
+        'name: "iris_plan"\nplatform: "tensorrt_plan"\nmax_batch_size: 8\n'
+        'input [ { name: "input" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "probabilities" data_type: TYPE_FP32 dims: [ 3 ] } ]\n'
+    )
+    config = read_config(folder)
+    assert config.backend == "triton"  # a plan only Triton serves: no backend line needed
+    path = ModelRepository(tmp_path).model_file(config, 1)
+    assert path.name == "model.plan"
+    with pytest.raises(AIWorksError, match="iris_plan") as refused:
+        TritonModel(path, config, 1)
+    assert "tensorrt" in str(refused.value).lower()
+    assert str(connection.repository) not in str(refused.value)  # no folder of this replica's leaves it
+    assert 'platform: "tensorrt_plan"' in (connection.repository / "iris_plan" / "config.pbtxt").read_text()
+
+
+async def test_a_retired_version_is_released_in_triton(connection, direct, suite_repository, tmp_path):
+    import shutil
+
+    from aiworks.runtime.dataplane import RuntimeDataPlane
+
+    shutil.copytree(suite_repository / "iris_triton", tmp_path / "iris_triton")
+    dataplane = RuntimeDataPlane(ModelRepository(tmp_path), retire_quiet_s=0.1, warmup=False)
+    try:
+        specs = await dataplane.load("iris_triton")
+        assert connection.held_versions("iris_triton") == [1, 2]
+        # Triton holds the batch window (500 µs in the config): the scheduler is told to send at once.
+        assert {s.batching.max_queue_delay_us for s in specs} == {0} and all(s.batching.enabled for s in specs)
+        config = tmp_path / "iris_triton" / "config.pbtxt"
+        config.write_text(
+            config.read_text().replace(
+                "version_policy: { all { } }", "version_policy: { specific { versions: [ 2 ] } }"
+            )
+        )
+        await dataplane.load("iris_triton")  # version 1 retires, and is closed once idle
+        deadline = time.monotonic() + 10
+        while connection.held_versions("iris_triton") != [2] and time.monotonic() < deadline:
+            await __import__("asyncio").sleep(0.05)
+        assert connection.held_versions("iris_triton") == [2]
+        wait_for(lambda: triton_state(direct, "iris_triton").get("1") != "READY")
+    finally:
+        await dataplane.unload("iris_triton")
+        dataplane.close()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from aiworks.runtime.triton_backend import _as_error, parse_device_metrics, triton_config
+from aiworks.runtime.triton_protocol import as_error, parse_device_metrics, triton_config
 from aiworks.runtime.tritonserver import TritonDistribution, TritonServerError
 from google.protobuf import text_format
 from triton_support import IRIS_TRITON_CONFIG, TESTDATA
@@ -39,10 +39,9 @@ def test_an_onnx_gpu_model_keeps_its_platform_instances_and_parameters():
     assert (group.count, group.kind, list(group.gpus)) == (2, model_config_pb2.ModelInstanceGroup.KIND_GPU, [0])
     assert list(msg.version_policy.specific.versions) == [1, 3]
     assert msg.parameters["intra_op_thread_count"].string_value == "2"
-    # The scheduler already batched: Triton may merge, but must not wait for more.
-    assert msg.HasField("dynamic_batching")
-    assert msg.dynamic_batching.max_queue_delay_microseconds == 0
-    assert list(msg.dynamic_batching.preferred_batch_size) == []
+    # Triton holds the batch window as written (the replica advertises none to the scheduler).
+    assert msg.dynamic_batching.max_queue_delay_microseconds == 1000
+    assert list(msg.dynamic_batching.preferred_batch_size) == [16, 32]
 
 
 def test_the_response_cache_stays_with_the_suite():
@@ -92,7 +91,7 @@ def test_device_metrics_are_parsed_per_gpu():
     ],
 )
 def test_triton_errors_map_onto_the_suites(status, kind):
-    error = _as_error(InferenceServerException("boom", status=status), "model 'm'")
+    error = as_error(InferenceServerException("boom", status=status), "model 'm'")
     assert type(error) is kind
     assert str(error) == "model 'm': Triton says: boom"
 
@@ -100,3 +99,18 @@ def test_triton_errors_map_onto_the_suites(status, kind):
 def test_a_missing_tritonserver_binary_is_reported(tmp_path):
     with pytest.raises(TritonServerError, match="does not exist"):
         TritonDistribution.find(tmp_path / "bin" / "tritonserver")
+
+
+def test_a_triton_at_a_url_gets_its_metrics_url_from_the_metrics_port(tmp_path):
+    from aiworks.runtime import triton_backend
+    from aiworks.runtime.settings import RuntimeSettings
+
+    from aiworks.supervisor.supervisor import free_port
+
+    settings = RuntimeSettings(scheduler_address="", triton_url=f"127.0.0.1:{free_port()}",
+                               triton_repository=tmp_path, triton_metrics_port=8002)  # fmt: skip
+    conn = triton_backend.connect(settings)
+    try:
+        assert conn.metrics_url == "http://127.0.0.1:8002/metrics"
+    finally:
+        conn.close()

@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 from aiworks.runtime.triton_backend import TritonConnection
 from aiworks.runtime.tritonserver import TritonServer
+from triton_support import IRIS_ROWS
 
 from aiworks.core.errors import Unavailable
+from aiworks.core.model_config import read_config
 
 
 def gone(pid: int) -> bool:
@@ -33,23 +35,66 @@ def wait_until(predicate, timeout_s: float = 10.0) -> bool:
     return False
 
 
-def test_a_death_is_noticed_and_answered_with_unavailable(triton_distribution, tmp_path):
+def test_a_death_is_noticed_at_once_then_the_server_is_restarted_with_its_models(
+    triton_distribution, suite_repository, tmp_path
+):
     server = TritonServer(triton_distribution, tmp_path / "models", tmp_path)
     server.start(timeout_s=60)
-    conn = TritonConnection(server.grpc_url, server.model_repository, metrics_url=server.metrics_url, server=server)
+    conn = TritonConnection(server.grpc_url, server.model_repository, metrics_url=server.metrics_url, server=server,
+                            instance_kind="KIND_CPU", restart_backoff_s=0.3)  # fmt: skip
+    config = read_config(suite_repository / "iris_triton")
     try:
-        assert server.running and conn.healthy()
-        conn.check()
-        os.kill(server.pid, signal.SIGKILL)
-        assert wait_until(lambda: server.exit_code is not None), "the supervisor did not notice the death"
-        assert not server.running and not conn.healthy()
-        with pytest.raises(Unavailable, match=rf"tritonserver \(pid {server.pid}\) exited with code -9"):
+        conn.acquire(config, 2, suite_repository / "iris_triton" / "2")
+        assert conn.healthy() and conn.infer("iris_triton", 2, {"input": IRIS_ROWS}, ["label"])["label"].shape == (3, 1)
+        first_pid = server.pid
+        os.kill(first_pid, signal.SIGKILL)
+        assert wait_until(lambda: not conn.healthy(), 5), "the connection did not notice the death"
+        assert conn.recovering()
+        with pytest.raises(Unavailable, match=r"tritonserver exited with code -9; restarting") as refused:
             conn.check()
+        assert str(first_pid) not in str(refused.value) and str(tmp_path) not in str(refused.value)
         with pytest.raises(Unavailable):
             conn.gpu_metrics()
+        assert wait_until(conn.healthy, 30), "tritonserver did not come back"
+        assert server.pid != first_pid and server.running and conn.restarts == 1
+        assert conn.infer("iris_triton", 2, {"input": IRIS_ROWS}, ["label"])["label"].shape == (3, 1)  # loaded again
     finally:
         conn.close()
     assert (tmp_path / "tritonserver.log").is_file()
+
+
+def test_a_triton_at_a_url_that_restarts_gets_its_models_back(triton_distribution, suite_repository, tmp_path):
+    """The triton_url mode (a Triton container beside the runtime): polled, and models loaded again."""
+    first = TritonServer(triton_distribution, tmp_path / "models", tmp_path / "a")
+    first.start(timeout_s=60)
+    conn = TritonConnection(first.grpc_url, first.model_repository, instance_kind="KIND_CPU", health_interval_s=0.2,
+                            recover_give_up_s=30)  # fmt: skip
+    second = None
+    try:
+        conn.acquire(read_config(suite_repository / "iris_triton"), 1, suite_repository / "iris_triton" / "1")
+        first.stop()  # as a container restarting would
+        assert wait_until(lambda: conn.recovering(), 5)
+        second = TritonServer(triton_distribution, tmp_path / "models", tmp_path / "b", grpc_port=first.grpc_port)
+        second.start(timeout_s=60)
+        assert wait_until(conn.healthy, 30), "the connection did not see Triton come back"
+        assert conn.infer("iris_triton", 1, {"input": IRIS_ROWS}, ["label"])["label"].shape == (3, 1)
+    finally:
+        conn.close()
+        if second is not None:
+            second.stop()
+
+
+def test_a_triton_that_stays_away_is_given_up(triton_distribution, tmp_path):
+    from aiworks.supervisor.supervisor import free_port
+
+    conn = TritonConnection(f"127.0.0.1:{free_port()}", tmp_path, health_interval_s=0.1, recover_give_up_s=0.5)
+    try:
+        assert wait_until(lambda: conn.state == "down", 5)
+        assert not conn.healthy() and not conn.recovering()
+        with pytest.raises(Unavailable, match="not back after"):
+            conn.check()
+    finally:
+        conn.close()
 
 
 def test_stop_ends_the_server_and_a_dead_parent_leaves_no_orphan(triton_distribution, tmp_path):

@@ -205,15 +205,17 @@ async def sweep(
     warmup_s: float = 1.0,
     duration_s: float = 5.0,
     report=print,
+    inputs: list[tuple[str, str, list[int], bytes]] | None = None,
     root_certificates: bytes | None = None,
 ) -> list[LevelResult]:
-    """One level after another; ``root_certificates``: the CA of a gateway serving gRPC over TLS."""
+    """One level after another; ``inputs`` (name, datatype, shape, raw) replace the random ones;
+    ``root_certificates``: the CA of a gateway serving gRPC over TLS."""
     if protocol == "grpc":
         target = GrpcTarget(url, model, version, root_certificates)
     else:
         target = HttpTarget(url, model, version)
     try:
-        target.prepare(make_inputs(await target.metadata(), batch_size))
+        target.prepare(inputs or make_inputs(await target.metadata(), batch_size))
         results = []
         for level in levels:
             result = await _level(target, level, warmup_s, duration_s)

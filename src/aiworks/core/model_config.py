@@ -35,6 +35,10 @@ from aiworks.core.names import valid_model_name
 
 CONFIG_FILES = ("config.pbtxt", "config.json")
 
+# The runtime backend that serves a Triton platform when the config names no backend, and back.
+PLATFORM_BACKENDS = {"pytorch_libtorch": "pytorch", "tensorrt_plan": "triton"}
+BACKEND_PLATFORMS = {"pytorch": "pytorch_libtorch"}
+
 
 class ModelState(enum.Enum):
     READY = "READY"
@@ -198,8 +202,8 @@ def parse_config(text: str, *, fmt: str, model_name: str) -> ModelConfig:
     params = {k: v.string_value for k, v in msg.parameters.items()}
     return ModelConfig(
         name=model_name,
-        platform=msg.platform or "onnxruntime_onnx",
-        backend=msg.backend or "onnxruntime",
+        platform=msg.platform or BACKEND_PLATFORMS.get(msg.backend, "onnxruntime_onnx"),
+        backend=msg.backend or PLATFORM_BACKENDS.get(msg.platform, "onnxruntime"),
         max_batch_size=int(msg.max_batch_size),
         inputs=_tensor_specs(msg.input, where),
         outputs=_tensor_specs(msg.output, where),

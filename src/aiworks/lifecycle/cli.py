@@ -14,6 +14,8 @@ from pathlib import Path
 
 # Exit status when a model converted but uses operators its target does not support.
 EXIT_UNSUPPORTED_OPS = 3
+# Exit status of optimize --tensorrt where TensorRT or a GPU is missing.
+EXIT_NO_TENSORRT = 4
 
 
 def _fail(message: str) -> None:
@@ -64,10 +66,36 @@ def _eval_data(spec: str, model_path: Path, calibration: str | None):
     return load_npz(Path(spec), [i.name for i in inputs], Path(calibration) if calibration else None, ranks)
 
 
+def cmd_optimize_tensorrt(args) -> None:
+    from aiworks.lifecycle.layout import find_onnx
+    from aiworks.lifecycle.tensorrt_plan import build_plan_folder, parse_profile
+    from aiworks.runtime.tensorrt import TensorRTUnavailable
+
+    try:
+        src = find_onnx(Path(args.model))
+        profiles = dict(parse_profile(p) for p in args.profile or [])
+        name = args.name or f"{src.parent.parent.name if src.parent.name.isdigit() else src.stem}_trt"
+        print(f"building a TensorRT engine ({args.precision}) from {src}; this takes minutes", file=sys.stderr)
+        folder = build_plan_folder(
+            src, Path(args.out), name, precision=args.precision, max_batch_size=args.max_batch_size, profiles=profiles
+        )
+    except TensorRTUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_NO_TENSORRT) from None
+    except (ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    print(f"wrote {folder} (platform tensorrt_plan: the runtime serves it through Triton, docs/triton.md)")
+
+
 def cmd_optimize(args) -> None:
     from aiworks.lifecycle.layout import find_onnx
     from aiworks.lifecycle.optimize import optimize
     from aiworks.lifecycle.variants import VARIANTS
+
+    if args.tensorrt:
+        return cmd_optimize_tensorrt(args)
+    if not args.data:
+        _fail("give --data (or --tensorrt to build a TensorRT engine instead)")
 
     variants = tuple(v.strip() for v in args.variants.split(",")) if args.variants else VARIANTS
     unknown = [v for v in variants if v not in VARIANTS]
@@ -157,8 +185,32 @@ def cmd_split(args) -> None:
 def cmd_minilm_build(args) -> None:
     from aiworks.lifecycle import minilm
 
-    folder = minilm.build(Path(args.out), int8=args.int8 or args.int8_full, int8_full=args.int8_full)
-    print(f"wrote {folder} (text in: BYTES 'text' [1]; out: FP32 'embedding' [{minilm.DIM}])")
+    if args.format != "onnx":
+        if args.int8 or args.int8_full or args.tokens:
+            _fail("--int8, --int8-full and --tokens are for --format onnx")
+        try:
+            exported = minilm.build_torch(
+                Path(args.out),
+                format=args.format,
+                name=args.name or minilm.TORCH_NAME,
+                precision=args.precision,
+                cuda_graph_tokens=args.cuda_graph_tokens,
+            )
+        except ValueError as exc:
+            _fail(str(exc))
+        print(exported.summary())
+        print(f"in: INT64 'input_ids', 'attention_mask' [-1] (tokenize with the model's tokenizer); "
+              f"out: FP32 'embedding' [{minilm.DIM}]")  # fmt: skip
+        print(exported.config)
+        return
+    if args.precision != "fp32" or args.cuda_graph_tokens:
+        _fail("--precision and --cuda-graph-tokens are for the torchscript and torch-export formats")
+    if args.tokens:
+        folder = minilm.build_token_onnx(Path(args.out), name=args.name or minilm.TOKENS_NAME)
+        print(f"wrote {folder} (in: INT64 'input_ids', 'attention_mask' [-1]; out: FP32 'embedding' [{minilm.DIM}])")
+    else:
+        folder = minilm.build(Path(args.out), int8=args.int8 or args.int8_full, int8_full=args.int8_full)
+        print(f"wrote {folder} (text in: BYTES 'text' [1]; out: FP32 'embedding' [{minilm.DIM}])")
     print((folder / "config.pbtxt").read_text())
 
 
@@ -223,7 +275,6 @@ def add_lifecycle_parsers(sub) -> None:
     op.add_argument("model", help="an .onnx file or a model folder (its latest version)")
     op.add_argument(
         "--data",
-        required=True,
         help="'digits' (the demo's test split) or an .npz with x (or one array per input name) and optional y",
     )
     op.add_argument("--calibration", help=".npz of calibration inputs for int8-static (default: x_calib in --data)")
@@ -233,6 +284,16 @@ def add_lifecycle_parsers(sub) -> None:
     op.add_argument("--repeats", type=int, default=50, help="timed runs per batch size (default 50)")
     op.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads (default 1)")
     op.add_argument("--no-progress", action="store_true", help="no progress bars")
+    trt = op.add_argument_group(
+        "TensorRT engine (--tensorrt)",
+        f"needs the tensorrt package and an NVIDIA GPU; exit status {EXIT_NO_TENSORRT} says one is missing",
+    )
+    trt.add_argument("--tensorrt", action="store_true", help="build OUT/NAME/1/model.plan for Triton instead")
+    trt.add_argument("--precision", default="fp16", choices=["fp32", "tf32", "fp16", "bf16", "int8"])
+    trt.add_argument("--name", help="model name (default: the model's name + _trt)")
+    trt.add_argument("--max-batch-size", type=int, default=64, help="largest batch the engine takes (default 64)")
+    trt.add_argument("--profile", action="append", metavar="NAME:MIN/OPT/MAX",
+                     help="shapes of a dynamic input, batch first, e.g. input_ids:1x16/32x128/64x128")  # fmt: skip
     op.set_defaults(func=cmd_optimize)
 
     sp = sub.add_parser(
@@ -267,8 +328,23 @@ def add_lifecycle_parsers(sub) -> None:
 
     ml = sub.add_parser("minilm", help="the MiniLM-L6 sentence-embedding model (text in, embeddings out)")
     ml_sub = ml.add_subparsers(dest="minilm_command", metavar="ACTION", required=True)
-    mb = ml_sub.add_parser("build", help="write a Triton-layout 'minilm' model folder, tokenizer in the graph")
-    mb.add_argument("--out", required=True, help="model repository to write 'minilm' into")
+    mb = ml_sub.add_parser(
+        "build",
+        help="write a Triton-layout MiniLM model folder: ONNX (tokenizer in the graph) or PyTorch",
+        formatter_class=fmt,
+        description="--format onnx (default) writes 'minilm': text in, the tokenizer inside the graph.\n"
+        "--format torchscript or torch-export writes 'minilm_torch' for the runtime's pytorch backend\n"
+        "(platform pytorch_libtorch, model.pt): token ids in. --tokens writes the ONNX encoder with token\n"
+        "ids in ('minilm_tokens'), the pytorch model's twin on ONNX Runtime.",
+    )
+    mb.add_argument("--out", required=True, help="model repository to write the model folder into")
+    mb.add_argument("--format", default="onnx", choices=["onnx", "torchscript", "torch-export"])
+    mb.add_argument("--name", help="model name (default: minilm, minilm_torch or minilm_tokens)")
+    mb.add_argument("--tokens", action="store_true", help="ONNX with token ids in, no tokenizer (--format onnx)")
+    mb.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"],
+                    help="what the pytorch backend computes in (PyTorch formats)")  # fmt: skip
+    mb.add_argument("--cuda-graph-tokens", type=int, metavar="N",
+                    help="CUDA graphs for batches padded to N tokens, on a GPU (PyTorch formats)")  # fmt: skip
     mb.add_argument("--int8", action="store_true", help="add version 2: per-channel INT8 (FFN down-projections FP32)")
     mb.add_argument(
         "--int8-full", action="store_true", help="version 2 with every MatMul in INT8 (faster, cosine ~0.985)"

@@ -65,7 +65,7 @@ def graph_io(model: onnx.ModelProto) -> tuple[list[GraphTensor], list[GraphTenso
     return graph_tensors(inputs), graph_tensors(model.graph.output)
 
 
-def _add_tensor(entry, t: GraphTensor, batching: bool) -> None:
+def add_tensor(entry, t: GraphTensor, batching: bool) -> None:
     try:
         entry.data_type = _TRITON_TYPES[t.elem_type]
     except KeyError:
@@ -105,9 +105,9 @@ def make_config(
     batching = max_batch_size > 0 and all(t.batch_dim for t in inputs + outputs)
     cfg = mc.ModelConfig(name=name, platform="onnxruntime_onnx", max_batch_size=max_batch_size if batching else 0)
     for t in inputs:
-        _add_tensor(cfg.input.add(), t, batching)
+        add_tensor(cfg.input.add(), t, batching)
     for t in outputs:
-        _add_tensor(cfg.output.add(), t, batching)
+        add_tensor(cfg.output.add(), t, batching)
     if batching and dynamic_batching:
         cfg.dynamic_batching.SetInParent()
         cfg.dynamic_batching.max_queue_delay_microseconds = queue_delay_us

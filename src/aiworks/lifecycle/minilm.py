@@ -29,6 +29,8 @@ from aiworks.lifecycle.layout import make_config, write_model_folder
 from aiworks.lifecycle.sessions import EXTENSIONS_PARAMETER
 
 NAME = "minilm"
+TORCH_NAME = "minilm_torch"  # the pytorch backend's copy (token ids in)
+TOKENS_NAME = "minilm_tokens"  # the ONNX encoder with token ids in, its twin on ONNX Runtime
 MAX_LENGTH = 128
 DIM = 384
 MAX_BATCH_SIZE = 64
@@ -95,7 +97,7 @@ def load_torch_model():
     return AutoModel.from_pretrained(str(model_dir()), attn_implementation="eager").eval()
 
 
-def _embedder(bert):
+def sentence_embedder(bert):
     import torch
 
     class SentenceEmbedder(torch.nn.Module):
@@ -122,7 +124,7 @@ def torch_embeddings(texts, *, bert=None, tokenizer=None) -> np.ndarray:
 
     feeds = tokenize(texts, tokenizer)
     with torch.no_grad():
-        out = _embedder(bert or load_torch_model())(
+        out = sentence_embedder(bert or load_torch_model())(
             torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"])
         )
     return out.numpy()
@@ -138,7 +140,7 @@ def export_encoder(dst: Path, *, bert=None, tokenizer=None) -> Path:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporter's deprecation and tracer chatter
         torch.onnx.export(
-            _embedder(bert or load_torch_model()),
+            sentence_embedder(bert or load_torch_model()),
             args,
             str(dst),
             dynamo=False,
@@ -236,6 +238,56 @@ def build(out: Path, *, int8: bool = False, int8_full: bool = False, workdir: Pa
             quantized = quantize_encoder(encoder, work / "encoder.int8.onnx", keep_ffn_fp32=not int8_full)
             write_model_folder(Path(out), NAME, text_model(quantized, tokenizer), config, version=2)
     return folder
+
+
+def build_torch(
+    out: Path,
+    *,
+    format: str = "torchscript",
+    name: str = TORCH_NAME,
+    precision: str = "fp32",
+    cuda_graph_tokens: int | None = None,
+):
+    """Write ``<out>/<name>`` for the runtime's pytorch backend: token ids in, ``embedding`` out.
+
+    Inputs ``input_ids`` and ``attention_mask`` (INT64, dims [-1]) are the
+    tokenizer's (:func:`tokenize`); clients tokenize, since the tokenizer op
+    exists only for ONNX Runtime. ``cuda_graph_tokens`` turns on CUDA graphs
+    for batches padded to that many tokens. Returns the
+    :class:`~aiworks.lifecycle.torch_export.TorchExport`.
+    """
+    import torch
+
+    from aiworks.lifecycle.torch_export import export_model
+
+    feeds = tokenize(SENTENCES[:4], load_tokenizer())
+    example = (torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"]))
+    graphs = None
+    if cuda_graph_tokens:
+        if not 1 <= cuda_graph_tokens <= MAX_LENGTH:
+            raise ValueError(f"CUDA graph token count must lie in 1..{MAX_LENGTH}")
+        graphs = {"input_ids": [cuda_graph_tokens], "attention_mask": [cuda_graph_tokens]}
+    return export_model(
+        sentence_embedder(load_torch_model()),
+        example,
+        Path(out),
+        name,
+        format=format,
+        output_names=["embedding"],
+        max_batch_size=MAX_BATCH_SIZE,
+        dynamic={"input_ids": {1}, "attention_mask": {1}},
+        queue_delay_us=QUEUE_DELAY_US,
+        precision=precision,
+        cuda_graph_dims=graphs,
+    )
+
+
+def build_token_onnx(out: Path, *, name: str = TOKENS_NAME) -> Path:
+    """Write ``<out>/<name>``: the ONNX encoder with token ids in (no tokenizer), the pytorch model's twin."""
+    with tempfile.TemporaryDirectory() as tmp:
+        encoder = onnx.load(str(export_encoder(Path(tmp) / "encoder.onnx")))
+    config = make_config(name, encoder, max_batch_size=MAX_BATCH_SIZE, queue_delay_us=QUEUE_DELAY_US)
+    return write_model_folder(Path(out), name, encoder, config, version=1)
 
 
 def embed(model_path: Path, texts, *, threads: int = 0) -> np.ndarray:

@@ -146,7 +146,7 @@ class ModelStatisticsResponse(_message.Message):
     def __init__(self, replicas: _Optional[_Iterable[_Union[ReplicaStatistics, _Mapping]]] = ...) -> None: ...
 
 class ReplicaInfo(_message.Message):
-    __slots__ = ("replica_id", "address", "device", "labels", "models")
+    __slots__ = ("replica_id", "address", "device", "labels", "models", "gpus")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -159,12 +159,30 @@ class ReplicaInfo(_message.Message):
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     address: str
     device: str
     labels: _containers.ScalarMap[str, str]
     models: _containers.RepeatedCompositeFieldContainer[_runtime_pb2.ModelSpec]
-    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., models: _Optional[_Iterable[_Union[_runtime_pb2.ModelSpec, _Mapping]]] = ...) -> None: ...
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuInfo]
+    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., models: _Optional[_Iterable[_Union[_runtime_pb2.ModelSpec, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ...) -> None: ...
+
+class GpuInfo(_message.Message):
+    __slots__ = ("index", "uuid", "name", "memory_total_bytes", "memory_used_bytes", "utilization_ratio")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_RATIO_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    uuid: str
+    name: str
+    memory_total_bytes: int
+    memory_used_bytes: int
+    utilization_ratio: float
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_used_bytes: _Optional[int] = ..., utilization_ratio: _Optional[float] = ...) -> None: ...
 
 class RegisterReplicaResponse(_message.Message):
     __slots__ = ("heartbeat_interval_s",)
@@ -173,14 +191,16 @@ class RegisterReplicaResponse(_message.Message):
     def __init__(self, heartbeat_interval_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("replica_id", "inflight_batches", "models")
+    __slots__ = ("replica_id", "inflight_batches", "models", "gpus")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     INFLIGHT_BATCHES_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     inflight_batches: int
     models: _containers.RepeatedCompositeFieldContainer[_runtime_pb2.ModelSpec]
-    def __init__(self, replica_id: _Optional[str] = ..., inflight_batches: _Optional[int] = ..., models: _Optional[_Iterable[_Union[_runtime_pb2.ModelSpec, _Mapping]]] = ...) -> None: ...
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuInfo]
+    def __init__(self, replica_id: _Optional[str] = ..., inflight_batches: _Optional[int] = ..., models: _Optional[_Iterable[_Union[_runtime_pb2.ModelSpec, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("known",)
@@ -193,7 +213,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("replica_id", "address", "device", "live", "outstanding_batches", "outstanding_rows", "last_heartbeat_age_s", "models", "labels", "ejected", "ejected_for_s", "times_ejected", "consecutive_errors", "ewma_latency_ms", "batches_done", "rows_done")
+    __slots__ = ("replica_id", "address", "device", "live", "outstanding_batches", "outstanding_rows", "last_heartbeat_age_s", "models", "labels", "ejected", "ejected_for_s", "times_ejected", "consecutive_errors", "ewma_latency_ms", "batches_done", "rows_done", "gpus")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -217,6 +237,7 @@ class ReplicaStatus(_message.Message):
     EWMA_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
     BATCHES_DONE_FIELD_NUMBER: _ClassVar[int]
     ROWS_DONE_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     address: str
     device: str
@@ -233,7 +254,8 @@ class ReplicaStatus(_message.Message):
     ewma_latency_ms: float
     batches_done: int
     rows_done: int
-    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., live: _Optional[bool] = ..., outstanding_batches: _Optional[int] = ..., outstanding_rows: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ..., models: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., ejected: _Optional[bool] = ..., ejected_for_s: _Optional[float] = ..., times_ejected: _Optional[int] = ..., consecutive_errors: _Optional[int] = ..., ewma_latency_ms: _Optional[float] = ..., batches_done: _Optional[int] = ..., rows_done: _Optional[int] = ...) -> None: ...
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuInfo]
+    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., live: _Optional[bool] = ..., outstanding_batches: _Optional[int] = ..., outstanding_rows: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ..., models: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., ejected: _Optional[bool] = ..., ejected_for_s: _Optional[float] = ..., times_ejected: _Optional[int] = ..., consecutive_errors: _Optional[int] = ..., ewma_latency_ms: _Optional[float] = ..., batches_done: _Optional[int] = ..., rows_done: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ...) -> None: ...
 
 class QueueStatus(_message.Message):
     __slots__ = ("model", "version", "queued_requests", "queued_rows", "batches", "rows", "queued_realtime", "queued_standard", "queued_batch", "queued_bytes", "rejected", "expired", "retries", "draining")
