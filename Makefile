@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 DEPS   := pyproject.toml $(wildcard requirements-*.txt)
 
-.PHONY: install run test test-unit test-e2e proto bench clean
+.PHONY: install run test test-unit test-e2e test-images proto bench images clean
 
 install: $(STAMP)
 
@@ -22,9 +22,13 @@ $(STAMP): $(DEPS)
 run: install            ## install, then start the whole suite locally (Ctrl-C stops it)
 	$(BIN)/aiworks up
 
-test: install           ## install, then run every test (installs redis-server and prometheus if missing)
+test: install           ## install, then run every test but the image builds (installs the Debian packages needed)
 	bash scripts/ensure-debian-packages.sh
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not images"
+
+test-images: install    ## build the images with podman and run docker-compose.yml with them (slow; .ci/run runs it)
+	bash scripts/ensure-debian-packages.sh
+	$(BIN)/python -m pytest -m images tests/deploy
 
 test-unit: install
 	$(BIN)/python -m pytest tests/unit
@@ -34,6 +38,9 @@ test-e2e: install
 
 proto: install          ## regenerate the gRPC code from proto/
 	$(BIN)/python scripts/gen_proto.py
+
+images:                 ## build the service images with docker, podman or buildah (scripts/build-images.sh)
+	sh scripts/build-images.sh
 
 bench: install          ## the serving-spine benchmark (docs/benchmarks.md)
 	$(BIN)/python bench/serving_spine.py

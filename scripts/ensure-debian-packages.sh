@@ -3,11 +3,15 @@
 # - redis-server: tests/cache start a private one on a free port;
 # - prometheus (prometheus and promtool): tests/observability check the rules
 #   with promtool and start a private Prometheus on a free port.
+# - podman, runc, catatonit (compose's `init: true`) and mmdebstrap: the image
+#   tests build the service images and run docker-compose.yml with podman
+#   (tests/deploy/test_images.py; deploy/images/containers.conf).
+# - iproute2 and util-linux: the cluster-in-a-box test's network namespaces.
 # Usage: scripts/ensure-debian-packages.sh   (as root, or with sudo available)
 set -eu
 
 # "command package" pairs: the package is installed when its command is missing.
-NEEDED="redis-server:redis-server prometheus:prometheus promtool:prometheus"
+NEEDED="redis-server:redis-server prometheus:prometheus promtool:prometheus podman:podman runc:runc catatonit:catatonit mmdebstrap:mmdebstrap ip:iproute2 unshare:util-linux nsenter:util-linux"
 
 missing=""
 for pair in $NEEDED; do

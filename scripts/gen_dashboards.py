@@ -9,9 +9,15 @@ committed files equal what this script produces and that every query returns
 data from a real Prometheus scraping a real suite. Never edit the JSON by hand:
 change this file and run it.
 
-Every dashboard reads the datasource with uid ``prometheus`` and queries raw
-metrics (not the recording rules), so it works on any Prometheus that scrapes
-the suite, with or without deploy/prometheus/rules loaded.
+Every dashboard takes its Prometheus as a variable (``datasource``, any
+Prometheus data source; the provisioned one has uid ``prometheus``) and two
+scope variables, ``namespace`` and ``release``, which every query and
+variable selects on, so two releases scraped by one Prometheus never blend
+("All" also matches series without the labels: local and compose scrapes).
+The chart's ServiceMonitor adds ``release`` from the Services'
+``app.kubernetes.io/instance`` label; prometheus-operator adds ``namespace``.
+Queries read raw metrics (not the recording rules), so they work on any
+Prometheus that scrapes the suite, with or without deploy/prometheus/rules.
 
 Usage: python scripts/gen_dashboards.py [--out DIR]
 """
@@ -20,12 +26,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
 from grafana_foundation_sdk.builders import common as common_builders
 from grafana_foundation_sdk.builders import heatmap, stat, statetimeline, timeseries
-from grafana_foundation_sdk.builders.dashboard import Dashboard, DashboardLink, QueryVariable, Row, ThresholdsConfig
+from grafana_foundation_sdk.builders.dashboard import (
+    Dashboard,
+    DashboardLink,
+    DatasourceVariable,
+    QueryVariable,
+    Row,
+    ThresholdsConfig,
+)
 from grafana_foundation_sdk.builders.prometheus import Dataquery
 from grafana_foundation_sdk.cog.builder import Builder
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
@@ -46,7 +60,10 @@ from grafana_foundation_sdk.models.heatmap import HeatmapColorMode, HeatmapColor
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "deploy" / "grafana" / "dashboards"
 
-DATASOURCE = DataSourceRef(type_val="prometheus", uid="prometheus")
+DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
+# Every series a dashboard reads carries these (or lacks them, outside Kubernetes: ".*" matches that too).
+SCOPE = 'namespace=~"$namespace", release=~"$release"'
+_METRIC = re.compile(r"\b((?:aiworks|process|python)_[A-Za-z0-9_:]*)(?:\{([^}]*)\})?")
 RATE = "$__rate_interval"
 # The 5xx rows of aiworks.core.errors: the suite's failures. 4xx are the client's; 429 is load shedding.
 SERVER_ERRORS = "internal|unimplemented|unavailable|deadline_exceeded"
@@ -91,8 +108,18 @@ def mean(histogram: str, selector: str = "", by: str | None = None) -> str:
     return f"{rate(histogram + '_sum', selector, by)} / {rate(histogram + '_count', selector, by)}"
 
 
+def scoped(expr: str) -> str:
+    """``expr`` with the namespace and release matchers added to every metric selector in it."""
+
+    def add(match: re.Match) -> str:
+        inner = match.group(2)
+        return f"{match.group(1)}{{{SCOPE}{', ' + inner if inner else ''}}}"
+
+    return _METRIC.sub(add, expr)
+
+
 def target(expr: str, legend: str = "", *, heatmap_format: bool = False) -> Dataquery:
-    query = Dataquery().expr(expr).datasource(DATASOURCE).range()
+    query = Dataquery().expr(scoped(expr)).datasource(DATASOURCE).range()
     if legend:
         query = query.legend_format(legend)
     if heatmap_format:
@@ -209,6 +236,24 @@ class Board:
             )
         )
         self._next_id = 1
+        # The data source first, then the scope: every other variable and query reads them.
+        self.builder = self.builder.with_variable(
+            DatasourceVariable("datasource").label("Data source").type("prometheus")
+        )
+        self._scope_variable("namespace", "Namespace", "label_values(aiworks_gateway_requests_total, namespace)")
+        self._scope_variable("release", "Release", 'label_values(aiworks_gateway_requests_total{namespace=~"$namespace"}, release)')
+
+    def _scope_variable(self, name: str, label: str, query: str) -> None:
+        self.builder = self.builder.with_variable(
+            QueryVariable(name)
+            .label(label)
+            .datasource(DATASOURCE)
+            .query(query)
+            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .sort(VariableSort.ALPHABETICAL_ASC)
+            .include_all(True)
+            .all_value(".*")
+        )
 
     def variable(self, name: str, label: str, query: str) -> Board:
         """A multi-value query variable with "All" meaning any value, the empty one included."""
@@ -216,7 +261,7 @@ class Board:
             QueryVariable(name)
             .label(label)
             .datasource(DATASOURCE)
-            .query(query)
+            .query(scoped(query))
             .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
             .sort(VariableSort.ALPHABETICAL_ASC)
             .multi(True)
@@ -339,13 +384,13 @@ def overview() -> Board:
         .panel(
             graph("CPU by process", "CPU time used per second (cores), per suite process.", "short"),
             target(
-                "sum by (job, instance) (rate(aiworks_process_cpu_seconds_total[$__rate_interval]))",
+                "sum by (job, instance) (rate(process_cpu_seconds_total[$__rate_interval]))",
                 "{{job}} {{instance}}",
             ),
         )
         .panel(
             graph("Memory by process", "Resident memory per suite process.", "bytes"),
-            target("sum by (job, instance) (aiworks_process_resident_memory_bytes)", "{{job}} {{instance}}"),
+            target("sum by (job, instance) (process_resident_memory_bytes)", "{{job}} {{instance}}"),
         )
         .panel(
             graph("GPU utilisation", "Busy share of each GPU a runtime replica uses.", "percentunit").max(1),

@@ -157,6 +157,7 @@ async def serve(settings: RuntimeSettings) -> None:
     lag = start_loop_lag_probe("runtime")
 
     server, health = create_server(settings.max_message_bytes, callers)
+    await set_serving(health, False)  # grpcio's servicer starts with "" SERVING; ready comes after the loads
     runtime_pb2_grpc.add_RuntimeServiceServicer_to_server(RuntimeServicer(dataplane, replica_id), server)
     port = add_port(server, f"{settings.host}:{settings.port}", tls)
     await server.start()
@@ -182,12 +183,17 @@ async def serve(settings: RuntimeSettings) -> None:
         except AIWorksError as exc:
             log.error("Triton is not available: %s; its models cannot load until it is", exc)
     started = time.perf_counter()
+    failed = []
     for name in startup_models(configs, settings.models):  # preload and warm-up: aiworks.runtime.residency
         try:
             await dataplane.load(name, preloaded=True)
         except Exception as exc:
+            failed.append(name)
             log.error("could not load model %s: %s", name, exc)
     log.info("start-up loads took %.0f ms", (time.perf_counter() - started) * 1e3)
+    # The process is alive once it is up (liveness); it is ready only when its models loaded, so
+    # probes, Services and `helm test` see a replica that has nothing to serve as not ready.
+    await set_serving(health, True, LIVENESS_SERVICE)
 
     channel = client_channel(settings.scheduler_address, settings.max_message_bytes, tls, server_name="scheduler")
     registrar = Registrar(
@@ -202,18 +208,27 @@ async def serve(settings: RuntimeSettings) -> None:
     )
     dataplane.on_backend_down = registrar.beat_now
     beats = asyncio.create_task(registrar.run())
-    await set_serving(health, True)
-    # Liveness (the process serves gRPC) apart from readiness (""), which follows the backends.
-    await set_serving(health, True, LIVENESS_SERVICE)
-    follower = asyncio.create_task(_follow_backend_health(dataplane, health))
-    log.info("runtime %s ready with %d model version(s)", replica_id, len(dataplane.ready_specs()))
+    # Models named in the settings must all load; of "every model in the repository", at least one.
+    missing = [name for name in failed if name in (settings.models or ())]
+    follower = None
+    if missing or not dataplane.ready_specs():
+        log.error(
+            "runtime %s is NOT ready: %s", replica_id,
+            f"model(s) {', '.join(missing)} failed to load" if missing else f"no model in {repository.root} loaded",
+        )  # fmt: skip
+    else:
+        await set_serving(health, True)
+        # From here readiness ("") follows the backends (a tritonserver restarting makes it NOT_SERVING).
+        follower = asyncio.create_task(_follow_backend_health(dataplane, health))
+        log.info("runtime %s ready with %d model version(s)", replica_id, len(dataplane.ready_specs()))
 
     await stop.wait()
     log.info("runtime %s stopping", replica_id)
     await set_serving(health, False)
     await set_serving(health, False, LIVENESS_SERVICE)
     beats.cancel()
-    follower.cancel()
+    if follower is not None:
+        follower.cancel()
     await server.stop(grace=5)
     await channel.close()
     await dataplane.close()

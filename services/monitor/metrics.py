@@ -3,12 +3,14 @@
 They live in a registry per monitor rather than the process-wide default, so
 a test can run several control loops in one process and read each one's
 numbers. The server exposes this registry on ``/metrics``, together with the
-process' own ``aiworks_process_*`` figures.
+process' own ``process_*`` figures.
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from aiworks.core import metrics as m
@@ -20,7 +22,10 @@ class MonitorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None, process: bool = False):
         self.registry = registry or CollectorRegistry()
         if process:
-            ProcessCollector(namespace="aiworks", registry=self.registry)
+            # The standard names (process_*, python_gc_*, python_info) generic dashboards look for.
+            ProcessCollector(registry=self.registry)
+            GCCollector(registry=self.registry)
+            PlatformCollector(registry=self.registry)
         self.health = Gauge(
             m.MONITOR_HEALTH_SCORE, "Health score of a runtime replica, 0 (dead) to 100.", ["replica"],
             registry=self.registry,

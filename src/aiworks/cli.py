@@ -370,6 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
     from aiworks.monitor.cli import add_monitor_parsers
     from aiworks.rollout_cli import add_rollout_parser
     from aiworks.security.cli import add_security_parsers
+    from aiworks.storage.cli import add_storage_parser
+    from aiworks.kube.cli import add_kube_parser
     from aiworks.traffic_cli import add_traffic_parser
 
     add_bench_parser(sub).set_defaults(func=cmd_bench)
@@ -379,6 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_lifecycle_parsers(sub)
     add_monitor_parsers(sub)
     add_security_parsers(sub)
+    add_storage_parser(sub)
+    add_kube_parser(sub)
     from aiworks.tenancy_cli import add_tenancy_parsers
     add_tenancy_parsers(sub)
     from aiworks.probe import add_probe_parser

@@ -52,10 +52,15 @@ def render(chart: Any) -> Callable[[dict[str, Any] | None], Rendered]:
     return _render
 
 
-@pytest.fixture(scope="session", params=["default", "all-features"])
-def rendered(request: pytest.FixtureRequest, render: Callable[..., Rendered], all_features_values: dict[str, Any]) -> Rendered:
-    """The chart rendered with its defaults and with every feature on."""
-    return render(None if request.param == "default" else all_features_values)
+CI_VALUES = sorted(p.stem.removesuffix("-values") for p in (CHART / "ci").glob("*-values.yaml"))
+
+
+@pytest.fixture(scope="session", params=["default", *CI_VALUES])
+def rendered(request: pytest.FixtureRequest, render: Callable[..., Rendered]) -> Rendered:
+    """The chart rendered with its defaults and with each ci/*-values.yaml (every feature on, an operator's own stores)."""
+    if request.param == "default":
+        return render(None)
+    return render(yaml.safe_load((CHART / "ci" / f"{request.param}-values.yaml").read_text()))
 
 
 @pytest.fixture(scope="session")

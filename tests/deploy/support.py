@@ -34,7 +34,8 @@ SERVICE_FOLDERS = {
 }
 # API groups served by CRDs: kubernetes-validate has no schema for them, so the
 # Istio and prometheus-operator models check them instead.
-CRD_GROUPS = {"networking.istio.io", "security.istio.io", "monitoring.coreos.com"}
+CRD_GROUPS = {"networking.istio.io", "security.istio.io", "monitoring.coreos.com", "cert-manager.io",
+              "gateway.networking.k8s.io"}
 
 
 # libyaml's loader when PyYAML has it: rendered charts are long.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fnmatch
 import re
 import subprocess
+from pathlib import Path
 
 import dockerfile
 import pytest
@@ -65,8 +66,14 @@ def test_pip_installs_are_pinned(component: str) -> None:
         if command.cmd != "RUN":
             continue
         for install in re.findall(r"pip install ([^&]+)", command.value[0]):
-            targets = [t for t in install.split() if not t.startswith("-")]
+            words = install.split()
+            files = [words[i + 1] for i, w in enumerate(words) if w == "-r"]
+            targets = [t for t in words if not t.startswith("-") and t not in files]
             assert all(t == "." or "==" in t for t in targets), install
+            for name in files:  # a requirements file copied from the service's folder: every line pinned
+                source = REPO / "services" / SERVICE_FOLDERS[component] / Path(name).name
+                pins = [line for line in source.read_text().splitlines() if line.strip() and not line.startswith("#")]
+                assert pins and all("==" in line for line in pins), source
     # `pip install .` resolves the pins in pyproject.toml.
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert project["name"] == "aiworks" and project["scripts"]["aiworks"]

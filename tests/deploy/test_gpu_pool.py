@@ -17,7 +17,8 @@ import yaml
 
 from .support import CHART, REPO, Rendered, api_group, venv_tool
 
-GPU_VALUES = {"runtimeGpu": {"enabled": True, "models": ["minilm_torch"], "labels": {"zone": "a"}}}
+GPU_VALUES = {"runtimeGpu": {"enabled": True, "models": ["minilm_torch"], "labels": {"zone": "a"},
+                            "storageUris": {"minilm_torch": "s3://models/minilm_torch"}}}
 TRITON_VALUES = {
     "runtimeGpu": {
         "enabled": True,
@@ -57,9 +58,17 @@ def test_the_pool_asks_for_gpus_on_gpu_nodes_and_advertises_device_gpu(render: C
     assert json.loads(variables["AIWORKS_RUNTIME_MODELS"]) == ["minilm_torch"]
     assert json.loads(variables["AIWORKS_RUNTIME_LABELS"]) == {"pool": "gpu", "zone": "a"}
     assert "AIWORKS_RUNTIME_TRITON_URL" not in variables
-    # Readiness follows the backends (""); liveness and start-up only the process.
-    assert "service" not in runtime["readinessProbe"]["grpc"]
-    assert runtime["livenessProbe"]["grpc"]["service"] == "aiworks.runtime.v1.RuntimeService"
+    # Readiness follows the models and backends (the service's own probe over its mutual TLS); liveness the port.
+    assert runtime["readinessProbe"]["exec"]["command"] == ["aiworks", "probe", "--quiet", "runtime"]
+    assert runtime["livenessProbe"]["tcpSocket"]["port"] == 8020
+    # Behind the mesh the kubelet's gRPC probes: readiness "" (models, backends), liveness the process.
+    meshed = containers(render({**GPU_VALUES, "istio": {"enabled": True}}))["runtime"]
+    assert "service" not in meshed["readinessProbe"]["grpc"]
+    assert meshed["livenessProbe"]["grpc"]["service"] == "aiworks.runtime.v1.RuntimeService"
+    # Its model is fetched before the runtime starts, by the CPU runtime's image (the storage initializer).
+    [fetch] = deployment(rendered)["spec"]["template"]["spec"]["initContainers"]
+    assert fetch["args"][:3] == ["s3://models/minilm_torch", "--model", "minilm_torch"]
+    assert fetch["image"] == "aiworks/model-runtime:0.1.0"
     shm = next(v for v in pod["volumes"] if v["name"] == "shm")
     assert shm["emptyDir"]["medium"] == "Memory"
     service = rendered.get("Service", "aiworks-runtime-gpu")

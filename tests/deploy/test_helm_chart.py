@@ -31,7 +31,7 @@ def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
 
-@pytest.mark.parametrize("values_file", [None, "ci/all-features-values.yaml"])
+@pytest.mark.parametrize("values_file", [None, *sorted(f"ci/{p.name}" for p in (CHART / "ci").glob("*-values.yaml"))])
 def test_lint_passes_strict(values_file: str | None) -> None:
     values = yaml.safe_load((CHART / values_file).read_text()) if values_file else None
     report = helm.lint(str(CHART), values, strict=True, namespace=NAMESPACE, kube_version="v1.27.0")
@@ -69,8 +69,13 @@ def test_each_service_has_deployment_service_and_account(rendered: Rendered) -> 
             assert spec["serviceAccountName"] == accounts[0]["metadata"]["name"]
 
 
+def workloads(rendered: Rendered) -> list[dict[str, Any]]:
+    return rendered.of_kind("Deployment") + rendered.of_kind("StatefulSet")
+
+
 def test_services_select_pods_and_name_their_ports(rendered: Rendered) -> None:
-    pods = [d["spec"]["template"] for d in rendered.of_kind("Deployment")]
+    pods = [d["spec"]["template"] for d in workloads(rendered)]
+    tls = any("AIWORKS_GATEWAY_TLS_CERT" in env_of(c) for d in rendered.of_kind("Deployment") for c in containers(d))
     for service in rendered.of_kind("Service"):
         selected = [p for p in pods if selects(service["spec"]["selector"], p["metadata"]["labels"])]
         assert selected, f"Service {service['metadata']['name']} selects no pod"
@@ -80,8 +85,9 @@ def test_services_select_pods_and_name_their_ports(rendered: Rendered) -> None:
             for port in service["spec"]["ports"]:
                 assert port["targetPort"] in names
                 assert port["port"] in numbers, "Service ports keep the contract's numbers"
-                # Istio picks the protocol from appProtocol.
-                assert port["appProtocol"] in {"grpc", "http"}
+                # Istio picks the protocol from appProtocol; the gateway's HTTP port is HTTPS with the release's TLS.
+                expected = {"grpc", "http", "redis"} | ({"https"} if tls and port["name"] == "http" else set())
+                assert port["appProtocol"] in expected, (service["metadata"]["name"], port)
 
 
 def test_containers_keep_the_image_entrypoint(rendered: Rendered) -> None:
@@ -100,26 +106,42 @@ def test_ports_follow_the_contract(rendered: Rendered) -> None:
 
 
 def test_probes_use_grpc_health(rendered: Rendered) -> None:
+    """gRPC health on every gRPC service: the kubelet's probe in the mesh, and with the services' own
+    mutual TLS (which the kubelet's plaintext probe cannot pass) `aiworks probe <service>`, with the pod's certificate."""
     for deployment in rendered.of_kind("Deployment"):
         service = component(deployment)
         [container] = containers(deployment)
         ports = CONTRACT_PORTS[service]
+        tls = f"AIWORKS_{service.upper()}_TLS_CERT" in env_of(container)
         if service in GRPC_SERVICES:
-            for probe in ("readinessProbe", "livenessProbe"):
-                assert container[probe]["grpc"]["port"] == ports["grpc"], (service, probe)
+            ready, live = container["readinessProbe"], container["livenessProbe"]
+            if tls:
+                assert ready["exec"]["command"] == ["aiworks", "probe", "--quiet", service]
+                assert live["tcpSocket"]["port"] == ports["grpc"]
+            else:
+                assert ready["grpc"]["port"] == live["grpc"]["port"] == ports["grpc"], service
+            if service == "runtime" and not tls:
+                # Alive while its model loads (or fails to); ready only once it has.
+                assert live["grpc"]["service"] == "aiworks.runtime.v1.RuntimeService"
+                assert "service" not in ready["grpc"]
         elif service == "gateway":
-            assert container["livenessProbe"]["grpc"]["port"] == ports["grpc"]
-            assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+            ready = container["readinessProbe"]["httpGet"]
+            assert ready["path"] == "/v2/health/ready" and ready["scheme"] == ("HTTPS" if tls else "HTTP")
+            live = container["livenessProbe"]
+            assert (live["tcpSocket"]["port"] == "grpc") if tls else (live["grpc"]["port"] == ports["grpc"])
         else:
             assert container["readinessProbe"]["httpGet"]["port"] == "http"
 
 
 def test_pods_are_hardened_and_sized(rendered: Rendered) -> None:
-    for deployment in rendered.of_kind("Deployment"):
-        pod = deployment["spec"]["template"]["spec"]
+    jobs = [j for j in rendered.of_kind("Job")]
+    for workload in workloads(rendered) + jobs:
+        pod = workload["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["runAsUser"] != 0
-        for container in pod["containers"]:
+        # <SVC>_PORT=tcp://... service links would override AIWORKS_<SVC>_PORT settings.
+        assert pod["enableServiceLinks"] is False, workload["metadata"]["name"]
+        for container in pod["containers"] + pod.get("initContainers", []):
             security = container["securityContext"]
             assert security["readOnlyRootFilesystem"] is True
             assert security["allowPrivilegeEscalation"] is False
@@ -143,6 +165,85 @@ def test_services_get_their_peers_and_settings(rendered: Rendered) -> None:
     assert by_component["monitor"]["AIWORKS_MONITOR_PROMETHEUS_URL"].startswith("http")
     names = {s["metadata"]["name"] for s in rendered.of_kind("Service")}
     assert scheduler.split(":")[0] in names and f"{RELEASE}-cache" in names
+    for service, env in by_component.items():
+        # Every service names itself to the tracing backend the standard way.
+        assert env["OTEL_SERVICE_NAME"] == f"aiworks-{service}"
+        assert f"service.namespace={RELEASE}" in env["OTEL_RESOURCE_ATTRIBUTES"]
+        # Internal servers refuse a non-loopback bind without one of these: the chart always sets one.
+        prefix = f"AIWORKS_{service.upper()}_"
+        assert {prefix + "TLS_CERT", prefix + "MESH_MTLS"} & set(env), service
+        assert prefix + "INSECURE" not in env, "never the chart's default"
+
+
+def test_default_install_wires_shared_state_and_tls(render: Any) -> None:
+    """Redis behind limits, usage and the cache; certificates from the install hook; the first API key."""
+    default = render(None)
+    env = {component(d): env_of(containers(d)[0]) for d in default.of_kind("Deployment")}
+    redis_url = {"secretKeyRef": {"name": f"{RELEASE}-redis", "key": "redis-url"}}
+    assert env["gateway"]["AIWORKS_GATEWAY_REDIS_URL"] == redis_url
+    assert env["cache"]["AIWORKS_CACHE_REDIS_URL"] == redis_url
+    assert env["gateway"]["AIWORKS_GATEWAY_LIMITS_EXPECTED_REPLICAS"] == "10", "the HPA's most gateways"
+    assert env["gateway"]["AIWORKS_GATEWAY_API_KEYS_FILE"] == "/etc/aiworks/keys/api-keys.yaml"
+    [redis] = default.of_kind("StatefulSet")
+    assert "--aclfile" in containers(redis)[0]["args"], "the password is in a file, not on the command line"
+    [hook] = default.of_kind("Job")
+    assert hook["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    args = hook["spec"]["template"]["spec"]["containers"][0]["args"]
+    identities = {a.split("=")[0] for a in args[1:] if "=" in a and not a.startswith("app.")}
+    assert identities >= {"gateway", "scheduler", "runtime", "cache", "monitor", "admin"}
+    assert args[args.index("--api-key-tenant") + 1] == "default"
+    assert args[args.index("--redis-host") + 1] == f"{RELEASE}-redis:6379"
+    role = default.get("Role", f"{RELEASE}-setup")
+    assert {v for r in role["rules"] for v in r["verbs"]} == {"create", "get", "update"}
+    assert all(r["resources"] == ["secrets"] for r in role["rules"])
+    for deployment in default.of_kind("Deployment"):
+        volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+        assert volumes["tls"]["secret"]["secretName"] == f"{RELEASE}-{component(deployment)}-tls"
+    notes = default.notes
+    assert f"get secret {RELEASE}-api-keys -o jsonpath='{{.data.api-key}}'" in notes
+    [headless] = [s for s in default.of_kind("Service") if s["metadata"]["name"] == f"{RELEASE}-scheduler-headless"]
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is True
+
+
+def test_auth_modes(render: Any) -> None:
+    demo = render({"auth": {"mode": "demo"}})
+    gateway = env_of(containers(demo.get("Deployment", f"{RELEASE}-gateway"))[0])
+    assert "AIWORKS_GATEWAY_TENANTS_FILE" not in gateway and "AIWORKS_GATEWAY_API_KEYS_FILE" not in gateway
+    assert "--api-key-tenant" not in demo.get("Job", f"{RELEASE}-setup")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "auth.mode=demo" in demo.notes
+    jwt = render({"auth": {"mode": "jwt", "jwt": {"keySecret": "idp-key", "keySecretKey": "key.pem", "issuer": "https://idp"}},
+                  "config": {"tenants": []}})
+    gateway = jwt.get("Deployment", f"{RELEASE}-gateway")
+    env = env_of(containers(gateway)[0])
+    assert env["AIWORKS_GATEWAY_JWT_KEY_FILE"] == "/etc/aiworks/jwt/key.pem"
+    volumes = {v["name"]: v for v in gateway["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["jwt-key"]["secret"] == {"secretName": "idp-key", "items": [{"key": "key.pem", "path": "key.pem"}]}
+    tenants = yaml.safe_load(jwt.get("ConfigMap", f"{RELEASE}-config")["data"]["tenants.yaml"])
+    # Emptied tenants: one tenant with no limits, never an empty file the gateway would refuse.
+    assert tenants["tenants"] == [{"name": "default", "models": ["*"]}]
+    assert tenants["jwt"] == {"algorithms": ["RS256"], "issuer": "https://idp", "tenant_claim": "tenant", "leeway_s": 10}
+    with pytest.raises(Exception, match="keySecret"):
+        render({"auth": {"mode": "jwt"}})
+    with pytest.raises(Exception, match="generatedKeyTenant"):
+        render({"auth": {"keys": {"generatedKeyTenant": "nobody"}}})
+
+
+def test_storage_initializer_fetches_each_pool(full: Rendered) -> None:
+    for deployment in full.of_kind("Deployment"):
+        if component(deployment) != "runtime":
+            continue
+        pod = deployment["spec"]["template"]["spec"]
+        [init] = pod["initContainers"]
+        model = deployment["metadata"]["labels"]["aiworks.io/model"]
+        assert init["command"] == ["aiworks", "storage", "fetch"]
+        uri = {"iris": "pvc://aiworks-models/iris", "digits": "s3://aiworks-models/digits"}[model]
+        assert init["args"][:5] == [uri, "--model", model, "--repository", "/models"]
+        assert init["envFrom"] == [{"secretRef": {"name": "aiworks-model-store"}}]
+        assert init["image"] == containers(deployment)[0]["image"], "the track's own image fetches"
+        mounts = {m["mountPath"]: m for m in init["volumeMounts"]}
+        assert "readOnly" not in mounts["/models"] and mounts["/mnt/pvc/aiworks-models"]["readOnly"]
+        runtime_mounts = {m["mountPath"]: m for m in containers(deployment)[0]["volumeMounts"]}
+        assert runtime_mounts["/models"]["readOnly"] is True
 
 
 def test_runtime_pools_have_version_tracks(full: Rendered) -> None:
@@ -192,10 +293,9 @@ def test_disruption_budgets_cover_pods(rendered: Rendered) -> None:
 def test_config_map_holds_no_secrets_and_secrets_are_referenced(full: Rendered) -> None:
     assert not full.of_kind("Secret"), "the chart references existing Secrets and creates none"
     config = full.get("ConfigMap", f"{RELEASE}-config")
-    assert {"tenants.yaml", "models.yaml", "iris.config.pbtxt"} <= set(config["data"])
-    models = yaml.safe_load(config["data"]["models.yaml"])["models"]
-    weights = {m["name"]: m["tracks"]["canary"]["weight"] for m in models}
-    assert weights == {"iris": 20, "digits": 5}
+    assert set(config["data"]) == {"tenants.yaml", "iris.config.pbtxt"}, "no models.yaml: no setting reads one"
+    tenants = yaml.safe_load(config["data"]["tenants.yaml"])["tenants"]
+    assert [t["name"] for t in tenants] == ["default", "research"]
     text = yaml.safe_dump(config["data"]).lower()
     assert "password" not in text and "apikey" not in text.replace("_", "")
     cache = env_of(containers(full.get("Deployment", f"{RELEASE}-cache"))[0])
@@ -215,16 +315,26 @@ def test_monitor_may_manage_only_its_namespace(rendered: Rendered) -> None:
 def test_chart_test_hook(rendered: Rendered) -> None:
     hooks = [p for p in rendered.of_kind("Pod") if p["metadata"]["annotations"].get("helm.sh/hook") == "test"]
     assert len(hooks) == 1
-    command = "\n".join(hooks[0]["spec"]["containers"][0]["command"])
-    assert f"http://{RELEASE}-gateway:8000/v2/health/ready" in command
+    pod = hooks[0]["spec"]
+    [container] = pod["containers"]
+    assert container["command"] == ["aiworks", "kube", "check"]
+    args = container["args"]
+    assert args[args.index("--gateway") + 1].endswith(f"://{RELEASE}-gateway:8000")
+    assert args[args.index("--scheduler") + 1] == f"{RELEASE}-scheduler:8010"
+    pools = {d["metadata"]["labels"]["aiworks.io/model"] for d in rendered.of_kind("Deployment") if component(d) == "runtime"}
+    assert {args[i + 1] for i, a in enumerate(args) if a == "--model"} == pools, "every pool's model must be ready"
+    assert pod["serviceAccountName"] == f"{RELEASE}-admin"
 
 
 def test_monitoring_objects(full: Rendered) -> None:
     [monitor] = full.of_kind("ServiceMonitor")
     [endpoint] = monitor["spec"]["endpoints"]
     assert endpoint["port"] == "http-metrics" and endpoint["scheme"] == "https"
-    metrics_ports = [p for s in full.of_kind("Service") for p in s["spec"]["ports"] if p["name"] == "http-metrics"]
-    assert len(metrics_ports) == len(full.of_kind("Service"))
+    # One Service exposes each workload's metrics: the ServiceMonitor selects all of them, so a second
+    # (the scheduler's headless one) would scrape it twice.
+    scraped = {s["metadata"]["name"] for s in full.of_kind("Service") if any(p["name"] == "http-metrics" for p in s["spec"]["ports"])}
+    suite = {s["metadata"]["name"] for s in full.of_kind("Service") if component(s) in SERVICES}
+    assert scraped == suite - {f"{RELEASE}-scheduler-headless"}
     rules_on_disk = []
     for path in sorted((REPO / "deploy" / "prometheus" / "rules").glob("*.yml")):
         rules_on_disk += yaml.safe_load(path.read_text())["groups"]

@@ -5,11 +5,13 @@ and exact caller -> /package.Service/Method authorization."""
 
 from __future__ import annotations
 
+import copy
 import importlib
 import re
 from typing import Any
 
 import pytest
+from cloudcoil.models.cert_manager import v1 as cert_manager
 from cloudcoil.models.istio.networking import v1 as networking
 from cloudcoil.models.istio.security import v1 as security
 from cloudcoil.models.prometheus_operator import v1 as monitoring
@@ -24,7 +26,11 @@ MODELS = {
     ("security.istio.io/v1", "AuthorizationPolicy"): security.AuthorizationPolicy,
     ("monitoring.coreos.com/v1", "ServiceMonitor"): monitoring.ServiceMonitor,
     ("monitoring.coreos.com/v1", "PrometheusRule"): monitoring.PrometheusRule,
+    ("cert-manager.io/v1", "Issuer"): cert_manager.Issuer,
+    ("cert-manager.io/v1", "Certificate"): cert_manager.Certificate,
 }
+# Kinds the all-features values render (cert-manager's come from ci/gateway-api-values.yaml).
+ALL_FEATURES_KINDS = {k for (group, k) in MODELS if not group.startswith("cert-manager")}
 
 # The suite's call graph: (caller's account, callee) -> the exact gRPC paths.
 SCHEDULER = "/aiworks.scheduler.v1.SchedulerService/"
@@ -44,7 +50,19 @@ CALL_GRAPH = {
         RUNTIME + m for m in ("LoadModel", "UnloadModel", "ListModels", "ModelMetadata", "Statistics")
     },
     ("gateway", "cache"): {"/aiworks.cache.v1.CacheService/" + m for m in ("Get", "Put", "GetStream", "PutStream", "Invalidate", "Stats")},
+    # The admin identity (helm test, operators' CLI pods): readiness, status and traffic policy.
+    ("admin", "scheduler"): {
+        SCHEDULER + m
+        for m in (
+            "ServerReady", "ModelReady", "ModelMetadata", "RepositoryIndex", "LoadModel", "UnloadModel",
+            "ModelStatistics", "Status", "SetTrafficPolicy", "GetTrafficPolicy", "EjectReplica",
+        )
+    },
+    ("admin", "gateway"): {"/v2/health/ready", "/v2/health/live"},
+    ("admin", "monitor"): {"/v1/*", "/healthz"},
 }
+# Plain TCP callers (no paths): (caller, callee) -> ports.
+TCP_GRAPH = {("gateway", "redis"): {"6379"}, ("cache", "redis"): {"6379"}}
 GRPC_PATH = re.compile(r"^/[a-z][a-z0-9_]*(\.[a-z0-9_]+)*\.[A-Z][A-Za-z0-9]*/([A-Z][A-Za-z0-9]*|\*)$")
 
 
@@ -64,7 +82,7 @@ def crd_objects(rendered: Rendered) -> list[dict[str, Any]]:
 def test_chart_crd_objects_match_their_schemas(full: Rendered) -> None:
     objects = crd_objects(full)
     kinds = {o["kind"] for o in objects}
-    assert kinds == {k for _, k in MODELS}
+    assert kinds == ALL_FEATURES_KINDS
     failures = [f"{o['kind']}/{o['metadata']['name']}{d}" for o in objects for d in check_against_model(o)]
     assert not failures, "\n".join(failures)
 
@@ -84,12 +102,34 @@ def test_models_catch_unknown_and_invalid_fields(full: Rendered) -> None:
         networking.DestinationRule.model_validate(bad_enum)
 
 
-def test_mtls_is_strict(full: Rendered) -> None:
+def test_mtls_is_strict(full: Rendered, render: Any, all_features_values: dict[str, Any]) -> None:
     [peer] = full.of_kind("PeerAuthentication")
-    assert peer["spec"] == {"mtls": {"mode": "STRICT"}}, "namespace-wide, no port exceptions"
-    assert peer["metadata"]["namespace"] == NAMESPACE
+    # The release's own pods, so the namespace's "default" policy (the platform's) is never replaced.
+    assert peer["metadata"]["name"] == RELEASE and peer["metadata"]["namespace"] == NAMESPACE
+    assert peer["spec"] == {
+        "selector": {"matchLabels": {"app.kubernetes.io/name": "aiworks", "app.kubernetes.io/instance": RELEASE}},
+        "mtls": {"mode": "STRICT"},
+    }, "no port exceptions"
     for rule in full.of_kind("DestinationRule"):
         assert rule["spec"]["trafficPolicy"]["tls"]["mode"] == "ISTIO_MUTUAL"
+    wide = copy.deepcopy(all_features_values)
+    wide["istio"]["peerAuthentication"] = {"namespaceWide": True}
+    [peer] = render(wide).of_kind("PeerAuthentication")
+    assert peer["metadata"]["name"] == "default" and peer["spec"] == {"mtls": {"mode": "STRICT"}}
+
+
+def test_services_trust_the_mesh_for_caller_identity(full: Rendered) -> None:
+    """With Istio, every service reads its caller from the sidecar; no certificates of its own."""
+    for deployment in full.of_kind("Deployment"):
+        component = deployment["metadata"]["labels"]["app.kubernetes.io/component"]
+        [container] = deployment["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        prefix = f"AIWORKS_{component.upper()}_"
+        assert env[prefix + "MESH_MTLS"] == "true", component
+        assert not {prefix + "TLS_CERT", prefix + "INSECURE"} & set(env), component
+    accounts = {a["metadata"]["name"] for a in full.of_kind("ServiceAccount")}
+    # The sidecar's SPIFFE URI names <fullname>-<service>: each service has that account.
+    assert {f"{RELEASE}-{c}" for c in ("gateway", "scheduler", "runtime", "cache", "monitor", "admin")} <= accounts
 
 
 def test_destination_rules_break_circuits_and_balance_least_request(full: Rendered) -> None:
@@ -151,7 +191,7 @@ def authorized(full: Rendered) -> dict[tuple[str, str], set[str]]:
         for rule in policy["spec"]["rules"]:
             [source] = rule["from"]
             [operation] = rule["to"]
-            paths = set(operation["operation"]["paths"])
+            paths = set(operation["operation"].get("paths", [])) or {f":{p}" for p in operation["operation"]["ports"]}
             assert operation["operation"]["ports"], "every rule names its port"
             for principal in source["source"]["principals"]:
                 account = principal.rsplit("/", 1)[1]
@@ -163,16 +203,25 @@ def authorized(full: Rendered) -> dict[tuple[str, str], set[str]]:
     return allowed
 
 
-def test_authorization_allows_only_the_call_graph(full: Rendered) -> None:
+@pytest.mark.parametrize("bundled_redis", [False, True])
+def test_authorization_allows_only_the_call_graph(
+    full: Rendered, render: Any, all_features_values: dict[str, Any], bundled_redis: bool
+) -> None:
+    if bundled_redis:
+        values = copy.deepcopy(all_features_values)
+        values["redis"]["enabled"] = True
+        full = render(values)
     allowed = authorized(full)
     internal = {pair: paths - {"/metrics"} for pair, paths in allowed.items() if "/" not in pair[0]}
-    internal = {pair: paths for pair, paths in internal.items() if paths and pair[0] != "test"}
-    assert internal == CALL_GRAPH
-    for paths in CALL_GRAPH.values():
-        assert all(GRPC_PATH.match(p) for p in paths)
+    internal = {pair: paths for pair, paths in internal.items() if paths}
+    tcp = {pair: {p.lstrip(":") for p in paths} for pair, paths in internal.items() if all(p.startswith(":") for p in paths)}
+    assert tcp == (TCP_GRAPH if full.of_kind("StatefulSet") else {}), "only the gateways and caches reach Redis"
+    assert {pair: paths for pair, paths in internal.items() if pair not in tcp} == CALL_GRAPH
+    for (caller, _), paths in CALL_GRAPH.items():
+        assert caller == "admin" or all(GRPC_PATH.match(p) for p in paths)
     external = {pair: paths for pair, paths in allowed.items() if "/" in pair[0]}
     for (caller, callee), paths in external.items():
-        if "/sa/istio-ingressgateway" in caller:
+        if caller == "cluster.local/ns/istio-ingress/sa/istio-ingressgateway":  # Istio's Helm-installed gateway
             assert (callee, paths) == ("gateway", {"/v2", "/v2/*", "/inference.GRPCInferenceService/*"})
         else:
             assert paths == {"/metrics"}, f"{caller} may only scrape {callee}"

@@ -16,12 +16,8 @@ from pydantic_settings import BaseSettings
 from .support import REPO, SERVICE_FOLDERS, Rendered
 
 # Settings the deployment files already pass but the services do not define
-# yet (the cache peer, tenants and model files). Each is
-# ignored until its service reads it; drop it from here when it lands.
-PENDING = {
-    "AIWORKS_GATEWAY_CACHE_ADDRESS",
-    "AIWORKS_SCHEDULER_MODELS_FILE",
-}
+# yet. Each is ignored until its service reads it; none is pending now.
+PENDING: set[str] = set()
 COMPOSE_SERVICES = {"gateway": "gateway", "scheduler": "scheduler", "runtime-1": "runtime", "runtime-2": "runtime",
                     "cache": "cache", "monitor": "monitor"}
 

@@ -132,7 +132,9 @@ def test_counts_match_the_traffic_on_every_service(suite):
     assert gateway.sum("aiworks_gateway_request_duration_seconds_count", model="iris") == N + 3
     assert gateway.sum("aiworks_gateway_request_duration_seconds_sum", model="iris") > 0
     assert gateway.sum("aiworks_gateway_inflight_requests") == 0
-    assert "aiworks_process_cpu_seconds_total" in gateway.names()
+    # Standard names, as generic process and Python dashboards expect them.
+    assert {"process_cpu_seconds_total", "process_resident_memory_bytes", "python_gc_objects_collected_total",
+            "python_info"} <= gateway.names()
 
     # The scheduling stage: queues and batches on the runtime replica (where they run); the scheduler's
     # own gauges are its global view of the replicas.
@@ -205,7 +207,7 @@ def test_cache_lookups_count_hits_misses_and_bypasses(suite):
         assert cache.sum("aiworks_cache_hits_total") == 1
         assert cache.sum("aiworks_cache_misses_total") == computed
         assert cache.sum("aiworks_cache_backend_up", store="memory") == 1
-        assert "aiworks_process_resident_memory_bytes" in cache.names()
+        assert "process_resident_memory_bytes" in cache.names()
 
 
 def test_eject_replica_is_counted_and_shown_then_refused_for_an_unknown_replica(suite):

@@ -22,7 +22,7 @@ def runtime_exposition(ok: int, failed: int, invalid: int = 0, rss: float = 1e8)
         "aiworks_runtime_compute_duration_seconds", "", ["model", "version"], buckets=LATENCY_BUCKETS_S,
         registry=registry,
     )  # fmt: skip
-    Gauge("aiworks_process_resident_memory_bytes", "", registry=registry).set(rss)
+    Gauge("process_resident_memory_bytes", "", registry=registry).set(rss)
     Gauge("aiworks_runtime_inflight_batches", "", ["replica"], registry=registry).labels("runtime-0").set(2)
     Counter("unrelated_total", "", registry=registry).inc()
     executions.labels("iris", "1", "ok").inc(ok)

@@ -80,9 +80,11 @@ _QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
 
 
 def metric_names(expr: str) -> set[str]:
-    """Names of the suite's raw metrics (``aiworks_...``) an expression reads; recorded names hold a colon."""
+    """Raw metrics (the suite's ``aiworks_...`` and the standard ``process_*`` / ``python_*``) an expression
+    reads; recorded names hold a colon."""
     bare = _QUOTED.sub('""', expr)  # label values are not names
-    return {token for token in _NAME.findall(bare) if token.startswith("aiworks_") and ":" not in token}
+    return {token for token in _NAME.findall(bare)
+            if token.startswith(("aiworks_", "process_", "python_")) and ":" not in token}
 
 
 def recorded_names(expr: str) -> set[str]:
@@ -110,8 +112,8 @@ def catalogue() -> set[str]:
         elif isinstance(value, str) and value.startswith("aiworks_"):
             names.add(value)
     names |= {f"aiworks_cache_{field.name}_total" for field in fields(CacheCounters)}
-    # metrics.use_aiworks_process_metrics(): prometheus-client's process collector under the aiworks_ namespace.
-    names |= {"aiworks_process_cpu_seconds_total", "aiworks_process_resident_memory_bytes"}
+    # metrics.standard_process_metrics(): prometheus-client's standard collectors, names unchanged.
+    names |= {"process_cpu_seconds_total", "process_resident_memory_bytes"}
     return names
 
 

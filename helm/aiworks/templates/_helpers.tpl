@@ -126,6 +126,8 @@ prometheus.io/path: /metrics
 {{/* Pod-level fields shared by every Deployment. Call with (dict "root" $ "component" "gateway" "values" .Values.gateway). */}}
 {{- define "aiworks.podCommon" -}}
 serviceAccountName: {{ include "aiworks.serviceAccountName" . }}
+# Service links would add <SVC>_PORT=tcp://... variables, and AIWORKS_<SVC>_PORT is a setting.
+enableServiceLinks: false
 automountServiceAccountToken: {{ .values.serviceAccount.automountToken }}
 securityContext:
   {{- toYaml .root.Values.podSecurityContext | nindent 2 }}
@@ -213,4 +215,154 @@ spec:
   selector:
     matchLabels:
       {{- toYaml .selector | nindent 6 }}
+{{- end }}
+
+{{/* How services authenticate their callers: "mesh" (Istio STRICT mTLS), "hook" or "cert-manager" (their own mTLS), or "insecure". */}}
+{{- define "aiworks.callerAuth" -}}
+{{- if .Values.istio.enabled -}}
+mesh
+{{- else if not .Values.internalTLS.enabled -}}
+insecure
+{{- else if eq .Values.internalTLS.provider "auto" -}}
+{{- ternary "cert-manager" "hook" (.Capabilities.APIVersions.Has "cert-manager.io/v1/Certificate") -}}
+{{- else -}}
+{{- .Values.internalTLS.provider -}}
+{{- end -}}
+{{- end }}
+
+{{/* True ("true") when the services hold certificates of their own. */}}
+{{- define "aiworks.ownTLS" -}}
+{{- has (include "aiworks.callerAuth" .) (list "hook" "cert-manager") -}}
+{{- end }}
+
+{{/* Secret with one identity's tls.crt, tls.key and ca.crt. Call with (dict "root" $ "identity" "gateway"). */}}
+{{- define "aiworks.tlsSecretName" -}}
+{{- printf "%s-%s-tls" (include "aiworks.fullname" .root) .identity }}
+{{- end }}
+
+{{/* Where each container finds its certificate. */}}
+{{- define "aiworks.tlsDir" -}}/etc/aiworks/tls{{- end }}
+
+{{/* Caller authentication settings of one service. Call with (dict "root" $ "prefix" "AIWORKS_GATEWAY_"). */}}
+{{- define "aiworks.securityEnv" -}}
+{{- $mode := include "aiworks.callerAuth" .root }}
+{{- if eq $mode "mesh" }}
+- {name: {{ .prefix }}MESH_MTLS, value: "true"}
+{{- else if eq $mode "insecure" }}
+- {name: {{ .prefix }}INSECURE, value: "true"}
+{{- else }}
+- {name: {{ .prefix }}TLS_CERT, value: {{ include "aiworks.tlsDir" . }}/tls.crt}
+- {name: {{ .prefix }}TLS_KEY, value: {{ include "aiworks.tlsDir" . }}/tls.key}
+- {name: {{ .prefix }}TLS_CA, value: {{ include "aiworks.tlsDir" . }}/ca.crt}
+{{- end }}
+{{- end }}
+
+{{/* The certificate volume and mount, when services hold their own. Call with (dict "root" $ "identity" "gateway"). */}}
+{{- define "aiworks.tlsVolume" -}}
+{{- if eq (include "aiworks.ownTLS" .root) "true" }}
+- name: tls
+  secret:
+    secretName: {{ include "aiworks.tlsSecretName" . }}
+    defaultMode: 0440
+{{- end }}
+{{- end }}
+{{- define "aiworks.tlsMount" -}}
+{{- if eq (include "aiworks.ownTLS" .root) "true" }}
+- {name: tls, mountPath: {{ include "aiworks.tlsDir" . }}, readOnly: true}
+{{- end }}
+{{- end }}
+
+{{/*
+Readiness, liveness and startup probes of a gRPC service. The kubelet's grpc
+probe is plaintext only, so with the services' own mutual TLS readiness runs
+`aiworks probe <service>` (it reads the pod's settings and certificate), and
+liveness only checks the port accepts connections. Call with (dict "root" $
+"identity" "scheduler" "port" 8010 "startupFailures" 30 "liveService" "").
+*/}}
+{{- define "aiworks.grpcProbes" -}}
+{{- if eq (include "aiworks.ownTLS" .root) "true" }}
+readinessProbe:
+  exec:
+    command: [aiworks, probe, --quiet, {{ .identity }}]
+  periodSeconds: 10
+  timeoutSeconds: 5
+  failureThreshold: 3
+livenessProbe:
+  tcpSocket: {port: {{ .port }}}
+  periodSeconds: 10
+  failureThreshold: 3
+startupProbe:
+  tcpSocket: {port: {{ .port }}}
+  periodSeconds: 2
+  failureThreshold: {{ .startupFailures }}
+{{- else }}
+readinessProbe:
+  grpc: {port: {{ .port }}}
+  periodSeconds: 5
+  failureThreshold: 3
+livenessProbe:
+  grpc: {port: {{ .port }}{{ with .liveService }}, service: {{ . }}{{ end }}}
+  periodSeconds: 10
+  failureThreshold: 3
+startupProbe:
+  grpc: {port: {{ .port }}{{ with .liveService }}, service: {{ . }}{{ end }}}
+  periodSeconds: 2
+  failureThreshold: {{ .startupFailures }}
+{{- end }}
+{{- end }}
+
+{{/* OpenTelemetry's standard variables. Call with (dict "root" $ "component" "gateway"). */}}
+{{- define "aiworks.tracingEnv" -}}
+{{- $t := .root.Values.tracing }}
+{{- $attrs := list (printf "service.namespace=%s" .root.Release.Name) (printf "k8s.namespace.name=%s" .root.Release.Namespace) }}
+{{- with $t.resourceAttributes }}{{ $attrs = append $attrs . }}{{ end }}
+- {name: OTEL_SERVICE_NAME, value: aiworks-{{ .component }}}
+- {name: OTEL_RESOURCE_ATTRIBUTES, value: {{ join "," $attrs | quote }}}
+{{- if $t.otlpEndpoint }}
+- {name: OTEL_EXPORTER_OTLP_ENDPOINT, value: {{ $t.otlpEndpoint | quote }}}
+- {name: OTEL_TRACES_SAMPLER, value: {{ $t.sampler | quote }}}
+- {name: OTEL_TRACES_SAMPLER_ARG, value: {{ $t.samplerArg | quote }}}
+{{- end }}
+{{- end }}
+
+{{/* The Secret and key holding the Redis URL every Redis user reads; "" when there is no Redis. */}}
+{{- define "aiworks.redisSecret" -}}
+{{- if .Values.redis.enabled -}}
+{{- printf "%s-redis" (include "aiworks.fullname" .) -}}
+{{- else if .Values.redis.external.existingSecret -}}
+{{- .Values.redis.external.existingSecret -}}
+{{- end -}}
+{{- end }}
+
+{{/* The env entry giving a service the Redis URL, under its own name. Call with (dict "root" $ "name" "AIWORKS_GATEWAY_REDIS_URL"). */}}
+{{- define "aiworks.redisEnv" -}}
+{{- $secret := include "aiworks.redisSecret" .root }}
+{{- if $secret }}
+- name: {{ .name }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ ternary "redis-url" .root.Values.redis.external.key .root.Values.redis.enabled }}
+{{- else if .root.Values.redis.external.url }}
+- {name: {{ .name }}, value: {{ .root.Values.redis.external.url | quote }}}
+{{- end }}
+{{- end }}
+
+{{/* Whether the release has a Redis at all ("true"/"false"). */}}
+{{- define "aiworks.hasRedis" -}}
+{{- or .Values.redis.enabled .Values.redis.external.existingSecret .Values.redis.external.url | toString -}}
+{{- end }}
+
+{{/* The tenants written to tenants.yaml: config.tenants, or one tenant with no limits when that list is empty. */}}
+{{- define "aiworks.tenants" -}}
+{{- $tenants := .Values.config.tenants }}
+{{- if not $tenants }}
+{{- $tenants = list (dict "name" .Values.auth.keys.generatedKeyTenant "models" (list "*")) }}
+{{- end }}
+{{- toYaml $tenants }}
+{{- end }}
+
+{{/* The admin identity: `helm test`, admin Jobs and CLIs (its ServiceAccount and certificate). */}}
+{{- define "aiworks.adminName" -}}
+{{- printf "%s-admin" (include "aiworks.fullname" .) }}
 {{- end }}

@@ -295,27 +295,18 @@ class ScrapeCollector:
             pass
 
 
-_DEFAULTS_SWAPPED = False
-_SWAP_LOCK = threading.Lock()
+def standard_process_metrics() -> None:
+    """Keep prometheus-client's standard process_*, python_gc_* and python_info collectors registered.
 
-
-def use_aiworks_process_metrics() -> None:
-    """Export process CPU and memory as ``aiworks_process_*`` instead of the unprefixed defaults."""
-    global _DEFAULTS_SWAPPED
-    with _SWAP_LOCK:
-        if _DEFAULTS_SWAPPED:
-            return
-        for collector in (
-            process_collector.PROCESS_COLLECTOR,
-            platform_collector.PLATFORM_COLLECTOR,
-            gc_collector.GC_COLLECTOR,
-        ):
-            try:
-                REGISTRY.unregister(collector)
-            except KeyError:
-                pass
-        process_collector.ProcessCollector(namespace="aiworks", registry=REGISTRY)
-        _DEFAULTS_SWAPPED = True
+    Their names are the conventions generic dashboards and alerts look for (node
+    and process dashboards, `process_resident_memory_bytes`), so they are never
+    renamed; the ``job`` and ``instance`` labels tell services apart.
+    """
+    for collector in (process_collector.PROCESS_COLLECTOR, platform_collector.PLATFORM_COLLECTOR, gc_collector.GC_COLLECTOR):
+        try:
+            REGISTRY.register(collector)
+        except ValueError:  # already registered: the usual case
+            pass
 
 
 def serve_metrics(port: int, host: str = "127.0.0.1"):
@@ -323,7 +314,7 @@ def serve_metrics(port: int, host: str = "127.0.0.1"):
 
     Returns ``(server, port)``; call ``server.shutdown()`` to stop.
     """
-    use_aiworks_process_metrics()
+    standard_process_metrics()
     server, thread = start_http_server(port, host, registry=REGISTRY)
     bound = server.server_address[1]
     log.info("metrics on http://%s:%d/metrics", host, bound)

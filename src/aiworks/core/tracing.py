@@ -25,6 +25,7 @@ loop.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from pathlib import Path
@@ -53,29 +54,56 @@ def enabled() -> bool:
     return _tracer is not None
 
 
-def setup_tracing(service: str, settings, *, instance: str = "") -> bool:
-    """Record and export spans when ``settings`` name an OTLP endpoint or a trace file; True if so.
+def otel_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """OpenTelemetry's standard variables that apply to traces, as the OTel SDKs read them.
 
-    ``settings`` is the service's :class:`~aiworks.core.settings.ServiceSettings`.
-    The SDK is imported only here, and only when something exports.
+    ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT``
+    turn export on (a service's own ``otlp_endpoint`` setting wins);
+    ``OTEL_SDK_DISABLED=true`` turns tracing off; ``OTEL_SERVICE_NAME``,
+    ``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_TRACES_SAMPLER`` (+ ``_ARG``) name
+    the service, describe it and sample, over the suite's defaults.
+    """
+    env = os.environ if environ is None else environ
+    names = ("OTEL_SDK_DISABLED", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT",
+             "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG")  # fmt: skip
+    return {name: env[name] for name in names if env.get(name)}
+
+
+def setup_tracing(service: str, settings, *, instance: str = "", environ: Mapping[str, str] | None = None) -> bool:
+    """Record and export spans when ``settings`` (or OTel's variables) name an OTLP endpoint or a trace file.
+
+    ``settings`` is the service's :class:`~aiworks.core.settings.ServiceSettings`;
+    OpenTelemetry's standard variables apply where the settings say nothing
+    (:func:`otel_environment`). The SDK is imported only here, and only when
+    something exports. Returns True when spans are recorded.
     """
     global _tracer, _provider
     shutdown_tracing()
-    endpoint, path = settings.otlp_endpoint, settings.trace_file
+    otel = otel_environment(environ)
+    if otel.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return False
+    endpoint = (
+        settings.otlp_endpoint or otel.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or otel.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    )
+    path = settings.trace_file
     if not endpoint and not path:
         return False
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
     attributes = {"service.name": f"aiworks-{service}", "service.namespace": "aiworks"}
     if instance:
         attributes["service.instance.id"] = instance
-    provider = TracerProvider(
-        resource=Resource.create(attributes),
-        sampler=ParentBased(TraceIdRatioBased(settings.trace_sample_ratio)),
-    )
+    # The suite's attributes, with the environment's over them (OTEL_RESOURCE_ATTRIBUTES, then OTEL_SERVICE_NAME).
+    for pair in filter(None, otel.get("OTEL_RESOURCE_ATTRIBUTES", "").split(",")):
+        key, _, value = pair.partition("=")
+        if key.strip() and value.strip():
+            attributes[key.strip()] = value.strip()
+    if otel.get("OTEL_SERVICE_NAME"):
+        attributes["service.name"] = otel["OTEL_SERVICE_NAME"]
+    sampler = _sampler(otel.get("OTEL_TRACES_SAMPLER"), otel.get("OTEL_TRACES_SAMPLER_ARG"), settings.trace_sample_ratio)
+    provider = TracerProvider(resource=Resource.create(attributes), sampler=sampler)
     if endpoint:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
@@ -94,6 +122,26 @@ def setup_tracing(service: str, settings, *, instance: str = "") -> bool:
     _tracer = provider.get_tracer("aiworks")
     log.info("tracing on: %s", ", ".join(filter(None, [endpoint and f"OTLP {endpoint}", path and f"file {path}"])))
     return True
+
+
+def _sampler(name: str | None, arg: str | None, default_ratio: float):
+    """OTEL_TRACES_SAMPLER's sampler (the specification's names), else the service's ratio; callers' decisions kept."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, TraceIdRatioBased
+
+    if not name:
+        return ParentBased(TraceIdRatioBased(default_ratio))
+    ratio = float(arg) if arg else 1.0
+    known = {
+        "always_on": lambda: ALWAYS_ON, "always_off": lambda: ALWAYS_OFF,
+        "traceidratio": lambda: TraceIdRatioBased(ratio),
+        "parentbased_always_on": lambda: ParentBased(ALWAYS_ON), "parentbased_always_off": lambda: ParentBased(ALWAYS_OFF),
+        "parentbased_traceidratio": lambda: ParentBased(TraceIdRatioBased(ratio)),
+    }  # fmt: skip
+    if name.lower() not in known:
+        log.warning("OTEL_TRACES_SAMPLER=%s is not one this service knows (%s); sampling at %s", name,
+                    ", ".join(known), default_ratio)  # fmt: skip
+        return ParentBased(TraceIdRatioBased(default_ratio))
+    return known[name.lower()]()
 
 
 def shutdown_tracing() -> None:

@@ -121,6 +121,21 @@ def _build_digits(out: Path) -> None:
 
 
 STEPS: list[tuple[str, Callable[[Path], None]]] = [("iris", _build_iris), ("digits", _build_digits)]
+DEMO_MODELS = tuple(name for name, _ in STEPS)
+
+
+def build_demo_model(name: str, target: Path, *, progress: Callable[[str], None] = print) -> Path:
+    """Build one demo model into ``target/<name>`` (the storage initializer's ``demo`` source)."""
+    import warnings
+
+    [step] = [s for n, s in STEPS if n == name]
+    target = Path(target)
+    target.mkdir(parents=True, exist_ok=True)
+    progress(f"building demo model '{name}'")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        step(target)
+    return target / name
 
 
 def build_demo_repository(target: Path, *, force: bool = False, progress: Callable[[str], None] = print) -> bool:

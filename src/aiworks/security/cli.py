@@ -36,6 +36,11 @@ def cmd_certs(args) -> None:
     from aiworks.security.certs import DEFAULT_HOSTNAMES, write_certificates
 
     hostnames = _split(args.hostname) or list(DEFAULT_HOSTNAMES)
+    out = Path(args.out_dir)
+    wanted = [out / "tls.crt"] + [out / svc / "tls.crt" for svc in _split(args.services)]
+    if args.if_missing and all(p.is_file() for p in wanted):
+        print(f"certificates already in {out}; kept (--if-missing)")
+        return
     try:
         result = write_certificates(
             Path(args.out_dir),
@@ -257,6 +262,10 @@ def add_security_parsers(sub, *, model_command: str = "model") -> None:
     c.add_argument(
         "--force", action="store_true", help="replace an existing CA (every older certificate stops working)"
     )
+    c.add_argument(
+        "--if-missing", action="store_true",
+        help="do nothing when OUT already holds every certificate asked for (a job that may run again)",
+    )  # fmt: skip
     c.set_defaults(func=cmd_certs)
 
     a = sub.add_parser("audit", help="work with the hash-chained audit log")

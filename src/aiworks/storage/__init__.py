@@ -1,0 +1,1 @@
+"""Model storage: fetch a model named by a storage URI into a model repository (``aiworks storage fetch``)."""

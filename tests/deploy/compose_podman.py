@@ -1,0 +1,95 @@
+"""Bring docker-compose.yml up with podman, in a network namespace of its own, and send inferences.
+
+Run by tests/deploy/test_images.py as ``unshare --net python -m deploy.compose_podman PLAN RESULT``
+(PYTHONPATH=tests): containers use host networking (the facts of these machines), and the host is this
+private namespace, so their ports never meet anyone else's. Writes the results as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+
+def sh(*command: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    if check and done.returncode:
+        raise RuntimeError(f"{' '.join(command)} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return done
+
+
+def infer(model: str, ca: str) -> dict:
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    features = 4 if model == "iris" else 64
+    data = np.random.default_rng(1).random((2, features), dtype=np.float32)
+    http = httpclient.InferenceServerClient("127.0.0.1:8000", ssl=True, ssl_options={"ca_certs": ca})
+    tensor = httpclient.InferInput("input", list(data.shape), "FP32")
+    tensor.set_data_from_numpy(data)
+    over_http = http.infer(model, [tensor]).as_numpy("label").tolist()
+    http.close()
+    grpc = grpcclient.InferenceServerClient("127.0.0.1:8001", ssl=True, root_certificates=ca)
+    tensor = grpcclient.InferInput("input", list(data.shape), "FP32")
+    tensor.set_data_from_numpy(data)
+    over_grpc = grpc.infer(model, [tensor]).as_numpy("label").tolist()
+    grpc.close()
+    return {"http": over_http, "grpc": over_grpc}
+
+
+def main(plan_path: str, result_path: str) -> None:
+    plan = json.loads(Path(plan_path).read_text())
+    compose, project = plan["compose"], plan["project"]
+    base = [plan["podman_compose"], "-p", project, "-f", compose]
+    result: dict = {}
+    started = time.monotonic()
+    try:
+        sh("ip", "link", "set", "lo", "up")
+        sh(*base, "up", "-d", "--no-build", timeout=900)
+        result["up_s"] = round(time.monotonic() - started, 1)
+        mountpoint = sh("podman", "volume", "inspect", f"{project}_certs", "--format", "{{.Mountpoint}}").stdout.strip()
+        ca = f"{mountpoint}/gateway/ca.crt"
+        deadline = time.monotonic() + plan["timeout_s"]
+        last = None
+        for model in ("iris", "digits"):
+            while True:
+                try:
+                    result[model] = infer(model, ca)
+                    result[f"{model}_s"] = round(time.monotonic() - started, 1)
+                    break
+                except Exception as exc:  # not up yet
+                    last = exc
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"{model} never answered: {last}") from None
+                    time.sleep(2)
+        ps = sh("podman", "ps", "-a", "--filter", f"label=io.podman.compose.project={project}",
+                "--format", "{{.Names}} {{.Status}}", check=False)  # fmt: skip
+        result["containers"] = ps.stdout.splitlines()
+        for name in ("gateway", "cache", "monitor"):
+            probe = sh("podman", "exec", f"{project}_{name}_1", "python", "-c",
+                       "import importlib.util as u; print(bool(u.find_spec('onnxruntime')), bool(u.find_spec('torch')))",
+                       check=False)  # fmt: skip
+            result[f"{name}_heavy"] = probe.stdout.strip()
+    except Exception as exc:
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        result["trace"] = traceback.format_exc()[-2000:]
+        logs = {}
+        ps = sh("podman", "ps", "-a", "--filter", f"label=io.podman.compose.project={project}", "--format", "{{.Names}}",
+                check=False)  # fmt: skip
+        for name in ps.stdout.split():
+            logs[name] = sh("podman", "logs", "--tail", "30", name, check=False).stdout[-2500:]
+        result["logs"] = logs
+    finally:
+        sh(*base, "down", "-v", timeout=300, check=False)
+        result["total_s"] = round(time.monotonic() - started, 1)
+        Path(result_path).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

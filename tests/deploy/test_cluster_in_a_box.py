@@ -1,0 +1,94 @@
+"""The acceptance test of the chart: a cluster in a box (tests/deploy/box).
+
+The chart is rendered by the real Helm engine (helm-python-sdk) and installed as Helm installs it:
+the pre-install hook Job, then every workload as local processes with exactly the env, args and
+mounted files its pod gets, each pod in a network namespace of its own, Services on virtual IPs.
+Real clients (tritonclient, over TLS with the release's CA and the generated API key) then check
+what an operator would. Only the Kubernetes API server is a stand-in (box/apiserver.py).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from .box import run_box
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
+
+if shutil.which("unshare") is None or shutil.which("nsenter") is None:
+    pytest.skip("the box needs util-linux's unshare and nsenter", allow_module_level=True)
+
+# The shared 2-core machine answers Redis slower than the gateway's 5 ms budget under this load, and
+# the gateway then enforces 1/N locally for a while (by design, and it over-admits); the test is about
+# sharing, so it gives Redis a second.
+SHARED_MACHINE = {"gateway": {"extraEnv": [{"name": "AIWORKS_GATEWAY_LIMITS_TIMEOUT_S", "value": "1.0"}]}}
+
+
+@pytest.fixture(scope="module")
+def default_install(tmp_path_factory) -> dict:
+    """The default values, as `helm install aiworks helm/aiworks` gets them."""
+    return run_box(tmp_path_factory.mktemp("box-default"), SHARED_MACHINE,
+                   ["default_install_serves", "shared_limits"], timeout_s=900)
+
+
+def scenario(result: dict, name: str) -> dict:
+    assert "error" not in result, f"{result.get('error')}\n{result.get('trace')}\n{result.get('cluster')}"
+    found = result["scenarios"][name]
+    assert found["ok"], f"{found.get('error')}\n{found.get('trace')}\n{found.get('cluster')}"
+    return found
+
+
+def test_default_install_answers_the_demo_models(default_install: dict) -> None:
+    found = scenario(default_install, "default_install_serves")
+    assert found["api_key_generated"] and found["tls"], "closed by default: a generated key, mutual TLS"
+    assert found["iris"]["label"] == [0, 0, 0] or len(found["iris"]["label"]) == 3
+    assert "401" in found["anonymous"], "no key, no inference"
+    assert found["helm_test"]["passed"], found["helm_test"]["log"]
+    # Target: from a rendered default install to the first successful inference in under 60 s.
+    print(f"first inference {found['first_inference_s']} s after the install began; digits {found['digits_after_s']} s")
+    assert found["first_inference_s"] < 60
+
+
+def test_two_gateways_share_one_tenants_limits(default_install: dict) -> None:
+    found = scenario(default_install, "shared_limits")
+    assert found["gateways"] == 2 and found["other_errors"] == 0, found
+    assert found["redis_fallbacks"] == 0, "a gateway lost Redis during the run: not a test of sharing"
+    assert found["limited"] > 0, "the load exceeded the rate"
+    # Admitted within 1 % of what one bucket of `burst` refilled at `rate` admits over the span.
+    assert abs(found["error_pct"]) <= 1.0, found
+    # Usage read from either replica counts both replicas' traffic.
+    totals = [sum(row["requests"] for row in report["totals"] if row["model"] == "iris") for report in found["usage"]]
+    before = sum(row["requests"] for row in found["usage_before"]["totals"] if row["model"] == "iris")
+    assert totals[0] == totals[1] == before + found["admitted"], (totals, before, found["admitted"])
+
+
+def test_helm_test_fails_when_no_model_loaded(tmp_path: Path) -> None:
+    values = {
+        "runtime": {"pools": {"iris": {"storageUri": "pvc://models/iris"}, "digits": None},
+                    "storage": {"pvcClaims": ["models"]}},
+        "tests": {"timeoutSeconds": 15},
+    }
+    result = run_box(tmp_path / "box", values, ["helm_test_fails_without_model"], prepare="broken_iris", timeout_s=600)
+    found = scenario(result, "helm_test_fails_without_model")
+    assert found["runtime_running"] == [True] and found["runtime_ready"] == [False], found["runtime_log"]
+    assert not found["helm_test_passed"]
+    assert "NOT READY: iris" in found["helm_test_log"], found["helm_test_log"]
+
+
+def test_an_operators_own_stores_and_jwt(tmp_path: Path) -> None:
+    """ci/external-values.yaml: JWT, an external Redis, models from a claim and from S3 (a real SeaweedFS),
+    two gateways, Gateway API routes and a tracing collector, installed as the operator would."""
+    import yaml
+
+    from .support import CHART
+
+    values = yaml.safe_load((CHART / "ci" / "external-values.yaml").read_text())
+    result = run_box(tmp_path / "box", values, ["values_install_serves"], prepare="external_stores", timeout_s=900)
+    found = scenario(result, "values_install_serves")
+    assert found["credentials"] == "jwt"
+    assert {"iris_after_s", "iris-s3_after_s"} <= set(found), found
+    assert "401" in found["anonymous"], found["anonymous"]
+    assert found["helm_test"]["passed"], found["helm_test"]["log"]
