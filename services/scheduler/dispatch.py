@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from aiworks.core import metrics
-from aiworks.core.errors import AIWorksError, DeadlineExceeded, Status, Unavailable
+from aiworks.core.errors import AIWorksError, DeadlineExceeded, Status, StreamLost, Unavailable
 from aiworks.core.inference import InferRequest
 from aiworks.core.model_config import ModelSpec, check_inputs
 from aiworks.core.options import Priority, RequestOptions
@@ -207,9 +207,13 @@ class Dispatcher:
                 tried.add(replica.replica_id)
                 if attempt >= self.policy.max_retries:
                     raise error
-                if not self.budget.try_retry():
-                    raise Unavailable(f"{error.message} (not retried: the retry budget is spent)")
-                holds_retry = True
+                # A stream that broke under the request means its replica is gone: every request it held fails
+                # at once, once, and no retry goes back to it (it is marked down), so these retries cannot
+                # feed a storm and take no unit of the budget, which guards against retrying into overload.
+                if not isinstance(error, StreamLost):
+                    if not self.budget.try_retry():
+                        raise Unavailable(f"{error.message} (not retried: the retry budget is spent)")
+                    holds_retry = True
                 log.warning("request for %s/%s failed on %s (%s); retrying", *key, replica.replica_id, error.message)
                 self.retries[key] = self.retries.get(key, 0) + 1
                 metrics.SCHEDULER_RETRIES.labels(*key).inc()

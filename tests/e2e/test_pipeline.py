@@ -7,6 +7,8 @@ that chains them. Both modes must answer what the unsplit model answers.
 
 from __future__ import annotations
 
+import time
+
 import asyncio
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -128,9 +130,15 @@ def test_concurrent_pipeline_requests_batch_at_each_stage_and_stay_correct(pipel
     assert rows_after - rows_before == sent
     assert batches_after - batches_before < 96  # stage requests of different clients shared batches
 
+    # The runtimes report their queues in their heartbeats (every second): wait for the next ones.
+    deadline = time.monotonic() + 5
     with internal_channel(suite.supervisor, suite.supervisor.scheduler_address, "scheduler") as channel:
-        status = scheduler_pb2_grpc.SchedulerServiceStub(channel).Status(scheduler_pb2.StatusRequest(), timeout=5)
-    queues = {q.model for q in status.queues}
+        stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+        while True:
+            queues = {q.model for q in stub.Status(scheduler_pb2.StatusRequest(), timeout=5).queues}
+            if {"digits_stage1", "digits_stage2"} <= queues or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
     assert {"digits_stage1", "digits_stage2"} <= queues and "digits_pipe" not in queues
 
 

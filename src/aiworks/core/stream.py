@@ -32,7 +32,15 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
-from aiworks.core.errors import AIWorksError, DeadlineExceeded, Status, Unavailable, from_grpc_code, from_rpc_error
+from aiworks.core.errors import (
+    AIWorksError,
+    DeadlineExceeded,
+    Status,
+    StreamLost,
+    Unavailable,
+    from_grpc_code,
+    from_rpc_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -277,7 +285,7 @@ class MultiplexedStream:
             self._outbox.clear()
         for future in self._pending.values():
             if not future.done():
-                future.set_exception(Unavailable(error.message))
+                future.set_exception(StreamLost(error.message))
 
     async def close(self) -> None:
         reader = self._reader
