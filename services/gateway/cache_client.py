@@ -15,10 +15,9 @@ The cache is an optimization, never a dependency: a lookup slower than
 failures in a row the breaker opens and the cache is skipped for
 ``retry_after_s``, then probed again, so caching resumes on its own.
 
-Which models are cached, and their resolved versions, come from the
-scheduler's ModelMetadata, kept for ``metadata_ttl_s`` (1 s) so the lookup
-stays off the hot path. A version loaded through another gateway is
-therefore seen here within that time.
+Which models are cached comes from the spec of the version the request
+resolved to (the gateway's routing table, which the scheduler keeps
+current); the policy is read from it once per spec.
 """
 
 from __future__ import annotations
@@ -53,7 +52,6 @@ LOOKUP_RESULTS = (R_HIT, R_MISS, R_BYPASS, R_ERROR) = ("hit", "miss", "bypass", 
 _PUT_TIMEOUT_S = 1.0
 _INVALIDATE_TIMEOUT_S = 5.0
 
-Metadata = Callable[[str, str], Awaitable[tuple[ModelSpec, list[str]]]]
 Compute = Callable[[InferRequest], Awaitable[InferResponse]]
 
 
@@ -75,23 +73,15 @@ class GatewayCacheCounters:
         return asdict(self)
 
 
-@dataclass(frozen=True, slots=True)
-class _Resolved:
-    version: str
-    policy: CachePolicy
-
-
 class CacheClient:
     """Calls the CacheService from the gateway; failures never reach the client."""
 
     def __init__(
         self,
         address: str,
-        metadata: Metadata,
         *,
         max_message_bytes: int,
         lookup_timeout_s: float = 0.01,
-        metadata_ttl_s: float = 1.0,
         failure_threshold: int = 10,
         retry_after_s: float = 1.0,
         max_pending_stores: int = 256,
@@ -99,9 +89,7 @@ class CacheClient:
         tls: TLSFiles | None = None,
     ):
         self.address = address
-        self._metadata = metadata
         self.lookup_timeout_s = lookup_timeout_s
-        self.metadata_ttl_s = metadata_ttl_s
         self.max_pending_stores = max_pending_stores
         self._clock = clock
         self._channel = client_channel(address, max_message_bytes, tls, server_name="cache")
@@ -110,8 +98,7 @@ class CacheClient:
         self._puts = MultiplexedStream(self._stub.PutStream, f"cache {address}", pb.PutRequestFrame, max_message_bytes)
         self.breaker = CircuitBreaker(failure_threshold=failure_threshold, retry_after_s=retry_after_s, clock=clock)
         self.counters = GatewayCacheCounters()
-        self._resolved: dict[tuple[str, str], tuple[float, _Resolved | None]] = {}
-        self._resolving: dict[tuple[str, str], asyncio.Future] = {}
+        self._policies: dict[int, tuple[ModelSpec, CachePolicy]] = {}  # id(spec) -> (spec, its policy)
         self._stores: set[asyncio.Task] = set()
         self._pending_invalidations: set[str] = set()
         self._retry_task: asyncio.Task | None = None
@@ -120,10 +107,10 @@ class CacheClient:
 
     # ---- the request path ---------------------------------------------------------------------
 
-    async def infer(self, request: InferRequest, compute: Compute) -> InferResponse:
-        """Answer ``request`` from the cache, or with ``compute`` and store the result."""
-        resolved = await self._resolve(request.model, request.version)
-        if resolved is None:  # not a cached model (or an unknown one): no lookup at all
+    async def infer(self, request: InferRequest, spec: ModelSpec, compute: Compute) -> InferResponse:
+        """Answer ``request`` (for version ``spec``) from the cache, or with ``compute`` and store the result."""
+        policy = self._policy(spec)
+        if not policy.enabled:  # not a cached model: no lookup at all
             if skip_reason(request.parameters):
                 self.counters.skipped += 1
             return await compute(request)
@@ -135,11 +122,10 @@ class CacheClient:
         if request.model in self._pending_invalidations:
             self.counters.bypassed += 1
             lookups[R_BYPASS].inc()
-            return self._mark(await compute(request), False, resolved.policy)
+            return self._mark(await compute(request), False, policy)
         with tracing.child_span("cache lookup", {"aiworks.model": request.model}) as span:
-            policy = resolved.policy
             key = request_key(
-                request.model, resolved.version, request.inputs, request.outputs, request.parameters, policy,
+                request.model, spec.version, request.inputs, request.outputs, request.parameters, policy,
                 tenant=request.tenant,
             )  # fmt: skip
             found, result = await self._lookup(request.model, key)
@@ -158,7 +144,7 @@ class CacheClient:
         response = await compute(request)
         if found is not None:
             self.counters.misses += 1
-            if response.version == resolved.version:
+            if response.version == spec.version:
                 self._store_later(request.model, key, found.epoch, response, policy)
         return self._mark(response, False, policy)
 
@@ -225,34 +211,14 @@ class CacheClient:
 
     # ---- which models are cached ----------------------------------------------------------------
 
-    async def _resolve(self, model: str, version: str) -> _Resolved | None:
-        """The resolved version and policy of a cached model; None when it is not cached (or unknown)."""
-        ref = (model, version)
-        entry = self._resolved.get(ref)
-        if entry is not None and self._clock() < entry[0]:
-            return entry[1]
-        pending = self._resolving.get(ref)
-        if pending is None:
-            pending = asyncio.get_running_loop().create_task(self._fetch(ref))
-            self._resolving[ref] = pending
-            pending.add_done_callback(lambda _: self._resolving.pop(ref, None))
-        return await asyncio.shield(pending)
-
-    async def _fetch(self, ref: tuple[str, str]) -> _Resolved | None:
-        try:
-            spec, _ = await self._metadata(*ref)
-        except Exception:  # unknown or unavailable: the scheduler tells the client, not the cache
-            resolved = None
-        else:
-            policy = CachePolicy.from_parameters(spec.parameters, spec.name)
-            resolved = _Resolved(spec.version, policy) if policy.enabled else None
-        self._resolved[ref] = (self._clock() + self.metadata_ttl_s, resolved)
-        return resolved
-
-    def forget(self, model: str) -> None:
-        """Drop what is known about ``model``'s versions and policy."""
-        for ref in [r for r in self._resolved if r[0] == model]:
-            del self._resolved[ref]
+    def _policy(self, spec: ModelSpec) -> CachePolicy:
+        """The cache policy a version's config sets, read once per spec."""
+        entry = self._policies.get(id(spec))
+        if entry is None or entry[0] is not spec:
+            if len(self._policies) > 4096:
+                self._policies.clear()
+            entry = self._policies[id(spec)] = (spec, CachePolicy.from_parameters(spec.parameters, spec.name))
+        return entry[1]
 
     # ---- invalidation ---------------------------------------------------------------------------
 
@@ -262,7 +228,6 @@ class CacheClient:
         Until the cache confirms, this gateway bypasses the cache for the
         model, and retries the invalidation in the background.
         """
-        self.forget(model)
         self._pending_invalidations.add(model)
         if not await self._invalidate(model):
             self._ensure_retrying()

@@ -22,7 +22,6 @@ caller in as the anonymous tenant, which may do everything):
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -34,11 +33,9 @@ from aiworks.gateway.filters import InputFilter, InputLimits
 from aiworks.gateway.limits import Admission, TenantLimiter
 from aiworks.gateway.masking import MaskingPolicies
 from aiworks.gateway.metering import UsageMeter
-from aiworks.gateway.scheduler_client import SchedulerClient, Work, outstanding_compute_s
 from aiworks.gateway.settings import GatewaySettings
-from aiworks.gateway.specs import ModelSpecs
 from aiworks.gateway.telemetry import GatewayTelemetry, short
-from aiworks.gateway.tenancy import PRIORITY_CLAMPED, apply_tenant_defaults, demo_config, load_tenancy
+from aiworks.gateway.tenancy import PRIORITY_CLAMPED, demo_config, load_tenancy, tenant_classes
 
 from aiworks import __version__
 from aiworks.core import metrics
@@ -48,6 +45,9 @@ from aiworks.core.inference import InferRequest, InferResponse, PendingInputs
 from aiworks.core.looplag import offload
 from aiworks.core.model_config import ModelSpec
 from aiworks.core.names import check_model_name, check_version
+from aiworks.core.options import read_options
+from aiworks.runtime.client import Work, outstanding_compute_s
+from aiworks.scheduler.client import Routing, SchedulerClient
 from aiworks.security.audit import AuditLog
 
 log = logging.getLogger(__name__)
@@ -148,16 +148,17 @@ class GatewayDataPlane:
     def __init__(
         self,
         scheduler: SchedulerClient,
+        routing: Routing,
         server_name: str = "aiworks",
         cache: CacheClient | None = None,
         tenancy: Tenancy | None = None,
-        spec_ttl_s: float = 1.0,
     ):
         self.scheduler = scheduler
+        # The scheduler's routing table, watched: model specs, versions and replicas come from it.
+        self.routing = routing
         self.server_name = server_name
         self.cache = cache
         self.tenancy = tenancy if tenancy is not None else Tenancy.demo()
-        self.specs = ModelSpecs(scheduler.metadata, spec_ttl_s)
         # Per-request metrics, the server span and the audit line; the front ends wrap each inference in it.
         self.telemetry = GatewayTelemetry(audit=self.tenancy.audit)
 
@@ -199,18 +200,16 @@ class GatewayDataPlane:
         return True
 
     async def ready(self) -> bool:
-        try:
-            return await self.scheduler.ready()
-        except Exception as exc:
-            log.warning("not ready: %s", exc)
-            return False
+        """Ready while the routing table has arrived and lists a live replica (the scheduler may be away)."""
+        return self.routing.ready()
 
     def server_metadata(self) -> dict:
         return {"name": self.server_name, "version": __version__, "extensions": EXTENSIONS}
 
     async def model_metadata(self, name: str, version: str, credentials: Headers = ()) -> dict:
         self._for_model(credentials, name, version)
-        spec, versions = await self.scheduler.metadata(name, version)
+        spec = self.routing.spec(name, version)
+        versions = self.routing.versions(name)
         return {
             "name": spec.name,
             "versions": versions,
@@ -222,12 +221,11 @@ class GatewayDataPlane:
     async def model_config(self, name: str, version: str, credentials: Headers = ()) -> dict:
         """The model's config in Triton's JSON form (the fields the suite uses)."""
         self._for_model(credentials, name, version)
-        spec, _ = await self.scheduler.metadata(name, version)
-        return spec_to_triton_config(spec)
+        return spec_to_triton_config(self.routing.spec(name, version))
 
     async def model_ready(self, name: str, version: str, credentials: Headers = ()) -> bool:
         self._for_model(credentials, name, version)
-        return await self.scheduler.model_ready(name, version)
+        return self.routing.model_ready(name, version)
 
     # ---- inference ----------------------------------------------------------------------------
 
@@ -246,19 +244,22 @@ class GatewayDataPlane:
         self.tenancy.auth.authorize(principal, model)
 
     async def infer(
-        self, request: InferRequest, principal: Principal | None = None, pending: PendingInputs | None = None
-    ) -> InferResponse:
+        self, request: InferRequest, principal: Principal | None = None, pending: PendingInputs | None = None, *,
+        request_id: str = "", transport_deadline_s: float | None = None,
+    ) -> InferResponse:  # fmt: skip
         """One inference, in the order of docs/tenancy.md.
 
         The front end has authenticated the caller (``principal``), read the
         body within :func:`request_limit` and parsed the request's header;
         ``pending`` decodes its tensor data (None: already decoded). Here:
         check the names, authorize the model, check the element caps on the
-        declared shapes, and only then decode, filter the inputs against the
-        model's spec, apply the tenant's defaults and priority ceiling, admit
-        (rate, concurrency, quota), answer from the cache or the scheduler,
-        release the slot charging the runtime time it cost (:meth:`_settle`),
-        meter, and mask outputs.
+        declared shapes, resolve its version (weights apply), and only then
+        decode, filter the inputs against the model's spec, read the request's
+        options once (its class, within the tenant's default and ceiling, and
+        its deadline), admit (rate, concurrency, quota), answer from the cache
+        or a runtime replica, release the slot charging the runtime time it
+        cost (:meth:`_settle`), meter, and mask outputs.
+        ``transport_deadline_s`` is the time a gRPC client's own deadline leaves.
         """
         tenancy = self.tenancy
         if principal is None:
@@ -269,27 +270,36 @@ class GatewayDataPlane:
         check_version(request.version)
         tenancy.auth.authorize(principal, request.model)
         tenancy.filters.check_bounds(request)  # caps on what the header declares: nothing decoded yet
-        spec = await self.specs.get(request.model, request.version)
+        spec = self.routing.resolve(request.model, request.version)
         slow = pending.slow_elements if pending is not None else 0
         slow += sum(element_count(t.shape) for t in request.inputs if t.datatype == "BYTES")
         rows = await offload(self._prepare, request, pending, spec, large=slow > OFF_LOOP_ELEMENTS)
-        clamped = apply_tenant_defaults(request, tenant)
+        default, ceiling = tenant_classes(tenant)
+        options = read_options(
+            request.parameters, default=default or self.routing.default_priority, ceiling=ceiling,
+            tenant=tenant.id, request_id=request_id or request.id, transport_deadline_s=transport_deadline_s,
+        )  # fmt: skip
+        request.version, request.resolved = spec.version, True
         admission = await tenancy.limiter.admit(tenant)
         work = Work()
         response = None
         try:
-            compute = functools.partial(self.scheduler.infer, work=work)
+
+            async def compute(req: InferRequest) -> InferResponse:
+                answer = await self.routing.infer(req, options, spec=spec, work=work)
+                return InferResponse(spec.name, spec.version, answer.outputs, id=req.id, compute_s=work.compute_s)
+
             if self.cache is not None:
-                # ---- result cache hook (docs/cache.md): lookup, schedule on a miss, store in the background.
-                response = await self.cache.infer(request, compute)
+                # ---- result cache hook (docs/cache.md): lookup, a replica on a miss, store in the background.
+                response = await self.cache.infer(request, spec, compute)
             else:
                 response = await compute(request)
         finally:  # the Redis round trip of a release stays off the answer's latency
             self._settle(admission, spec.name, work, answered=response is not None)
         # A cache hit cost no runtime time: work.compute_s is 0 then.
         tenancy.meter.record(tenant.id, spec.name, rows=rows, compute_s=work.compute_s, cache_hit=response.cache_hit)
-        if clamped is not None:
-            response.parameters[PRIORITY_CLAMPED] = clamped
+        if options.clamped:
+            response.parameters[PRIORITY_CLAMPED] = options.priority.label
         return await tenancy.masking.mask_async(spec, response)
 
     def _prepare(self, request: InferRequest, pending: PendingInputs | None, spec: ModelSpec) -> int:
@@ -364,9 +374,9 @@ class GatewayDataPlane:
     async def _load(self, name: str) -> None:
         check_model_name(name)
         try:
-            await self.scheduler.load(name)
+            _, generation = await self.scheduler.load(name)
+            await self.routing.caught_up(generation)  # this gateway's next request sees the load
         finally:
-            self.specs.forget(name)
             # ---- result cache hook: a (re)loaded model's old results must not be served.
             if self.cache is not None:
                 await self.cache.invalidate(name)
@@ -374,9 +384,8 @@ class GatewayDataPlane:
     async def _unload(self, name: str) -> None:
         check_model_name(name)
         try:
-            await self.scheduler.unload(name)
+            await self.routing.caught_up(await self.scheduler.unload(name))
         finally:
-            self.specs.forget(name)
             # ---- result cache hook: an unloaded model's results go with it.
             if self.cache is not None:
                 await self.cache.invalidate(name)

@@ -82,7 +82,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             if principal.tenant.max_request_bytes:  # the server already bounds messages by the gateway's limit
                 check_body_size(request.ByteSize(), request_limit(principal, self.max_request_bytes), call.tenant)
             call.request, pending = to_infer_request_header(request, self.dataplane.limits)
-            call.response = await self.dataplane.infer(call.request, principal, pending)
+            call.response = await self.dataplane.infer(
+                call.request, principal, pending, request_id=call.request_id,
+                transport_deadline_s=context.time_remaining(),
+            )  # fmt: skip
             return from_infer_response(call.response)
 
     @handle_errors

@@ -20,8 +20,8 @@ from aiworks.gateway.dataplane import GatewayDataPlane, Tenancy
 from aiworks.gateway.grpc_servicer import InferenceServicer
 from aiworks.gateway.http_app import create_app
 from aiworks.gateway.http_protocol import bounded_protocol
-from aiworks.gateway.scheduler_client import SchedulerClient
 from aiworks.gateway.settings import GatewaySettings
+from aiworks.scheduler.client import Routing, SchedulerClient
 from aiworks.security.callers import own_caller
 from aiworks.security.tls import uvicorn_ssl_options
 
@@ -60,24 +60,21 @@ async def serve(settings: GatewaySettings) -> None:
     # TLS on the public ports with a certificate; mutual TLS to the scheduler and cache once a CA is set too.
     public_tls = settings.tls_files(mutual=False)
     internal_tls = public_tls if public_tls and public_tls.ca else None
-    use_process_caller(own_caller(settings, "gateway"))  # to the scheduler and cache, over plaintext
-    scheduler = SchedulerClient(
-        settings.scheduler_address, settings.max_message_bytes, settings.request_timeout_s, internal_tls
-    )
+    use_process_caller(own_caller(settings, "gateway"))  # to the scheduler, runtimes and cache, over plaintext
+    scheduler = SchedulerClient(settings.scheduler_address, settings.max_message_bytes, 10.0, internal_tls)
+    # The scheduler's routing table, watched; requests go from here straight to the runtimes.
+    routing = Routing(scheduler, runtime_timeout_s=settings.request_timeout_s)
+    await routing.start(wait_s=5.0)
     cache = None
     if settings.cache_address:
         cache = CacheClient(
             settings.cache_address,
-            scheduler.metadata,
             max_message_bytes=settings.max_message_bytes,
             lookup_timeout_s=settings.cache_lookup_timeout_s,
-            metadata_ttl_s=settings.cache_metadata_ttl_s,
             retry_after_s=settings.cache_retry_after_s,
             tls=internal_tls,
         )
-    dataplane = GatewayDataPlane(
-        scheduler, settings.server_name, cache=cache, tenancy=tenancy, spec_ttl_s=settings.cache_metadata_ttl_s
-    )
+    dataplane = GatewayDataPlane(scheduler, routing, settings.server_name, cache=cache, tenancy=tenancy)
 
     grpc_server, health = create_server(settings.max_request_bytes, max_metadata_bytes=settings.max_header_bytes)
     servicer = InferenceServicer(dataplane, settings.max_request_bytes)
@@ -127,6 +124,7 @@ async def serve(settings: GatewaySettings) -> None:
         await cache.close()
         log.info("result cache client: %s", cache.counters.as_dict())
     # Before the limits close: answers still awaited for abandoned requests settle (free their slots) now.
+    await routing.close()
     await scheduler.close()
     await tenancy.close()  # the last usage to Redis, the last audit lines to disk
     lag.stop()

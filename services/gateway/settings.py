@@ -27,11 +27,15 @@ class GatewaySettings(ServiceSettings):
     http_port: int = Field(8000, description="Port of the Open Inference Protocol over HTTP.")
     grpc_port: int = Field(8001, description="Port of the Open Inference Protocol over gRPC.")
     metrics_port: int = Field(8002, description="Port of the Prometheus /metrics endpoint; 0 picks a free one.")
-    scheduler_address: str = Field(..., description="host:port of the scheduler (required).")
+    scheduler_address: str = Field(
+        ..., description="host:port of the scheduler (required); several, comma-separated, fail over in order."
+    )
     max_request_bytes: int = Field(
         32 * 1024 * 1024, description="Largest request body (HTTP) or message (gRPC) accepted, in bytes."
     )
-    request_timeout_s: float = Field(60.0, description="Deadline of one inference through the scheduler.")
+    request_timeout_s: float = Field(
+        60.0, description="Longest a request without a deadline of its own waits for its runtime replica."
+    )
     server_name: str = Field("aiworks", description="Name reported by server metadata.")
 
     # ---- result cache (docs/cache.md) ----
@@ -43,9 +47,6 @@ class GatewaySettings(ServiceSettings):
     )
     cache_retry_after_s: float = Field(
         1.0, description="After repeated cache failures, how long the cache is skipped before it is tried again."
-    )
-    cache_metadata_ttl_s: float = Field(
-        1.0, description="How long a model's resolved version and cache policy are reused before asking again."
     )
 
     # ---- tenancy (docs/tenancy.md); no tenants file: demo mode, nothing authenticated, no limits ----

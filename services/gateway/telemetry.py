@@ -75,6 +75,8 @@ class GatewayTelemetry:
         request, response = call.request, call.response
         if response is not None:
             model, version = self._labels(response.model, response.version, error is None)
+        elif request is not None and request.resolved:  # a version routing chose: a known one, safe as a label
+            model, version = self._labels(request.model, request.version, True)
         else:
             model, version = self._labels(call.model, call.version, False)
         if call.tenant is None and request is not None:

@@ -36,12 +36,11 @@ from typing import Any, Literal
 
 import yaml
 from aiworks.gateway.filters import compile_deny_list
-from aiworks.scheduler.qos import parse_priority  # Triton's priority convention, read as the scheduler reads it
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from aiworks.core.errors import InvalidArgument
-from aiworks.core.inference import InferRequest
+from aiworks.core.options import Priority as OptionPriority
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +54,7 @@ PUBLIC_KEY_ALGORITHMS = frozenset(
     {"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"}
 )
 Priority = Literal["realtime", "standard", "batch"]
-_RANK = {"realtime": 0, "standard": 1, "batch": 2}  # aiworks.scheduler.qos.Priority's values
+_RANK = {"realtime": 0, "standard": 1, "batch": 2}  # aiworks.core.options.Priority's values
 # Response parameter naming the class a request was served in when it asked for more than its tenant's ceiling.
 PRIORITY_CLAMPED = "priority_clamped"
 
@@ -336,30 +335,14 @@ def load_tenancy(tenants_file: Path | str | None, api_keys_file: Path | str | No
     return config
 
 
-def apply_tenant_defaults(request: InferRequest, tenant: Tenant) -> str | None:
-    """Give a request its tenant's class: the default when it names none, the ceiling at most.
+def tenant_classes(tenant: Tenant) -> tuple[OptionPriority | None, OptionPriority | None]:
+    """A tenant's default class (for requests that name none) and its ceiling (the most urgent it gets).
 
-    ``priority`` 0 or absent means "default" in Triton's convention, which is
-    exactly when the tenant's ``default_priority`` applies. A class the client
-    names is kept unless it is more urgent than the tenant's ceiling
-    (:attr:`Tenant.priority_ceiling`); then it is lowered to the ceiling and
-    the class applied is returned, for the response parameter
-    :data:`PRIORITY_CLAMPED`. A value that names no class is left for the
-    scheduler to refuse (400).
+    :func:`aiworks.core.options.read_options` applies them: ``priority`` 0 or
+    absent means "default" in Triton's convention, which is exactly when the
+    default applies; a more urgent class than the ceiling is lowered to it,
+    and the response says so (:data:`PRIORITY_CLAMPED`).
     """
-    value = request.parameters.get("priority")
-    if value in (None, "", 0, "0"):
-        if tenant.default_priority is not None:
-            request.parameters["priority"] = tenant.default_priority
-        return None
+    default = OptionPriority.named(tenant.default_priority) if tenant.default_priority else None
     ceiling = tenant.priority_ceiling
-    if ceiling is None:
-        return None
-    try:
-        asked = parse_priority(value)
-    except InvalidArgument:
-        return None
-    if asked is not None and int(asked) < _RANK[ceiling]:  # a lower rank is more urgent
-        request.parameters["priority"] = ceiling
-        return ceiling
-    return None
+    return default, OptionPriority.named(ceiling) if ceiling else None

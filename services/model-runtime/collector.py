@@ -1,7 +1,10 @@
 """The runtime replica's state as Prometheus gauges, read when Prometheus scrapes.
 
 - ``aiworks_runtime_models_loaded``: model versions this replica reports ready,
-  read on the event loop's thread (:func:`aiworks.core.metrics.on_loop`).
+  read on the event loop's thread (:func:`aiworks.core.metrics.on_loop`);
+- ``aiworks_scheduler_queue_depth`` and ``_queue_bytes``: this replica's
+  queues (the scheduling stage's gauges keep their names; the queues moved
+  from the scheduler into the runtimes), read the same way.
 - GPU utilisation and memory, where something reports them: the Triton
   backend's ``nv_gpu_*`` metrics while this replica has a Triton connection
   open (:meth:`TritonConnection.gpu_metrics`), else NVML for a replica that
@@ -42,9 +45,11 @@ class RuntimeCollector(metrics.ScrapeCollector):
         count_models: Callable[[], int],
         triton_gpus: Callable[[], dict[str, dict[str, float]] | None] = lambda: None,
         nvml=None,
+        read_queues: Callable[[], list] = list,
     ):
         self.replica_id = replica_id
         self._count_models = count_models
+        self._read_queues = read_queues
         self._triton_gpus = triton_gpus
         self._nvml = nvml
 
@@ -59,7 +64,30 @@ class RuntimeCollector(metrics.ScrapeCollector):
             )
             family.add_metric([self.replica_id], loaded)
             yield family
+        yield from self._queue_families()
         yield from self._gpu_families()
+
+    def _queue_families(self):
+        """The queues' depth per class and bytes (the scheduling stage's gauges; the queues live here)."""
+        try:
+            queues = self._read_queues()
+        except Exception as exc:
+            log.warning("queue depths not exported this scrape: %s", exc or type(exc).__name__)
+            return
+        depth = GaugeMetricFamily(
+            metrics.SCHEDULER_QUEUE_DEPTH, "Requests queued now.", labels=["model", "version", "priority"]
+        )
+        queued_bytes = GaugeMetricFamily(
+            metrics.SCHEDULER_QUEUE_BYTES, "Input bytes queued now.", labels=["model", "version"]
+        )
+        for q in queues:
+            for priority, count in (
+                ("realtime", q.queued_realtime), ("standard", q.queued_standard), ("batch", q.queued_batch)
+            ):  # fmt: skip
+                depth.add_metric([q.model, q.version, priority], count)
+            queued_bytes.add_metric([q.model, q.version], q.queued_bytes)
+        yield depth
+        yield queued_bytes
 
     def _gpu_families(self):
         try:

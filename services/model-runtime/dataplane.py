@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 from aiworks.runtime.backends import BACKENDS
+from aiworks.runtime.batcher import QueueLimits
+from aiworks.runtime.queues import RequestQueues
 from aiworks.runtime.repository import ModelRepository
 from aiworks.runtime.residency import (
     ResidencyLRU,
@@ -112,6 +114,8 @@ class RuntimeDataPlane:
         replica_id: str = "",
         drain_timeout_s: float = 30.0,
         retire_quiet_s: float = 2.0,
+        batching: bool = True,
+        queue_limits: QueueLimits = QueueLimits(),
     ):
         self.replica_id = replica_id
         self.inline_below_ns = inline_below_us * 1000
@@ -135,8 +139,10 @@ class RuntimeDataPlane:
         self._executions = metrics.Children(metrics.RUNTIME_EXECUTIONS)
         # TESTS ONLY (RuntimeSettings.debug_delay_ms): a replica made slow on purpose.
         self._debug_delay_s = debug_delay_ms / 1e3
+        # Requests on their way to the models: queues, priorities, deadlines, dynamic batching.
+        self.queues = RequestQueues(self, batching=batching, limits=queue_limits, drain_timeout_s=drain_timeout_s)
         # Awaited before a batch's error leaves when its backend just went unhealthy (a dead tritonserver):
-        # the registrar tells the scheduler first, so the scheduler queues the model's requests, not fails them.
+        # the registrar tells the scheduler first, so gateways hold the model's requests, not fail them.
         self.on_backend_down = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -295,8 +301,9 @@ class RuntimeDataPlane:
         log.info("%s: waited %.0f ms for executions in progress", what, (time.monotonic() - started) * 1e3)
 
     async def unload(self, name: str) -> None:
-        """Stop new executions of ``name`` at once; free it once those in progress finished."""
+        """Answer ``name``'s queued requests, stop new executions, free it once those in progress finished."""
         check_model_name(name)
+        await self.queues.drain(name)
         async with self._locks.setdefault(name, asyncio.Lock()):
             versions = self._models.pop(name, None)
             retiring = [k for k in self._retiring if k[0] == name]
@@ -444,6 +451,14 @@ class RuntimeDataPlane:
             raise NotFound(f"model '{name}' has no loaded version '{version}'")
         return found
 
+    def version_for(self, name: str, version: str) -> LoadedVersion:
+        """The loaded (or still retiring) version a request names; the latest when ``version`` is empty."""
+        return self._version(name, version)
+
+    def serves(self, name: str, version: str) -> bool:
+        """Whether ``name``/``version`` is loaded here, or retiring and still executable."""
+        return version in self._models.get(name, {}) or (name, version) in self._retiring
+
     def metadata(self, name: str, version: str) -> ModelSpec:
         return self._version(name, version).spec
 
@@ -506,10 +521,7 @@ class RuntimeDataPlane:
     async def _run_loaded(self, name: str, loaded: LoadedVersion, model, inputs, outputs, entered_ns: int):
         spec = loaded.spec
         feeds = _feeds(inputs)
-        declared_out = {o.name: o for o in spec.outputs}
-        for o in outputs:
-            if o not in declared_out:
-                raise InvalidArgument(f"model '{name}' has no output '{o}'; it has {sorted(declared_out)}")
+        declared_out = {o.name: o for o in spec.outputs}  # output names were checked when the requests arrived
         names = list(outputs) or [o.name for o in spec.outputs]
         rows = inputs[0].shape[0] if inputs and spec.max_batch_size > 0 else 1
         stats = loaded.stats
@@ -563,7 +575,8 @@ class RuntimeDataPlane:
                 stats.cold_start_ns = now_ns - loaded.load_requested_ns
         return out, compute_ns, loaded, rows
 
-    def close(self) -> None:
+    async def close(self) -> None:
+        await self.queues.close()
         for task in list(self._retire_tasks):
             task.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -79,6 +79,11 @@ class Registrar:
     def _health(self) -> tuple:
         return tuple(sorted(self._dataplane.unhealthy_versions()))
 
+    def _queues(self):
+        queues = self._dataplane.queues
+        queues.sweep()
+        return [spb.QueueStatus(**vars(q)) for q in queues.stats()]
+
     async def register(self) -> None:
         reply = await self._stub.RegisterReplica(
             spb.ReplicaInfo(models=self._models(), gpus=gpu_messages(self._gpus), **self._info), timeout=5
@@ -100,6 +105,7 @@ class Registrar:
                     inflight_batches=self._dataplane.inflight_batches,
                     models=self._models(),
                     gpus=gpu_messages(self._gpus),
+                    queues=self._queues(),
                 ),
                 timeout=max(self.interval_s * 3, 1.0),
             )

@@ -7,6 +7,7 @@ import logging
 import time
 
 from aiworks.runtime import onnxruntime_backend, torch_backend, triton_backend
+from aiworks.runtime.batcher import QueueLimits
 from aiworks.runtime.collector import RuntimeCollector
 from aiworks.runtime.dataplane import RuntimeDataPlane
 from aiworks.runtime.registrar import Registrar
@@ -138,6 +139,11 @@ async def serve(settings: RuntimeSettings) -> None:
         warmup=settings.warmup,
         debug_delay_ms=settings.debug_delay_ms,
         replica_id=replica_id,
+        drain_timeout_s=settings.drain_timeout_s,
+        batching=settings.batching,
+        queue_limits=QueueLimits(
+            settings.max_queue_requests, settings.max_queue_bytes, settings.priority_aging_ms / 1e3
+        ),
     )
     triton_backend.use_settings(settings)
     collector = RuntimeCollector(
@@ -145,6 +151,7 @@ async def serve(settings: RuntimeSettings) -> None:
         on_loop(asyncio.get_running_loop(), lambda: len(dataplane.ready_specs())),
         triton_backend.device_metrics,
         nvml,
+        on_loop(asyncio.get_running_loop(), dataplane.queues.stats),
     ).register()
     metrics, metrics_port = serve_metrics_or_warn(settings.metrics_port, settings.host)
     lag = start_loop_lag_probe("runtime")
@@ -224,7 +231,7 @@ async def serve(settings: RuntimeSettings) -> None:
         follower.cancel()
     await server.stop(grace=5)
     await channel.close()
-    dataplane.close()
+    await dataplane.close()
     triton_backend.shutdown()
     lag.stop()
     await stop_metrics(metrics)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 from aiworks.runtime.dataplane import RuntimeDataPlane
 
-from aiworks.core.converters import from_model_spec, from_statistics, from_tensor, to_tensor
+from aiworks.core.converters import from_model_spec, from_statistics, from_tensor, to_infer_request, to_options
+from aiworks.core.errors import AIWorksError
 from aiworks.core.rpc import handle_errors
-from aiworks.core.stream import serve_stream
-from aiworks.core.tracing import enabled as tracing_enabled
-from aiworks.core.tracing import server_span
+from aiworks.core.stream import error_fields, serve_stream
+from aiworks.core.tracing import remote_scope
 from aiworks.pb.runtime.v1 import runtime_pb2 as pb
 from aiworks.pb.runtime.v1 import runtime_pb2_grpc
 from aiworks.security.callers import ANY_CALLER
@@ -16,8 +18,7 @@ from aiworks.security.callers import ANY_CALLER
 
 # Who may call each method (docs/security.md), checked once per call or stream by CallerCheck.
 CALLERS_BY_METHOD = {
-    "Execute": {"scheduler"},
-    "ExecuteStream": {"scheduler"},
+    "InferStream": {"gateway"},
     "LoadModel": {"scheduler", "admin"},
     "UnloadModel": {"scheduler", "admin"},
     **dict.fromkeys(("ListModels", "ModelMetadata", "Statistics"), ANY_CALLER),
@@ -31,31 +32,31 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
         self.dataplane = dataplane
         self.replica_id = replica_id
 
-    async def _execute(self, request) -> pb.ExecuteResponse:
-        # A child of the scheduler's batch span (its context rides in the message).
-        with server_span("runtime execute", request.trace_context, self._span_attributes(request)) as span:
-            outputs, compute_ns = await self.dataplane.execute(
-                request.model, request.version, [to_tensor(t) for t in request.inputs], list(request.outputs)
-            )
-            span.set("aiworks.compute_ms", compute_ns / 1e6)
-        return pb.ExecuteResponse(outputs=[from_tensor(t) for t in outputs], compute_ns=compute_ns)
+    async def _infer(self, message) -> pb.InferResponse:
+        options = to_options(message.options, time.monotonic())
+        # The gateway's span is the parent of this request's spans here (its queue wait, its batch).
+        with remote_scope(message.options.trace_context):
+            try:
+                answer = await self.dataplane.queues.infer(to_infer_request(message), options)
+            except AIWorksError as exc:
+                code, text = error_fields(exc)
+                return pb.InferResponse(
+                    error_code=code, error_message=text, retry_after_s=exc.retry_after_s or 0.0,
+                    compute_us=getattr(exc, "compute_ns", 0) // 1000, queue_us=getattr(exc, "queue_ns", 0) // 1000,
+                )  # fmt: skip
+        return pb.InferResponse(
+            outputs=[from_tensor(t) for t in answer.outputs],
+            compute_us=answer.compute_ns // 1000,
+            queue_us=answer.queue_ns // 1000,
+        )
 
-    def _span_attributes(self, request) -> dict | None:
-        if not tracing_enabled():
-            return None
-        return {"aiworks.model": request.model, "aiworks.version": request.version, "aiworks.replica": self.replica_id}
-
-    @handle_errors
-    async def Execute(self, request, context):
-        return await self._execute(request)
-
-    async def ExecuteStream(self, request_iterator, context):
+    async def InferStream(self, request_iterator, context):
         await serve_stream(
             request_iterator,
             context,
-            self._execute,
-            lambda code, message: pb.ExecuteResponse(error_code=code, error_message=message),
-            pb.ExecuteResponseFrame,
+            self._infer,
+            lambda code, message: pb.InferResponse(error_code=code, error_message=message),
+            pb.InferResponseFrame,
         )
 
     @handle_errors

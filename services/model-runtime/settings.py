@@ -39,6 +39,22 @@ class RuntimeSettings(ServiceSettings):
         0, description="Bound on resident model versions (their size on disk); least recently used evicted. 0: none."
     )
     warmup: bool = Field(True, description="Run each version's warm-up batches before reporting it ready.")
+
+    # ---- queues and dynamic batching (docs/scheduler.md); they run here, next to the model ----
+    batching: bool = Field(True, description="Dynamic batching; false runs every request as its own batch.")
+    priority_aging_ms: float = Field(
+        100.0,
+        description="Aging step between classes: a request competes as if one class higher after waiting this long.",
+    )
+    max_queue_requests: int = Field(
+        2048, ge=1, description="Requests one model version may queue on this replica; more are refused (429)."
+    )
+    max_queue_bytes: int = Field(
+        64 << 20, ge=1, description="Input bytes one model version may queue on this replica; more are refused (429)."
+    )
+    drain_timeout_s: float = Field(
+        30.0, gt=0, description="Longest an unloaded or retired version's queued and running requests may take."
+    )
     # For tests only: makes a replica slow on purpose (tests/qos). Leave at 0.
     debug_delay_ms: float = Field(
         0.0, description="TESTS ONLY: extra delay added to every batch, in milliseconds; counted as compute time."

@@ -14,12 +14,11 @@ began": how many requests, how many failed, and the p99 latency.
 
 Where the numbers come from, and why:
 
-- Requests and errors from the scheduler's ``aiworks_scheduler_requests_total``
-  ``{model, version, status}``. The scheduler is where a request that names no
-  version (all canary traffic) is given one, and it labels a failure with that
-  version. The gateway labels a failed request with the version the client
-  named, which is empty for exactly the requests a canary serves, so its
-  failures would be invisible there.
+- Requests and errors from the gateway's ``aiworks_gateway_requests_total``
+  ``{model, version, status}``, summed over tenants and protocols: what
+  clients got. The gateway gives a request that names no version (all canary
+  traffic) its version from the scheduler's weights, and labels the answer,
+  a failure included, with that version.
 - Latency from the gateway's ``aiworks_gateway_request_duration_seconds``
   ``{model, version}``: end to end, as clients feel it, and labelled with the
   version that served once the request succeeded.
@@ -49,7 +48,7 @@ from aiworks.core.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
-REQUESTS = "aiworks_scheduler_requests_total"
+REQUESTS = "aiworks_gateway_requests_total"
 LATENCY_BUCKET = "aiworks_gateway_request_duration_seconds_bucket"
 QUANTILE = 0.99
 

@@ -181,9 +181,13 @@ class Observer:
         def serves(labels: dict[str, str]) -> bool:
             return not pool.models or labels.get("model") in pool.models
 
+        # The queues are in the runtime replicas: the pool's depth is what the replicas that were read report
+        # for the pool's models (any pool's replicas, as the scheduler's one queue per model used to count).
+        targets = {r.metrics_address for r in inventory.runtimes() if r.metrics_address}
+        replicas = [t for t in samples if t in targets]
         depth = None
-        if schedulers:
-            depth = sum(s.value for t in schedulers for s in samples[t] if s.name == c.QUEUE_DEPTH and serves(s.labels))
+        if replicas:
+            depth = sum(s.value for t in replicas for s in samples[t] if s.name == c.QUEUE_DEPTH and serves(s.labels))
         buckets: dict[float, float] = {}
         for t in gateways:
             for s in samples[t]:

@@ -1,11 +1,10 @@
-"""The scheduler's state as Prometheus gauges, read when Prometheus scrapes.
+"""The scheduler's global view as Prometheus gauges, read when Prometheus scrapes.
 
-Queue depth, queued bytes and each replica's health change on every request;
-keeping gauges current on the request path would cost every request a few
-lock round trips for values read every 15 s. Instead this collector asks for
-:meth:`Scheduler.status` at scrape time, on the event loop's thread
-(:func:`aiworks.core.metrics.on_loop`), and turns it into the catalogue's
-gauges.
+Each replica's liveness, and its ejection and latency as the gateways report
+them: this collector asks for :meth:`Scheduler.status` at scrape time, on the
+event loop's thread (:func:`aiworks.core.metrics.on_loop`), and turns it into
+the catalogue's gauges. Queue depths are exported by the runtimes, where the
+queues are.
 
 Shadow traffic (:mod:`aiworks.scheduler.shadow`) is exported here too, under
 the ``aiworks_scheduler_shadow_*`` names below, labelled by model, shadow
@@ -40,7 +39,7 @@ QUEUE_DRAINING = "aiworks_scheduler_queue_draining"
 
 
 class SchedulerCollector(metrics.ScrapeCollector):
-    """Queue depth per priority, queued bytes, and replica up/ejected/in-flight/latency."""
+    """Replica up/ejected/in-flight/latency, shadow counts, and versions draining."""
 
     def __init__(self, read_status: Callable[[], StatusView]):
         self._read_status = read_status
@@ -51,20 +50,6 @@ class SchedulerCollector(metrics.ScrapeCollector):
         except Exception as exc:  # a stuck loop or a bug: the scrape still answers the other metrics
             log.warning("scheduler state not exported this scrape: %s", exc or type(exc).__name__)
             return
-        depth = GaugeMetricFamily(
-            metrics.SCHEDULER_QUEUE_DEPTH, "Requests queued now.", labels=["model", "version", "priority"]
-        )
-        queued_bytes = GaugeMetricFamily(
-            metrics.SCHEDULER_QUEUE_BYTES, "Input bytes queued now.", labels=["model", "version"]
-        )
-        for q in view.queues:
-            for priority, count in (
-                ("realtime", q.queued_realtime),
-                ("standard", q.queued_standard),
-                ("batch", q.queued_batch),
-            ):
-                depth.add_metric([q.model, q.version, priority], count)
-            queued_bytes.add_metric([q.model, q.version], q.queued_bytes)
         up = GaugeMetricFamily(
             metrics.SCHEDULER_REPLICA_UP, "1 while a runtime replica is live, else 0.", labels=["replica", "device"]
         )
@@ -84,7 +69,7 @@ class SchedulerCollector(metrics.ScrapeCollector):
             ejected.add_metric([r.replica_id], 1.0 if r.ejected else 0.0)
             inflight.add_metric([r.replica_id], r.outstanding_batches)
             latency.add_metric([r.replica_id], r.ewma_latency_ms / 1e3)
-        yield from (depth, queued_bytes, up, ejected, inflight, latency)
+        yield from (up, ejected, inflight, latency)
         yield from self._lifecycle(view)
 
     @staticmethod

@@ -1,14 +1,24 @@
-"""The scheduler's logic, free of transport.
+"""The scheduler's logic, free of transport: the suite's control plane.
 
-:class:`Scheduler` wires the parts together: queues and batching
-(``batcher``), routing (``router``), retries (``dispatch``), version weights
-and shadows (``traffic_state``, ``shadow``), pipelines (``pipeline``) and the
-drain that lets a retired version finish its work (``drain``).
+The scheduler is off the request path. Runtimes register and heartbeat their
+models and queues; gateways watch the :meth:`Scheduler.routing_table` (which
+replicas hold which versions, version weights and shadows, ejections asked
+for, versions being retired, and the routing settings) and route each request
+to a replica themselves (:mod:`aiworks.scheduler.client`), reporting back
+what they saw every second. Queues and dynamic batching run in the runtimes,
+next to the models. The scheduler loads and unloads models on every replica,
+holds traffic policies, and assembles the global view (:meth:`status`):
+queues summed over replicas, ejections and retries over gateways.
+
+Why the request path left the scheduler (docs/architecture.md): every hop
+between Python processes costs CPU per request; with the scheduler on the
+path a request crossed two, and a scheduler restart lost what it held.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
 import time
@@ -16,24 +26,29 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiworks.core import metrics
-from aiworks.core.datatypes import Tensor
 from aiworks.core.errors import AIWorksError, InvalidArgument, NotFound, Unavailable
-from aiworks.core.inference import InferRequest, InferResponse, ModelStatistics
-from aiworks.core.model_config import ModelSpec, ModelState, check_inputs
-from aiworks.core.names import check_model_name, check_version
-from aiworks.scheduler.batcher import CHARGE, ModelQueue, QueueLimits
-from aiworks.scheduler.dispatch import BatchSender, Charge
+from aiworks.core.inference import ModelStatistics
+from aiworks.core.model_config import ModelSpec, ModelState
+from aiworks.core.names import check_model_name
 from aiworks.scheduler.drain import Drainer
-from aiworks.scheduler.pipeline import PipelineRunner, is_pipeline
-from aiworks.scheduler.qos import ClassResolver, Priority, parse_timeout_s
+from aiworks.scheduler.pipeline import is_pipeline, parse_steps
+from aiworks.scheduler.policy import RoutingPolicy
 from aiworks.scheduler.registry import Key, Replica, ReplicaRegistry
-from aiworks.scheduler.replica_state import OutlierDetector, OutlierPolicy
 from aiworks.scheduler.retry_state import RetryBudget
-from aiworks.scheduler.router import PoolPolicy, Router
 from aiworks.scheduler.settings import SchedulerSettings
-from aiworks.scheduler.shadow import ShadowMirror
+from aiworks.scheduler.shadow import ShadowView
 from aiworks.scheduler.traffic_state import TrafficPolicy, TrafficState
-from aiworks.scheduler.views import QueueView, ReplicaView, StatusView
+from aiworks.scheduler.views import (
+    DrainingVersion,
+    EjectionOrder,
+    GatewayView,
+    QueueView,
+    ReplicaView,
+    RouteReplica,
+    RoutingReport,
+    RoutingTable,
+    StatusView,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,169 +62,79 @@ class Ejection:
     message: str
 
 
-class Scheduler:
-    """Queues requests per model version, batches them and routes batches to replicas.
+@dataclass
+class _Ejected:
+    id: int
+    until_s: float
+    reason: str
 
-    Its clock (monotonic seconds) is injectable, so ejection and deadlines run
-    on a fake one in tests.
+
+class Scheduler:
+    """The control plane: replicas, models, traffic policies, ejections, and the routing table gateways watch.
+
+    Its clock (monotonic seconds) is injectable, so ejection and report
+    expiry run on a fake one in tests.
     """
 
-    def __init__(
-        self,
-        settings: SchedulerSettings,
-        registry: ReplicaRegistry,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-    ):
+    def __init__(self, settings: SchedulerSettings, registry: ReplicaRegistry, *,
+                 clock: Callable[[], float] = time.monotonic):  # fmt: skip
         self.settings = settings
         self.registry = registry
         self.clock = clock
-        self.outliers = OutlierDetector(
-            OutlierPolicy(
-                consecutive_errors=settings.outlier_consecutive_errors,
-                base_ejection_s=settings.outlier_base_ejection_s,
-                max_ejection_s=settings.outlier_max_ejection_s,
-                max_ejection_percent=settings.outlier_max_ejection_percent,
-            ),
-            clock,
-        )
-        self.router = Router(
-            registry,
-            settings.max_inflight_batches,
-            outliers=self.outliers,
-            pools=PoolPolicy.parse(settings.class_pools),
-            ewma_alpha=settings.latency_ewma_alpha,
-        )
-        self.retry_budget = RetryBudget(settings.retry_budget_percent, settings.retry_min_concurrency)
-        self.sender = BatchSender(
-            self.router,
-            self._run_batch,
-            self.retry_budget,
-            max_retries=settings.max_retries,
-            per_try_timeout_s=settings.runtime_timeout_s,
-            clock=clock,
-        )
-        self.classes = ClassResolver(Priority.named(settings.default_priority))
+        self.policy = RoutingPolicy.from_settings(settings)
         self.traffic = TrafficState()
-        self._limits = QueueLimits(
-            settings.max_queue_requests, settings.max_queue_bytes, settings.priority_aging_ms / 1e3
-        )
-        self._queues: dict[Key, ModelQueue] = {}
-        self._requests = metrics.Children(metrics.SCHEDULER_REQUESTS)
-        self.shadows = ShadowMirror(
-            self._run_shadow, max_inflight=settings.shadow_max_inflight, timeout_s=settings.shadow_timeout_s
-        )
-        self.pipelines = PipelineRunner(self._run_stage, micro_batch_rows=settings.pipeline_micro_batch_rows)
-        self.drainer = Drainer(self._busy, timeout_s=settings.drain_timeout_s, clock=clock)
+        self._ejected: dict[str, _Ejected] = {}
+        self._ejection_ids = itertools.count(1)
+        self._reports: dict[str, tuple[float, RoutingReport]] = {}
+        # Models being (re)loaded -> the versions served before: new versions appear in the routing table
+        # only once every replica has loaded them, so all gateways switch together.
+        self._loading: dict[str, set[Key]] = {}
+        self.drainer = Drainer(self._busy, timeout_s=settings.drain_timeout_s, poll_s=0.1, clock=clock)
         self._background: set[asyncio.Task] = set()
 
-    # ---- the hot path --------------------------------------------------------------------
+    # ---- the routing table ---------------------------------------------------------------
 
-    async def infer(
-        self, request: InferRequest, *, timeout_s: float | None = None, charge: Charge | None = None
-    ) -> InferResponse:
-        """Run one request; ``timeout_s`` is the transport's deadline, the ``timeout`` parameter applies too.
+    def routing_table(self) -> RoutingTable:
+        """What gateways route by, now."""
+        registry = self.registry
+        now = self.clock()
+        draining = []
+        for key in sorted(registry.closing | set(registry.retiring)):
+            held = registry.retiring.get(key, {})
+            spec = next(iter(held.values()), None) if held else None
+            draining.append(DrainingVersion(key[0], key[1], key in registry.closing, tuple(sorted(held)), spec))
+        return RoutingTable(
+            generation=registry.generation,
+            replicas=[
+                RouteReplica(r.replica_id, r.address, r.device, dict(r.labels),
+                             tuple(s for k, s in r.models.items() if _routable(s) and self._published(k)))  # fmt: skip
+                for r in registry.live()
+            ],
+            traffic=self.traffic.policies(),
+            draining=draining,
+            ejections=[EjectionOrder(rid, e.until_s - now, e.reason, e.id)
+                       for rid, e in sorted(self._ejected.items()) if e.until_s > now],  # fmt: skip
+            known=sorted(registry.known),
+            policy=self.policy,
+        )
 
-        ``charge`` receives the runtime time spent on the request (its share of
-        each batch it ran in), whether it succeeds or fails.
-        """
-        priority = self.classes.default
-        spec = None
-        token = CHARGE.set(charge)  # pipeline steps inherit it; shadow copies run in a context of their own
-        try:
-            check_model_name(request.model)
-            check_version(request.version)
-            priority = self.classes.priority(request)
-            param_timeout_s = parse_timeout_s(request.parameters.get("timeout"))
-            timeouts = [t for t in (timeout_s, param_timeout_s) if t is not None]
-            deadline_s = self.clock() + min(timeouts) if timeouts else None
-            version = request.version
-            if not version and self.traffic.get(request.model) is not None:
-                version = self.traffic.choose(request.model, self.registry.versions(request.model)) or ""
-            spec = self.registry.resolve(request.model, version)
-            rows = check_inputs(spec, request.inputs)
-            declared = {o.name for o in spec.outputs}
-            for name in request.outputs:
-                if name not in declared:
-                    raise InvalidArgument(f"model '{spec.name}' has no output '{name}'; it has {sorted(declared)}")
-            if is_pipeline(spec):
-                outputs = await self.pipelines.run(spec, request, rows, priority, deadline_s)
-            else:
-                # The copy runs on a task of its own (copies batch together); the client never waits for it.
-                copy = self.shadows.begin(self.traffic.shadow(spec.name), request, spec.version)
-                outputs = None
-                try:
-                    outputs = await self._queue(spec).submit(request, rows, priority, deadline_s)
-                finally:
-                    self.shadows.finish(copy, outputs)
-        except BaseException as exc:
-            self._count_failure(request, spec, priority, exc)
-            raise
-        finally:
-            CHARGE.reset(token)
-        self._requests(spec.name, spec.version, priority.label, "ok").inc()
-        response = InferResponse(spec.name, spec.version, outputs, id=request.id)
-        if charge is not None:
-            response.compute_s = charge.compute_ns / 1e9
-        return response
+    def _published(self, key: Key) -> bool:
+        before = self._loading.get(key[0])
+        return before is None or key in before
 
-    def _count_failure(self, request: InferRequest, spec: ModelSpec | None, priority: Priority, exc) -> None:
-        """Count a failed request; before it resolved, only a known model (and version) becomes a label."""
-        known = self.registry.known
-        if spec is not None:
-            model, version = spec.name, spec.version
-        elif (request.model, request.version) in known:
-            model, version = request.model, request.version
-        elif any(k[0] == request.model for k in known):
-            model, version = request.model, ""
-        else:
-            model, version = "", ""
-        status = metrics.status_label(exc)
-        self._requests(model, version, priority.label, status).inc()
-        if status == "deadline_exceeded":
-            metrics.SCHEDULER_TIMEOUTS.labels(model, version).inc()
-        elif spec is None and status == "unavailable":  # known, but no live replica holds it
-            metrics.SCHEDULER_REJECTIONS.labels(model, version, "no_replica").inc()
+    async def changes(self, generation: int) -> int:
+        """Wait until the routing table's generation differs from ``generation``; return the new one."""
+        changed = self.registry.changed
+        async with changed:
+            await changed.wait_for(lambda: self.registry.generation != generation)
+        return self.registry.generation
 
-    def _queue(self, spec: ModelSpec) -> ModelQueue:
-        key = (spec.name, spec.version)
-        queue = self._queues.get(key)
-        if queue is None or queue.spec != spec:
-            if queue is not None:  # the config changed on reload; new batches use the new one
-                asyncio.ensure_future(queue.close())
-            queue = ModelQueue(
-                spec, self.router, self.sender, batching=self.settings.batching, limits=self._limits, clock=self.clock
-            )
-            self._queues[key] = queue
-        return queue
+    def report(self, report: RoutingReport) -> None:
+        """A gateway's routing state, for the global view (:meth:`status`)."""
+        self._reports[report.gateway_id] = (self.clock(), report)
 
-    async def _run_batch(
-        self, replica: Replica, model: str, version: str, inputs: list[Tensor], outputs: list[str], timeout_s: float
-    ) -> tuple[list[Tensor], int]:
-        return await replica.client.execute(model, version, inputs, outputs, timeout_s)
-
-    async def _run_stage(
-        self,
-        model: str,
-        version: str,
-        inputs: list[Tensor],
-        outputs: list[str],
-        priority: Priority,
-        deadline_s: float | None,
-    ) -> list[Tensor]:
-        """One pipeline step: the stage model's own queue, so stage requests batch across pipeline requests."""
-        spec = self.registry.resolve(model, version)
-        request = InferRequest(model, spec.version, inputs, outputs)
-        rows = check_inputs(spec, inputs)
-        if is_pipeline(spec):  # a pipeline as a step of another
-            return await self.pipelines.run(spec, request, rows, priority, deadline_s)
-        return await self._queue(spec).submit(request, rows, priority, deadline_s)
-
-    async def _run_shadow(self, request: InferRequest, timeout_s: float) -> list[Tensor]:
-        """A shadow copy: the batch class, its own time limit; errors stay with the shadow's counts."""
-        spec = self.registry.resolve(request.model, request.version)
-        rows = check_inputs(spec, request.inputs)
-        return await self._queue(spec).submit(request, rows, Priority.BATCH, self.clock() + timeout_s)
+    def forget_gateway(self, gateway_id: str) -> None:
+        self._reports.pop(gateway_id, None)
 
     # ---- traffic policy ------------------------------------------------------------------
 
@@ -229,9 +154,10 @@ class Scheduler:
                 raise InvalidArgument(
                     f"model '{policy.model}' has no version {shadow.version} to shadow; it has {sorted(known)}"
                 )
-            if any(is_pipeline(s) for k, s in self.registry.known.items() if k[0] == policy.model):
+            if any(is_pipeline(s) for k, s in self.registry.known.items() if k[0] == policy.model and s):
                 raise InvalidArgument(f"model '{policy.model}' is a pipeline; shadow its stage models instead")
         self.traffic.set(policy)
+        self.registry.notify()
         log.info(
             "traffic policy of %s: %s%s",
             policy.model,
@@ -246,28 +172,36 @@ class Scheduler:
     # ---- ejection on request (the monitor) -------------------------------------------------
 
     def eject_replica(self, replica_id: str, duration_s: float, reason: str) -> Ejection:
-        """Take a replica out of routing for ``duration_s`` (0: the base ejection time).
+        """Take a replica out of every gateway's routing for ``duration_s`` (0: the base ejection time).
 
         Refused (``ejected`` False, with a message) when it would exceed
         ``outlier_max_ejection_percent``; an unknown replica is NOT_FOUND.
-        Batches already running on it finish.
+        Requests already sent to it finish.
         """
         if not (math.isfinite(duration_s) and duration_s >= 0):
             raise InvalidArgument(f"duration_s must be a finite number of seconds, 0 or more, not {duration_s}")
-        replica = self.registry.replicas.get(replica_id)
-        if replica is None:
+        if replica_id not in self.registry.replicas:
             raise NotFound(f"unknown replica '{replica_id}'; known: {sorted(self.registry.replicas)}")
         reason = reason or "unspecified"
-        population = [r.health for r in self.registry.replicas.values()]
-        ejected, for_s = self.outliers.eject(replica.health, population, duration_s, reason)
-        if not ejected:
-            percent = self.outliers.policy.max_ejection_percent
+        now = self.clock()
+        ejected_now = {rid for rid, e in self._ejected.items() if e.until_s > now and rid in self.registry.replicas}
+        population = len(self.registry.replicas)
+        allowed = max(1, math.floor(population * self.policy.outlier_max_ejection_percent / 100))
+        if replica_id not in ejected_now and len(ejected_now) + 1 > allowed:
+            percent = self.policy.outlier_max_ejection_percent
             message = (
                 f"replica {replica_id} not ejected: with it, more than {percent:g}% of "
-                f"{len(population)} replica(s) would be out (outlier_max_ejection_percent)"
+                f"{population} replica(s) would be out (outlier_max_ejection_percent)"
             )
             log.warning("%s (asked because: %s)", message, reason)
             return Ejection(False, 0.0, message)
+        for_s = min(duration_s or self.policy.outlier_base_ejection_s, self.policy.outlier_max_ejection_s)
+        earlier = self._ejected.get(replica_id)
+        if earlier is not None and earlier.until_s > now + for_s:  # an earlier, longer ejection stands
+            for_s = earlier.until_s - now
+        else:
+            self._ejected[replica_id] = _Ejected(next(self._ejection_ids), now + for_s, reason)
+            self.registry.notify()
         metrics.SCHEDULER_EJECTIONS.labels(replica_id, "monitor").inc()
         message = f"replica {replica_id} ejected for {for_s:.1f} s: {reason}"
         log.warning("%s", message)
@@ -282,7 +216,7 @@ class Scheduler:
         spec = self.registry.resolve(model, version)
         if is_pipeline(spec):  # ready when every step's model is
             try:
-                return all(self.model_ready(s.model, s.version) for s in self.pipelines.steps(spec))
+                return all(self.model_ready(s.model, s.version) for s in parse_steps(spec))
             except AIWorksError:
                 return False
         return bool(self.registry.holders((spec.name, spec.version)))
@@ -312,10 +246,13 @@ class Scheduler:
     async def load(self, model: str) -> list[ModelSpec]:
         """(Re)load ``model`` on every replica; versions the reload retires drain before they go.
 
-        While the reload runs, a version that vanishes from a replica stays
-        routable there (the registry's guard); once all replicas answered,
-        such versions that no replica still serves are drained in the
-        background: the runtimes keep them until no batch arrives any more.
+        While the reload runs, gateways keep routing by the versions served
+        before it: new versions appear once every replica has loaded them, so
+        all gateways switch at once. A version that vanishes from a replica is
+        marked retiring (the registry's guard); once all replicas answered,
+        such versions that no replica still serves are released when no
+        replica reports a queue of them any more (the runtimes keep them until
+        idle).
         """
         check_model_name(model)
         started = time.perf_counter()
@@ -327,12 +264,13 @@ class Scheduler:
             return specs
 
         protected = self.registry.guard(model)
+        self._loading[model] = set(protected)
         try:
             results = await self._on_all(one, f"load of {model}")
         finally:
-            # Gone from every replica: drain. Still served somewhere: those replicas take its queue.
+            del self._loading[model]
             retired = [k for k in protected if k in self.registry.retiring and not self.registry.advertisers(k)]
-            self.registry.release(protected - set(retired))
+            self.registry.release(protected - set(retired))  # notifies: the new versions show from now on
             self._drain_later(retired)
         log.info(
             "loaded model %s on %d replica(s) in %.0f ms", model, len(results), (time.perf_counter() - started) * 1e3
@@ -340,15 +278,17 @@ class Scheduler:
         return next(r for _, r in results if not isinstance(r, BaseException))
 
     async def unload(self, model: str) -> None:
-        """Stop taking requests for ``model``, let its queued and running batches finish, then unload it."""
+        """Stop routing new requests to ``model``, let each replica answer its queued ones, then unload it."""
         check_model_name(model)
         keys = {k for r in self.registry.live() for k in r.models if k[0] == model}
-        self.registry.close(keys)
+        if not keys and not any(k[0] == model for k in self.registry.known):
+            raise NotFound(f"unknown model '{model}'")
+        self.registry.close(keys)  # gateways stop sending new requests as soon as their table says so
         try:
-            await self.drainer.wait(keys)
 
             async def one(replica: Replica):
-                await replica.client.unload(model)
+                # The runtime drains its queues of the model before it unloads it.
+                await replica.client.unload(model, timeout_s=self.settings.drain_timeout_s + 10)
                 self.registry.set_models(replica, [s for s in replica.models.values() if s.name != model])
 
             await self._on_all(one, f"unload of {model}")
@@ -356,17 +296,14 @@ class Scheduler:
             self.registry.release(keys)  # still loaded somewhere: it serves again
             raise
         self.registry.release(keys)
-        self._forget_queues(keys)
         self.registry.forget_model(model)
         log.info("unloaded model %s", model)
 
     # ---- draining retired versions ----------------------------------------------------------
 
     def _busy(self, key: Key) -> bool:
-        queue = self._queues.get(key)
-        if queue is not None and (queue.depth or queue.running):
-            return True
-        return any(r.outstanding_batches.get(key, 0) for r in self.registry.replicas.values())
+        """Whether a replica still reports a queue of ``key`` (its heartbeat; the runtime drops it once idle)."""
+        return any((q.model, q.version) == key for r in self.registry.live() for q in r.queues)
 
     def _drain_later(self, keys: list[Key]) -> None:
         if not keys:
@@ -378,22 +315,10 @@ class Scheduler:
                 await self.drainer.wait(keys)
             finally:
                 self.registry.release(keys)
-                self._forget_queues(keys)
 
         task = asyncio.get_running_loop().create_task(drain())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-    def _forget_queues(self, keys) -> None:
-        """Close the queues of retired versions (failing whatever is left after a drain timeout)."""
-        for key in keys:
-            if self.registry.advertisers(key):  # loaded again meanwhile
-                continue
-            queue = self._queues.pop(key, None)
-            if queue is not None:
-                asyncio.ensure_future(
-                    queue.close(Unavailable(f"model '{key[0]}' version {key[1]} was retired before this request ran"))
-                )
 
     async def index(self, ready_only: bool) -> list[ModelSpec]:
         results = await self._on_all(lambda r: r.client.index(ready_only), "repository index")
@@ -418,63 +343,117 @@ class Scheduler:
         results = await self._on_all(lambda r: r.client.statistics(model, version), "statistics")
         return [(r.replica_id, s) for r, s in results if not isinstance(s, BaseException)]
 
-    # ---- visible state ---------------------------------------------------------------------
+    # ---- the global view -------------------------------------------------------------------
+
+    def _fresh_reports(self) -> list[RoutingReport]:
+        limit = 3 * self.settings.heartbeat_interval_s + 2
+        now = self.clock()
+        for gateway_id, (at, _) in list(self._reports.items()):
+            if now - at > limit:
+                del self._reports[gateway_id]
+        return [report for _, report in self._reports.values()]
 
     def status(self) -> StatusView:
-        now = time.monotonic()
-        replicas = [
-            ReplicaView(
-                replica_id=r.replica_id,
-                address=r.address,
-                device=r.device,
-                live=r.live,
-                outstanding_batches=sum(r.outstanding_batches.values()),
-                outstanding_rows=r.outstanding_rows,
-                last_heartbeat_age_s=now - r.last_heartbeat_s,
-                models=sorted(f"{k[0]}:{k[1]}" for k, s in r.models.items() if s.ready),
-                labels=dict(r.labels),
-                ejected=self.outliers.ejected(r.health),
-                ejected_for_s=self.outliers.remaining_s(r.health),
-                times_ejected=r.health.times_ejected,
-                consecutive_errors=r.health.consecutive_errors,
-                ewma_latency_ms=r.health.mean_latency_s() * 1e3,
-                batches_done=r.health.batches,
-                rows_done=r.health.rows,
-                gpus=list(r.gpus),
+        now = self.clock()
+        reports = self._fresh_reports()
+        seen: dict[str, list[ReplicaView]] = {}
+        for report in reports:
+            for view in report.replicas:
+                seen.setdefault(view.replica_id, []).append(view)
+        replicas = []
+        for r in self.registry.replicas.values():
+            views = seen.get(r.replica_id, [])
+            ordered = self._ejected.get(r.replica_id)
+            ordered_left = max(0.0, ordered.until_s - now) if ordered else 0.0
+            replicas.append(
+                ReplicaView(
+                    replica_id=r.replica_id,
+                    address=r.address,
+                    device=r.device,
+                    live=r.live,
+                    outstanding_batches=r.inflight_batches,
+                    outstanding_rows=sum(q.queued_rows for q in r.queues),
+                    last_heartbeat_age_s=now - r.last_heartbeat_s,
+                    models=sorted(f"{k[0]}:{k[1]}" for k, s in r.models.items() if s.ready),
+                    labels=dict(r.labels),
+                    ejected=ordered_left > 0 or any(v.ejected for v in views),
+                    ejected_for_s=max([ordered_left, *(v.ejected_for_s for v in views)]),
+                    times_ejected=max([0, *(v.times_ejected for v in views)]),
+                    consecutive_errors=max([0, *(v.consecutive_errors for v in views)]),
+                    ewma_latency_ms=_mean([v.ewma_latency_ms for v in views if v.ewma_latency_ms]),
+                    batches_done=sum(v.batches_done for v in views),
+                    rows_done=sum(v.rows_done for v in views),
+                    gpus=list(r.gpus),
+                )
             )
-            for r in self.registry.replicas.values()
+        queues: dict[Key, QueueView] = {}
+        for r in self.registry.live():
+            for q in r.queues:
+                view = queues.setdefault((q.model, q.version), QueueView(q.model, q.version))
+                for name in ("queued_requests", "queued_rows", "batches", "rows", "queued_realtime",
+                             "queued_standard", "queued_batch", "queued_bytes", "rejected", "expired"):  # fmt: skip
+                    setattr(view, name, getattr(view, name) + getattr(q, name))
+        for report in reports:
+            for key, retries in report.retries.items():
+                queues.setdefault(key, QueueView(*key)).retries += retries
+        for key, view in queues.items():
+            view.draining = self.registry.draining(key)
+        budget = RetryBudget(self.policy.retry_budget_percent, self.policy.retry_min_concurrency)
+        for report in reports:
+            b = report.retry_budget
+            budget.active += b.active
+            budget.active_retries += b.active_retries
+            budget.allowed += b.allowed
+            budget.denied += b.denied
+        gateways = [
+            GatewayView(gid, now - at, report.requests, sum(report.retries.values()))
+            for gid, (at, report) in sorted(self._reports.items())
         ]
-        queues = [
-            QueueView(
-                model=k[0],
-                version=k[1],
-                queued_requests=q.depth,
-                queued_rows=q.queued_rows,
-                batches=q.batches,
-                rows=q.rows_done,
-                queued_realtime=q.state.counts[Priority.REALTIME],
-                queued_standard=q.state.counts[Priority.STANDARD],
-                queued_batch=q.state.counts[Priority.BATCH],
-                queued_bytes=q.state.nbytes,
-                rejected=q.rejected,
-                expired=q.expired,
-                retries=self.sender.retries.get(k, 0),
-                draining=self.registry.draining(k),
-            )
-            for k, q in self._queues.items()
-        ]
-        active = {p.model: p.shadow for p in self.traffic.policies() if p.shadow is not None}
         return StatusView(
-            replicas, queues, self.traffic.policies(), self.retry_budget, shadows=self.shadows.views(active)
-        )
+            replicas, [queues[k] for k in sorted(queues)], self.traffic.policies(), budget,
+            shadows=_merge_shadows(reports, self.traffic.policies()), gateways=gateways,
+        )  # fmt: skip
 
     async def expire_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.heartbeat_timeout_s / 4)
             self.registry.expire(self.settings.heartbeat_timeout_s)
+            now = self.clock()
+            for replica_id in [rid for rid, e in self._ejected.items() if e.until_s <= now]:
+                del self._ejected[replica_id]
 
     async def close(self) -> None:
         for task in list(self._background):
             task.cancel()
-        for queue in self._queues.values():
-            await queue.close()
+
+
+def _routable(spec: ModelSpec) -> bool:
+    """Ready, or LOADING: its backend is coming back (a restarting tritonserver) and requests wait for it."""
+    return spec.ready or spec.state is ModelState.LOADING
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def _merge_shadows(reports: list[RoutingReport], policies: list[TrafficPolicy]) -> list[ShadowView]:
+    """Shadow counts summed over gateways; a shadow in force shows before its first copy too."""
+    active = {p.model: p.shadow for p in policies if p.shadow is not None}
+    merged: dict[tuple[str, str, str], ShadowView] = {}
+    for report in reports:
+        for s in report.shadows:
+            key = (s.model, s.shadow_version, s.compare)
+            view = merged.get(key)
+            if view is None:
+                merged[key] = ShadowView(**{**vars(s), "active": False})
+                continue
+            for name in ("mirrored", "compared", "agreed", "errors", "dropped", "inflight"):
+                setattr(view, name, getattr(view, name) + getattr(s, name))
+    for model, shadow in active.items():
+        merged.setdefault((model, shadow.version, shadow.compare),
+                          ShadowView(model, shadow.version, True, 0, 0, 0, 0, 0, 0.0, 0, shadow.compare))  # fmt: skip
+    for (model, version, compare), view in merged.items():
+        policy = active.get(model)
+        view.active = policy is not None and policy.version == version and policy.compare == compare
+        view.agreement = view.agreed / view.compared if view.compared else 0.0
+    return [merged[k] for k in sorted(merged)]

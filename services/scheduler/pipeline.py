@@ -11,19 +11,19 @@ stages it cuts.
 
 The runtime does not load a pipeline: it reports the folder's config as a
 spec with the steps in the ``ensemble_scheduling`` parameter (JSON). The
-scheduler runs it here:
+gateway's dispatcher runs it with this module:
 
-- each step is submitted to the stage model's own queue, so stage requests
-  of concurrent pipeline requests are batched together and every batch is
-  routed to any replica holding the stage (stage 1 on one replica, stage 2
-  possibly on another); a step starts as soon as the tensors it reads exist,
-  so independent steps run at once;
+- each step is a request to the stage model, routed like any other to a
+  replica holding the stage (stage 1 on one replica, stage 2 possibly on
+  another) and queued there with the stage requests of concurrent pipeline
+  requests, so they batch together; a step starts as soon as the tensors it
+  reads exist, so independent steps run at once;
 - a request with more rows than the pipeline's ``micro_batch_rows``
   parameter is cut into micro-batches that flow through the stages one after
   another, with several in flight at once: micro-batch *k* + 1 enters a stage
   as soon as micro-batch *k* has left it, so stage 1 of *k* + 1 overlaps
   stage 2 of *k* (GPipe's schedule); the outputs are joined back in order;
-- priority and deadline of the request apply to every step.
+- the request's options (priority, deadline, tenant) apply to every step.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from aiworks.scheduler.qos import Priority
+from aiworks.core.options import RequestOptions
 
 from aiworks.core.datatypes import Tensor, split_rows
 from aiworks.core.errors import InvalidArgument
@@ -44,8 +44,8 @@ PIPELINE_PLATFORMS = ("ensemble", "pipeline")
 STEPS_PARAMETER = "ensemble_scheduling"
 MICRO_BATCH_PARAMETER = "micro_batch_rows"
 
-# (model, version, inputs, outputs, priority, deadline_s) -> the step model's outputs
-StageRunner = Callable[[str, str, list[Tensor], list[str], Priority, float | None], Awaitable[list[Tensor]]]
+# (model, version, inputs, outputs, options) -> the step model's outputs
+StageRunner = Callable[[str, str, list[Tensor], list[str], RequestOptions], Awaitable[list[Tensor]]]
 
 
 def is_pipeline(spec: ModelSpec) -> bool:
@@ -113,8 +113,7 @@ def micro_batch_rows(spec: ModelSpec, default: int) -> int:
 class PipelineRunner:
     """Runs pipeline requests through their steps (see the module docstring)."""
 
-    def __init__(self, run_stage: StageRunner, *, micro_batch_rows: int = 0):
-        self._run_stage = run_stage
+    def __init__(self, *, micro_batch_rows: int = 0):
         self.default_micro_batch_rows = micro_batch_rows
         self._steps: dict[tuple[str, str, str], tuple[Step, ...]] = {}
         self.requests = 0
@@ -128,15 +127,16 @@ class PipelineRunner:
         return steps
 
     async def run(
-        self, spec: ModelSpec, request: InferRequest, rows: int, priority: Priority, deadline_s: float | None
+        self, spec: ModelSpec, request: InferRequest, rows: int, options: RequestOptions, run_stage: StageRunner
     ) -> list[Tensor]:
+        """Run ``request`` (``rows`` rows) through the pipeline's steps, each step through ``run_stage``."""
         steps = self.steps(spec)
         wanted = list(request.outputs) or [o.name for o in spec.outputs]
         size = micro_batch_rows(spec, self.default_micro_batch_rows)
         self.requests += 1
         if not size or rows <= size:
             self.micro_batches += 1
-            pool = await self._chain(steps, request.inputs, priority, deadline_s)
+            pool = await self._chain(steps, request.inputs, options, run_stage)
             return [_renamed(pool[name], name) for name in wanted]
         counts = [size] * (rows // size) + ([rows % size] if rows % size else [])
         pieces = [split_rows(t.raw, t.datatype, t.shape, counts) for t in request.inputs]
@@ -148,7 +148,7 @@ class PipelineRunner:
         # gates[k][i] is set once micro-batch k has left step i: micro-batch k + 1 may enter it.
         gates = [[asyncio.Event() for _ in steps] for _ in chunks]
         tasks = [
-            asyncio.ensure_future(self._chain(steps, chunk, priority, deadline_s, gates, k))
+            asyncio.ensure_future(self._chain(steps, chunk, options, run_stage, gates, k))
             for k, chunk in enumerate(chunks)
         ]
         try:
@@ -169,8 +169,8 @@ class PipelineRunner:
         self,
         steps: tuple[Step, ...],
         inputs: list[Tensor],
-        priority: Priority,
-        deadline_s: float | None,
+        options: RequestOptions,
+        run_stage: StageRunner,
         gates: list[list[asyncio.Event]] | None = None,
         k: int = 0,
     ) -> dict[str, Tensor]:
@@ -183,7 +183,7 @@ class PipelineRunner:
                 for i in ready:
                     pending.remove(i)
                 results = await asyncio.gather(
-                    *(self._step(steps[i], i, pool, priority, deadline_s, gates, k) for i in ready)
+                    *(self._step(steps[i], i, pool, options, run_stage, gates, k) for i in ready)
                 )
                 for produced in results:
                     pool.update(produced)
@@ -193,14 +193,12 @@ class PipelineRunner:
                     gate.set()
         return pool
 
-    async def _step(self, step: Step, i: int, pool, priority, deadline_s, gates, k) -> dict[str, Tensor]:
+    async def _step(self, step: Step, i: int, pool, options, run_stage, gates, k) -> dict[str, Tensor]:
         if gates is not None and k > 0:
             await gates[k - 1][i].wait()
         try:
             inputs = [_renamed(pool[source], name) for name, source in step.input_map.items()]
-            outputs = await self._run_stage(
-                step.model, step.version, inputs, list(step.output_map), priority, deadline_s
-            )
+            outputs = await run_stage(step.model, step.version, inputs, list(step.output_map), options)
         finally:
             if gates is not None:
                 gates[k][i].set()

@@ -1,17 +1,14 @@
-"""Which runtime replicas exist, what they hold, and how busy they are.
+"""The scheduler's registry of runtime replicas: registrations, heartbeats, and the marks of retiring versions.
 
-Retiring a model version (docs/scheduler.md, "Hot update") adds two marks:
+It is the write side of :class:`~aiworks.scheduler.catalog.Catalog`, whose
+queries it shares with the gateways' mirrors. A version that vanishes from a
+replica while it is protected (:meth:`ReplicaRegistry.guard`, from the start
+of a reload until the key is released) or closing becomes retiring, whether
+the runtime's heartbeat or the load's answer tells first, and also when a
+heartbeat sent before the reload arrives after it.
 
-- **closing** keys take no new requests (resolution skips them), while their
-  replicas still advertise them: an unload in progress;
-- **retiring** keys are no longer advertised by some replica (a reload
-  retired them there) but that replica still executes them until the
-  scheduler has drained their queue: :meth:`holders` keeps routing the
-  queue's batches to it. A key that vanishes from a replica while it is
-  protected (:meth:`guard`, from the start of a reload until the key is
-  released) or closing becomes retiring, whether the runtime's heartbeat or
-  the load's answer tells first, and also when a heartbeat sent before the
-  reload arrives after it.
+Every change bumps :attr:`generation` and wakes :attr:`changed`, which the
+routing-table watchers wait on.
 """
 
 from __future__ import annotations
@@ -19,65 +16,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
 from collections.abc import Callable
 
-from aiworks.core.errors import NotFound, Unavailable
-from aiworks.core.model_config import ModelSpec, ModelState
-from aiworks.scheduler.replica_state import ReplicaHealth
+from aiworks.core.model_config import ModelSpec
+from aiworks.scheduler.catalog import Catalog, Key, Replica
 
 log = logging.getLogger(__name__)
 
-Key = tuple[str, str]  # (model, version)
+__all__ = ["Key", "Replica", "ReplicaRegistry"]
 
 
-@dataclass
-class Replica:
-    """One runtime replica as the scheduler tracks it."""
-
-    replica_id: str
-    address: str
-    device: str = "cpu"
-    labels: dict[str, str] = field(default_factory=dict)
-    models: dict[Key, ModelSpec] = field(default_factory=dict)
-    client: object = None
-    last_heartbeat_s: float = 0.0
-    live: bool = True
-    outstanding_batches: dict[Key, int] = field(default_factory=dict)
-    outstanding_rows: int = 0
-    # Ejection state and latency averages (the router's view; see replica_state.py).
-    health: ReplicaHealth = field(default_factory=ReplicaHealth)
-    # The GPUs of a "gpu" replica as of its last heartbeat (GpuInfo fields), for status.
-    gpus: list[dict] = field(default_factory=list)
-
-    def __post_init__(self):
-        self.health.name = self.replica_id
-
-    def holds(self, key: Key) -> bool:
-        spec = self.models.get(key)
-        return spec is not None and spec.ready
-
-    def recovering(self, key: Key) -> bool:
-        """It advertises ``key`` as LOADING: its backend is coming back (a tritonserver restarting)."""
-        spec = self.models.get(key)
-        return spec is not None and spec.state is ModelState.LOADING
-
-
-class ReplicaRegistry:
+class ReplicaRegistry(Catalog):
     """Replicas keyed by id, plus the catalog of model versions they serve.
 
-    ``clock`` is injectable so tests can drive heartbeat expiry without sleeping.
+    ``connect(address)`` makes the client the scheduler loads and unloads
+    models through. ``clock`` is injectable so tests can drive heartbeat expiry
+    without sleeping.
     """
 
     def __init__(self, connect: Callable[[str], object], *, clock: Callable[[], float] = time.monotonic):
+        super().__init__()
         self._connect = connect
         self._clock = clock
-        self.replicas: dict[str, Replica] = {}
-        # Every model version seen, so "known but nowhere live" is UNAVAILABLE, not NOT_FOUND.
-        self.known: dict[Key, ModelSpec] = {}
         self.changed = asyncio.Condition()
-        self.closing: set[Key] = set()
-        self.retiring: dict[Key, dict[str, ModelSpec]] = {}  # key -> replica id -> the spec it held
+        self.generation = 0
         self.protected: set[Key] = set()  # keys of models being reloaded, until released
 
     # ---- membership ----------------------------------------------------------------------
@@ -100,16 +62,21 @@ class ReplicaRegistry:
         self.set_models(replica, specs)
         return replica
 
-    def heartbeat(self, replica_id: str, specs: list[ModelSpec], gpus: list[dict] = ()) -> bool:
+    def heartbeat(self, replica_id: str, specs: list[ModelSpec], gpus: list[dict] = (), *, inflight_batches: int = 0,
+                  queues: list | None = None) -> bool:  # fmt: skip
         replica = self.replicas.get(replica_id)
         if replica is None:
             return False
         replica.gpus = list(gpus)
         replica.last_heartbeat_s = self._clock()
+        replica.inflight_batches = inflight_batches
+        replica.queues = queues or []
         if not replica.live:
             log.info("replica %s is back", replica_id)
-        replica.live = True
-        self.set_models(replica, specs)
+            replica.live = True
+            self._notify()
+        if {(s.name, s.version): s for s in specs} != replica.models:
+            self.set_models(replica, specs)
         return True
 
     def set_models(self, replica: Replica, specs: list[ModelSpec]) -> None:
@@ -135,8 +102,9 @@ class ReplicaRegistry:
         return keys
 
     def close(self, keys) -> None:
-        """``keys`` take no new requests from now on (their queued and running batches still run)."""
+        """``keys`` take no new requests from now on (their queued and running requests still run)."""
         self.closing.update(keys)
+        self._notify()
 
     def release(self, keys) -> None:
         """Draining ``keys`` is over: forget the closing and retiring marks."""
@@ -145,16 +113,6 @@ class ReplicaRegistry:
             self.protected.discard(key)
             self.retiring.pop(key, None)
         self._notify()
-
-    def draining(self, key: Key) -> bool:
-        return key in self.closing or key in self.retiring
-
-    def spec_on(self, replica: Replica, key: Key) -> ModelSpec | None:
-        """The spec of ``key`` on ``replica``: advertised, or retiring there."""
-        spec = replica.models.get(key)
-        if spec is None:
-            spec = self.retiring.get(key, {}).get(replica.replica_id)
-        return spec
 
     def mark_down(self, replica: Replica, why: str) -> None:
         if replica.live:
@@ -179,6 +137,7 @@ class ReplicaRegistry:
     def forget_model(self, name: str) -> None:
         for key in [k for k in self.known if k[0] == name]:
             del self.known[key]
+        self._notify()
 
     def _close(self, replica: Replica) -> None:
         close = getattr(replica.client, "close", None)
@@ -186,6 +145,8 @@ class ReplicaRegistry:
             asyncio.ensure_future(close())
 
     def _notify(self) -> None:
+        self.generation += 1
+
         async def notify():
             async with self.changed:
                 self.changed.notify_all()
@@ -195,74 +156,6 @@ class ReplicaRegistry:
         except RuntimeError:  # no loop (unit tests of pure logic)
             pass
 
-    # ---- queries -------------------------------------------------------------------------
-
-    def live(self) -> list[Replica]:
-        return [r for r in self.replicas.values() if r.live]
-
-    def holders(self, key: Key) -> list[Replica]:
-        """Live replicas that can run ``key``'s batches: those that hold it, and those still retiring it."""
-        retiring = self.retiring.get(key, ())
-        return [r for r in self.replicas.values() if r.live and (r.holds(key) or r.replica_id in retiring)]
-
-    def recovering(self, key: Key, exclude: frozenset[str] | set[str] = frozenset()) -> list[Replica]:
-        """Replicas still registered (live, or marked down since their last heartbeat) whose ``key`` is
-        coming back: requests for it wait in the queue instead of failing."""
-        return [r for r in self.replicas.values() if r.recovering(key) and r.replica_id not in exclude]
-
-    def advertisers(self, key: Key) -> list[Replica]:
-        """Live replicas that hold ``key`` as loaded (retiring ones not included)."""
-        return [r for r in self.replicas.values() if r.live and r.holds(key)]
-
-    def resolve(self, model: str, version: str) -> ModelSpec:
-        """The spec for a request's model and version (latest ready when version is empty).
-
-        Unknown model or version: NOT_FOUND. Known, but no live replica holds it: UNAVAILABLE.
-        """
-        live_specs = {
-            k: s
-            for r in self.live()
-            for k, s in r.models.items()
-            if k[0] == model and s.ready and k not in self.closing
-        }
-        if version:
-            spec = live_specs.get((model, version)) or self._coming(model).get((model, version))
-            if spec is not None:
-                return spec
-            if (model, version) in self.closing:
-                raise Unavailable(f"model '{model}' version {version} is being unloaded")
-            if (model, version) in self.known:
-                raise Unavailable(f"model '{model}' version {version} has no live replica")
-            if any(k[0] == model for k in self.known):
-                raise NotFound(f"model '{model}' has no version '{version}'")
-            raise NotFound(f"unknown model '{model}'")
-        candidates = live_specs or self._coming(model)
-        if candidates:
-            return candidates[max(candidates, key=lambda k: _version_order(k[1]))]
-        if any(k[0] == model for k in self.closing):
-            raise Unavailable(f"model '{model}' is being unloaded")
-        if any(k[0] == model for k in self.known):
-            raise Unavailable(f"model '{model}' has no live replica")
-        raise NotFound(f"unknown model '{model}'")
-
-    def _coming(self, model: str) -> dict[Key, ModelSpec]:
-        """Versions of ``model`` coming back (their backend recovers): they take requests, which queue."""
-        return {
-            k: s
-            for r in self.replicas.values()
-            for k, s in r.models.items()
-            if k[0] == model and s.state is ModelState.LOADING and k not in self.closing
-        }
-
-    def versions(self, model: str) -> list[str]:
-        found = {
-            k[1]
-            for r in self.live()
-            for k, s in r.models.items()
-            if k[0] == model and s.ready and k not in self.closing
-        }
-        return sorted(found, key=_version_order)
-
-
-def _version_order(version: str) -> tuple[int, str]:
-    return (int(version), "") if version.isdigit() else (-1, version)
+    def notify(self) -> None:
+        """Something the routing table shows changed outside the registry (weights, an ejection)."""
+        self._notify()

@@ -56,20 +56,22 @@ class ReplicaHealth:
     ejected_until_s: float | None = None
     returned_s: float | None = None
     ejection_reason: str = ""  # why the current (or last) ejection happened
-    # Moving average of batch latency per model version, in seconds.
+    # Moving average of request latency per model version, in seconds, and when it was last updated.
     latency_s: dict[Key, float] = field(default_factory=dict)
-    batches: int = 0
+    latency_at_s: dict[Key, float] = field(default_factory=dict)
+    batches: int = 0  # requests answered (batches, when the scheduler still sent batches)
     rows: int = 0
 
-    def observe(self, key: Key, latency_s: float, rows: int, alpha: float) -> None:
-        """Fold one successful batch into the latency average."""
-        self.observe_latency(key, latency_s, alpha)
+    def observe(self, key: Key, latency_s: float, rows: int, alpha: float, now_s: float = 0.0) -> None:
+        """Fold one successful request into the latency average."""
+        self.observe_latency(key, latency_s, alpha, now_s)
         self.batches += 1
         self.rows += rows
 
-    def observe_latency(self, key: Key, latency_s: float, alpha: float) -> None:
+    def observe_latency(self, key: Key, latency_s: float, alpha: float, now_s: float = 0.0) -> None:
         old = self.latency_s.get(key)
         self.latency_s[key] = latency_s if old is None else old + alpha * (latency_s - old)
+        self.latency_at_s[key] = now_s
 
     def mean_latency_s(self) -> float:
         return sum(self.latency_s.values()) / len(self.latency_s) if self.latency_s else 0.0

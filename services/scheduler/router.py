@@ -1,37 +1,64 @@
-"""Chooses the replica for each batch.
+"""Chooses the replica for each request, on the gateway, from the scheduler's routing table.
 
 1. **Candidates**: live replicas that hold the model version (or still
-   retire it while its queue drains), minus those already tried for this
-   batch.
-2. **Ejection**: replicas ejected as outliers are left out, unless every
-   candidate is ejected; then all serve (Envoy's panic routing: better a
+   retire it), minus those already tried for this request.
+   When none serves it but a replica is bringing it back (its backend
+   restarts, the version shows as LOADING), the request waits for it
+   (:class:`Recovering`) rather than failing.
+2. **Unreachable and ejected**: replicas that just failed to answer at all
+   are left out for a moment (until :data:`DOWN_S` passes or the table says
+   otherwise), and replicas ejected as outliers until their time is up,
+   unless that leaves none; then all serve (Envoy's panic routing: better a
    suspect replica than none).
-3. **Pools**: if the batch's class has a preferred pool (by default realtime
-   → ``device=gpu``, batch → ``device=cpu``) and a candidate matches it, only
-   matching candidates serve.
-4. **Room**: a replica has room while its batches in flight for the version
-   stay under the cap (the model's instance count by default). That cap lets
-   batches grow under load: while all are busy, requests wait in the queue
-   and leave together.
-5. **Power of two choices**: among two random candidates with room, the one
-   with the lower expected cost, its latency average for the version ×
-   (1 + its batches in flight). A replica not yet measured costs 0, so it gets
-   tried. A replica k times slower holds each batch k times longer and loses
-   every comparison while the other has room, so it gets about 1/k as many
-   batches.
+3. **Pools**: if the request's class has a preferred pool (by default
+   realtime → ``device=gpu``, batch → ``device=cpu``) and a candidate matches
+   it, only matching candidates serve.
+4. **Power of two choices**: among two random candidates, the one with the
+   lower expected cost: its latency for the version × (1 + the requests this
+   gateway has in flight there). The latency is the replica's moving average,
+   or, while it has requests in flight and has answered none of them for
+   longer than that, the time it has been silent: a replica that hangs costs
+   more with every millisecond and stops getting requests long before any
+   timeout. A replica not yet measured counts as twice as fast as the
+   fastest measured one, so it gets tried first, and its requests in flight
+   still count (a replica costing 0 would take every request until measured).
+   An average not refreshed for a while fades towards that guess (half of it
+   every :data:`FADE_S`, as Finagle's peak-EWMA balancer decays by time), so a
+   replica avoided for being slow is tried again later, not never.
+5. **Probation**: a replica not measured, or whose average has faded, gets
+   one request at a time until it answers, unless no other candidate is
+   left: a replica that came up broken (or hangs) holds one request, not a
+   burst of them, and that one is retried elsewhere.
+   A replica k times slower holds each request k times longer and so loses
+   the comparisons while the other has fewer in flight: it gets about 1/k as
+   many requests.
+
+No replica is reserved and nothing waits here: requests queue at the
+replica, where the batcher forms batches by class and deadline.
 """
 
 from __future__ import annotations
 
 import random
+import time
+from collections.abc import Callable
 
 from aiworks.core import metrics
 from aiworks.core.errors import AIWorksError, Unavailable
-from aiworks.scheduler.qos import Priority
-from aiworks.scheduler.registry import Key, Replica, ReplicaRegistry
+from aiworks.core.options import Priority
+from aiworks.scheduler.catalog import Catalog, Key, Replica
 from aiworks.scheduler.replica_state import OutlierDetector
 
 Selector = tuple[tuple[str, str], ...]
+# How long a replica that could not be reached at all is left out of routing.
+DOWN_S = 1.0
+# Half-life of a latency average that is not refreshed: it fades towards the optimistic guess for unmeasured
+# replicas, so a replica once slow is tried again (and, if still bad, ejected) rather than avoided for ever.
+FADE_S = 2.0
+
+
+class Recovering(Unavailable):
+    """No replica serves the version now, but one is bringing it back (its backend restarts): wait for it."""
 
 
 class PoolPolicy:
@@ -66,99 +93,104 @@ class PoolPolicy:
 
 
 class Router:
-    """Latency-aware routing with outlier ejection, class pools and a cap on batches in flight."""
+    """Latency-aware routing with outlier ejection and class pools, over a catalog of replicas."""
 
     def __init__(
         self,
-        registry: ReplicaRegistry,
-        max_inflight_batches: int,
+        catalog: Catalog,
         *,
         outliers: OutlierDetector,
         pools: PoolPolicy | None = None,
         ewma_alpha: float = 0.3,
         rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
-        self.registry = registry
-        self.max_inflight = max_inflight_batches  # 0: the model's instance count
+        self.catalog = catalog
         self.outliers = outliers
         self.pools = pools or PoolPolicy()
         self.ewma_alpha = ewma_alpha
         self._rng = rng or random.Random()
+        self._clock = clock
+        self._down_until: dict[str, float] = {}
 
     # ---- choice --------------------------------------------------------------------------
 
     def candidates(
         self, key: Key, priority: Priority, exclude: frozenset[str] | set[str] = frozenset()
     ) -> list[Replica]:
-        holders = [r for r in self.registry.holders(key) if r.replica_id not in exclude]
+        holders = [r for r in self.catalog.holders(key) if r.replica_id not in exclude]
         if not holders:
-            if self.registry.recovering(key, exclude):
-                return []  # a replica's backend is coming back: wait for it (acquire waits on changes)
+            if self.catalog.recovering(key, exclude):
+                raise Recovering(f"model '{key[0]}' version {key[1]} is coming back on its replica")
             raise Unavailable(f"no live replica serves model '{key[0]}' version {key[1]}")
-        healthy = [r for r in holders if not self.outliers.ejected(r.health)] or holders
+        now = self._clock()
+        reachable = [r for r in holders if self._down_until.get(r.replica_id, 0.0) <= now] or holders
+        healthy = [r for r in reachable if not self.outliers.ejected(r.health)] or reachable
         return self.pools.prefer(priority, healthy)
 
-    def _cap(self, replica: Replica, key: Key) -> int:
-        if self.max_inflight:
-            return self.max_inflight
-        spec = self.registry.spec_on(replica, key)  # a retiring version is no longer in replica.models
-        return spec.instance_count if spec is not None else 1
+    def _latency(self, replica: Replica, key: Key, now: float, unmeasured_s: float) -> tuple[float, bool]:
+        """The latency to expect of ``replica`` for ``key``, and whether it is on probation (unknown or faded)."""
+        health = replica.health
+        measured = health.latency_s.get(key)
+        if measured is None:
+            return unmeasured_s, True
+        weight = 0.5 ** ((now - health.latency_at_s.get(key, now)) / FADE_S)
+        return unmeasured_s + (measured - unmeasured_s) * weight, weight < 0.5
 
-    def _cost(self, replica: Replica, key: Key) -> float:
-        inflight = sum(replica.outstanding_batches.values())
-        return replica.health.latency_s.get(key, 0.0) * (1 + inflight)
+    def _cost(self, latency_s: float, replica: Replica, now: float) -> float:
+        if replica.outstanding:
+            silent_s = now - max(replica.busy_since_s, replica.answered_s)
+            latency_s = max(latency_s, silent_s)
+        return latency_s * (1 + replica.outstanding)
 
-    def _pick(self, key: Key, priority: Priority, exclude) -> Replica | None:
-        free = [
-            r for r in self.candidates(key, priority, exclude) if r.outstanding_batches.get(key, 0) < self._cap(r, key)
-        ]
-        if not free:
-            return None
-        if len(free) > 2:
-            free = self._rng.sample(free, 2)
-        elif len(free) == 2 and self._rng.random() < 0.5:
-            free.reverse()  # ties go either way
-        return min(free, key=lambda r: (self._cost(r, key), r.outstanding_rows))
-
-    async def acquire(
-        self, key: Key, priority: Priority = Priority.STANDARD, exclude: frozenset[str] | set[str] = frozenset()
-    ) -> Replica:
-        """Wait until a suitable replica holding ``key`` has room, and reserve one batch slot on it."""
-        replica = self._pick(key, priority, exclude)
-        if replica is None:
-            async with self.registry.changed:
-                while (replica := self._pick(key, priority, exclude)) is None:
-                    await self.registry.changed.wait()
-        replica.outstanding_batches[key] = replica.outstanding_batches.get(key, 0) + 1
-        return replica
-
-    def add_rows(self, replica: Replica, rows: int) -> None:
-        replica.outstanding_rows += rows
-
-    async def release(self, replica: Replica, key: Key, rows: int) -> None:
-        replica.outstanding_batches[key] -= 1
-        replica.outstanding_rows -= rows
-        async with self.registry.changed:
-            self.registry.changed.notify_all()
+    def pick(self, key: Key, priority: Priority = Priority.STANDARD,
+             exclude: frozenset[str] | set[str] = frozenset()) -> Replica:  # fmt: skip
+        """The replica for the next request of ``key``; UNAVAILABLE when none holds it."""
+        candidates = self.candidates(key, priority, exclude)
+        if len(candidates) == 1:
+            return candidates[0]
+        now = self._clock()
+        measured = [r.health.latency_s[key] for r in candidates if key in r.health.latency_s]
+        unmeasured_s = min(measured) / 2 if measured else 1e-3
+        expected = {r.replica_id: self._latency(r, key, now, unmeasured_s) for r in candidates}
+        # Probation: one request at a time for a replica not (or no longer) known to answer.
+        candidates = [r for r in candidates if not (expected[r.replica_id][1] and r.outstanding)] or candidates
+        if len(candidates) > 2:
+            candidates = self._rng.sample(candidates, 2)
+        elif len(candidates) == 2 and self._rng.random() < 0.5:
+            candidates = [candidates[1], candidates[0]]  # ties go either way
+        return min(candidates, key=lambda r: (self._cost(expected[r.replica_id][0], r, now), r.outstanding))
 
     # ---- outcomes ------------------------------------------------------------------------
 
-    def succeeded(self, replica: Replica, key: Key, latency_s: float, rows: int) -> None:
-        replica.health.observe(key, latency_s, rows, self.ewma_alpha)
+    def sent(self, replica: Replica) -> None:
+        """A request leaves for ``replica``."""
+        if not replica.outstanding:
+            replica.busy_since_s = self._clock()
+        replica.outstanding += 1
+
+    def answered(self, replica: Replica) -> None:
+        """``replica`` answered a request (whatever the answer)."""
+        replica.outstanding -= 1
+        replica.answered_s = self._clock()
+
+    def succeeded(self, replica: Replica, key: Key, latency_s: float, rows: int = 1) -> None:
+        replica.health.observe(key, latency_s, rows, self.ewma_alpha, self._clock())
         self.outliers.success(replica.health)
+        self._down_until.pop(replica.replica_id, None)
 
     def failed(
         self, replica: Replica, exc: AIWorksError, key: Key | None = None, waited_s: float | None = None
     ) -> None:
-        """A failure that was the replica's fault: count it towards ejection; mark it down if unreachable.
+        """A failure that was the replica's fault: count it towards ejection; leave it out a moment if unreachable.
 
         A timeout (``waited_s`` given) also counts as a latency sample, so a
         replica that hangs looks slow once it is back, not unmeasured.
         """
         if key is not None and waited_s is not None:
-            replica.health.observe_latency(key, waited_s, self.ewma_alpha)
-        population = [r.health for r in self.registry.replicas.values()]
+            replica.health.observe_latency(key, waited_s, self.ewma_alpha, self._clock())
+        population = [r.health for r in self.catalog.replicas.values()]
         if self.outliers.failure(replica.health, population):
             metrics.SCHEDULER_EJECTIONS.labels(replica.replica_id, "outlier").inc()
         if exc.status is Unavailable.status:
-            self.registry.mark_down(replica, exc.message)
+            self._down_until[replica.replica_id] = self._clock() + DOWN_S

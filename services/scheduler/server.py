@@ -11,10 +11,10 @@ from aiworks.core.metrics import on_loop, serve_metrics_or_warn, stop_metrics
 from aiworks.core.rpc import add_port, create_server, set_serving, use_process_caller
 from aiworks.core.tracing import setup_tracing, shutdown_tracing
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from aiworks.runtime.client import RuntimeClient
 from aiworks.scheduler.collector import SchedulerCollector
 from aiworks.scheduler.dataplane import Scheduler
 from aiworks.scheduler.registry import ReplicaRegistry
-from aiworks.scheduler.runtime_client import RuntimeClient
 from aiworks.scheduler.servicer import CALLERS_BY_METHOD, SchedulerServicer
 from aiworks.scheduler.settings import SchedulerSettings
 from aiworks.security.callers import own_caller, server_check
@@ -50,12 +50,11 @@ async def serve(settings: SchedulerSettings) -> None:
     await set_serving(health, True)
     lag = start_loop_lag_probe("scheduler")
     log.info(
-        "scheduler serving gRPC%s on %s:%d (callers checked by %s; batching %s, metrics %s)",
+        "scheduler serving gRPC%s on %s:%d (callers checked by %s; metrics %s)",
         " with mutual TLS" if tls else "",
         settings.host,
         port,
         callers.auth.describe,
-        "on" if settings.batching else "off",
         metrics_port or "off",
     )
     await stop.wait()

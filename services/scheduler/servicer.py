@@ -2,33 +2,32 @@
 
 from __future__ import annotations
 
-from aiworks.core.converters import (
-    from_infer_response,
-    from_model_spec,
-    from_statistics,
-    to_infer_request,
-    to_model_spec,
-)
+import asyncio
+import contextlib
+import logging
+
+from aiworks.core.converters import from_model_spec, from_statistics, to_model_spec
 from aiworks.core.errors import AIWorksError
 from aiworks.core.rpc import handle_errors
-from aiworks.core.stream import error_fields, serve_stream
-from aiworks.core.tracing import remote_scope
 from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
 from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
+from aiworks.scheduler.converters import (
+    gpus_from_pb,
+    report_from_pb,
+    shadow_from_pb,
+    status_to_pb,
+    table_to_pb,
+    traffic_to_pb,
+)
 from aiworks.scheduler.dataplane import Scheduler
-from aiworks.scheduler.dispatch import Charge
-from aiworks.scheduler.traffic_state import DEFAULT_TOLERANCE, ShadowPolicy, TrafficPolicy
-from aiworks.scheduler.views import StatusView
+from aiworks.scheduler.traffic_state import TrafficPolicy
 from aiworks.security.callers import ANY_CALLER, current_caller
 
-
 # Who may call each method (docs/security.md), checked once per call or stream by CallerCheck.
-_DATA = {"gateway"}
 _LIFECYCLE = {"gateway", "monitor", "admin"}  # admins (tenants with the admin role) act through the gateway too
 _CONTROL = {"monitor", "admin"}
 CALLERS_BY_METHOD = {
-    "Infer": _DATA,
-    "InferStream": _DATA,
+    "WatchRouting": {"gateway"},
     "LoadModel": _LIFECYCLE,
     "UnloadModel": _LIFECYCLE,
     "RegisterReplica": {"runtime"},
@@ -40,6 +39,8 @@ CALLERS_BY_METHOD = {
     ),
     "GetTrafficPolicy": ANY_CALLER,
 }
+
+log = logging.getLogger(__name__)
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
@@ -59,43 +60,36 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         actor = current_caller() or peer_identity(context) or context.peer() or "unknown"
         self.audit.admin(actor=actor, action=action, status=status, model=model, details=details)
 
-    async def _infer(self, request, timeout_s: float | None = None, charge: Charge | None = None) -> pb.InferResponse:
-        if request.timeout_us:
-            timeout_s = min(timeout_s or float("inf"), request.timeout_us / 1e6)
-        # The gateway's span is the parent of this request's spans here (the queue wait, its batch).
-        with remote_scope(request.trace_context):
-            response = await self.scheduler.infer(
-                to_infer_request(request), timeout_s=timeout_s, charge=charge if charge is not None else Charge()
-            )
-        return from_infer_response(response)
+    async def WatchRouting(self, request_iterator, context):
+        """The table now, then after every change (at most every 20 ms); the gateway's reports come back on it."""
+        scheduler = self.scheduler
+        gateway_ids: set[str] = set()
 
-    @handle_errors
-    async def Infer(self, request, context):
-        return await self._infer(request, context.time_remaining())
+        async def read_reports() -> None:
+            async for message in request_iterator:
+                report = report_from_pb(message)
+                gateway_ids.add(report.gateway_id)
+                scheduler.report(report)
 
-    async def _infer_on_stream(self, request) -> pb.InferResponse:
-        # Errors are answered here rather than by serve_stream so the Retry-After hint, and what the
-        # runtime spent before the failure (compute_us), travel too.
-        charge = Charge()
+        reader = asyncio.get_running_loop().create_task(read_reports())
         try:
-            return await self._infer(request, charge=charge)
-        except AIWorksError as exc:
-            code, message = error_fields(exc)
-            return pb.InferResponse(
-                error_code=code,
-                error_message=message,
-                retry_after_s=exc.retry_after_s or 0.0,
-                compute_us=charge.compute_us,
-            )
-
-    async def InferStream(self, request_iterator, context):
-        await serve_stream(
-            request_iterator,
-            context,
-            self._infer_on_stream,
-            lambda code, message: pb.InferResponse(error_code=code, error_message=message),
-            pb.InferResponseFrame,
-        )
+            generation = -1
+            while not context.done():
+                table = scheduler.routing_table()
+                generation = table.generation
+                await context.write(table_to_pb(table))
+                await asyncio.sleep(0.02)  # changes come in bursts (a load touches every replica): coalesce them
+                waiter = asyncio.ensure_future(scheduler.changes(generation))
+                done, _ = await asyncio.wait({waiter, reader}, return_when=asyncio.FIRST_COMPLETED)
+                if reader in done:
+                    waiter.cancel()
+                    break
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            for gateway_id in gateway_ids:
+                scheduler.forget_gateway(gateway_id)
 
     @handle_errors
     async def ServerReady(self, request, context):
@@ -118,12 +112,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     @handle_errors
     async def LoadModel(self, request, context):
         specs = await self.scheduler.load(request.name)
-        return pb.LoadModelResponse(versions=[from_model_spec(s) for s in specs])
+        generation = self.scheduler.registry.generation
+        return pb.LoadModelResponse(versions=[from_model_spec(s) for s in specs], generation=generation)
 
     @handle_errors
     async def UnloadModel(self, request, context):
         await self.scheduler.unload(request.name)
-        return pb.UnloadModelResponse()
+        return pb.UnloadModelResponse(generation=self.scheduler.registry.generation)
 
     @handle_errors
     async def ModelStatistics(self, request, context):
@@ -143,14 +138,18 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             request.device or "cpu",
             dict(request.labels),
             [to_model_spec(s) for s in request.models],
-            _gpus(request.gpus),
+            gpus_from_pb(request.gpus),
         )
         return pb.RegisterReplicaResponse(heartbeat_interval_s=self.scheduler.settings.heartbeat_interval_s)
 
     @handle_errors
     async def Heartbeat(self, request, context):
         known = self.scheduler.registry.heartbeat(
-            request.replica_id, [to_model_spec(s) for s in request.models], _gpus(request.gpus)
+            request.replica_id,
+            [to_model_spec(s) for s in request.models],
+            gpus_from_pb(request.gpus),
+            inflight_batches=request.inflight_batches,
+            queues=list(request.queues),
         )
         return pb.HeartbeatResponse(known=known)
 
@@ -192,43 +191,3 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         return pb.EjectReplicaResponse(
             ejected=result.ejected, ejected_for_s=result.ejected_for_s, message=result.message
         )
-
-
-def shadow_from_pb(message: pb.ShadowPolicy) -> ShadowPolicy | None:
-    """A shadow with an empty version is "no shadow"; 0 fraction and tolerance mean their defaults."""
-    if not message.version:
-        return None
-    return ShadowPolicy(
-        message.version,
-        fraction=message.fraction or 1.0,
-        compare=message.compare or "allclose",
-        tolerance=message.tolerance or DEFAULT_TOLERANCE,
-    )
-
-
-def traffic_to_pb(policy: TrafficPolicy) -> pb.TrafficPolicy:
-    message = pb.TrafficPolicy(model=policy.model, weights=dict(policy.weights))
-    if policy.shadow is not None:
-        s = policy.shadow
-        message.shadow.CopyFrom(
-            pb.ShadowPolicy(version=s.version, fraction=s.fraction, compare=s.compare, tolerance=s.tolerance)
-        )
-    return message
-
-
-def _gpus(messages) -> list[dict]:
-    """GpuInfo messages as plain dicts (the registry keeps no pb objects)."""
-    return [{f.name: getattr(g, f.name) for f in pb.GpuInfo.DESCRIPTOR.fields} for g in messages]
-
-
-def status_to_pb(view: StatusView) -> pb.StatusResponse:
-    budget = view.retry_budget
-    return pb.StatusResponse(
-        replicas=[pb.ReplicaStatus(**vars(r)) for r in view.replicas],
-        queues=[pb.QueueStatus(**vars(q)) for q in view.queues],
-        traffic=[traffic_to_pb(p) for p in view.traffic],
-        retry_budget=pb.RetryBudgetStatus(
-            active=budget.active, active_retries=budget.active_retries, allowed=budget.allowed, denied=budget.denied
-        ),
-        shadows=[pb.ShadowStatus(**vars(s)) for s in view.shadows],
-    )

@@ -1,4 +1,9 @@
-"""The scheduler's settings (env prefix ``AIWORKS_SCHEDULER_``)."""
+"""The scheduler's settings (env prefix ``AIWORKS_SCHEDULER_``).
+
+The routing settings (retries, outlier ejection, class pools, shadows,
+pipelines) are sent to every gateway in the routing table, which applies
+them (:class:`aiworks.scheduler.policy.RoutingPolicy`).
+"""
 
 from __future__ import annotations
 
@@ -20,37 +25,27 @@ class SchedulerSettings(ServiceSettings):
     host: str = Field("127.0.0.1", description="Interface the gRPC server binds.")
     port: int = Field(8010, description="gRPC port of the SchedulerService.")
     metrics_port: int = Field(8011, description="Port of the Prometheus /metrics endpoint; 0 picks a free one.")
-    batching: bool = Field(True, description="Dynamic batching; false sends every request as its own batch.")
-    max_inflight_batches: int = Field(
-        0, description="Batches in flight per replica and model version; 0 means the model's instance count."
-    )
     heartbeat_interval_s: float = Field(1.0, description="Interval replicas are told to heartbeat at.")
     heartbeat_timeout_s: float = Field(3.5, description="A replica silent this long is removed.")
-    max_retries: int = Field(2, description="Times a batch is re-sent to another replica after a transport failure.")
+    max_retries: int = Field(
+        2, description="Times a gateway re-sends a request to another replica after a transport failure."
+    )
     runtime_timeout_s: float = Field(
-        30.0, description="Per-try timeout of one batch on a runtime; expiry counts as the replica's failure."
+        30.0, description="Per-try timeout of one request on a runtime; expiry counts as the replica's failure."
     )
 
-    # ---- QoS: priorities, deadlines, admission ----
+    # ---- QoS (queues, aging and admission are the runtimes' settings: the queues live there) ----
     default_priority: str = Field(
-        "standard", description="Class of requests that name none: realtime, standard or batch."
-    )
-    priority_aging_ms: float = Field(
-        100.0,
-        description="Aging step between classes: a request competes as if one class higher after waiting this long.",
-    )
-    max_queue_requests: int = Field(2048, description="Requests one model version may queue; more are refused (429).")
-    max_queue_bytes: int = Field(
-        64 << 20, description="Input bytes one model version may queue; more are refused (429)."
+        "standard", description="Class of requests that name none and whose tenant has no default."
     )
 
     # ---- resilience: retry budget and outlier ejection (Envoy/Istio semantics) ----
     retry_budget_percent: float = Field(
-        20.0, description="Concurrent retries allowed, as a percentage of batches being sent (Envoy retry budget)."
+        20.0, description="Concurrent retries allowed, as a percentage of requests in flight (Envoy retry budget)."
     )
     retry_min_concurrency: int = Field(3, description="Concurrent retries always allowed, whatever the percentage.")
     outlier_consecutive_errors: int = Field(
-        5, description="Consecutive 5xx-like batch failures that eject a replica (Istio consecutive5xxErrors); 0: off."
+        5, description="Consecutive 5xx-like failures that eject a replica (Istio consecutive5xxErrors); 0: off."
     )
     outlier_base_ejection_s: float = Field(
         30.0, description="Ejection time is this times the number of times the replica was ejected (baseEjectionTime)."
@@ -61,7 +56,9 @@ class SchedulerSettings(ServiceSettings):
     )
 
     # ---- routing ----
-    latency_ewma_alpha: float = Field(0.3, description="Weight of the newest batch in a replica's latency average.")
+    latency_ewma_alpha: float = Field(
+        0.3, description="Weight of the newest request in a replica's latency average (gateways route by it)."
+    )
     class_pools: dict[str, str] = Field(
         default_factory=lambda: {"realtime": "device=gpu", "batch": "device=cpu"},
         description=(
@@ -72,7 +69,7 @@ class SchedulerSettings(ServiceSettings):
 
     # ---- model lifecycle: hot update, shadow traffic, pipelines (docs/scheduler.md) ----
     drain_timeout_s: float = Field(
-        30.0, description="Longest a retired model version's queued and running batches may take to finish."
+        30.0, description="Longest a retired model version's queued and running requests may take to finish."
     )
     shadow_max_inflight: int = Field(
         64, description="Copies outstanding per shadow version; more are dropped (and counted), never queued."

@@ -1,12 +1,16 @@
-"""What the scheduler shows of itself (``aiworks status``), as plain values."""
+"""What the scheduler shows and sends, as plain values: the status (``aiworks status``) and the routing table."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from aiworks.core.model_config import ModelSpec
+from aiworks.scheduler.policy import RoutingPolicy
 from aiworks.scheduler.retry_state import RetryBudget
 from aiworks.scheduler.shadow import ShadowView
 from aiworks.scheduler.traffic_state import TrafficPolicy
+
+Key = tuple[str, str]
 
 
 @dataclass
@@ -34,10 +38,10 @@ class ReplicaView:
 class QueueView:
     model: str
     version: str
-    queued_requests: int
-    queued_rows: int
-    batches: int
-    rows: int
+    queued_requests: int = 0
+    queued_rows: int = 0
+    batches: int = 0
+    rows: int = 0
     queued_realtime: int = 0
     queued_standard: int = 0
     queued_batch: int = 0
@@ -49,9 +53,72 @@ class QueueView:
 
 
 @dataclass
+class GatewayView:
+    gateway_id: str
+    last_report_age_s: float
+    requests: int = 0
+    retries: int = 0
+
+
+@dataclass
 class StatusView:
     replicas: list[ReplicaView]
     queues: list[QueueView]
     traffic: list[TrafficPolicy]
     retry_budget: RetryBudget
     shadows: list[ShadowView] = field(default_factory=list)
+    gateways: list[GatewayView] = field(default_factory=list)
+
+
+# ---- the routing table -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RouteReplica:
+    replica_id: str
+    address: str
+    device: str
+    labels: dict[str, str]
+    models: tuple[ModelSpec, ...]
+
+
+@dataclass(frozen=True)
+class DrainingVersion:
+    model: str
+    version: str
+    closing: bool
+    retiring_on: tuple[str, ...] = ()
+    spec: ModelSpec | None = None
+
+
+@dataclass(frozen=True)
+class EjectionOrder:
+    """An ejection the scheduler was asked for; each gateway applies it once (by ``id``)."""
+
+    replica_id: str
+    remaining_s: float
+    reason: str
+    id: int
+
+
+@dataclass
+class RoutingTable:
+    generation: int
+    replicas: list[RouteReplica]
+    traffic: list[TrafficPolicy]
+    draining: list[DrainingVersion]
+    ejections: list[EjectionOrder]
+    known: list[Key]
+    policy: RoutingPolicy
+
+
+@dataclass
+class RoutingReport:
+    """A gateway's own routing state, sent to the scheduler every second."""
+
+    gateway_id: str
+    replicas: list[ReplicaView]
+    retry_budget: RetryBudget
+    shadows: list[ShadowView]
+    retries: dict[Key, int]
+    requests: int = 0

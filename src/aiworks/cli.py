@@ -63,12 +63,8 @@ def cmd_scheduler(args) -> None:
     from aiworks.scheduler.server import main
     from aiworks.scheduler.settings import SchedulerSettings
 
-    if args.no_batching:
-        args.batching = False
     settings = _settings_from(
-        SchedulerSettings,
-        args,
-        ["host", "port", "metrics_port", "batching", "max_inflight_batches", "log_level", "otlp_endpoint", "trace_file"],
+        SchedulerSettings, args, ["host", "port", "metrics_port", "log_level", "otlp_endpoint", "trace_file"]
     )
     setup_logging("scheduler", settings.log_level)
     main(settings)
@@ -101,12 +97,14 @@ def cmd_runtime(args) -> None:
     from aiworks.runtime.server import main
     from aiworks.runtime.settings import RuntimeSettings
 
+    if args.no_batching:
+        args.batching = False
     settings = _settings_from(
         RuntimeSettings,
         args,
         [
             "host", "port", "metrics_port", "replica_id", "scheduler_address", "model_repository", "models", "device",
-            "log_level", "otlp_endpoint", "trace_file", *RUNTIME_TRITON_FLAGS,
+            "batching", "log_level", "otlp_endpoint", "trace_file", *RUNTIME_TRITON_FLAGS,
         ],  # fmt: skip
     )
     setup_logging(f"runtime[{settings.resolved_replica_id()}]", settings.log_level)
@@ -336,12 +334,10 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--host")
     sc.add_argument("--port", type=int)
     sc.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default 8011); 0 picks a free one")
-    sc.add_argument("--no-batching", action="store_true", help="disable dynamic batching")
-    sc.add_argument("--max-inflight-batches", type=int, help="batches in flight per replica and model version")
     sc.add_argument("--log-level")
     sc.add_argument("--otlp-endpoint", help="export spans over OTLP/gRPC to this collector (http://host:4317)")
     sc.add_argument("--trace-file", type=Path, help="append finished spans to this file, one JSON line each")
-    sc.set_defaults(func=cmd_scheduler, batching=None)
+    sc.set_defaults(func=cmd_scheduler)
 
     rt = sub.add_parser("runtime", help="run one model-runtime replica (env AIWORKS_RUNTIME_*)")
     rt.add_argument("--host")
@@ -352,11 +348,12 @@ def build_parser() -> argparse.ArgumentParser:
     rt.add_argument("--model-repository", type=Path)
     rt.add_argument("--models", nargs="*", help="models to load at start (default: all)")
     rt.add_argument("--device", choices=["cpu", "gpu"])
+    rt.add_argument("--no-batching", action="store_true", help="run every request as its own batch")
     rt.add_argument("--log-level")
     rt.add_argument("--otlp-endpoint", help="export spans over OTLP/gRPC to this collector (http://host:4317)")
     rt.add_argument("--trace-file", type=Path, help="append finished spans to this file, one JSON line each")
     add_runtime_gpu_flags(rt)
-    rt.set_defaults(func=cmd_runtime)
+    rt.set_defaults(func=cmd_runtime, batching=None)
 
     st = sub.add_parser("status", help="show queues, replicas and their load")
     st.add_argument("--scheduler", default="127.0.0.1:8010", help="scheduler address (default 127.0.0.1:8010)")

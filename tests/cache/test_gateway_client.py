@@ -14,7 +14,6 @@ from aiworks.cache.store import MemoryStore
 from aiworks.gateway.cache_client import CacheClient
 
 from aiworks.core.datatypes import Tensor
-from aiworks.core.errors import NotFound
 from aiworks.core.inference import InferRequest, InferResponse
 from aiworks.core.model_config import ModelSpec
 from aiworks.core.rpc import create_server, set_serving
@@ -70,20 +69,12 @@ class CacheServer:
 
 
 class Backend:
-    """Stands in for the scheduler: metadata and inference, counting calls."""
+    """Stands in for the routing table (the spec) and a runtime replica (inference), counting calls."""
 
     def __init__(self, parameters=CACHED, version="3"):
-        self.parameters = dict(parameters)
+        self.spec = ModelSpec(name="m", version=version, parameters=dict(parameters))
         self.version = version
-        self.metadata_calls = 0
         self.infer_calls = 0
-
-    async def metadata(self, name, version):
-        self.metadata_calls += 1
-        if name == "missing":
-            raise NotFound("unknown model 'missing'")
-        await asyncio.sleep(0.01)
-        return ModelSpec(name=name, version=version or self.version, parameters=self.parameters), [self.version]
 
     async def infer(self, request: InferRequest) -> InferResponse:
         self.infer_calls += 1
@@ -113,17 +104,17 @@ async def server():
 
 async def test_miss_store_then_hit_without_the_scheduler(server):
     backend = Backend()
-    client = CacheClient(f"127.0.0.1:{server.port}", backend.metadata, max_message_bytes=1 << 20, lookup_timeout_s=0.5)
+    client = CacheClient(f"127.0.0.1:{server.port}", max_message_bytes=1 << 20, lookup_timeout_s=0.5)
     try:
-        first = await client.infer(request(), backend.infer)
+        first = await client.infer(request(), backend.spec, backend.infer)
         # The gateway learns whether it was a hit; the client is not told unless the model opts in.
         assert first.cache_hit is False and first.parameters == {} and backend.infer_calls == 1
         await until(lambda: client.counters.stores == 1)
-        hit = await client.infer(request(), backend.infer)
+        hit = await client.infer(request(), backend.spec, backend.infer)
         assert hit.cache_hit is True and hit.parameters == {} and backend.infer_calls == 1
         assert (hit.model, hit.version, hit.id) == ("m", "3", "r1")
         np.testing.assert_array_equal(hit.outputs[0].to_numpy(), first.outputs[0].to_numpy())
-        skipped = await client.infer(request(cache_bypass=True), backend.infer)
+        skipped = await client.infer(request(cache_bypass=True), backend.spec, backend.infer)
         assert "cache_hit" not in skipped.parameters and backend.infer_calls == 2
         c = client.counters
         assert (c.hits, c.misses, c.skipped, c.bypassed, c.lookup_errors) == (1, 1, 1, 0, 0)
@@ -149,13 +140,13 @@ def tenant_request(tenant: str, value: float = 1.0) -> InferRequest:
 )
 async def test_entries_are_per_tenant_unless_the_model_shares_them(server, parameters, b_hits, reported):
     backend = Backend(parameters={**CACHED, **parameters})
-    client = CacheClient(f"127.0.0.1:{server.port}", backend.metadata, max_message_bytes=1 << 20, lookup_timeout_s=0.5)
+    client = CacheClient(f"127.0.0.1:{server.port}", max_message_bytes=1 << 20, lookup_timeout_s=0.5)
     try:
-        await client.infer(tenant_request("alice"), backend.infer)
+        await client.infer(tenant_request("alice"), backend.spec, backend.infer)
         await until(lambda: client.counters.stores == 1)
-        again = await client.infer(tenant_request("alice"), backend.infer)
+        again = await client.infer(tenant_request("alice"), backend.spec, backend.infer)
         assert again.cache_hit is True and backend.infer_calls == 1
-        bob = await client.infer(tenant_request("bob"), backend.infer)
+        bob = await client.infer(tenant_request("bob"), backend.spec, backend.infer)
         assert bob.cache_hit is b_hits and backend.infer_calls == (1 if b_hits else 2)
         assert bob.parameters.get("cache_hit") is reported
     finally:
@@ -172,33 +163,24 @@ def test_invalid_scope_or_report_values_disable_the_cache():
     assert default.enabled and not default.shared and not default.report_hit
 
 
-async def test_policy_lookups_are_shared_and_reused_for_the_ttl(server):
-    backend = Backend(parameters={})  # not cached: the request goes straight through
-    clock = FakeClock()
-    client = CacheClient(
-        f"127.0.0.1:{server.port}", backend.metadata, max_message_bytes=1 << 20, metadata_ttl_s=1.0, clock=clock
-    )
+async def test_a_model_without_the_response_cache_goes_straight_through(server):
+    backend = Backend(parameters={})  # not cached: no lookup, no store
+    client = CacheClient(f"127.0.0.1:{server.port}", max_message_bytes=1 << 20)
     try:
-        responses = await asyncio.gather(*(client.infer(request(), backend.infer) for _ in range(20)))
-        assert backend.metadata_calls == 1 and all(r.parameters == {} for r in responses)
-        clock.now += 0.9
-        await client.infer(request(), backend.infer)
-        assert backend.metadata_calls == 1
-        clock.now += 0.2
-        await client.infer(request(), backend.infer)
-        assert backend.metadata_calls == 2
-        with pytest.raises(NotFound):  # the scheduler's answer, not the cache's
-            await client.infer(InferRequest("missing", "", request().inputs), lambda r: backend.metadata("missing", ""))
+        responses = await asyncio.gather(*(client.infer(request(), backend.spec, backend.infer) for _ in range(20)))
+        assert all(r.parameters == {} and not r.cache_hit for r in responses) and backend.infer_calls == 20
+        assert server.dataplane.counters.hits + server.dataplane.counters.misses == 0
+        assert client._policy(backend.spec) is client._policy(backend.spec)  # read once per spec
     finally:
         await client.close()
 
 
 async def test_results_too_large_for_the_policy_are_not_stored(server):
     backend = Backend(parameters={**CACHED, "cache_max_entry_bytes": "16"})
-    client = CacheClient(f"127.0.0.1:{server.port}", backend.metadata, max_message_bytes=1 << 20, lookup_timeout_s=0.5)
+    client = CacheClient(f"127.0.0.1:{server.port}", max_message_bytes=1 << 20, lookup_timeout_s=0.5)
     try:
-        await client.infer(request(), backend.infer)
-        await client.infer(request(), backend.infer)
+        await client.infer(request(), backend.spec, backend.infer)
+        await client.infer(request(), backend.spec, backend.infer)
         assert client.counters.stores_dropped == 2 and backend.infer_calls == 2
     finally:
         await client.close()
@@ -209,7 +191,6 @@ async def test_an_unreachable_cache_is_bypassed_and_caching_resumes_when_it_retu
     backend = Backend()
     client = CacheClient(
         f"127.0.0.1:{port}",
-        backend.metadata,
         max_message_bytes=1 << 20,
         lookup_timeout_s=0.2,
         failure_threshold=3,
@@ -218,7 +199,7 @@ async def test_an_unreachable_cache_is_bypassed_and_caching_resumes_when_it_retu
     server = CacheServer(port)
     try:
         for i in range(30):
-            response = await client.infer(request(float(i)), backend.infer)
+            response = await client.infer(request(float(i)), backend.spec, backend.infer)
             assert response.cache_hit is False and response.parameters == {}
         assert backend.infer_calls == 30
         assert client.counters.bypassed == 30
@@ -230,7 +211,7 @@ async def test_an_unreachable_cache_is_bypassed_and_caching_resumes_when_it_retu
         assert server.dataplane.counters.invalidations == 1
 
         async def cached():
-            await client.infer(request(99.0), backend.infer)
+            await client.infer(request(99.0), backend.spec, backend.infer)
             return client.counters.hits > 0
 
         deadline = time.monotonic() + 5

@@ -39,14 +39,15 @@ CALL_GRAPH = {
     ("gateway", "scheduler"): {
         SCHEDULER + m
         for m in (
-            "Infer", "InferStream", "ServerReady", "ModelReady", "ModelMetadata", "RepositoryIndex",
+            "WatchRouting", "ServerReady", "ModelReady", "ModelMetadata", "RepositoryIndex",
             "LoadModel", "UnloadModel", "ModelStatistics", "Status",
         )
     },
+    ("gateway", "runtime"): {RUNTIME + "InferStream"},
     ("runtime", "scheduler"): {SCHEDULER + "RegisterReplica", SCHEDULER + "Heartbeat"},
     ("monitor", "scheduler"): {SCHEDULER + m for m in ("Status", "SetTrafficPolicy", "GetTrafficPolicy", "EjectReplica")},
     ("scheduler", "runtime"): {
-        RUNTIME + m for m in ("Execute", "ExecuteStream", "LoadModel", "UnloadModel", "ListModels", "ModelMetadata", "Statistics")
+        RUNTIME + m for m in ("LoadModel", "UnloadModel", "ListModels", "ModelMetadata", "Statistics")
     },
     ("gateway", "cache"): {"/aiworks.cache.v1.CacheService/" + m for m in ("Get", "Put", "GetStream", "PutStream", "Invalidate", "Stats")},
     # The admin identity (helm test, operators' CLI pods): readiness, status and traffic policy.
@@ -165,7 +166,7 @@ def test_canary_routes_are_weighted(full: Rendered) -> None:
             assert weights == {"stable": 100 - canary, "canary": canary}
             assert all(m["port"] == 8020 for m in route["match"]), "metrics traffic is not rerouted"
         # A long-lived batch stream is neither cut by a route timeout nor replayed.
-        assert streams["match"][0]["uri"] == {"exact": RUNTIME + "ExecuteStream"}
+        assert streams["match"][0]["uri"] == {"exact": RUNTIME + "InferStream"}  # the gateways' request stream
         assert (streams["timeout"], streams["retries"]) == ("0s", {"attempts": 0})
         assert unary["retries"]["attempts"] >= 1 and unary["timeout"] != "0s"
 

@@ -13,6 +13,7 @@ unload waits for the batch it is running.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import threading
 import time
@@ -26,8 +27,11 @@ import tritonclient.http as httpclient
 from e2e_support import internal_channel, start_suite
 from tritonclient.utils import InferenceServerException
 
-from aiworks.pb.runtime.v1 import runtime_pb2, runtime_pb2_grpc
+from aiworks.core.datatypes import Tensor
+from aiworks.core.inference import InferRequest
+from aiworks.core.options import RequestOptions
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from aiworks.runtime.client import RuntimeClient
 
 
 def _digits_rows(n: int) -> np.ndarray:
@@ -157,7 +161,7 @@ def test_unload_answers_every_queued_request_first(model_repository, tmp_path):
         with ThreadPoolExecutor(16) as pool:
             queued = [pool.submit(infer, i) for i in range(16)]
             deadline = time.monotonic() + 10
-            # All 16 reached the scheduler: 2 replicas run 2 at a time (300 ms each), the rest are queued
+            # All 16 reached the runtimes: 2 replicas run 2 at a time (300 ms each), the rest are queued
             # or done (rows), and at least 8 still queued.
             while not _all_arrived(_status(suite).queues, 16 - 2, 8):
                 assert time.monotonic() < deadline, "requests never queued"
@@ -186,20 +190,26 @@ def test_unload_answers_every_queued_request_first(model_repository, tmp_path):
         # A runtime's own unload waits for the batch it is running (300 ms here).
         admin.load_model("iris")
         address = _status(suite).replicas[0].address
-        with internal_channel(suite.supervisor, address, "runtime", caller="scheduler") as channel:
-            stub = runtime_pb2_grpc.RuntimeServiceStub(channel)
-            request = runtime_pb2.ExecuteRequest(
-                model="iris",
-                version="1",
-                inputs=[runtime_pb2.Tensor(name="input", datatype="FP32", shape=[1, 4], raw=x.tobytes())],
-            )
-            running = stub.Execute.future(request, timeout=10)
-            time.sleep(0.15)
-            started = time.monotonic()
-            stub.UnloadModel(runtime_pb2.UnloadModelRequest(name="iris"), timeout=10)
-            waited = time.monotonic() - started
-            assert len(running.result().outputs) == 2  # the batch finished, not cut off
-            assert waited >= 0.05
+
+        async def unload_while_running() -> tuple[int, float]:
+            sup = suite.supervisor
+            gateway = RuntimeClient(address, 1 << 26, 10.0, sup.client_tls_for("gateway"), caller=sup.client_caller("gateway"))
+            admin_client = RuntimeClient(address, 1 << 26, 10.0, sup.client_tls_for("admin"), caller=sup.client_caller("admin"))
+            try:
+                request = InferRequest("iris", "1", [Tensor("input", "FP32", (1, 4), x.tobytes())])
+                running = asyncio.ensure_future(gateway.infer(request, RequestOptions()))
+                await asyncio.sleep(0.15)
+                started = time.monotonic()
+                await admin_client.unload("iris")
+                waited = time.monotonic() - started
+                return len((await running).outputs), waited
+            finally:
+                await gateway.close()
+                await admin_client.close()
+
+        outputs, waited = asyncio.run(unload_while_running())
+        assert outputs == 2  # the request in its batch finished, not cut off
+        assert waited >= 0.05
         admin.close()
     finally:
         suite.supervisor.stop()

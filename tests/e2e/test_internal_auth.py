@@ -1,8 +1,9 @@
 """Issue 15, findings 2, 7 and 9, against the suite as real processes (token mode, ``aiworks up``'s default).
 
-- No internal service answers a caller without credentials: ``SchedulerService.Infer``
-  and ``CacheService.Put`` are refused as UNAUTHENTICATED, while the suite keeps
-  serving its clients through the gateway.
+- No internal service answers a caller without credentials: a runtime's
+  ``InferStream``, the scheduler's ``WatchRouting`` (which lists the replicas)
+  and ``CacheService.Put`` are refused as UNAUTHENTICATED, while the suite
+  keeps serving its clients through the gateway.
 - A known caller gets only its own methods: a runtime may not change traffic or
   load models, a gateway may not register replicas (PERMISSION_DENIED).
 - The supervisor's control API and the monitor's POST routes refuse what a web page
@@ -40,9 +41,11 @@ from aiworks.supervisor.supervisor import free_port
 IRIS = np.array([[5.1, 3.5, 1.4, 0.2]], dtype=np.float32)
 
 
-def infer_request() -> pb.InferRequest:
+def infer_frame() -> runtime_pb2.InferRequestFrame:
+    """One request as a gateway sends it to a runtime replica (its version resolved)."""
     tensor = runtime_pb2.Tensor(name="input", datatype="FP32", shape=[1, 4], raw=IRIS.tobytes())
-    return pb.InferRequest(id="e2e", model="iris", inputs=[tensor])
+    return runtime_pb2.InferRequestFrame(items=[runtime_pb2.InferRequest(stream_id=1, id="e2e", model="iris",
+                                                                         version="1", inputs=[tensor])])  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +68,14 @@ def refused(call, *args) -> grpc.RpcError:
     return info.value
 
 
+def refused_stream(call, message) -> grpc.RpcError:
+    """A bidirectional stream opened with one ``message``: the error it ends with."""
+    with pytest.raises(grpc.RpcError) as info:
+        for _ in call(iter([message]), timeout=10):
+            pass
+    return info.value
+
+
 def serves(suite) -> bool:
     body = {"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32", "data": IRIS[0].tolist()}]}
     reply = requests.post(f"{suite.base}/v2/models/iris/infer", json=body, timeout=10)
@@ -74,25 +85,25 @@ def serves(suite) -> bool:
 # ---- finding 2: strangers and wrong callers -----------------------------------------------------
 
 
-def test_without_credentials_infer_and_cache_put_are_refused(suite):
+def test_without_credentials_the_request_stream_the_routing_table_and_cache_put_are_refused(suite):
     sup = suite.supervisor
-    with grpc.insecure_channel(sup.scheduler_address) as ch:
-        err = refused(scheduler_pb2_grpc.SchedulerServiceStub(ch).Infer, infer_request())
+    with grpc.insecure_channel(runtime_address(suite)) as ch:
+        err = refused_stream(runtime_pb2_grpc.RuntimeServiceStub(ch).InferStream, infer_frame())
     assert err.code() == grpc.StatusCode.UNAUTHENTICATED and "no caller credentials" in err.details()
+    with grpc.insecure_channel(sup.scheduler_address) as ch:
+        err = refused_stream(scheduler_pb2_grpc.SchedulerServiceStub(ch).WatchRouting, pb.RoutingReport())
+    assert err.code() == grpc.StatusCode.UNAUTHENTICATED
     put = cache_pb2.PutRequest(model="iris", key=b"k" * 32, value=b"planted answer", epoch=0)
     with grpc.insecure_channel(sup.cache_address) as ch:
         err = refused(cache_pb2_grpc.CacheServiceStub(ch).Put, put)
     assert err.code() == grpc.StatusCode.UNAUTHENTICATED
-    with grpc.insecure_channel(runtime_address(suite)) as ch:
-        execute = runtime_pb2.ExecuteRequest(model="iris", version="1", inputs=infer_request().inputs)
-        err = refused(runtime_pb2_grpc.RuntimeServiceStub(ch).Execute, execute)
-    assert err.code() == grpc.StatusCode.UNAUTHENTICATED
     # The gateway's own identity is served (so the refusals were about credentials), and clients still are.
-    with internal_channel(sup, sup.scheduler_address, "scheduler", caller="gateway") as ch:
-        reply = scheduler_pb2_grpc.SchedulerServiceStub(ch).Infer(infer_request(), timeout=10)
+    with internal_channel(sup, runtime_address(suite), "runtime", caller="gateway") as ch:
+        [frame] = list(runtime_pb2_grpc.RuntimeServiceStub(ch).InferStream(iter([infer_frame()]), timeout=10))
+    [reply] = frame.items
     assert not reply.error_code and reply.outputs
     assert serves(suite)
-    assert "refused /aiworks.scheduler.v1.SchedulerService/Infer" in (sup.config.log_dir / "scheduler.log").read_text()
+    assert "refused /aiworks.runtime.v1.RuntimeService/InferStream" in (sup.config.log_dir / "runtime-0.log").read_text()
 
 
 def test_known_callers_get_only_their_own_methods(suite):
@@ -106,7 +117,6 @@ def test_known_callers_get_only_their_own_methods(suite):
         ("gateway", "SetTrafficPolicy", policy),
         ("gateway", "RegisterReplica", pb.ReplicaInfo(replica_id="rogue", address="127.0.0.1:1")),
         ("gateway", "EjectReplica", pb.EjectReplicaRequest(replica_id="runtime-0")),
-        ("admin", "Infer", infer_request()),
     ]
     for caller, method, request in scheduler:
         with internal_channel(sup, sup.scheduler_address, "scheduler", caller=caller) as ch:
@@ -120,6 +130,13 @@ def test_known_callers_get_only_their_own_methods(suite):
         assert err.code() == grpc.StatusCode.PERMISSION_DENIED, (caller, method)
     with internal_channel(sup, runtime_address(suite), "runtime", caller="gateway") as ch:
         err = refused(runtime_pb2_grpc.RuntimeServiceStub(ch).LoadModel, runtime_pb2.LoadModelRequest(name="iris"))
+    assert err.code() == grpc.StatusCode.PERMISSION_DENIED
+    for caller in ("admin", "scheduler"):  # only gateways send requests to replicas
+        with internal_channel(sup, runtime_address(suite), "runtime", caller=caller) as ch:
+            err = refused_stream(runtime_pb2_grpc.RuntimeServiceStub(ch).InferStream, infer_frame())
+        assert err.code() == grpc.StatusCode.PERMISSION_DENIED, caller
+    with internal_channel(sup, sup.scheduler_address, "scheduler", caller="runtime") as ch:
+        err = refused_stream(scheduler_pb2_grpc.SchedulerServiceStub(ch).WatchRouting, pb.RoutingReport())
     assert err.code() == grpc.StatusCode.PERMISSION_DENIED
     # Nothing changed: still no weights, the replica still registered and serving.
     with internal_channel(sup, sup.scheduler_address, "scheduler") as ch:

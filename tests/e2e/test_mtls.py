@@ -263,13 +263,17 @@ def test_a_certificate_of_the_suite_calls_only_its_own_methods(suite):
         ("runtime", "LoadModel", ref),
         ("runtime", "UnloadModel", ref),
         ("gateway", "RegisterReplica", scheduler_pb2.ReplicaInfo(replica_id="rogue", address="127.0.0.1:1")),
-        ("admin", "Infer", scheduler_pb2.InferRequest(model="iris")),
     ]:
         with _as(suite, name, suite.scheduler_address, "scheduler") as ch:
             with pytest.raises(grpc.RpcError) as info:
                 getattr(scheduler_pb2_grpc.SchedulerServiceStub(ch), method)(request, timeout=5)
         assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED, (name, method)
         assert f"caller '{name}' may not call" in info.value.details()
+    with _as(suite, "admin", suite.scheduler_address, "scheduler") as ch:  # only gateways watch the routing table
+        with pytest.raises(grpc.RpcError) as info:
+            for _ in scheduler_pb2_grpc.SchedulerServiceStub(ch).WatchRouting(iter([scheduler_pb2.RoutingReport()]), timeout=5):
+                pass
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
     put = cache_pb2.PutRequest(model="iris_cached", key=b"k" * 32, value=b"planted", epoch=0)
     with _as(suite, "admin", suite.cache_address, "cache") as ch:
         with pytest.raises(grpc.RpcError) as info:

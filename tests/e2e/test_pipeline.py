@@ -1,4 +1,4 @@
-"""A split model served two ways: as a pipeline model the scheduler runs stage by stage, and in edge mode.
+"""A split model served two ways: as a pipeline model the gateway runs stage by stage, and in edge mode.
 
 Digits v2 is cut after its first layer (``aiworks split --pipeline``): the
 stages are model folders of their own, and ``digits_pipe`` is the ensemble
@@ -7,6 +7,9 @@ that chains them. Both modes must answer what the unsplit model answers.
 
 from __future__ import annotations
 
+import time
+
+import asyncio
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 
@@ -17,8 +20,12 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from e2e_support import internal_channel, start_suite
 
-from aiworks.pb.runtime.v1 import runtime_pb2, runtime_pb2_grpc
+from aiworks.core.datatypes import Tensor
+from aiworks.core.errors import AIWorksError, Status
+from aiworks.core.inference import InferRequest
+from aiworks.core.options import RequestOptions
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from aiworks.runtime.client import RuntimeClient
 
 CUT = "next_activations"  # after the first 4096-wide layer
 WIDTH = 4096
@@ -123,9 +130,15 @@ def test_concurrent_pipeline_requests_batch_at_each_stage_and_stay_correct(pipel
     assert rows_after - rows_before == sent
     assert batches_after - batches_before < 96  # stage requests of different clients shared batches
 
+    # The runtimes report their queues in their heartbeats (every second): wait for the next ones.
+    deadline = time.monotonic() + 5
     with internal_channel(suite.supervisor, suite.supervisor.scheduler_address, "scheduler") as channel:
-        status = scheduler_pb2_grpc.SchedulerServiceStub(channel).Status(scheduler_pb2.StatusRequest(), timeout=5)
-    queues = {q.model for q in status.queues}
+        stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+        while True:
+            queues = {q.model for q in stub.Status(scheduler_pb2.StatusRequest(), timeout=5).queues}
+            if {"digits_stage1", "digits_stage2"} <= queues or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
     assert {"digits_stage1", "digits_stage2"} <= queues and "digits_pipe" not in queues
 
 
@@ -133,17 +146,22 @@ def test_the_runtime_does_not_load_the_pipeline_itself(pipeline_suite, rows):
     suite, _ = pipeline_suite
     with internal_channel(suite.supervisor, suite.supervisor.scheduler_address, "scheduler") as channel:
         status = scheduler_pb2_grpc.SchedulerServiceStub(channel).Status(scheduler_pb2.StatusRequest(), timeout=5)
-    with internal_channel(suite.supervisor, status.replicas[0].address, "runtime", caller="scheduler") as channel:
-        stub = runtime_pb2_grpc.RuntimeServiceStub(channel)
-        request = runtime_pb2.ExecuteRequest(
-            model="digits_pipe",
-            version="1",
-            inputs=[runtime_pb2.Tensor(name="input", datatype="FP32", shape=[1, 64], raw=rows[:1].tobytes())],
-        )
-        with pytest.raises(grpc.RpcError) as refused:
-            stub.Execute(request, timeout=10)
-    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-    assert "pipeline" in refused.value.details()
+
+    async def ask_a_replica() -> AIWorksError:
+        sup = suite.supervisor
+        client = RuntimeClient(status.replicas[0].address, 1 << 26, 10.0, sup.client_tls_for("gateway"),
+                               caller=sup.client_caller("gateway"))  # fmt: skip
+        try:
+            request = InferRequest("digits_pipe", "1", [Tensor("input", "FP32", (1, 64), rows[:1].tobytes())])
+            with pytest.raises(AIWorksError) as refused:
+                await client.infer(request, RequestOptions())
+            return refused.value
+        finally:
+            await client.close()
+
+    refused = asyncio.run(ask_a_replica())
+    assert refused.status is Status.INVALID_ARGUMENT
+    assert "pipeline" in refused.message
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

@@ -757,17 +757,20 @@ def test_timed_out_and_cancelled_requests_are_charged_and_keep_their_slot_while_
 
 
 def _scheduler_ok(tenancy: Tenancy, priority: str) -> float:
+    """Requests of ``priority`` the runtimes' queues served (where the class is applied), summed over replicas."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    [target] = tenancy.supervisor.metrics_targets()["scheduler"]
-    text = requests.get(f"http://{target}/metrics", timeout=5).text
-    return sum(
-        s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "aiworks_scheduler_requests_total"
-        and s.labels.get("model") == "scale" and s.labels.get("priority") == priority and s.labels.get("status") == "ok"
-    )  # fmt: skip
+    total = 0.0
+    for target in tenancy.supervisor.metrics_targets()["runtime"]:
+        text = requests.get(f"http://{target}/metrics", timeout=5).text
+        total += sum(
+            s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "aiworks_scheduler_requests_total" and s.labels.get("model") == "scale"
+            and s.labels.get("priority") == priority and s.labels.get("status") == "ok"
+        )  # fmt: skip
+    return total
 
 
 def test_a_batch_tenant_asking_for_realtime_is_served_as_batch_and_told(tenancy):

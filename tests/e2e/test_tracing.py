@@ -1,4 +1,7 @@
-"""One request with a W3C traceparent yields one trace across gateway, scheduler and runtime.
+"""One request with a W3C traceparent yields one trace across the gateway and the runtime.
+
+The scheduler is off the request path (it is the control plane), so no span of
+its joins a request's trace; it still exports its own.
 
 The suite (one runtime replica, the result cache on) writes each service's
 finished spans to its own trace file and also exports them over OTLP/gRPC to
@@ -30,8 +33,8 @@ SERVICES = ("gateway", "scheduler", "runtime")
 # Every traced request to a model without the response cache: (service, span name).
 UNCACHED = {
     ("aiworks-gateway", "gateway infer"),
-    ("aiworks-scheduler", "scheduler queue"),
-    ("aiworks-scheduler", "scheduler batch"),
+    ("aiworks-runtime", "runtime queue"),
+    ("aiworks-runtime", "runtime batch"),
     ("aiworks-runtime", "runtime execute"),
 }
 
@@ -115,15 +118,15 @@ def test_one_traced_request_is_one_trace_across_the_services(traced):
     expected = {
         ("aiworks-gateway", "gateway infer"),
         ("aiworks-gateway", "cache lookup"),
-        ("aiworks-scheduler", "scheduler queue"),
-        ("aiworks-scheduler", "scheduler batch"),
+        ("aiworks-runtime", "runtime queue"),
+        ("aiworks-runtime", "runtime batch"),
         ("aiworks-runtime", "runtime execute"),
     }
     spans = spans_of(traces, trace_id, expected)
     assert {(s["service"], s["name"]) for s in spans} == expected
     assert len(spans) == len(expected)  # one of each: nothing else joined this trace
     gateway, lookup = _one(spans, "gateway infer"), _one(spans, "cache lookup")
-    queue, batch, execute = _one(spans, "scheduler queue"), _one(spans, "scheduler batch"), _one(spans, "runtime execute")
+    queue, batch, execute = _one(spans, "runtime queue"), _one(spans, "runtime batch"), _one(spans, "runtime execute")
     assert gateway["parent_span_id"] == client_span and gateway["kind"] == "SERVER"
     assert gateway["attributes"]["aiworks.status"] == "ok" and gateway["attributes"]["aiworks.version"] == "1"
     assert lookup["parent_span_id"] == gateway["span_id"] and lookup["attributes"]["aiworks.cache.result"] == "miss"
@@ -131,7 +134,7 @@ def test_one_traced_request_is_one_trace_across_the_services(traced):
     assert batch["parent_span_id"] == gateway["span_id"]
     assert [link["span_id"] for link in batch["links"]] == [queue["span_id"]]
     assert batch["attributes"]["aiworks.batch.rows"] == 2
-    assert execute["parent_span_id"] == batch["span_id"] and execute["kind"] == "SERVER"
+    assert execute["parent_span_id"] == batch["span_id"] and execute["kind"] == "INTERNAL"
     assert execute["attributes"]["aiworks.replica"] == "runtime-0"
     # Time nests: the queue wait ends as its batch starts; the runtime runs inside the batch.
     assert queue["end_unix_ns"] <= batch["start_unix_ns"] + 5_000_000
@@ -157,7 +160,7 @@ def test_grpc_metadata_carries_the_trace_and_spans_reach_the_otlp_collector(trac
     gateway = _one(spans, "gateway infer")
     assert gateway["parent_span_id"] == client_span and gateway["attributes"]["aiworks.protocol"] == "grpc"
     assert not [s for s in spans if s["name"] == "cache lookup"]  # iris is not a cached model
-    assert _one(spans, "runtime execute")["parent_span_id"] == _one(spans, "scheduler batch")["span_id"]
+    assert _one(spans, "runtime execute")["parent_span_id"] == _one(spans, "runtime batch")["span_id"]
 
     deadline = time.monotonic() + 15
     while len(receiver.spans.get(trace_id, [])) < 4 and time.monotonic() < deadline:

@@ -14,12 +14,12 @@ from aiworks.pb.runtime.v1 import runtime_pb2 as pb
 from aiworks.supervisor.supervisor import free_port
 
 
-async def handle(request: pb.ExecuteRequest) -> pb.ExecuteResponse:
-    """Echo the model name after a delay given in the version field; 'bad' fails."""
+async def handle(request: pb.InferRequest) -> pb.InferResponse:
+    """Echo the model name after a delay given in the version field; 'bad' fails (after its delay)."""
+    await asyncio.sleep(float(request.version or 0))
     if request.model == "bad":
         raise InvalidArgument("bad input for 'bad'")
-    await asyncio.sleep(float(request.version or 0))
-    return pb.ExecuteResponse(outputs=[pb.Tensor(name=request.model)])
+    return pb.InferResponse(outputs=[pb.Tensor(name=request.model)])
 
 
 async def execute_stream(request_iterator, context):
@@ -27,16 +27,16 @@ async def execute_stream(request_iterator, context):
         request_iterator,
         context,
         handle,
-        lambda code, msg: pb.ExecuteResponse(error_code=code, error_message=msg),
-        pb.ExecuteResponseFrame,
+        lambda code, msg: pb.InferResponse(error_code=code, error_message=msg),
+        pb.InferResponseFrame,
     )
 
 
 async def start_server(port: int, frames: list | None = None) -> grpc.aio.Server:
     """The echo server; ``frames`` collects (bytes, messages) of every request frame it reads."""
 
-    def read_frame(data: bytes) -> pb.ExecuteRequestFrame:
-        frame = pb.ExecuteRequestFrame.FromString(data)
+    def read_frame(data: bytes) -> pb.InferRequestFrame:
+        frame = pb.InferRequestFrame.FromString(data)
         if frames is not None:
             frames.append((len(data), len(frame.items)))
         return frame
@@ -50,7 +50,7 @@ async def start_server(port: int, frames: list | None = None) -> grpc.aio.Server
                     "Stream": grpc.stream_stream_rpc_method_handler(
                         execute_stream,
                         request_deserializer=read_frame,
-                        response_serializer=pb.ExecuteResponseFrame.SerializeToString,
+                        response_serializer=pb.InferResponseFrame.SerializeToString,
                     )
                 },
             ),
@@ -65,10 +65,10 @@ def client(port: int, max_message_bytes: int = 4 << 20) -> tuple[grpc.aio.Channe
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     method = channel.stream_stream(
         "/t.Echo/Stream",
-        request_serializer=pb.ExecuteRequestFrame.SerializeToString,
-        response_deserializer=pb.ExecuteResponseFrame.FromString,
+        request_serializer=pb.InferRequestFrame.SerializeToString,
+        response_deserializer=pb.InferResponseFrame.FromString,
     )
-    return channel, MultiplexedStream(method, "echo", pb.ExecuteRequestFrame, max_message_bytes)
+    return channel, MultiplexedStream(method, "echo", pb.InferRequestFrame, max_message_bytes)
 
 
 @contextlib.asynccontextmanager
@@ -87,18 +87,18 @@ async def echo(frames: list | None = None, max_message_bytes: int = 4 << 20):
 
 async def test_answers_out_of_order_reach_their_callers():
     async with echo() as stream:
-        slow = asyncio.create_task(stream.call(pb.ExecuteRequest(model="slow", version="0.3"), 5))
-        fast = [stream.call(pb.ExecuteRequest(model=f"m{i}"), 5) for i in range(20)]
+        slow = asyncio.create_task(stream.call(pb.InferRequest(model="slow", version="0.3"), 5))
+        fast = [stream.call(pb.InferRequest(model=f"m{i}"), 5) for i in range(20)]
         replies = await asyncio.gather(*fast)
         assert [r.outputs[0].name for r in replies] == [f"m{i}" for i in range(20)]
         assert not slow.done()
         assert (await slow).outputs[0].name == "slow"
         with pytest.raises(InvalidArgument, match="bad input"):
-            await stream.call(pb.ExecuteRequest(model="bad"), 5)
+            await stream.call(pb.InferRequest(model="bad"), 5)
         with pytest.raises(DeadlineExceeded):
-            await stream.call(pb.ExecuteRequest(model="late", version="2"), 0.2)
+            await stream.call(pb.InferRequest(model="late", version="2"), 0.2)
         # The stream survives errors and timeouts of single calls.
-        assert (await stream.call(pb.ExecuteRequest(model="after"), 5)).outputs[0].name == "after"
+        assert (await stream.call(pb.InferRequest(model="after"), 5)).outputs[0].name == "after"
 
 
 async def test_peer_death_fails_pending_calls_and_the_stream_reopens():
@@ -106,7 +106,7 @@ async def test_peer_death_fails_pending_calls_and_the_stream_reopens():
     server = await start_server(port)
     channel, stream = client(port)
     try:
-        pending = asyncio.create_task(stream.call(pb.ExecuteRequest(model="x", version="5"), 10))
+        pending = asyncio.create_task(stream.call(pb.InferRequest(model="x", version="5"), 10))
         await asyncio.sleep(0.2)
         await server.stop(0)
         with pytest.raises(Unavailable):
@@ -114,7 +114,7 @@ async def test_peer_death_fails_pending_calls_and_the_stream_reopens():
         server = await start_server(port)
         for _ in range(50):  # the channel reconnects with backoff
             try:
-                reply = await stream.call(pb.ExecuteRequest(model="back"), 2)
+                reply = await stream.call(pb.InferRequest(model="back"), 2)
                 break
             except Unavailable:
                 await asyncio.sleep(0.1)
@@ -130,22 +130,22 @@ async def test_peer_death_fails_pending_calls_and_the_stream_reopens():
 async def test_a_busy_stream_packs_messages_into_frames_both_ways():
     frames: list[tuple[int, int]] = []
     async with echo(frames) as stream:
-        replies = await asyncio.gather(*(stream.call(pb.ExecuteRequest(model=f"m{i}"), 5) for i in range(200)))
+        replies = await asyncio.gather(*(stream.call(pb.InferRequest(model=f"m{i}"), 5) for i in range(200)))
         assert [r.outputs[0].name for r in replies] == [f"m{i}" for i in range(200)]
         # 200 calls made at once leave in a handful of writes, and the answers come back the same way.
         assert stream.outbox.messages == 200 and stream.outbox.frames <= 5
         assert sum(n for _, n in frames) == 200 and len(frames) == stream.outbox.frames
         assert stream.frames_received <= 10
         # A lone call later is a frame of one: an idle stream adds no wait.
-        assert (await stream.call(pb.ExecuteRequest(model="alone"), 5)).outputs[0].name == "alone"
+        assert (await stream.call(pb.InferRequest(model="alone"), 5)).outputs[0].name == "alone"
         assert frames[-1][1] == 1
 
 
 async def test_frames_stay_under_their_byte_budget_and_a_big_message_travels_alone():
     frames: list[tuple[int, int]] = []
     async with echo(frames, max_message_bytes=64 << 10) as stream:  # frames of at most 32 KiB
-        big = [pb.ExecuteRequest(model=f"big{i}", inputs=[pb.Tensor(raw=b"b" * (40 << 10))]) for i in range(3)]
-        small = [pb.ExecuteRequest(model=f"s{i}", inputs=[pb.Tensor(raw=b"s" * 1000)]) for i in range(60)]
+        big = [pb.InferRequest(model=f"big{i}", inputs=[pb.Tensor(raw=b"b" * (40 << 10))]) for i in range(3)]
+        small = [pb.InferRequest(model=f"s{i}", inputs=[pb.Tensor(raw=b"s" * 1000)]) for i in range(60)]
         calls = [stream.call(m, 5) for pair in zip(small[:3], big) for m in pair] + [
             stream.call(m, 5) for m in small[3:]
         ]

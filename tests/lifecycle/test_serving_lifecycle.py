@@ -1,8 +1,10 @@
-"""The scheduler's lifecycle logic on fake replicas and a fake clock: shadows, drains, pipelines.
+"""The lifecycle rules on fake replicas: shadows, drains and pipelines, through the scheduler and a gateway's routing.
 
-The same behaviour runs on the real processes in tests/e2e/test_shadow.py,
-test_hot_update.py and test_pipeline.py; here each rule is pinned down
-without process start-up or timing noise.
+The scheduler (the control plane) hands its routing table to a gateway's
+dispatcher (tests/routing_support.py); the same behaviour runs on the real
+processes in tests/e2e/test_shadow.py, test_hot_update.py and
+test_pipeline.py; here each rule is pinned down without process start-up or
+timing noise.
 """
 
 from __future__ import annotations
@@ -12,25 +14,26 @@ import json
 
 import numpy as np
 import pytest
-from aiworks.scheduler.dataplane import Scheduler
+from aiworks.runtime.client import Answer
 from aiworks.scheduler.drain import Drainer
 from aiworks.scheduler.pipeline import PipelineRunner, parse_steps
-from aiworks.scheduler.qos import Priority
-from aiworks.scheduler.registry import ReplicaRegistry
-from aiworks.scheduler.settings import SchedulerSettings
 from aiworks.scheduler.shadow import ShadowMirror, answers_agree
 from aiworks.scheduler.traffic_state import ShadowPolicy, TrafficPolicy
+from routing_support import make as make_suite
+from aiworks.core.options import read_options
 
 from aiworks.core.datatypes import Tensor
 from aiworks.core.errors import AIWorksError, InvalidArgument, Status, Unavailable
 from aiworks.core.inference import InferRequest
-from aiworks.core.model_config import ModelSpec, TensorSpec
+from aiworks.core.model_config import ModelSpec, TensorSpec, check_inputs
+from aiworks.core.options import RequestOptions
 
 
 class FakeReplica:
     """Answers y = x * factor[version] after a delay (per version); counts rows per version.
 
-    ``load`` answers with ``reloaded``: the versions a reload leaves.
+    It checks its inputs as a runtime does. ``load`` answers with ``reloaded``:
+    the versions a reload leaves.
     """
 
     def __init__(self, factors: dict[str, float], delay_s: float = 0.0, delays: dict[str, float] | None = None):
@@ -39,18 +42,20 @@ class FakeReplica:
         self.delay_s = delay_s
         self.rows: dict[str, int] = {}
         self.reloaded: list[ModelSpec] = []
+        self.unloads = 0
 
-    async def execute(self, model, version, inputs, outputs, timeout_s=None):
-        await asyncio.sleep(self.delays.get(version, self.delay_s))
-        x = inputs[0].to_numpy()
-        self.rows[version] = self.rows.get(version, 0) + len(x)
-        return [Tensor.from_numpy("y", (x * self.factors[version]).astype(np.float32))], 0
+    async def infer(self, request, options, work=None):
+        check_inputs(spec(request.version), request.inputs)
+        await asyncio.sleep(self.delays.get(request.version, self.delay_s))
+        x = request.inputs[0].to_numpy()
+        self.rows[request.version] = self.rows.get(request.version, 0) + len(x)
+        return Answer([Tensor.from_numpy("y", (x * self.factors[request.version]).astype(np.float32))])
 
     async def load(self, model):
         return self.reloaded
 
-    async def unload(self, model):
-        pass
+    async def unload(self, model, timeout_s=None):
+        self.unloads += 1
 
     async def close(self):
         pass
@@ -67,22 +72,29 @@ def spec(version: str) -> ModelSpec:
 
 
 def make(replicas: dict[str, FakeReplica], versions=("1", "2"), **settings):
-    registry = ReplicaRegistry(lambda address: replicas[address])
-    for rid in replicas:
-        registry.register(rid, rid, "cpu", {}, [spec(v) for v in versions])
-    return Scheduler(SchedulerSettings(**settings), registry), registry
+    return make_suite(replicas, [spec(v) for v in versions], **settings)
 
 
 def request(version: str = "", value: float = 1.0) -> InferRequest:
     return InferRequest("m", version, [Tensor.from_numpy("x", np.full((1, 2), value, dtype=np.float32))])
 
 
-async def settle(scheduler: Scheduler) -> None:
+async def infer(suite, req: InferRequest):
+    options = read_options({}, default=suite.dispatcher.default_priority)
+    answer = await suite.dispatcher.infer(req, options)
+    return req.version, answer
+
+
+async def settle(suite) -> None:
     for _ in range(200):
-        if all(c.inflight == 0 for c in scheduler.shadows.counts.values()):
+        if all(c.inflight == 0 for c in suite.dispatcher.shadows.counts.values()):
             return
         await asyncio.sleep(0.005)
     raise AssertionError("shadow copies never finished")
+
+
+def shadows(suite):
+    return suite.status().shadows
 
 
 # ---- comparing answers ---------------------------------------------------------------------------
@@ -121,67 +133,72 @@ def test_shadow_policies_are_checked():
     assert not TrafficPolicy("m", shadow=ShadowPolicy("2")).empty
 
 
-# ---- shadow traffic through the scheduler ---------------------------------------------------------
+# ---- shadow traffic through the gateway's routing -------------------------------------------------
 
 
 async def test_clients_get_the_primary_and_the_shadow_is_compared_and_counted():
     replica = FakeReplica({"1": 2.0, "2": 2.0, "3": 3.0})
-    scheduler, _ = make({"r": replica}, versions=("1", "2", "3"))
-    scheduler.set_traffic(TrafficPolicy("m", {"1": 100}, ShadowPolicy("2")))
+    suite = make({"r": replica}, versions=("1", "2", "3"))
+    suite.scheduler.set_traffic(TrafficPolicy("m", {"1": 100}, ShadowPolicy("2")))
+    suite.sync()
     for _ in range(10):
-        response = await scheduler.infer(request())
-        assert response.version == "1" and float(response.outputs[0].to_numpy()[0, 0]) == 2.0
-    await settle(scheduler)
-    [view] = scheduler.status().shadows
+        version, answer = await infer(suite, request())
+        assert version == "1" and float(answer.outputs[0].to_numpy()[0, 0]) == 2.0
+    await settle(suite)
+    [view] = shadows(suite)
     assert (view.mirrored, view.compared, view.agreed, view.errors, view.dropped) == (10, 10, 10, 0, 0)
     assert replica.rows == {"1": 10, "2": 10}
 
-    scheduler.set_traffic(TrafficPolicy("m", {"1": 100}, ShadowPolicy("3")))
+    suite.scheduler.set_traffic(TrafficPolicy("m", {"1": 100}, ShadowPolicy("3")))
+    suite.sync()
     for _ in range(4):
-        assert (await scheduler.infer(request())).version == "1"
-    await settle(scheduler)
-    views = {v.shadow_version: v for v in scheduler.status().shadows}
+        assert (await infer(suite, request()))[0] == "1"
+    await settle(suite)
+    views = {v.shadow_version: v for v in shadows(suite)}
     assert (views["3"].compared, views["3"].agreed, views["3"].active) == (4, 0, True)
     assert not views["2"].active
 
 
 async def test_a_request_for_the_shadow_version_itself_is_not_mirrored_and_a_failed_primary_is_not_compared():
     replica = FakeReplica({"1": 1.0, "2": 1.0})
-    scheduler, _ = make({"r": replica})
-    scheduler.set_traffic(TrafficPolicy("m", {}, ShadowPolicy("2")))  # no weights: the latest (v2) is primary
-    await scheduler.infer(request())
-    await scheduler.infer(request("1"))  # named v1: mirrored to v2
+    suite = make({"r": replica})
+    suite.scheduler.set_traffic(TrafficPolicy("m", {}, ShadowPolicy("2")))  # no weights: the latest (v2) is primary
+    suite.sync()
+    await infer(suite, request())
+    await infer(suite, request("1"))  # named v1: mirrored to v2
+    bad = request("1")
+    bad.inputs = [Tensor.from_numpy("x", np.ones((1, 3), dtype=np.float32))]
     with pytest.raises(InvalidArgument):
-        bad = request("1")
-        bad.inputs = [Tensor.from_numpy("x", np.ones((1, 3), dtype=np.float32))]
-        await scheduler.infer(bad)  # refused before any copy is made
-    await settle(scheduler)
-    [view] = scheduler.status().shadows
-    assert (view.mirrored, view.compared, view.agreed) == (1, 1, 1)
+        await infer(suite, bad)  # the replica refuses it; its copy fails too, and nothing is compared
+    await settle(suite)
+    [view] = shadows(suite)
+    assert (view.mirrored, view.compared, view.agreed) == (2, 1, 1)
 
 
 async def test_shadow_copies_are_sampled_exactly_and_bounded():
     replica = FakeReplica({"1": 1.0, "2": 1.0})
-    scheduler, _ = make({"r": replica})
-    scheduler.set_traffic(TrafficPolicy("m", {"1": 1}, ShadowPolicy("2", fraction=0.25)))
+    suite = make({"r": replica})
+    suite.scheduler.set_traffic(TrafficPolicy("m", {"1": 1}, ShadowPolicy("2", fraction=0.25)))
+    suite.sync()
     for _ in range(40):
-        await scheduler.infer(request())
-    await settle(scheduler)
-    [view] = scheduler.status().shadows
+        await infer(suite, request())
+    await settle(suite)
+    [view] = shadows(suite)
     assert view.mirrored == 10 and view.compared == 10
 
     # A slow shadow and at most 2 copies in flight: the rest are dropped, and the clients never wait for it.
     slow_shadow = FakeReplica({"1": 1.0, "2": 1.0}, delays={"2": 0.5})
-    scheduler, _ = make({"r": slow_shadow}, shadow_max_inflight=2, batching=False, max_inflight_batches=8)
-    scheduler.set_traffic(TrafficPolicy("m", {"1": 1}, ShadowPolicy("2")))
+    suite = make({"r": slow_shadow}, shadow_max_inflight=2)
+    suite.scheduler.set_traffic(TrafficPolicy("m", {"1": 1}, ShadowPolicy("2")))
+    suite.sync()
     loop = asyncio.get_running_loop()
     started = loop.time()
-    responses = await asyncio.gather(*(scheduler.infer(request()) for _ in range(6)))
-    assert loop.time() - started < 0.4 and {r.version for r in responses} == {"1"}
-    [view] = scheduler.status().shadows
+    answers = await asyncio.gather(*(infer(suite, request()) for _ in range(6)))
+    assert loop.time() - started < 0.4 and {version for version, _ in answers} == {"1"}
+    [view] = shadows(suite)
     assert (view.mirrored, view.dropped, view.inflight) == (6, 4, 2)
-    await settle(scheduler)
-    [view] = scheduler.status().shadows
+    await settle(suite)
+    [view] = shadows(suite)
     assert (view.compared, view.agreed) == (2, 2)
 
 
@@ -200,7 +217,8 @@ async def _refuse():
 
 
 async def test_setting_weights_keeps_the_shadow_and_the_reverse():
-    scheduler, _ = make({"r": FakeReplica({"1": 1.0, "2": 1.0})})
+    suite = make({"r": FakeReplica({"1": 1.0, "2": 1.0})})
+    scheduler = suite.scheduler
     scheduler.set_traffic(TrafficPolicy("m", {}, ShadowPolicy("2")))
     scheduler.set_traffic(TrafficPolicy("m", {"1": 90, "2": 10}), keep_shadow=True)  # what a canary controller sends
     policy = scheduler.get_traffic("m")
@@ -214,41 +232,55 @@ async def test_setting_weights_keeps_the_shadow_and_the_reverse():
 # ---- drain: retiring versions ---------------------------------------------------------------------
 
 
-async def test_a_version_a_reload_retires_still_serves_its_queue_then_goes():
-    replica = FakeReplica({"1": 1.0, "2": 2.0}, delay_s=0.05)
+async def test_a_version_a_reload_retires_drains_on_its_replica_then_goes():
+    replica = FakeReplica({"1": 1.0, "2": 2.0})
     replica.reloaded = [spec("2")]  # the reload's version policy keeps v2 only
-    scheduler, registry = make({"r": replica}, max_inflight_batches=1, batching=False, drain_timeout_s=5)
-    queued = [asyncio.ensure_future(scheduler.infer(request("1"))) for _ in range(4)]
-    await asyncio.sleep(0.01)  # one runs, three wait in v1's queue
-
-    await scheduler.load("m")
+    suite = make({"r": replica}, drain_timeout_s=5)
+    registry = suite.registry
+    # The replica still holds v1's queue (its heartbeat says so): the scheduler waits for it to empty.
+    registry.heartbeat("r", [spec("1"), spec("2")], queues=[_queue("1", 3)])
+    await suite.scheduler.load("m")
     assert registry.retiring == {("m", "1"): {"r": spec("1")}}
-    assert [q.draining for q in scheduler.status().queues] == [True]
-    new = await scheduler.infer(request())
-    assert new.version == "2"  # new requests go to what resolution picks now
+    suite.sync()
+    assert [d.version for d in suite.mirror.table.draining] == ["1"]
+    assert (await infer(suite, request()))[0] == "2"  # new requests go to what resolution picks now
     with pytest.raises(Unavailable):
-        await scheduler.infer(request("1"))
-    assert [r.version for r in await asyncio.gather(*queued)] == ["1"] * 4  # v1's queue drained on v1
+        await infer(suite, request("1"))
+    assert ("m", "1") in registry.retiring  # still draining on the replica
+    registry.heartbeat("r", [spec("2")], queues=[])  # the replica answered v1's queue and dropped it
     for _ in range(100):
         if ("m", "1") not in registry.retiring:
             break
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.02)
     assert not registry.retiring and not registry.protected
-    assert [(q.model, q.version) for q in scheduler.status().queues] == [("m", "2")]  # v1's queue closed
 
 
-async def test_unload_refuses_new_requests_and_answers_queued_ones_first():
-    replica = FakeReplica({"1": 1.0, "2": 1.0}, delay_s=0.03)
-    scheduler, registry = make({"r": replica}, max_inflight_batches=1, batching=False)
-    queued = [asyncio.ensure_future(scheduler.infer(request("2"))) for _ in range(5)]
-    await asyncio.sleep(0.005)
-    unloading = asyncio.ensure_future(scheduler.unload("m"))
-    await asyncio.sleep(0.005)
-    with pytest.raises(Unavailable, match="being unloaded"):
-        await scheduler.infer(request())
-    await unloading
-    assert all(r.version == "2" for r in await asyncio.gather(*queued))
+async def test_unload_stops_routing_first_then_lets_the_replicas_drain_and_forgets_the_model():
+    replica = FakeReplica({"1": 1.0, "2": 1.0})
+    suite = make({"r": replica})
+    registry = suite.registry
+    seen: list = []
+
+    async def slow_unload(model, timeout_s=None):  # the runtime drains its queue of the model meanwhile
+        suite.sync()
+        seen.append(sorted(registry.closing))
+        with pytest.raises(Unavailable, match="being unloaded"):
+            await infer(suite, request())
+        await asyncio.sleep(0.02)
+
+    replica.unload = slow_unload
+    await suite.scheduler.unload("m")
+    assert seen == [[("m", "1"), ("m", "2")]]  # routing stopped before the replica unloaded
     assert not registry.closing and not any(k[0] == "m" for k in registry.known)
+    suite.sync()
+    with pytest.raises(Exception, match="unknown model"):
+        await infer(suite, request())
+
+
+def _queue(version: str, queued: int):
+    from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
+
+    return pb.QueueStatus(model="m", version=version, queued_requests=queued)
 
 
 async def test_the_drainer_gives_up_at_its_timeout():
@@ -301,7 +333,7 @@ def test_pipeline_steps_must_produce_what_they_read_and_what_the_pipeline_return
 async def test_micro_batches_overlap_across_stages_and_come_back_in_order():
     events: list[tuple[str, str, int]] = []
 
-    async def stage(model, version, inputs, outputs, priority, deadline_s):
+    async def stage(model, version, inputs, outputs, options):
         x = inputs[0].to_numpy()
         first = int(x[0, 0]) - (1 if model == "b" else 0)  # the row index (stage a added 1)
         events.append(("start", model, first))
@@ -309,11 +341,11 @@ async def test_micro_batches_overlap_across_stages_and_come_back_in_order():
         events.append(("end", model, first))
         return [Tensor.from_numpy("out", x + (1 if model == "a" else 100))]
 
-    runner = PipelineRunner(stage)
+    runner = PipelineRunner()
     spec = pipeline_spec(TWO_STEPS, micro="2")
     x = np.repeat(np.arange(8, dtype=np.float32)[:, None], 2, axis=1)
     request = InferRequest("p", "", [Tensor.from_numpy("x", x)])
-    [out] = await runner.run(spec, request, 8, Priority.STANDARD, None)
+    [out] = await runner.run(spec, request, 8, RequestOptions(), stage)
     np.testing.assert_array_equal(out.to_numpy(), x + 101)
     assert out.name == "z" and runner.micro_batches == 4
     # Micro-batch 1 (rows 2, 3) enters stage a while micro-batch 0 is in stage b; never two at once in a stage.

@@ -151,8 +151,9 @@ class FakeCollector:
 
     # ---- the suite's metrics, in its own names ----
 
-    def queue_depth(self, depth: float, model: str = "digits") -> None:
-        self.set(SCHEDULER, c.QUEUE_DEPTH, depth, model=model, version="2", priority="standard")
+    def queue_depth(self, depth: float, model: str = "digits", replica: int = 0) -> None:
+        """``depth`` requests queued on runtime ``replica`` (the queues live in the runtimes)."""
+        self.set(runtime_target(replica), c.QUEUE_DEPTH, depth, model=model, version="2", priority="standard")
 
     def replica(self, replica: str, up: bool = True, ejected: bool = False, inflight: float = 0.0) -> None:
         self.set(SCHEDULER, c.REPLICA_UP, 1.0 if up else 0.0, replica=replica, device="cpu")

@@ -9,7 +9,7 @@ from aiworks.monitor import events as ev
 from aiworks.monitor.controller import Controller
 from aiworks.monitor.events import EventLog
 from aiworks.monitor.platform import EjectResult
-from monitor_support import FakeClock, FakeCollector, FakePlatform, make_settings
+from monitor_support import FakeClock, FakeCollector, FakePlatform, make_settings, runtime_target
 
 from aiworks.core.errors import Unavailable
 
@@ -212,9 +212,9 @@ async def test_scale_out_then_back_in_when_the_load_stops(clock):
     assert loop.kinds().count(ev.SCALE_OUT) == 1 and loop.kinds().count(ev.SCALE_IN) == 1
 
 
-async def test_no_scheduler_reading_means_no_scaling(loop):
+async def test_no_queue_reading_means_no_scaling(loop):
     loop.metrics.queue_depth(100)
-    loop.metrics.down.add("127.0.0.1:9001")  # the scheduler cannot be scraped
+    loop.metrics.down.add(runtime_target(0))  # the replica holding the queue cannot be scraped
     await loop.rounds(20)
     assert loop.platform.scales == []
 

@@ -82,7 +82,7 @@ def test_observer_turns_counters_into_per_round_changes_and_survives_a_restart()
     assert restarted.replicas["runtime-0"].ok == 2.0  # counters went down: a new process, all of it is new
 
 
-def test_pool_signals_from_scheduler_and_gateway_samples():
+def test_pool_signals_from_runtime_scheduler_and_gateway_samples():
     obs = Observer()
     bucket = c.GATEWAY_DURATION_BUCKET
 
@@ -94,18 +94,22 @@ def test_pool_signals_from_scheduler_and_gateway_samples():
         out.append(Sample(bucket, {"model": "iris", "le": "+Inf"}, 1000.0))
         return out
 
-    def scheduler(depth: float) -> list[Sample]:
+    def runtime(depth: float) -> list[Sample]:  # the queues are in the runtime replicas
         return [
             Sample(c.QUEUE_DEPTH, {"model": "digits", "version": "2", "priority": "standard"}, depth),
             Sample(c.QUEUE_DEPTH, {"model": "iris", "version": "1", "priority": "batch"}, 1.0),
+        ]
+
+    def scheduler() -> list[Sample]:
+        return [
             Sample(c.REPLICA_UP, {"replica": "runtime-0", "device": "cpu"}, 1.0),
             Sample(c.REPLICA_EJECTED, {"replica": "runtime-0"}, 1.0),
             Sample(c.REPLICA_UP, {"replica": "by-hand", "device": "cpu"}, 1.0),
             Sample(c.REPLICA_LATENCY, {"replica": "by-hand"}, 0.03),
         ]
 
-    obs.observe(0.0, inventory(), {"s:1": scheduler(0), "g:1": gateway(0, 0), "r0:1": []})
-    o = obs.observe(1.0, inventory(), {"s:1": scheduler(40), "g:1": gateway(90, 10), "r0:1": []})
+    obs.observe(0.0, inventory(), {"s:1": scheduler(), "g:1": gateway(0, 0), "r0:1": runtime(0)})
+    o = obs.observe(1.0, inventory(), {"s:1": scheduler(), "g:1": gateway(90, 10), "r0:1": runtime(40)})
     pool = o.pools[LOCAL_POOL]
     assert pool.queue_depth == 41 and pool.running == 1 and pool.desired == 1
     assert pool.requests == 100 and 0.01 < pool.p99_s <= 1.0
@@ -114,10 +118,10 @@ def test_pool_signals_from_scheduler_and_gateway_samples():
     assert by_hand.service is None and by_hand.latency_s == 0.03 and by_hand.state == RUNNING
     # A pool of one model counts only that model's queue and requests.
     digits = Inventory(inventory().services, (Pool("digits-pool", 2, ("digits",)),))
-    o = obs.observe(2.0, digits, {"s:1": scheduler(7), "g:1": gateway(190, 10), "r0:1": []})
+    o = obs.observe(2.0, digits, {"s:1": scheduler(), "g:1": gateway(190, 10), "r0:1": runtime(7)})
     assert o.pools["digits-pool"].queue_depth == 7 and o.pools["digits-pool"].requests == 100
-    # The scheduler unreadable: no queue reading at all (not zero).
-    o = obs.observe(3.0, inventory(), {"g:1": gateway(190, 10)})
+    # The replicas unreadable: no queue reading at all (not zero).
+    o = obs.observe(3.0, inventory(), {"s:1": scheduler(), "g:1": gateway(190, 10)})
     assert o.pools[LOCAL_POOL].queue_depth is None and o.pools[LOCAL_POOL].p99_s is None
 
 

@@ -45,7 +45,7 @@ SLOW_REPLICA = "runtime-slow"
 # Settings that make the rare events of the failure panels happen within seconds.
 SUITE_ENV = {
     # A burst of concurrent requests overflows a queue this short: rejections, 429s.
-    "AIWORKS_SCHEDULER_MAX_QUEUE_REQUESTS": "4",
+    "AIWORKS_RUNTIME_MAX_QUEUE_REQUESTS": "4",  # per replica: the queues are in the runtimes
     # The slow replica's batches outlast the per-try timeout: retries, then outlier ejections.
     "AIWORKS_SCHEDULER_RUNTIME_TIMEOUT_S": "0.5",
     "AIWORKS_SCHEDULER_OUTLIER_CONSECUTIVE_ERRORS": "2",

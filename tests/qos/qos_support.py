@@ -48,13 +48,14 @@ def _suite(model_repository: Path, log_dir: Path, env: dict[str, str]) -> Suite:
 
 @pytest.fixture(scope="module")
 def slow_suite(model_repository, tmp_path_factory):
-    """Two runtimes that take 50 ms per batch (so queues build without burning CPU), small queue bounds,
-    and a long aging step (1 s) so the order of classes is strict within a test's short bursts."""
+    """Two runtimes that take 50 ms per batch (so queues build without burning CPU), small queue bounds
+    (per replica: the queues are in the runtimes), and a long aging step (1 s) so the order of classes
+    is strict within a test's short bursts."""
     env = {
         "AIWORKS_RUNTIME_DEBUG_DELAY_MS": "50",
-        "AIWORKS_SCHEDULER_MAX_QUEUE_REQUESTS": "100",
-        "AIWORKS_SCHEDULER_MAX_QUEUE_BYTES": str(1 << 20),
-        "AIWORKS_SCHEDULER_PRIORITY_AGING_MS": "1000",
+        "AIWORKS_RUNTIME_MAX_QUEUE_REQUESTS": "100",
+        "AIWORKS_RUNTIME_MAX_QUEUE_BYTES": str(1 << 20),
+        "AIWORKS_RUNTIME_PRIORITY_AGING_MS": "1000",
     }
     suite = _suite(model_repository, tmp_path_factory.mktemp("slow-logs"), env)
     yield suite

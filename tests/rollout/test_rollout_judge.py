@@ -60,7 +60,7 @@ def test_judge_messages_carry_the_numbers():
 
 
 class Exporter:
-    """A real /metrics endpoint with the gateway's and scheduler's metric names, in a private registry."""
+    """A real /metrics endpoint with the gateway's metric names, in a private registry."""
 
     def __init__(self):
         self.restart()
@@ -71,7 +71,8 @@ class Exporter:
         """Counters from zero, as after a process restart."""
         self.registry = CollectorRegistry()
         self.requests = Counter(
-            "aiworks_scheduler_requests", "test", ["model", "version", "priority", "status"], registry=self.registry
+            "aiworks_gateway_requests", "test", ["model", "version", "tenant", "protocol", "status"],
+            registry=self.registry,
         )
         self.latency = Histogram(
             "aiworks_gateway_request_duration_seconds",
@@ -82,9 +83,9 @@ class Exporter:
         )
 
     def serve(self, model: str, version: str, ok: int, failed: int, seconds: float) -> None:
-        self.requests.labels(model, version, "standard", "ok").inc(ok)
+        self.requests.labels(model, version, "", "grpc", "ok").inc(ok)
         if failed:
-            self.requests.labels(model, version, "standard", "internal").inc(failed)
+            self.requests.labels(model, version, "", "grpc", "internal").inc(failed)
         for _ in range(ok):
             self.latency.labels(model, version, "", "grpc").observe(seconds)
 
@@ -166,5 +167,5 @@ def test_prometheus_queries_name_the_window_and_the_metrics():
     assert p99 == (
         f'histogram_quantile(0.99, sum by (version, le) (increase({LATENCY_BUCKET}{{model="we\\"ird"}}[90s])))'
     )
-    assert REQUESTS == m.SCHEDULER_REQUESTS._name + "_total"
+    assert REQUESTS == m.GATEWAY_REQUESTS._name + "_total"
     assert LATENCY_BUCKET == m.GATEWAY_REQUEST_DURATION._name + "_bucket"

@@ -63,10 +63,10 @@ class Scheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
     async def RegisterReplica(self, request, context):
         return pb.RegisterReplicaResponse()
 
-    async def InferStream(self, request_iterator, context):
-        async for frame in request_iterator:
+    async def WatchRouting(self, request_iterator, context):
+        async for report in request_iterator:
             self.stream_messages += 1
-            await context.write(pb.InferResponseFrame(items=[pb.InferResponse(id=i.id) for i in frame.items]))
+            await context.write(pb.RoutingTable(generation=self.stream_messages))
 
 
 async def serve(auth: CallerAuth, tls: TLSFiles | None = None):
@@ -148,7 +148,7 @@ def test_the_table_must_name_every_method():
     with pytest.raises(ValueError, match="lacks \\['EjectReplica'\\]"):
         method_table(SERVICE, table)
     with pytest.raises(ValueError, match="unknown caller"):
-        method_table(SERVICE, {**CALLERS_BY_METHOD, "Infer": {"tenant"}})
+        method_table(SERVICE, {**CALLERS_BY_METHOD, "WatchRouting": {"tenant"}})
 
 
 # ---- the interceptor, over real gRPC ------------------------------------------------------------
@@ -191,17 +191,17 @@ async def test_a_stream_is_checked_once_and_its_messages_flow():
     server, address, servicer = await serve(CallerAuth(secret=SECRET))
     try:
         async with client_channel(address, 1 << 20, caller=ClientCaller.from_secret("gateway", SECRET)) as channel:
-            call = scheduler_pb2_grpc.SchedulerServiceStub(channel).InferStream(timeout=10)
+            call = scheduler_pb2_grpc.SchedulerServiceStub(channel).WatchRouting(timeout=10)
             for i in range(50):
-                await call.write(pb.InferRequestFrame(items=[pb.InferRequest(id=str(i))]))
-                assert (await call.read()).items[0].id == str(i)
+                await call.write(pb.RoutingReport(gateway_id=str(i)))
+                assert (await call.read()).generation == i + 1
             await call.done_writing()
         assert servicer.stream_messages == 50
         async with client_channel(address, 1 << 20, caller=ClientCaller.from_secret("admin", SECRET)) as channel:
-            call = scheduler_pb2_grpc.SchedulerServiceStub(channel).InferStream(timeout=10)
+            call = scheduler_pb2_grpc.SchedulerServiceStub(channel).WatchRouting(timeout=10)
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await call.read()
-            assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED  # admins infer through the gateway
+            assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED  # only gateways route by the table
     finally:
         await server.stop(None)
 

@@ -15,7 +15,7 @@ from aiworks.gateway.filters import InputLimits, compile_deny_list
 from aiworks.gateway.http_codec import parse_infer_header, parse_infer_request
 from aiworks.gateway.masking import Masker, MaskingPolicies, MaskRule, builtin_pattern, compile_pattern
 from aiworks.gateway.metering import parse_time
-from aiworks.scheduler.qos import parse_priority, parse_timeout_s
+from aiworks.core.options import parse_priority, parse_timeout_us
 from tritonclient.grpc import service_pb2 as pb
 
 from aiworks.core import metrics
@@ -249,8 +249,8 @@ def test_bad_priorities_are_400(value):
 @pytest.mark.parametrize("value", ["²", "9" * 5000, float("nan"), float("inf"), 1e300, -1, 2**64])
 def test_bad_timeouts_are_400(value):
     with pytest.raises(InvalidArgument, match="parameter 'timeout'"):
-        parse_timeout_s(value)
-    assert parse_timeout_s("1500000") == 1.5
+        parse_timeout_us(value)
+    assert parse_timeout_us("1500000") == 1_500_000
 
 
 @pytest.mark.parametrize("text", ["1e18", "-1", "nan", "inf", "9999-12-31T23:59:59Z"])

@@ -10,77 +10,13 @@ import sys
 import pytest
 import yaml
 from aiworks.gateway.auth import Authenticator
-from aiworks.gateway.dataplane import ModelSpecs, Tenancy, request_limit
+from aiworks.gateway.dataplane import Tenancy, request_limit
 from aiworks.gateway.metering import parse_time
 from aiworks.gateway.settings import GatewaySettings
 from aiworks.gateway.tenancy import load_tenancy
 
 from aiworks.core.errors import AIWorksError, InvalidArgument, NotFound, Status, Unavailable
 from aiworks.tenancy_cli import format_report
-
-
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Metadata:
-    """A metadata source that answers what it is told and counts the calls (the scheduler's role)."""
-
-    def __init__(self, spec):
-        self.spec = spec
-        self.error: AIWorksError | None = None
-        self.calls = 0
-
-    async def __call__(self, name: str, version: str):
-        self.calls += 1
-        await asyncio.sleep(0)
-        if self.error is not None:
-            raise self.error
-        return self.spec, [self.spec.version]
-
-
-async def test_specs_are_reused_and_refreshed_in_the_background(scale_spec):
-    source, clock = Metadata(scale_spec), Clock()
-    specs = ModelSpecs(source, ttl_s=1.0, clock=clock)
-    assert await specs.get("scale", "") is scale_spec
-    for _ in range(100):
-        await specs.get("scale", "")
-    assert source.calls == 1
-    clock.now = 1.5  # stale: answered at once, refreshed behind the request
-    assert await specs.get("scale", "") is scale_spec
-    await asyncio.sleep(0.01)
-    assert source.calls == 2
-    source.error = Unavailable("scheduler is restarting")
-    clock.now = 3.0
-    assert await specs.get("scale", "") is scale_spec  # a failed refresh keeps the last good spec
-    await asyncio.sleep(0.01)
-    specs.forget("scale")
-    with pytest.raises(Unavailable):
-        await specs.get("scale", "")
-
-
-async def test_unknown_models_are_remembered_for_the_ttl(scale_spec):
-    source, clock = Metadata(scale_spec), Clock()
-    specs = ModelSpecs(source, ttl_s=1.0, clock=clock)
-    source.error = NotFound("unknown model 'nope'")
-    for _ in range(3):
-        with pytest.raises(NotFound, match="unknown model 'nope'"):
-            await specs.get("nope", "")
-    assert source.calls == 1
-    clock.now = 2.0
-    source.error = None
-    assert await specs.get("nope", "") is scale_spec
-
-
-async def test_concurrent_first_requests_share_one_fetch(scale_spec):
-    source = Metadata(scale_spec)
-    specs = ModelSpecs(source)
-    results = await asyncio.gather(*(specs.get("scale", "1") for _ in range(20)))
-    assert all(r is scale_spec for r in results) and source.calls == 1
 
 
 def test_demo_mode_without_a_tenants_file(monkeypatch):

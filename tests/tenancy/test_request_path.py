@@ -19,7 +19,9 @@ from aiworks.gateway.filters import InputFilter, check_body_size
 from aiworks.gateway.limits import TenantLimiter
 from aiworks.gateway.masking import MaskingPolicies
 from aiworks.gateway.metering import UsageMeter
-from aiworks.gateway.tenancy import apply_tenant_defaults, load_tenancy
+from aiworks.gateway.tenancy import load_tenancy, tenant_classes
+
+from aiworks.core.options import Priority, read_options
 
 from aiworks.core.datatypes import Tensor, serialize_bytes
 from aiworks.core.errors import AIWorksError, Status
@@ -63,7 +65,9 @@ class Replica:
         self.auth.authorize(principal, request.model)
         spec = self.specs[request.model]
         rows = self.filters.check(request, spec)
-        apply_tenant_defaults(request, tenant)
+        default, ceiling = tenant_classes(tenant)
+        options = read_options(request.parameters, default=default or Priority.STANDARD, ceiling=ceiling)
+        request.parameters["priority"] = options.priority.label  # what travels, as the model sees it here
         admission = await self.limiter.admit(tenant)
         compute_s = 0.0
         try:
@@ -144,7 +148,7 @@ async def test_usage_matches_the_traffic_that_was_answered(two_replicas):
         Status.INVALID_ARGUMENT: 1,
         Status.PAYLOAD_TOO_LARGE: 2,
     }
-    assert set(a.seen_priorities + b.seen_priorities) == {None, "batch"}  # lab's default class reached the model
+    assert set(a.seen_priorities + b.seen_priorities) == {"standard", "batch"}  # lab's default class reached the model
 
     await a.meter.flush()  # other replicas' usage arrives within their flush interval; don't wait for it
     now = time.time()

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 from aiworks.gateway.auth import hash_api_key
-from aiworks.gateway.tenancy import ANONYMOUS, apply_tenant_defaults, load_tenancy
+from aiworks.gateway.tenancy import ANONYMOUS, load_tenancy, tenant_classes
+
+from aiworks.core.options import Priority, read_options
 
 from aiworks.core.errors import InvalidArgument
 from aiworks.core.inference import InferRequest
@@ -179,25 +181,32 @@ def test_api_keys_file_errors(write_yaml, keys, message):
     ("tenant", "given", "expected", "clamped"),
     [
         # The default applies when the request names no class...
-        ({"default_priority": "batch"}, {}, "batch", None),
-        ({"default_priority": "batch"}, {"priority": 0}, "batch", None),
+        ({"default_priority": "batch"}, {}, "batch", False),
+        ({"default_priority": "batch"}, {"priority": 0}, "batch", False),
         # ...and is a ceiling: a more urgent class is lowered to it, and the response says so.
-        ({"default_priority": "batch"}, {"priority": 1}, "batch", "batch"),
-        ({"default_priority": "batch"}, {"priority": "realtime"}, "batch", "batch"),
-        ({"default_priority": "standard"}, {"priority": 3}, 3, None),  # less urgent: kept
+        ({"default_priority": "batch"}, {"priority": 1}, "batch", True),
+        ({"default_priority": "batch"}, {"priority": "realtime"}, "batch", True),
+        ({"default_priority": "standard"}, {"priority": 3}, "batch", False),  # less urgent: kept
         # max_priority allows more than the default.
-        ({"default_priority": "batch", "max_priority": "realtime"}, {"priority": 1}, 1, None),
-        ({"default_priority": "batch", "max_priority": "standard"}, {"priority": "1"}, "standard", "standard"),
-        ({"max_priority": "standard"}, {}, None, None),
-        ({}, {"priority": 1}, 1, None),  # no class, no ceiling
-        ({"default_priority": "batch"}, {"priority": "urgent!"}, "urgent!", None),  # the scheduler refuses it
+        ({"default_priority": "batch", "max_priority": "realtime"}, {"priority": 1}, "realtime", False),
+        ({"default_priority": "batch", "max_priority": "standard"}, {"priority": "1"}, "standard", True),
+        ({"max_priority": "standard"}, {}, "standard", False),  # the server's default, within the ceiling
+        ({}, {"priority": 1}, "realtime", False),  # no class, no ceiling
     ],
 )
 def test_the_tenants_class_is_a_default_and_a_ceiling(write_yaml, tenant, given, expected, clamped):
     config = load_tenancy(write_yaml("t.yaml", {"tenants": [{"id": "jobs", **tenant}]}))
-    request = InferRequest("iris", parameters=dict(given))
-    assert apply_tenant_defaults(request, config.tenants["jobs"]) == clamped
-    assert request.parameters.get("priority") == expected
+    default, ceiling = tenant_classes(config.tenants["jobs"])
+    options = read_options(dict(given), default=default or Priority.STANDARD, ceiling=ceiling)
+    assert options.priority is Priority.named(expected)
+    assert options.clamped is clamped
+
+
+def test_a_class_that_names_nothing_is_refused_whatever_the_tenant(write_yaml):
+    config = load_tenancy(write_yaml("t.yaml", {"tenants": [{"id": "jobs", "default_priority": "batch"}]}))
+    default, ceiling = tenant_classes(config.tenants["jobs"])
+    with pytest.raises(InvalidArgument, match="priority"):
+        read_options({"priority": "urgent!"}, default=default, ceiling=ceiling)
 
 
 def test_a_default_more_urgent_than_the_ceiling_is_refused(write_yaml):

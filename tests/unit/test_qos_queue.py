@@ -1,6 +1,7 @@
-"""Priorities, aging, deadlines and admission control of the scheduler, on fake replicas."""
+"""Priorities, aging, deadlines and admission control: the options parsed at the gateway, and a runtime's queues."""
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -9,30 +10,25 @@ from aiworks.core.datatypes import Tensor
 from aiworks.core.errors import AIWorksError, DeadlineExceeded, InvalidArgument, PayloadTooLarge, Status
 from aiworks.core.inference import InferRequest
 from aiworks.core.model_config import BatchingConfig, ModelSpec, TensorSpec
-from aiworks.scheduler.dataplane import Scheduler
-from aiworks.scheduler.qos import ClassResolver, Priority, parse_priority, parse_timeout_s
-from aiworks.scheduler.queue_state import Entry, QueueState
-from aiworks.scheduler.registry import ReplicaRegistry
-from aiworks.scheduler.settings import SchedulerSettings
+from aiworks.core.options import Priority, RequestOptions, parse_priority, parse_timeout_us, read_options
+from aiworks.runtime.batcher import ModelQueue, QueueLimits
+from aiworks.runtime.queue_state import Entry, QueueState
 
 
-class TaggingReplica:
-    """Echoes its input; records the first value of every row it ran, in order."""
+class Tagging:
+    """A model that echoes its input; records the first value of every row it ran, in order."""
 
     def __init__(self, delay_s: float = 0.0):
         self.delay_s = delay_s
         self.rows_seen: list[float] = []
         self.batches = 0
 
-    async def execute(self, model, version, inputs, outputs, timeout_s=None):
+    async def __call__(self, inputs, outputs):
         x = inputs[0].to_numpy()
         await asyncio.sleep(self.delay_s)
         self.rows_seen.extend(float(v) for v in x[:, 0])
         self.batches += 1
-        return [Tensor.from_numpy("y", x)], 0
-
-    async def close(self):
-        pass
+        return [Tensor.from_numpy("y", x)], int(self.delay_s * 1e9)
 
 
 def spec(max_batch=4, delay_us=0) -> ModelSpec:
@@ -46,18 +42,22 @@ def spec(max_batch=4, delay_us=0) -> ModelSpec:
     )
 
 
-def make(replica, model_spec=None, **settings) -> Scheduler:
-    registry = ReplicaRegistry(lambda address: replica)
-    registry.register("r0", "r0", "cpu", {}, [model_spec or spec()])
-    return Scheduler(SchedulerSettings(**settings), registry)
+def queue(model, model_spec=None, *, max_requests=2048, max_bytes=64 << 20, aging_ms=100.0) -> ModelQueue:
+    limits = QueueLimits(max_requests, max_bytes, aging_ms / 1e3)
+    return ModelQueue(model_spec or spec(), model, batching=True, limits=limits)
 
 
-def request(tag: float, rows: int = 1, **parameters) -> InferRequest:
+def request(tag: float, rows: int = 1) -> InferRequest:
     x = np.full((rows, 2), tag, dtype=np.float32)
-    return InferRequest("m", "", [Tensor.from_numpy("x", x)], parameters=parameters)
+    return InferRequest("m", "1", [Tensor.from_numpy("x", x)])
 
 
-# ---- parsing ---------------------------------------------------------------------------------
+def submit(q: ModelQueue, tag: float, priority=Priority.STANDARD, timeout_s=None, rows=1):
+    deadline = time.monotonic() + timeout_s if timeout_s is not None else None
+    return q.submit(request(tag, rows), rows, priority, deadline)
+
+
+# ---- parsing, once, at the gateway -------------------------------------------------------------
 
 
 def test_priority_follows_tritons_levels_and_names():
@@ -68,24 +68,41 @@ def test_priority_follows_tritons_levels_and_names():
     assert parse_priority(7) is Priority.BATCH
     assert parse_priority("Realtime") is Priority.REALTIME
     assert parse_priority("3") is Priority.BATCH
-    for bad in ("urgent", -1, True, 1.5):
+    for bad in ("urgent", -1, True, 1.5, "\u00b2", "9" * 5000):
         with pytest.raises(InvalidArgument):
             parse_priority(bad)
 
 
 def test_timeout_is_microseconds_and_zero_means_none():
-    assert parse_timeout_s(None) is None and parse_timeout_s(0) is None
-    assert parse_timeout_s(250_000) == 0.25
-    assert parse_timeout_s("1000") == 0.001
-    with pytest.raises(InvalidArgument):
-        parse_timeout_s(-5)
+    assert parse_timeout_us(None) == 0 and parse_timeout_us(0) == 0
+    assert parse_timeout_us(250_000) == 250_000
+    assert parse_timeout_us("1000") == 1000
+    for bad in (-5, "1e3", "\u00b2", 10**30, True):
+        with pytest.raises(InvalidArgument):
+            parse_timeout_us(bad)
 
 
-def test_tenant_default_applies_when_the_request_names_no_class():
-    resolver = ClassResolver(Priority.STANDARD, tenant_default=lambda r: Priority.BATCH)
-    assert resolver.priority(InferRequest("m")) is Priority.BATCH
-    assert resolver.priority(InferRequest("m", parameters={"priority": 1})) is Priority.REALTIME
-    assert ClassResolver(Priority.STANDARD).priority(InferRequest("m")) is Priority.STANDARD
+def test_options_take_the_default_class_cap_at_the_ceiling_and_the_earliest_deadline():
+    options = read_options({}, default=Priority.BATCH, now_s=100.0)
+    assert options.priority is Priority.BATCH and options.deadline_s is None
+    options = read_options({"priority": 1}, default=Priority.BATCH, now_s=100.0)
+    assert options.priority is Priority.REALTIME
+    options = read_options({"priority": 1}, default=Priority.BATCH, ceiling=Priority.STANDARD, now_s=100.0)
+    assert options.priority is Priority.STANDARD  # the tenant may not ask for more than its ceiling
+    options = read_options({"timeout": 250_000}, default=Priority.STANDARD, transport_deadline_s=0.1, now_s=100.0)
+    assert options.deadline_s == pytest.approx(100.1)
+    assert options.timeout_us(now_s=100.05) == 50_000
+
+
+def test_options_travel_as_typed_fields_and_keep_the_time_left():
+    from aiworks.core.converters import from_options, to_options
+
+    options = RequestOptions(Priority.REALTIME, 100.25, tenant="acme", request_id="r-1")
+    wire = from_options(options, now_s=100.0)
+    assert (wire.priority, wire.timeout_us, wire.tenant, wire.request_id) == (1, 250_000, "acme", "r-1")
+    back = to_options(wire, now_s=7.0)
+    assert back.priority is Priority.REALTIME and back.deadline_s == pytest.approx(7.25)
+    assert to_options(from_options(RequestOptions(), now_s=0.0), now_s=5.0).deadline_s is None
 
 
 # ---- the queue state machine -----------------------------------------------------------------
@@ -159,147 +176,120 @@ def test_removed_entries_free_their_room_and_do_not_pile_up():
     assert sum(len(lane) for lane in q._lanes.values()) < 100
 
 
-# ---- through the scheduler -------------------------------------------------------------------
+# ---- through a replica's queue ------------------------------------------------------------------
 
 
 async def test_under_contention_realtime_is_served_before_batch():
-    replica = TaggingReplica(delay_s=0.02)
-    scheduler = make(replica, spec(max_batch=2), max_inflight_batches=1, priority_aging_ms=10_000)
-    blocker = asyncio.ensure_future(scheduler.infer(request(-1)))  # occupies the replica
+    model = Tagging(delay_s=0.02)
+    q = queue(model, spec(max_batch=2), aging_ms=10_000)
+    blocker = asyncio.ensure_future(submit(q, -1))  # occupies the one instance
     await asyncio.sleep(0.005)
-    tasks = [asyncio.ensure_future(scheduler.infer(request(3.0, priority=3))) for _ in range(6)]
-    tasks += [asyncio.ensure_future(scheduler.infer(request(1.0, priority=1))) for _ in range(4)]
-    tasks += [asyncio.ensure_future(scheduler.infer(request(2.0))) for _ in range(4)]
+    tasks = [asyncio.ensure_future(submit(q, 3.0, Priority.BATCH)) for _ in range(6)]
+    tasks += [asyncio.ensure_future(submit(q, 1.0, Priority.REALTIME)) for _ in range(4)]
+    tasks += [asyncio.ensure_future(submit(q, 2.0)) for _ in range(4)]
     await asyncio.gather(blocker, *tasks)
-    served = replica.rows_seen[1:]
+    served = model.rows_seen[1:]
     assert served == [1.0] * 4 + [2.0] * 4 + [3.0] * 6
+    await q.close()
 
 
 async def test_aging_lets_batch_requests_through_under_sustained_realtime_load():
-    replica = TaggingReplica(delay_s=0.01)
-    scheduler = make(replica, spec(max_batch=1), max_inflight_batches=1, priority_aging_ms=20)
+    model = Tagging(delay_s=0.01)
+    q = queue(model, spec(max_batch=1), aging_ms=20)
     stop = asyncio.Event()
 
     async def realtime_client():
         while not stop.is_set():
-            await scheduler.infer(request(1.0, priority="realtime"))
+            await submit(q, 1.0, Priority.REALTIME)
 
     clients = [asyncio.ensure_future(realtime_client()) for _ in range(4)]
     await asyncio.sleep(0.05)
-    done = await asyncio.wait_for(scheduler.infer(request(3.0, priority="batch")), timeout=2.0)
+    done = await asyncio.wait_for(submit(q, 3.0, Priority.BATCH), timeout=2.0)
     stop.set()
     await asyncio.gather(*clients)
     assert done.outputs[0].to_numpy()[0, 0] == 3.0
+    await q.close()
 
 
-async def test_a_request_whose_deadline_passes_in_the_queue_is_dropped_with_504():
-    replica = TaggingReplica(delay_s=0.15)
-    scheduler = make(replica, spec(max_batch=1), max_inflight_batches=1)
-    blocker = asyncio.ensure_future(scheduler.infer(request(-1)))
+async def test_a_request_whose_deadline_passes_in_the_queue_is_dropped_with_504_and_costs_nothing():
+    model = Tagging(delay_s=0.15)
+    q = queue(model, spec(max_batch=1))
+    blocker = asyncio.ensure_future(submit(q, -1))
     await asyncio.sleep(0.01)
     with pytest.raises(DeadlineExceeded) as info:
-        await scheduler.infer(request(5.0, timeout=30_000))  # 30 ms, behind a 150 ms batch
+        await submit(q, 5.0, timeout_s=0.03)  # 30 ms, behind a 150 ms batch
     assert info.value.status.http == 504
+    assert getattr(info.value, "compute_ns", 0) == 0
     await blocker
     await asyncio.sleep(0.01)
-    assert 5.0 not in replica.rows_seen  # never ran
-    queue = scheduler.status().queues[0]
-    assert queue.expired == 1 and queue.queued_requests == 0
+    assert 5.0 not in model.rows_seen  # never ran
+    assert q.expired == 1 and q.depth == 0
+    await q.close()
 
 
-async def test_the_transport_deadline_applies_like_the_timeout_parameter():
-    replica = TaggingReplica(delay_s=0.15)
-    scheduler = make(replica, spec(max_batch=1), max_inflight_batches=1)
-    blocker = asyncio.ensure_future(scheduler.infer(request(-1)))
-    await asyncio.sleep(0.01)
-    with pytest.raises(DeadlineExceeded):
-        await scheduler.infer(request(5.0), timeout_s=0.03)
-    await blocker
+async def test_a_request_whose_deadline_passes_while_it_runs_is_answered_when_its_batch_ends():
+    model = Tagging(delay_s=0.1)
+    q = queue(model, spec(max_batch=1))
+    started = time.monotonic()
+    answer = await submit(q, 7.0, timeout_s=0.03)  # runs at once, for 100 ms
+    assert time.monotonic() - started >= 0.09  # the work was done: the gateway charges it
+    assert answer.compute_ns == int(0.1 * 1e9)
+    await q.close()
+
+
+async def test_a_batch_shares_its_compute_by_rows():
+    model = Tagging(delay_s=0.05)
+    q = queue(model, spec(max_batch=8, delay_us=20_000))
+    answers = await asyncio.gather(submit(q, 1.0, rows=1), submit(q, 2.0, rows=3))
+    assert model.batches == 1
+    assert [a.compute_ns for a in answers] == [50_000_000 // 4, 3 * 50_000_000 // 4]
+    await q.close()
 
 
 async def test_a_full_queue_answers_429_with_retry_after_and_stays_bounded():
-    replica = TaggingReplica(delay_s=0.05)
-    scheduler = make(replica, spec(max_batch=1), max_inflight_batches=1, max_queue_requests=5)
-    tasks = [asyncio.ensure_future(scheduler.infer(request(float(i)))) for i in range(40)]
+    model = Tagging(delay_s=0.05)
+    q = queue(model, spec(max_batch=1), max_requests=5)
+    tasks = [asyncio.ensure_future(submit(q, float(i))) for i in range(40)]
     results = await asyncio.gather(*tasks, return_exceptions=True)
     rejected = [r for r in results if isinstance(r, AIWorksError)]
     assert rejected and all(r.status is Status.RESOURCE_EXHAUSTED for r in rejected)
     assert all(r.status.http == 429 and r.retry_after_s >= 1 for r in rejected)
     served = [r for r in results if not isinstance(r, BaseException)]
     assert len(served) >= 5 and len(served) + len(rejected) == 40
-    assert scheduler.status().queues[0].rejected == len(rejected)
+    assert q.rejected == len(rejected)
+    await q.close()
 
 
 async def test_a_request_larger_than_the_byte_bound_is_refused_as_too_large():
-    scheduler = make(TaggingReplica(), spec(max_batch=4), max_queue_bytes=16)
+    q = queue(Tagging(), spec(max_batch=4), max_bytes=16)
     with pytest.raises(PayloadTooLarge):
-        await scheduler.infer(request(1.0, rows=4))  # 32 bytes
+        await submit(q, 1.0, rows=4)  # 32 bytes
+    await q.close()
 
 
 async def test_realtime_sheds_queued_batch_requests_when_full():
-    replica = TaggingReplica(delay_s=0.05)
-    scheduler = make(replica, spec(max_batch=1), max_inflight_batches=1, max_queue_requests=3)
-    blocker = asyncio.ensure_future(scheduler.infer(request(-1)))
+    model = Tagging(delay_s=0.05)
+    q = queue(model, spec(max_batch=1), max_requests=3)
+    blocker = asyncio.ensure_future(submit(q, -1))
     await asyncio.sleep(0.01)
-    batch = [asyncio.ensure_future(scheduler.infer(request(3.0, priority=3))) for _ in range(3)]
+    batch = [asyncio.ensure_future(submit(q, 3.0, Priority.BATCH)) for _ in range(3)]
     await asyncio.sleep(0.005)
-    urgent = await scheduler.infer(request(1.0, priority=1))
+    urgent = await submit(q, 1.0, Priority.REALTIME)
     assert urgent.outputs[0].to_numpy()[0, 0] == 1.0
     results = await asyncio.gather(blocker, *batch, return_exceptions=True)
     shed = [r for r in results if isinstance(r, AIWorksError)]
     assert len(shed) == 1 and shed[0].status is Status.RESOURCE_EXHAUSTED
+    await q.close()
 
 
-# ---- the servicer: deadlines from the message and the call, Retry-After on the stream ---------
-
-
-class FakeContext:
-    def __init__(self, time_remaining=None):
-        self._remaining = time_remaining
-        self.aborted = None
-        self.trailing = ()
-
-    def time_remaining(self):
-        return self._remaining
-
-    def set_trailing_metadata(self, md):
-        self.trailing = md
-
-    async def abort(self, code, message):
-        self.aborted = (code, message)
-        raise RuntimeError("aborted")
-
-
-def pb_request(tag: float, **kwargs):
-    from aiworks.core.converters import from_infer_request
-
-    message = from_infer_request(request(tag))
-    for k, v in kwargs.items():
-        setattr(message, k, v)
-    return message
-
-
-async def test_the_servicer_honours_timeout_us_and_the_grpc_deadline():
-    import grpc
-
-    from aiworks.scheduler.servicer import SchedulerServicer
-
-    replica = TaggingReplica(delay_s=0.15)
-    servicer = SchedulerServicer(make(replica, spec(max_batch=1), max_inflight_batches=1))
-    blocker = asyncio.ensure_future(servicer.Infer(pb_request(-1), FakeContext()))
-    await asyncio.sleep(0.01)
-    for message, context in [(pb_request(1, timeout_us=30_000), FakeContext()), (pb_request(2), FakeContext(0.03))]:
-        with pytest.raises(RuntimeError, match="aborted"):
-            await servicer.Infer(message, context)
-        assert context.aborted[0] == grpc.StatusCode.DEADLINE_EXCEEDED
-    await blocker
-
-
-async def test_a_429_on_the_stream_carries_retry_after():
-    from aiworks.scheduler.servicer import SchedulerServicer
-
-    replica = TaggingReplica(delay_s=0.05)
-    servicer = SchedulerServicer(make(replica, spec(max_batch=1), max_inflight_batches=1, max_queue_requests=1))
-    replies = await asyncio.gather(*(servicer._infer_on_stream(pb_request(float(i))) for i in range(5)))
-    refused = [r for r in replies if r.error_code]
-    assert refused and all(r.error_code == 8 and r.retry_after_s >= 1 for r in refused)  # RESOURCE_EXHAUSTED
+async def test_a_draining_queue_answers_what_it_holds_and_refuses_new_requests():
+    model = Tagging(delay_s=0.03)
+    q = queue(model, spec(max_batch=1))
+    held = [asyncio.ensure_future(submit(q, float(i))) for i in range(4)]
+    await asyncio.sleep(0.005)
+    assert await q.drain(timeout_s=5)
+    assert [a.outputs[0].to_numpy()[0, 0] for a in await asyncio.gather(*held)] == [0.0, 1.0, 2.0, 3.0]
+    with pytest.raises(AIWorksError) as refused:
+        await submit(q, 9.0)
+    assert refused.value.status is Status.UNAVAILABLE
+    await q.close()

@@ -1,62 +1,58 @@
-"""The scheduler's side of a backend coming back (a restarting tritonserver): queue, don't fail."""
+"""A backend coming back (a restarting tritonserver): the gateway's requests wait for it, they do not fail."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
-from aiworks.scheduler.registry import ReplicaRegistry
-from aiworks.scheduler.replica_state import OutlierDetector, OutlierPolicy
-from aiworks.scheduler.router import Router
+from routing_support import FakeReplica, make
 
-from aiworks.core.errors import Unavailable
-from aiworks.core.model_config import ModelSpec, ModelState
+from aiworks.core.errors import DeadlineExceeded, Unavailable
+from aiworks.core.model_config import ModelSpec, ModelState, TensorSpec
 
 KEY = ("m", "1")
 
 
 def spec(state: ModelState = ModelState.READY) -> ModelSpec:
-    return ModelSpec(name="m", version="1", state=state)
+    return ModelSpec(name="m", version="1", max_batch_size=8, inputs=(TensorSpec("x", "FP32", (2,)),),
+                     outputs=(TensorSpec("y", "FP32", (2,)),), state=state)  # fmt: skip
 
 
 def setup(state: ModelState):
-    registry = ReplicaRegistry(lambda address: None)
-    replica = registry.register("r1", "127.0.0.1:1", "gpu", {}, [spec(state)], gpus=[{"index": 0, "name": "H200"}])
-    return registry, replica, Router(registry, 0, outliers=OutlierDetector(OutlierPolicy(), time.monotonic))
+    replica = FakeReplica("r1")
+    suite = make({"r1": replica}, [spec(state)], devices={"r1": "gpu"})
+    suite.registry.replicas["r1"].gpus = [{"index": 0, "name": "H200"}]
+    return suite, replica
 
 
 async def test_a_recovering_version_resolves_and_its_requests_wait_for_it():
-    registry, replica, router = setup(ModelState.LOADING)
-    assert registry.resolve("m", "1").state is ModelState.LOADING
-    assert registry.resolve("m", "").version == "1"
-    assert registry.holders(KEY) == [] and registry.recovering(KEY) == [replica]
-    assert replica.gpus == [{"index": 0, "name": "H200"}]
-    waiting = asyncio.create_task(router.acquire(KEY))
+    suite, replica = setup(ModelState.LOADING)
+    assert suite.mirror.resolve("m", "1").state is ModelState.LOADING
+    assert suite.mirror.resolve("m", "").version == "1"
+    assert suite.mirror.holders(KEY) == [] and [r.replica_id for r in suite.mirror.recovering(KEY)] == ["r1"]
+    waiting = asyncio.create_task(suite.infer("1"))
     await asyncio.sleep(0.05)
-    assert not waiting.done()  # no replica serves it yet: the batch waits, it does not fail
-    registry.heartbeat("r1", [spec()])  # the backend is back
-    assert await asyncio.wait_for(waiting, 1) is replica
+    assert not waiting.done()  # no replica serves it yet: the request waits, it does not fail
+    suite.registry.heartbeat("r1", [spec()])  # the backend is back
+    suite.sync()
+    answer = await asyncio.wait_for(waiting, 1)
+    assert answer.outputs[0].shape == (1, 2) and replica.batches == 1
 
 
-async def test_a_down_replica_whose_version_recovers_still_holds_the_queue_but_a_tried_one_does_not():
-    registry, replica, router = setup(ModelState.LOADING)
-    registry.mark_down(replica, "its batch failed")
-    waiting = asyncio.create_task(router.acquire(KEY))
-    await asyncio.sleep(0.05)
-    assert not waiting.done()
-    waiting.cancel()
-    with pytest.raises(Unavailable, match="no live replica"):  # the retry of a batch that failed on it
-        await router.acquire(KEY, exclude={"r1"})
+async def test_a_request_with_a_deadline_waits_no_longer_than_it():
+    suite, _ = setup(ModelState.LOADING)
+    with pytest.raises(DeadlineExceeded, match="coming back"):
+        await asyncio.wait_for(suite.infer("1", timeout=50_000), 2)
 
 
 async def test_a_version_that_is_gone_fails_at_once():
-    registry, replica, router = setup(ModelState.READY)
-    registry.heartbeat("r1", [])
+    suite, _ = setup(ModelState.READY)
+    suite.registry.heartbeat("r1", [])
+    suite.sync()
     with pytest.raises(Unavailable):
-        registry.resolve("m", "1")
+        suite.mirror.resolve("m", "1")
     with pytest.raises(Unavailable):
-        await router.acquire(KEY)
+        await asyncio.wait_for(suite.infer("1"), 1)
 
 
 def test_status_prints_a_gpu_replicas_gpus():

@@ -5,6 +5,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+
+from aiworks.core.inference import InferRequest
+from aiworks.core.options import RequestOptions
 from aiworks.runtime.dataplane import RuntimeDataPlane
 from aiworks.runtime.repository import ModelRepository
 from onnx import TensorProto, helper
@@ -83,8 +86,8 @@ async def test_errors_are_clear(repo):
     await dp.load("scale")
     with pytest.raises(NotFound, match="no loaded version '2'"):
         await dp.execute("scale", "2", [x(1)], [])
-    with pytest.raises(InvalidArgument, match="has no output 'z'"):
-        await dp.execute("scale", "1", [x(1)], ["z"])
+    with pytest.raises(InvalidArgument, match="has no output 'z'"):  # checked once, when the request arrives
+        await dp.queues.infer(InferRequest("scale", "1", [x(1)], ["z"]), RequestOptions())
     await dp.unload("scale")
     with pytest.raises(NotFound, match="is not loaded"):
         await dp.execute("scale", "1", [x(1)], [])

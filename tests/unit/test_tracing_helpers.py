@@ -8,9 +8,7 @@ import logging
 
 import numpy as np
 import pytest
-from aiworks.scheduler.dataplane import Scheduler
-from aiworks.scheduler.registry import ReplicaRegistry
-from aiworks.scheduler.settings import SchedulerSettings
+from aiworks.runtime.batcher import ModelQueue
 
 from aiworks.core import tracing
 from aiworks.core.datatypes import Tensor
@@ -109,55 +107,50 @@ def test_log_lines_carry_the_trace_id_inside_a_trace_only():
     assert record.trace == f" trace={TRACE_ID}"
 
 
-# ---- through the scheduler: queue spans, the batch span, its links, and the context a replica gets ----
+# ---- through a replica's queue: queue spans, the batch span, its links, and the context the model runs in ----
 
 
-class ContextRecordingReplica:
+class ContextRecordingModel:
     """Answers after a short wait; records the trace context current while it runs each batch."""
 
     def __init__(self):
         self.contexts: list[dict[str, str]] = []
 
-    async def execute(self, model, version, inputs, outputs, timeout_s=None):
+    async def __call__(self, inputs, outputs):
         carrier: dict[str, str] = {}
-        tracing.inject(carrier)  # what RuntimeClient puts into ExecuteRequest.trace_context
+        tracing.inject(carrier)  # what a call out of the batch would carry
         self.contexts.append(carrier)
         await asyncio.sleep(0.01)
-        return [Tensor.from_numpy("y", inputs[0].to_numpy())], 0
-
-    async def close(self):
-        pass
+        return [Tensor.from_numpy("y", inputs[0].to_numpy())], 1000
 
 
-def _scheduler(replica) -> Scheduler:
+def _queue(model) -> ModelQueue:
     spec = ModelSpec(
         "m", "1", max_batch_size=8,
         inputs=(TensorSpec("x", "FP32", (2,)),), outputs=(TensorSpec("y", "FP32", (2,)),),
         batching=BatchingConfig(True, 20_000, ()),
     )  # fmt: skip
-    registry = ReplicaRegistry(lambda address: replica)
-    registry.register("r0", "r0", "cpu", {}, [spec])
-    return Scheduler(SchedulerSettings(max_inflight_batches=1), registry)
+    return ModelQueue(spec, model, batching=True)
 
 
-async def _infer(scheduler: Scheduler, traceparent: str | None):
-    request = InferRequest("m", "", [Tensor.from_numpy("x", np.ones((1, 2), np.float32))])
-    with tracing.remote_scope({"traceparent": traceparent} if traceparent else None):
-        return await scheduler.infer(request)
+async def _infer(queue: ModelQueue, traceparent: str | None):
+    request = InferRequest("m", "1", [Tensor.from_numpy("x", np.ones((1, 2), np.float32))])
+    with tracing.remote_scope({"traceparent": traceparent} if traceparent else None):  # as the servicer does
+        return await queue.submit(request, 1)
 
 
 async def test_a_batch_span_joins_its_first_requests_trace_and_links_every_request(trace_file):
-    replica = ContextRecordingReplica()
-    scheduler = _scheduler(replica)
+    replica = ContextRecordingModel()
+    queue = _queue(replica)
     parents = [f"00-{i:032x}-{i:016x}-01" for i in range(1, 4)]
-    await asyncio.gather(*(_infer(scheduler, tp) for tp in parents))
-    await scheduler.close()
+    await asyncio.gather(*(_infer(queue, tp) for tp in parents))
+    await queue.close()
     spans = trace_file()
-    queues = {s["trace_id"]: s for s in spans["scheduler queue"]}
+    queues = {s["trace_id"]: s for s in spans["runtime queue"]}
     assert sorted(queues) == [f"{i:032x}" for i in range(1, 4)]
     for i in range(1, 4):
         assert queues[f"{i:032x}"]["parent_span_id"] == f"{i:016x}"
-    [batch] = spans["scheduler batch"]  # the three waited together (20 ms delay)
+    [batch] = spans["runtime batch"]  # the three waited together (20 ms delay)
     assert batch["attributes"]["aiworks.batch.rows"] == 3
     assert {link["span_id"] for link in batch["links"]} == {q["span_id"] for q in queues.values()}
     first = next(q for q in queues.values() if q["trace_id"] == batch["trace_id"])
@@ -169,10 +162,10 @@ async def test_a_batch_span_joins_its_first_requests_trace_and_links_every_reque
 
 async def test_off_a_lone_requests_context_reaches_the_replica_and_a_shared_batch_carries_none():
     assert not tracing.enabled()
-    replica = ContextRecordingReplica()
-    scheduler = _scheduler(replica)
-    await _infer(scheduler, TRACEPARENT)
-    await asyncio.gather(*(_infer(scheduler, f"00-{i:032x}-{i:016x}-01") for i in range(1, 3)))
-    await _infer(scheduler, None)
-    await scheduler.close()
+    replica = ContextRecordingModel()
+    queue = _queue(replica)
+    await _infer(queue, TRACEPARENT)
+    await asyncio.gather(*(_infer(queue, f"00-{i:032x}-{i:016x}-01") for i in range(1, 3)))
+    await _infer(queue, None)
+    await queue.close()
     assert replica.contexts == [{"traceparent": TRACEPARENT}, {}, {}]

@@ -1,4 +1,4 @@
-"""Protobuf <-> domain types for the suite's own protos (runtime.v1 and scheduler.v1).
+"""Protobuf <-> domain types for the suite's own protos (runtime.v1, and the specs scheduler.v1 reuses).
 
 pb2 objects stop here: ``to_*`` functions build domain objects from messages,
 ``from_*`` functions build messages from domain objects. Tensor bytes are
@@ -7,13 +7,11 @@ passed by reference both ways.
 
 from __future__ import annotations
 
-import orjson
-
 from aiworks.core.datatypes import Tensor
-from aiworks.core.inference import InferRequest, InferResponse, ModelStatistics
+from aiworks.core.inference import InferRequest, ModelStatistics
 from aiworks.core.model_config import BatchingConfig, ModelSpec, ModelState, TensorSpec
+from aiworks.core.options import Priority, RequestOptions
 from aiworks.pb.runtime.v1 import runtime_pb2 as rpb
-from aiworks.pb.scheduler.v1 import scheduler_pb2 as spb
 
 _STATE_TO_PB = {
     ModelState.READY: rpb.MODEL_STATE_READY,
@@ -87,39 +85,39 @@ def from_statistics(stats: ModelStatistics) -> rpb.ModelStatistics:
 _STAT_FIELDS = [f for f in ModelStatistics.__slots__]
 
 
-def to_infer_request(msg: spb.InferRequest) -> InferRequest:
+def to_options(msg: rpb.RequestOptions, now_s: float) -> RequestOptions:
+    """Options as they arrived; the deadline on this process's clock (``now_s`` is its monotonic now)."""
+    deadline = now_s + msg.timeout_us / 1e6 if msg.timeout_us else None
+    return RequestOptions(Priority.from_level(msg.priority), deadline, msg.tenant, msg.request_id)
+
+
+def from_options(options: RequestOptions, now_s: float | None = None) -> rpb.RequestOptions:
+    return rpb.RequestOptions(
+        priority=options.priority.level,
+        timeout_us=options.timeout_us(now_s),
+        tenant=options.tenant,
+        request_id=options.request_id,
+    )
+
+
+def to_infer_request(msg: rpb.InferRequest) -> InferRequest:
     return InferRequest(
         model=msg.model,
         version=msg.version,
         inputs=[to_tensor(t) for t in msg.inputs],
         outputs=list(msg.outputs),
         id=msg.id,
-        parameters={k: orjson.loads(v) for k, v in msg.parameters.items()},
+        tenant=msg.options.tenant,
     )
 
 
-def from_infer_request(req: InferRequest) -> spb.InferRequest:
-    return spb.InferRequest(
+def from_infer_request(req: InferRequest, options: RequestOptions) -> rpb.InferRequest:
+    """The message a gateway sends; the deadline becomes the time left now."""
+    return rpb.InferRequest(
         id=req.id,
         model=req.model,
         version=req.version,
         inputs=[from_tensor(t) for t in req.inputs],
         outputs=req.outputs,
-        parameters={k: orjson.dumps(v).decode() for k, v in req.parameters.items()},
-    )
-
-
-def from_infer_response(resp: InferResponse) -> spb.InferResponse:
-    return spb.InferResponse(
-        id=resp.id,
-        model=resp.model,
-        version=resp.version,
-        outputs=[from_tensor(t) for t in resp.outputs],
-        compute_us=int(resp.compute_s * 1e6),
-    )
-
-
-def to_infer_response(msg: spb.InferResponse) -> InferResponse:
-    return InferResponse(
-        msg.model, msg.version, [to_tensor(t) for t in msg.outputs], id=msg.id, compute_s=msg.compute_us / 1e6
+        options=from_options(options),
     )

@@ -106,6 +106,10 @@ class Unavailable(AIWorksError):
     status = Status.UNAVAILABLE
 
 
+class StreamLost(Unavailable):
+    """The stream to a peer broke with this request on it: the peer is gone, not the request at fault."""
+
+
 class PayloadTooLarge(AIWorksError):
     status = Status.PAYLOAD_TOO_LARGE
 

@@ -110,56 +110,62 @@ TENANT_CACHE_HITS = Counter(
     "aiworks_tenant_cache_hits", "Requests answered from the result cache, by tenant and model.", ["tenant", "model"]
 )
 
-# ---- scheduler -----------------------------------------------------------------------------
+# ---- the scheduling stage ----------------------------------------------------------------------
+# The names keep the "scheduler" prefix so dashboards and alerts keep working, but queues and batching
+# run in the runtime replicas and routing (retries, ejection) in the gateways: each series comes from
+# the process that does the work. The scheduler itself exports the replica gauges (its global view).
 
 SCHEDULER_REQUESTS = Counter(
     "aiworks_scheduler_requests",
-    "Requests the scheduler finished, by outcome.",
+    "Requests a runtime replica's queue finished, by outcome (exported by the runtimes).",
     ["model", "version", "priority", "status"],
 )
 SCHEDULER_QUEUE_DURATION = Histogram(
     "aiworks_scheduler_queue_duration_seconds",
-    "Time a request waited in its model's queue before its batch was sent.",
+    "Time a request waited in its model's queue on a replica before its batch ran (exported by the runtimes).",
     ["model", "version", "priority"],
     buckets=LATENCY_BUCKETS_S,
 )
 SCHEDULER_BATCH_DURATION = Histogram(
     "aiworks_scheduler_batch_duration_seconds",
-    "Time from sending a batch to a replica to its answer, retries included.",
+    "Time a batch took to run on a replica, from its start to its outputs (exported by the runtimes).",
     ["model", "version"],
     buckets=LATENCY_BUCKETS_S,
 )
 SCHEDULER_BATCH_SIZE = Histogram(
     "aiworks_scheduler_batch_size_rows",
-    "Rows in each batch the scheduler sent.",
+    "Rows in each batch a replica ran (exported by the runtimes).",
     ["model", "version"],
     buckets=BATCH_SIZE_BUCKETS,
 )
 SCHEDULER_RETRIES = Counter(
-    "aiworks_scheduler_retries", "Batches sent again to another replica after a failure.", ["model", "version"]
+    "aiworks_scheduler_retries",
+    "Requests a gateway sent again to another replica after a failure (exported by the gateways).",
+    ["model", "version"],
 )
 SCHEDULER_TIMEOUTS = Counter(
     "aiworks_scheduler_timeouts",
-    "Requests that failed because their deadline passed (in the queue or while running).",
+    "Requests answered DEADLINE_EXCEEDED, wherever the deadline passed (exported by the gateways).",
     ["model", "version"],
 )
 SCHEDULER_REJECTIONS = Counter(
     "aiworks_scheduler_rejections",
-    "Requests refused at admission, by reason: queue_full (requests), queue_bytes, no_replica.",
+    "Requests a replica's queue refused at admission, by reason: queue_full (requests), queue_bytes.",
     ["model", "version", "reason"],
 )
 SCHEDULER_EJECTIONS = Counter(
     "aiworks_scheduler_ejections",
-    "Replica ejections, by reason: outlier (consecutive errors) or monitor (asked for by the monitor).",
+    "Replica ejections by a gateway's router, by reason: outlier (consecutive errors) or monitor (asked for).",
     ["replica", "reason"],
 )
-# Read at scrape time by the scheduler's collector (names only; see the scheduler's server).
+# Read at scrape time by collectors (names only): queue depth and bytes by the runtimes' (where the
+# queues are), the replica gauges by the scheduler's (its global view).
 SCHEDULER_QUEUE_DEPTH = "aiworks_scheduler_queue_depth_requests"  # {model, version, priority}
 SCHEDULER_QUEUE_BYTES = "aiworks_scheduler_queue_bytes"  # {model, version}
 SCHEDULER_REPLICA_UP = "aiworks_scheduler_replica_up"  # {replica, device}: 1 live, 0 not
 SCHEDULER_REPLICA_EJECTED = "aiworks_scheduler_replica_ejected"  # {replica}: 1 ejected now
-SCHEDULER_REPLICA_INFLIGHT = "aiworks_scheduler_replica_inflight_batches"  # {replica}
-SCHEDULER_REPLICA_LATENCY = "aiworks_scheduler_replica_latency_seconds"  # {replica}: moving average per batch
+SCHEDULER_REPLICA_INFLIGHT = "aiworks_scheduler_replica_inflight_batches"  # {replica}: batches running there
+SCHEDULER_REPLICA_LATENCY = "aiworks_scheduler_replica_latency_seconds"  # {replica}: gateways' request average
 
 # ---- runtime -------------------------------------------------------------------------------
 

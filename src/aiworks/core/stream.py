@@ -3,9 +3,8 @@
 On these machines a unary gRPC call between two Python processes costs about
 a millisecond of set-up, and twice that when the callee forwards it; a message
 on an already open stream costs a fraction of it. The hot paths
-(gateway → scheduler ``InferStream``, scheduler → runtime ``ExecuteStream``,
-gateway → cache ``GetStream``/``PutStream``) therefore keep one stream per
-peer and tag each message with a ``stream_id``; answers come back in any
+(gateway → runtime ``InferStream``, gateway → cache ``GetStream``/``PutStream``)
+therefore keep one stream per peer and tag each message with a ``stream_id``; answers come back in any
 order and carry either the result or an error as a gRPC status code and
 message, which map through the one error table.
 
@@ -33,7 +32,15 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
-from aiworks.core.errors import AIWorksError, DeadlineExceeded, Status, Unavailable, from_grpc_code, from_rpc_error
+from aiworks.core.errors import (
+    AIWorksError,
+    DeadlineExceeded,
+    Status,
+    StreamLost,
+    Unavailable,
+    from_grpc_code,
+    from_rpc_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -123,10 +130,14 @@ class Outbox:
 
 
 def reply_error(reply) -> AIWorksError:
-    """The error an answer with a non-zero ``error_code`` carries, with its Retry-After hint if it has one."""
+    """The error an answer with a non-zero ``error_code`` carries, with its Retry-After hint and what it cost.
+
+    A reply type with a ``retry_after_s`` field (a full queue's) carries the
+    Retry-After hint; one with ``compute_us`` the compute the failed work took.
+    """
     error = from_grpc_code(_CODES.get(reply.error_code, grpc.StatusCode.UNKNOWN), reply.error_message)
-    # A reply type with a retry_after_s field (the scheduler's) carries the Retry-After hint.
     error.retry_after_s = getattr(reply, "retry_after_s", 0.0) or None
+    error.compute_ns = getattr(reply, "compute_us", 0) * 1000
     return error
 
 
@@ -274,7 +285,7 @@ class MultiplexedStream:
             self._outbox.clear()
         for future in self._pending.values():
             if not future.done():
-                future.set_exception(Unavailable(error.message))
+                future.set_exception(StreamLost(error.message))
 
     async def close(self) -> None:
         reader = self._reader

@@ -432,6 +432,8 @@ class Supervisor:
             ]  # fmt: skip
             if models:
                 args += ["--models", *models]
+            if not c.batching:
+                args.append("--no-batching")
             # runtime-<i> gets its fixed metrics port; a replica named by the caller a free one, so it
             # never takes the port of a runtime-<i> started later.
             metrics = {"metrics_index": index} if replica_id is None else {"metrics_port": free_port(c.host)}
@@ -459,8 +461,6 @@ class Supervisor:
         self.control = ControlServer(self, "127.0.0.1", c.control_port, auth=auth, max_replicas=c.max_scale_replicas)
         self.control.start()
         scheduler = ["scheduler", "--host", c.host, "--port", str(c.scheduler_port), *level]
-        if not c.batching:
-            scheduler.append("--no-batching")
         self._spawn("scheduler", "scheduler", scheduler, grpc_address=self.scheduler_address)
         if self.cache_address:  # starts alongside the scheduler; the gateway needs it
             cache = ["cache", "--host", c.host, "--port", str(c.cache_port), *level]

@@ -83,8 +83,8 @@ class ModelSpec(_message.Message):
     reason: str
     def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., platform: _Optional[str] = ..., max_batch_size: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., batching: _Optional[_Union[BatchingSpec, _Mapping]] = ..., instance_count: _Optional[int] = ..., parameters: _Optional[_Mapping[str, str]] = ..., state: _Optional[_Union[ModelState, str]] = ..., reason: _Optional[str] = ...) -> None: ...
 
-class ExecuteRequest(_message.Message):
-    __slots__ = ("model", "version", "inputs", "outputs", "stream_id", "timeout_us", "trace_context")
+class RequestOptions(_message.Message):
+    __slots__ = ("priority", "timeout_us", "tenant", "request_id", "trace_context")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -92,47 +92,65 @@ class ExecuteRequest(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_US_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    priority: int
+    timeout_us: int
+    tenant: str
+    request_id: str
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, priority: _Optional[int] = ..., timeout_us: _Optional[int] = ..., tenant: _Optional[str] = ..., request_id: _Optional[str] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class InferRequest(_message.Message):
+    __slots__ = ("stream_id", "model", "version", "inputs", "outputs", "id", "options")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
-    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
-    TIMEOUT_US_FIELD_NUMBER: _ClassVar[int]
-    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    stream_id: int
     model: str
     version: str
     inputs: _containers.RepeatedCompositeFieldContainer[Tensor]
     outputs: _containers.RepeatedScalarFieldContainer[str]
-    stream_id: int
-    timeout_us: int
-    trace_context: _containers.ScalarMap[str, str]
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., outputs: _Optional[_Iterable[str]] = ..., stream_id: _Optional[int] = ..., timeout_us: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    id: str
+    options: RequestOptions
+    def __init__(self, stream_id: _Optional[int] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., outputs: _Optional[_Iterable[str]] = ..., id: _Optional[str] = ..., options: _Optional[_Union[RequestOptions, _Mapping]] = ...) -> None: ...
 
-class ExecuteResponse(_message.Message):
-    __slots__ = ("outputs", "compute_ns", "stream_id", "error_code", "error_message")
-    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
-    COMPUTE_NS_FIELD_NUMBER: _ClassVar[int]
+class InferResponse(_message.Message):
+    __slots__ = ("stream_id", "outputs", "error_code", "error_message", "retry_after_s", "compute_us", "queue_us")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
-    outputs: _containers.RepeatedCompositeFieldContainer[Tensor]
-    compute_ns: int
+    RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_US_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_US_FIELD_NUMBER: _ClassVar[int]
     stream_id: int
+    outputs: _containers.RepeatedCompositeFieldContainer[Tensor]
     error_code: int
     error_message: str
-    def __init__(self, outputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., compute_ns: _Optional[int] = ..., stream_id: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
+    retry_after_s: float
+    compute_us: int
+    queue_us: int
+    def __init__(self, stream_id: _Optional[int] = ..., outputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., retry_after_s: _Optional[float] = ..., compute_us: _Optional[int] = ..., queue_us: _Optional[int] = ...) -> None: ...
 
-class ExecuteRequestFrame(_message.Message):
+class InferRequestFrame(_message.Message):
     __slots__ = ("items",)
     ITEMS_FIELD_NUMBER: _ClassVar[int]
-    items: _containers.RepeatedCompositeFieldContainer[ExecuteRequest]
-    def __init__(self, items: _Optional[_Iterable[_Union[ExecuteRequest, _Mapping]]] = ...) -> None: ...
+    items: _containers.RepeatedCompositeFieldContainer[InferRequest]
+    def __init__(self, items: _Optional[_Iterable[_Union[InferRequest, _Mapping]]] = ...) -> None: ...
 
-class ExecuteResponseFrame(_message.Message):
+class InferResponseFrame(_message.Message):
     __slots__ = ("items",)
     ITEMS_FIELD_NUMBER: _ClassVar[int]
-    items: _containers.RepeatedCompositeFieldContainer[ExecuteResponse]
-    def __init__(self, items: _Optional[_Iterable[_Union[ExecuteResponse, _Mapping]]] = ...) -> None: ...
+    items: _containers.RepeatedCompositeFieldContainer[InferResponse]
+    def __init__(self, items: _Optional[_Iterable[_Union[InferResponse, _Mapping]]] = ...) -> None: ...
 
 class LoadModelRequest(_message.Message):
     __slots__ = ("name",)

@@ -34,15 +34,10 @@ class RuntimeServiceStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Execute = channel.unary_unary(
-                '/aiworks.runtime.v1.RuntimeService/Execute',
-                request_serializer=aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteRequest.SerializeToString,
-                response_deserializer=aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteResponse.FromString,
-                _registered_method=True)
-        self.ExecuteStream = channel.stream_stream(
-                '/aiworks.runtime.v1.RuntimeService/ExecuteStream',
-                request_serializer=aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteRequestFrame.SerializeToString,
-                response_deserializer=aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteResponseFrame.FromString,
+        self.InferStream = channel.stream_stream(
+                '/aiworks.runtime.v1.RuntimeService/InferStream',
+                request_serializer=aiworks_dot_runtime_dot_v1_dot_runtime__pb2.InferRequestFrame.SerializeToString,
+                response_deserializer=aiworks_dot_runtime_dot_v1_dot_runtime__pb2.InferResponseFrame.FromString,
                 _registered_method=True)
         self.LoadModel = channel.unary_unary(
                 '/aiworks.runtime.v1.RuntimeService/LoadModel',
@@ -74,16 +69,11 @@ class RuntimeServiceStub:
 class RuntimeServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
-    def Execute(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def ExecuteStream(self, request_iterator, context):
-        """The scheduler's hot path: many batches multiplexed on one long-lived
-        stream, answered out of order and matched by stream_id. A message on an
-        open stream costs a fraction of a unary call's per-call set-up.
+    def InferStream(self, request_iterator, context):
+        """The gateways' hot path: requests multiplexed on one long-lived stream,
+        answered out of order and matched by stream_id, several to a frame when
+        the stream is busy. A message on an open stream costs a fraction of a
+        unary call's per-call set-up.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -122,15 +112,10 @@ class RuntimeServiceServicer:
 
 def add_RuntimeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Execute': grpc.unary_unary_rpc_method_handler(
-                    servicer.Execute,
-                    request_deserializer=aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteRequest.FromString,
-                    response_serializer=aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteResponse.SerializeToString,
-            ),
-            'ExecuteStream': grpc.stream_stream_rpc_method_handler(
-                    servicer.ExecuteStream,
-                    request_deserializer=aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteRequestFrame.FromString,
-                    response_serializer=aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteResponseFrame.SerializeToString,
+            'InferStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.InferStream,
+                    request_deserializer=aiworks_dot_runtime_dot_v1_dot_runtime__pb2.InferRequestFrame.FromString,
+                    response_serializer=aiworks_dot_runtime_dot_v1_dot_runtime__pb2.InferResponseFrame.SerializeToString,
             ),
             'LoadModel': grpc.unary_unary_rpc_method_handler(
                     servicer.LoadModel,
@@ -169,34 +154,7 @@ class RuntimeService:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
-    def Execute(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/aiworks.runtime.v1.RuntimeService/Execute',
-            aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteRequest.SerializeToString,
-            aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def ExecuteStream(request_iterator,
+    def InferStream(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -209,9 +167,9 @@ class RuntimeService:
         return grpc.experimental.stream_stream(
             request_iterator,
             target,
-            '/aiworks.runtime.v1.RuntimeService/ExecuteStream',
-            aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteRequestFrame.SerializeToString,
-            aiworks_dot_runtime_dot_v1_dot_runtime__pb2.ExecuteResponseFrame.FromString,
+            '/aiworks.runtime.v1.RuntimeService/InferStream',
+            aiworks_dot_runtime_dot_v1_dot_runtime__pb2.InferRequestFrame.SerializeToString,
+            aiworks_dot_runtime_dot_v1_dot_runtime__pb2.InferResponseFrame.FromString,
             options,
             channel_credentials,
             insecure,

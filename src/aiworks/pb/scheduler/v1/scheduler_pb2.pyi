@@ -7,76 +7,6 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
-class InferRequest(_message.Message):
-    __slots__ = ("id", "model", "version", "inputs", "outputs", "parameters", "stream_id", "timeout_us", "trace_context")
-    class ParametersEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: str
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
-    class TraceContextEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: str
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
-    ID_FIELD_NUMBER: _ClassVar[int]
-    MODEL_FIELD_NUMBER: _ClassVar[int]
-    VERSION_FIELD_NUMBER: _ClassVar[int]
-    INPUTS_FIELD_NUMBER: _ClassVar[int]
-    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
-    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
-    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
-    TIMEOUT_US_FIELD_NUMBER: _ClassVar[int]
-    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
-    id: str
-    model: str
-    version: str
-    inputs: _containers.RepeatedCompositeFieldContainer[_runtime_pb2.Tensor]
-    outputs: _containers.RepeatedScalarFieldContainer[str]
-    parameters: _containers.ScalarMap[str, str]
-    stream_id: int
-    timeout_us: int
-    trace_context: _containers.ScalarMap[str, str]
-    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[_runtime_pb2.Tensor, _Mapping]]] = ..., outputs: _Optional[_Iterable[str]] = ..., parameters: _Optional[_Mapping[str, str]] = ..., stream_id: _Optional[int] = ..., timeout_us: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
-
-class InferResponse(_message.Message):
-    __slots__ = ("id", "model", "version", "outputs", "stream_id", "error_code", "error_message", "retry_after_s", "compute_us")
-    ID_FIELD_NUMBER: _ClassVar[int]
-    MODEL_FIELD_NUMBER: _ClassVar[int]
-    VERSION_FIELD_NUMBER: _ClassVar[int]
-    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
-    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
-    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
-    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
-    RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
-    COMPUTE_US_FIELD_NUMBER: _ClassVar[int]
-    id: str
-    model: str
-    version: str
-    outputs: _containers.RepeatedCompositeFieldContainer[_runtime_pb2.Tensor]
-    stream_id: int
-    error_code: int
-    error_message: str
-    retry_after_s: float
-    compute_us: int
-    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., outputs: _Optional[_Iterable[_Union[_runtime_pb2.Tensor, _Mapping]]] = ..., stream_id: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., retry_after_s: _Optional[float] = ..., compute_us: _Optional[int] = ...) -> None: ...
-
-class InferRequestFrame(_message.Message):
-    __slots__ = ("items",)
-    ITEMS_FIELD_NUMBER: _ClassVar[int]
-    items: _containers.RepeatedCompositeFieldContainer[InferRequest]
-    def __init__(self, items: _Optional[_Iterable[_Union[InferRequest, _Mapping]]] = ...) -> None: ...
-
-class InferResponseFrame(_message.Message):
-    __slots__ = ("items",)
-    ITEMS_FIELD_NUMBER: _ClassVar[int]
-    items: _containers.RepeatedCompositeFieldContainer[InferResponse]
-    def __init__(self, items: _Optional[_Iterable[_Union[InferResponse, _Mapping]]] = ...) -> None: ...
-
 class ServerReadyRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -122,14 +52,18 @@ class RepositoryIndexResponse(_message.Message):
     def __init__(self, models: _Optional[_Iterable[_Union[_runtime_pb2.ModelSpec, _Mapping]]] = ...) -> None: ...
 
 class LoadModelResponse(_message.Message):
-    __slots__ = ("versions",)
+    __slots__ = ("versions", "generation")
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     versions: _containers.RepeatedCompositeFieldContainer[_runtime_pb2.ModelSpec]
-    def __init__(self, versions: _Optional[_Iterable[_Union[_runtime_pb2.ModelSpec, _Mapping]]] = ...) -> None: ...
+    generation: int
+    def __init__(self, versions: _Optional[_Iterable[_Union[_runtime_pb2.ModelSpec, _Mapping]]] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class UnloadModelResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("generation",)
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    def __init__(self, generation: _Optional[int] = ...) -> None: ...
 
 class ReplicaStatistics(_message.Message):
     __slots__ = ("replica_id", "models")
@@ -191,16 +125,18 @@ class RegisterReplicaResponse(_message.Message):
     def __init__(self, heartbeat_interval_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("replica_id", "inflight_batches", "models", "gpus")
+    __slots__ = ("replica_id", "inflight_batches", "models", "gpus", "queues")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     INFLIGHT_BATCHES_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     inflight_batches: int
     models: _containers.RepeatedCompositeFieldContainer[_runtime_pb2.ModelSpec]
     gpus: _containers.RepeatedCompositeFieldContainer[GpuInfo]
-    def __init__(self, replica_id: _Optional[str] = ..., inflight_batches: _Optional[int] = ..., models: _Optional[_Iterable[_Union[_runtime_pb2.ModelSpec, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ...) -> None: ...
+    queues: _containers.RepeatedCompositeFieldContainer[QueueStatus]
+    def __init__(self, replica_id: _Optional[str] = ..., inflight_batches: _Optional[int] = ..., models: _Optional[_Iterable[_Union[_runtime_pb2.ModelSpec, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[QueueStatus, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("known",)
@@ -302,20 +238,34 @@ class RetryBudgetStatus(_message.Message):
     def __init__(self, active: _Optional[int] = ..., active_retries: _Optional[int] = ..., allowed: _Optional[int] = ..., denied: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("replicas", "queues", "traffic", "retry_budget", "shadows", "caller_auth")
+    __slots__ = ("replicas", "queues", "traffic", "retry_budget", "shadows", "caller_auth", "gateways")
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     TRAFFIC_FIELD_NUMBER: _ClassVar[int]
     RETRY_BUDGET_FIELD_NUMBER: _ClassVar[int]
     SHADOWS_FIELD_NUMBER: _ClassVar[int]
     CALLER_AUTH_FIELD_NUMBER: _ClassVar[int]
+    GATEWAYS_FIELD_NUMBER: _ClassVar[int]
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
     queues: _containers.RepeatedCompositeFieldContainer[QueueStatus]
     traffic: _containers.RepeatedCompositeFieldContainer[TrafficPolicy]
     retry_budget: RetryBudgetStatus
     shadows: _containers.RepeatedCompositeFieldContainer[ShadowStatus]
     caller_auth: str
-    def __init__(self, replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[QueueStatus, _Mapping]]] = ..., traffic: _Optional[_Iterable[_Union[TrafficPolicy, _Mapping]]] = ..., retry_budget: _Optional[_Union[RetryBudgetStatus, _Mapping]] = ..., shadows: _Optional[_Iterable[_Union[ShadowStatus, _Mapping]]] = ..., caller_auth: _Optional[str] = ...) -> None: ...
+    gateways: _containers.RepeatedCompositeFieldContainer[GatewayStatus]
+    def __init__(self, replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[QueueStatus, _Mapping]]] = ..., traffic: _Optional[_Iterable[_Union[TrafficPolicy, _Mapping]]] = ..., retry_budget: _Optional[_Union[RetryBudgetStatus, _Mapping]] = ..., shadows: _Optional[_Iterable[_Union[ShadowStatus, _Mapping]]] = ..., caller_auth: _Optional[str] = ..., gateways: _Optional[_Iterable[_Union[GatewayStatus, _Mapping]]] = ...) -> None: ...
+
+class GatewayStatus(_message.Message):
+    __slots__ = ("gateway_id", "last_report_age_s", "requests", "retries")
+    GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_REPORT_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    RETRIES_FIELD_NUMBER: _ClassVar[int]
+    gateway_id: str
+    last_report_age_s: float
+    requests: int
+    retries: int
+    def __init__(self, gateway_id: _Optional[str] = ..., last_report_age_s: _Optional[float] = ..., requests: _Optional[int] = ..., retries: _Optional[int] = ...) -> None: ...
 
 class ShadowStatus(_message.Message):
     __slots__ = ("model", "shadow_version", "active", "mirrored", "compared", "agreed", "errors", "dropped", "agreement", "inflight", "compare")
@@ -403,3 +353,123 @@ class EjectReplicaResponse(_message.Message):
     ejected_for_s: float
     message: str
     def __init__(self, ejected: _Optional[bool] = ..., ejected_for_s: _Optional[float] = ..., message: _Optional[str] = ...) -> None: ...
+
+class RouteReplica(_message.Message):
+    __slots__ = ("replica_id", "address", "device", "labels", "models")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    address: str
+    device: str
+    labels: _containers.ScalarMap[str, str]
+    models: _containers.RepeatedCompositeFieldContainer[_runtime_pb2.ModelSpec]
+    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., models: _Optional[_Iterable[_Union[_runtime_pb2.ModelSpec, _Mapping]]] = ...) -> None: ...
+
+class DrainingVersion(_message.Message):
+    __slots__ = ("model", "version", "closing", "retiring_on", "spec")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CLOSING_FIELD_NUMBER: _ClassVar[int]
+    RETIRING_ON_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: str
+    closing: bool
+    retiring_on: _containers.RepeatedScalarFieldContainer[str]
+    spec: _runtime_pb2.ModelSpec
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., closing: _Optional[bool] = ..., retiring_on: _Optional[_Iterable[str]] = ..., spec: _Optional[_Union[_runtime_pb2.ModelSpec, _Mapping]] = ...) -> None: ...
+
+class Ejection(_message.Message):
+    __slots__ = ("replica_id", "remaining_s", "reason", "id")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    REMAINING_S_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    remaining_s: float
+    reason: str
+    id: int
+    def __init__(self, replica_id: _Optional[str] = ..., remaining_s: _Optional[float] = ..., reason: _Optional[str] = ..., id: _Optional[int] = ...) -> None: ...
+
+class RoutingTable(_message.Message):
+    __slots__ = ("generation", "replicas", "traffic", "draining", "ejections", "known", "policy")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    TRAFFIC_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    EJECTIONS_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    replicas: _containers.RepeatedCompositeFieldContainer[RouteReplica]
+    traffic: _containers.RepeatedCompositeFieldContainer[TrafficPolicy]
+    draining: _containers.RepeatedCompositeFieldContainer[DrainingVersion]
+    ejections: _containers.RepeatedCompositeFieldContainer[Ejection]
+    known: _containers.RepeatedCompositeFieldContainer[ModelRef]
+    policy: RoutingPolicy
+    def __init__(self, generation: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[RouteReplica, _Mapping]]] = ..., traffic: _Optional[_Iterable[_Union[TrafficPolicy, _Mapping]]] = ..., draining: _Optional[_Iterable[_Union[DrainingVersion, _Mapping]]] = ..., ejections: _Optional[_Iterable[_Union[Ejection, _Mapping]]] = ..., known: _Optional[_Iterable[_Union[ModelRef, _Mapping]]] = ..., policy: _Optional[_Union[RoutingPolicy, _Mapping]] = ...) -> None: ...
+
+class RoutingPolicy(_message.Message):
+    __slots__ = ("default_priority", "max_retries", "per_try_timeout_s", "retry_budget_percent", "retry_min_concurrency", "outlier_consecutive_errors", "outlier_base_ejection_s", "outlier_max_ejection_s", "outlier_max_ejection_percent", "latency_ewma_alpha", "class_pools", "shadow_max_inflight", "shadow_timeout_s", "pipeline_micro_batch_rows")
+    class ClassPoolsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    DEFAULT_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    MAX_RETRIES_FIELD_NUMBER: _ClassVar[int]
+    PER_TRY_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    RETRY_BUDGET_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    RETRY_MIN_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    OUTLIER_CONSECUTIVE_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    OUTLIER_BASE_EJECTION_S_FIELD_NUMBER: _ClassVar[int]
+    OUTLIER_MAX_EJECTION_S_FIELD_NUMBER: _ClassVar[int]
+    OUTLIER_MAX_EJECTION_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_EWMA_ALPHA_FIELD_NUMBER: _ClassVar[int]
+    CLASS_POOLS_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_MAX_INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_MICRO_BATCH_ROWS_FIELD_NUMBER: _ClassVar[int]
+    default_priority: str
+    max_retries: int
+    per_try_timeout_s: float
+    retry_budget_percent: float
+    retry_min_concurrency: int
+    outlier_consecutive_errors: int
+    outlier_base_ejection_s: float
+    outlier_max_ejection_s: float
+    outlier_max_ejection_percent: float
+    latency_ewma_alpha: float
+    class_pools: _containers.ScalarMap[str, str]
+    shadow_max_inflight: int
+    shadow_timeout_s: float
+    pipeline_micro_batch_rows: int
+    def __init__(self, default_priority: _Optional[str] = ..., max_retries: _Optional[int] = ..., per_try_timeout_s: _Optional[float] = ..., retry_budget_percent: _Optional[float] = ..., retry_min_concurrency: _Optional[int] = ..., outlier_consecutive_errors: _Optional[int] = ..., outlier_base_ejection_s: _Optional[float] = ..., outlier_max_ejection_s: _Optional[float] = ..., outlier_max_ejection_percent: _Optional[float] = ..., latency_ewma_alpha: _Optional[float] = ..., class_pools: _Optional[_Mapping[str, str]] = ..., shadow_max_inflight: _Optional[int] = ..., shadow_timeout_s: _Optional[float] = ..., pipeline_micro_batch_rows: _Optional[int] = ...) -> None: ...
+
+class RoutingReport(_message.Message):
+    __slots__ = ("gateway_id", "replicas", "retry_budget", "shadows", "retries", "requests")
+    GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    RETRY_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    SHADOWS_FIELD_NUMBER: _ClassVar[int]
+    RETRIES_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    gateway_id: str
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
+    retry_budget: RetryBudgetStatus
+    shadows: _containers.RepeatedCompositeFieldContainer[ShadowStatus]
+    retries: _containers.RepeatedCompositeFieldContainer[QueueStatus]
+    requests: int
+    def __init__(self, gateway_id: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., retry_budget: _Optional[_Union[RetryBudgetStatus, _Mapping]] = ..., shadows: _Optional[_Iterable[_Union[ShadowStatus, _Mapping]]] = ..., retries: _Optional[_Iterable[_Union[QueueStatus, _Mapping]]] = ..., requests: _Optional[int] = ...) -> None: ...

@@ -34,15 +34,10 @@ class SchedulerServiceStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Infer = channel.unary_unary(
-                '/aiworks.scheduler.v1.SchedulerService/Infer',
-                request_serializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferRequest.SerializeToString,
-                response_deserializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferResponse.FromString,
-                _registered_method=True)
-        self.InferStream = channel.stream_stream(
-                '/aiworks.scheduler.v1.SchedulerService/InferStream',
-                request_serializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferRequestFrame.SerializeToString,
-                response_deserializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferResponseFrame.FromString,
+        self.WatchRouting = channel.stream_stream(
+                '/aiworks.scheduler.v1.SchedulerService/WatchRouting',
+                request_serializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.RoutingReport.SerializeToString,
+                response_deserializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.RoutingTable.FromString,
                 _registered_method=True)
         self.ServerReady = channel.unary_unary(
                 '/aiworks.scheduler.v1.SchedulerService/ServerReady',
@@ -114,16 +109,9 @@ class SchedulerServiceStub:
 class SchedulerServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
-    def Infer(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def InferStream(self, request_iterator, context):
-        """The gateways' hot path: requests multiplexed on one long-lived stream,
-        answered out of order and matched by stream_id, several to a frame
-        when the stream is busy.
+    def WatchRouting(self, request_iterator, context):
+        """Gateways: the routing table now and after every change; the gateway
+        reports its own routing state on the same stream.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -212,15 +200,10 @@ class SchedulerServiceServicer:
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Infer': grpc.unary_unary_rpc_method_handler(
-                    servicer.Infer,
-                    request_deserializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferRequest.FromString,
-                    response_serializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferResponse.SerializeToString,
-            ),
-            'InferStream': grpc.stream_stream_rpc_method_handler(
-                    servicer.InferStream,
-                    request_deserializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferRequestFrame.FromString,
-                    response_serializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferResponseFrame.SerializeToString,
+            'WatchRouting': grpc.stream_stream_rpc_method_handler(
+                    servicer.WatchRouting,
+                    request_deserializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.RoutingReport.FromString,
+                    response_serializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.RoutingTable.SerializeToString,
             ),
             'ServerReady': grpc.unary_unary_rpc_method_handler(
                     servicer.ServerReady,
@@ -299,34 +282,7 @@ class SchedulerService:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
-    def Infer(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/aiworks.scheduler.v1.SchedulerService/Infer',
-            aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferRequest.SerializeToString,
-            aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def InferStream(request_iterator,
+    def WatchRouting(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -339,9 +295,9 @@ class SchedulerService:
         return grpc.experimental.stream_stream(
             request_iterator,
             target,
-            '/aiworks.scheduler.v1.SchedulerService/InferStream',
-            aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferRequestFrame.SerializeToString,
-            aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.InferResponseFrame.FromString,
+            '/aiworks.scheduler.v1.SchedulerService/WatchRouting',
+            aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.RoutingReport.SerializeToString,
+            aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.RoutingTable.FromString,
             options,
             channel_credentials,
             insecure,

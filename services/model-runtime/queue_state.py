@@ -26,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass
 from collections.abc import Hashable
 
-from aiworks.scheduler.qos import Priority
+from aiworks.core.options import Priority
 
 
 @dataclass(slots=True, eq=False)

@@ -1,36 +1,34 @@
-"""Per model-version queues and the dynamic batcher that drains them.
+"""Per model-version queues and the dynamic batcher that drains them, next to the model.
 
-Admission and order live in :mod:`aiworks.scheduler.queue_state` (bounded,
-three classes with aging); sending a batch, with retries, in
-:mod:`aiworks.scheduler.dispatch`. The loop of one :class:`ModelQueue`:
+Admission and order live in :mod:`aiworks.runtime.queue_state` (bounded,
+three classes with aging). The loop of one :class:`ModelQueue`:
 
 1. wait for a request;
-2. reserve a replica with room for the class of the request that goes next
-   (the router), so batches form while all replicas are busy;
+2. wait for a free execution slot (the version's ``instance_group.count``),
+   so batches form while every instance is busy, as Triton's dynamic
+   batcher does;
 3. if the model batches, wait until the rows queued reach the largest
-   preferred batch size (or ``max_batch_size``), or until that request has
-   waited ``max_queue_delay_us``, whichever is first. With a delay of 0
+   preferred batch size (or ``max_batch_size``), or until the first request
+   has waited ``max_queue_delay_us``, whichever is first. With a delay of 0
    (Triton's default) whatever is queued leaves at once. asyncio's timers
    round waits up to whole milliseconds, so small delays act as 1 ms;
 4. take whole requests, best rank first, up to ``max_batch_size`` rows and
-   with the same non-batch shapes; drop those whose deadline has passed; join
-   the input bytes and send the batch;
-5. split the outputs back by rows, exactly, to each request.
+   with the same non-batch shapes and requested outputs; drop those whose
+   deadline has passed; join the input bytes and run the batch;
+5. split the outputs back by rows, exactly, to each request, with its share
+   of the batch's compute time (by rows), which the gateway charges.
 
-A request waits for its answer until its own deadline at most; if it gives up
-(deadline, or the caller cancelled) while queued, it leaves the queue at once,
-frees its room and costs nothing. One whose deadline passes while its batch
-runs is answered DEADLINE_EXCEEDED when the batch has ended, so that what the
-runtime spent on it is known: each request's :class:`~aiworks.scheduler.dispatch.Charge`
-(:data:`CHARGE`, set by the caller) receives its share of every batch it ran
-in, by rows, failures included (docs/tenancy.md, "Compute quota").
+A request whose deadline passes while it is queued leaves the queue at once
+and costs nothing. Once its batch runs it is answered when the batch ends,
+deadline or not: the gateway has answered its client at the deadline already
+and waits for this answer only to charge the work that was done.
 
-Telemetry: each request's wait is a "scheduler queue" span (when tracing
-records) and an observation of ``aiworks_scheduler_queue_duration_seconds``,
-from enqueue until its batch is sent; each batch is a "scheduler batch" span
-in the trace of its first request, linked to every request's queue span
-(:func:`aiworks.core.tracing.batch_scope`). The metrics' label children are
-made once per queue.
+Telemetry: each request's wait is a "runtime queue" span (when tracing
+records) and an observation of ``aiworks_scheduler_queue_duration_seconds``
+(the scheduling stage's metrics keep their names, so dashboards and alerts
+keep working, though the stage now runs in the runtime); each batch is a
+"runtime batch" span in the trace of its first request, linked to every
+request's queue span. The metrics' label children are made once per queue.
 """
 
 from __future__ import annotations
@@ -39,9 +37,10 @@ import asyncio
 import contextvars
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from collections.abc import Callable
 
+from aiworks.runtime.queue_state import Entry, QueueState
 from opentelemetry.trace import SpanContext
 
 from aiworks.core import metrics, tracing
@@ -49,13 +48,12 @@ from aiworks.core.datatypes import Tensor, split_rows
 from aiworks.core.errors import AIWorksError, DeadlineExceeded, Internal, PayloadTooLarge, Status, Unavailable
 from aiworks.core.inference import InferRequest
 from aiworks.core.model_config import ModelSpec
-from aiworks.scheduler.dispatch import BatchSender, Charge
-from aiworks.scheduler.qos import Priority
-from aiworks.scheduler.queue_state import Entry, QueueState
-from aiworks.scheduler.registry import Key
-from aiworks.scheduler.router import Router
+from aiworks.core.options import Priority
 
 log = logging.getLogger(__name__)
+
+# (inputs, outputs) -> (output tensors, compute ns): runs one batch on the version's model.
+RunBatch = Callable[[list[Tensor], list[str]], Awaitable[tuple[list[Tensor], int]]]
 
 
 @dataclass(frozen=True)
@@ -65,6 +63,15 @@ class QueueLimits:
     max_requests: int = 2048
     max_bytes: int = 64 << 20
     aging_s: float = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What a request gets back: its outputs, its share of the compute, and its wait in the queue."""
+
+    outputs: list[Tensor]
+    compute_ns: int
+    queue_ns: int
 
 
 _DEFAULT_LIMITS = QueueLimits()
@@ -77,7 +84,7 @@ class _Pending:
     future: asyncio.Future
     trace_parent: SpanContext | None = None  # the caller's span (or only its propagated context)
     span: object = None  # the queue span while it waits, when tracing records
-    charge: Charge | None = None  # where its share of its batch's compute goes
+    queue_ns: int = 0
 
     def link(self) -> SpanContext | None:
         return self.span.get_span_context() if self.span is not None else self.trace_parent
@@ -85,41 +92,39 @@ class _Pending:
 
 REJECTION_REASONS = ("queue_full", "queue_bytes", "no_replica")
 
-# The request being served charges its batches' compute here (Scheduler.infer sets it; pipeline steps
-# inherit it, shadow copies run in a fresh context and charge nobody).
-CHARGE: contextvars.ContextVar[Charge | None] = contextvars.ContextVar("aiworks_scheduler_charge", default=None)
-
 
 class ModelQueue:
-    """The queue and batcher of one model version."""
+    """The queue and batcher of one model version on this replica."""
 
     def __init__(
         self,
         spec: ModelSpec,
-        router: Router,
-        sender: BatchSender,
+        run_batch: RunBatch,
         *,
         batching: bool,
         limits: QueueLimits = _DEFAULT_LIMITS,
         clock: Callable[[], float] = time.monotonic,
     ):
-        self.key: Key = (spec.name, spec.version)
+        self.key = (spec.name, spec.version)
         self.spec = spec
-        self._router = router
-        self._sender = sender
+        self._run_batch = run_batch
         self._clock = clock
         self._batching = batching and spec.batching.enabled and spec.max_batch_size > 1
         self._max_rows = spec.max_batch_size if self._batching else 0
         preferred = spec.batching.preferred_batch_sizes
         self._target_rows = max(preferred) if (self._batching and preferred) else spec.max_batch_size
         self._delay_s = spec.batching.max_queue_delay_us / 1e6
+        self.slots = max(1, spec.instance_count)
         self.state = QueueState(max_requests=limits.max_requests, max_bytes=limits.max_bytes, aging_s=limits.aging_s)
         self._arrived = asyncio.Event()
+        self._slot_freed = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
+        self.closing = False
         self.batches = 0
         self.rows_done = 0
         self.rejected = 0
         self.expired = 0
+        self.recent_batch_s = 0.0  # moving average of a batch's run time, for Retry-After hints
         labels = self.key
         self._queue_wait = {p: metrics.SCHEDULER_QUEUE_DURATION.labels(*labels, p.label) for p in Priority}
         self._batch_size = metrics.SCHEDULER_BATCH_SIZE.labels(*labels)
@@ -145,12 +150,18 @@ class ModelQueue:
         """Batches taken from the queue whose answers are not delivered yet."""
         return len(self._tasks)
 
+    @property
+    def idle(self) -> bool:
+        return not self.state.requests and not self._tasks
+
     # ---- admission -----------------------------------------------------------------------
 
     async def submit(
         self, request: InferRequest, rows: int, priority: Priority = Priority.STANDARD, deadline_s: float | None = None
-    ) -> list[Tensor]:
-        """Queue the request and wait for its outputs (until ``deadline_s`` at most)."""
+    ) -> Answer:
+        """Queue the request and wait for its answer; see the module docstring for deadlines."""
+        if self.closing:
+            raise Unavailable(f"model '{self.key[0]}' version {self.key[1]} is being unloaded on this replica")
         now = self._clock()
         if deadline_s is not None and deadline_s <= now:
             self.expired += 1
@@ -166,9 +177,7 @@ class ModelQueue:
             tuple(sorted((t.name, t.shape[1:] if self.spec.max_batch_size > 0 else t.shape) for t in request.inputs)),
             tuple(request.outputs),
         )
-        pending = _Pending(
-            request, rows, asyncio.get_running_loop().create_future(), tracing.current_span_context(), charge=CHARGE.get()
-        )
+        pending = _Pending(request, rows, asyncio.get_running_loop().create_future(), tracing.current_span_context())
         entry = Entry(pending, priority, rows, nbytes, signature, now, deadline_s)
         state = self.state
         reason = "queue_full" if state.requests >= state.max_requests else "queue_bytes"
@@ -182,25 +191,21 @@ class ModelQueue:
             self._rejections[reason].inc()
             if not victim.future.done():
                 victim.future.set_exception(self._full("shed from a full queue for a higher-priority request"))
-        pending.span = tracing.start_span("scheduler queue", attributes=self._span_attributes)
+        pending.span = tracing.start_span("runtime queue", attributes=self._span_attributes)
         self._arrived.set()
         future = pending.future
         try:
-            if deadline_s is None:
-                return await future
-            # asyncio.wait, not wait_for: the future must survive the deadline if its batch is running.
-            await asyncio.wait((future,), timeout=deadline_s - self._clock())
-            if future.done():
-                return future.result()
-            if entry.queued:  # dropped before it ran: it costs nothing
-                self.expired += 1
-                raise DeadlineExceeded("the request's deadline passed while it was queued")
-            # Its batch runs: the runtime spends the time anyway, so wait for the batch (bounded by the
-            # per-try timeouts) and answer with what it cost; the gateway answered its client already.
-            await asyncio.wait((future,))
-            if not future.cancelled():
-                future.exception()  # retrieved: the deadline is the answer either way
-            raise DeadlineExceeded("the request's deadline passed while it ran")
+            if deadline_s is not None:
+                try:
+                    return await asyncio.wait_for(asyncio.shield(future), deadline_s - self._clock())
+                except TimeoutError:
+                    if entry.queued:  # dropped before it ran: it cost nothing
+                        self.expired += 1
+                        error = DeadlineExceeded("the request's deadline passed while it was queued")
+                        if pending.span is not None:
+                            tracing.fail(pending.span, error)
+                        raise error from None
+            return await future  # running (or answered meanwhile): its answer comes when the batch ends
         except BaseException as exc:
             if pending.span is not None:  # it never left the queue in a batch
                 tracing.fail(pending.span, exc)
@@ -218,12 +223,10 @@ class ModelQueue:
 
     def retry_after_s(self) -> float:
         """A hint of when the queue will have room: the time to drain it at recent batch latency, 1..30 s."""
-        holders = self._router.registry.holders(self.key)
-        latencies = [r.health.latency_s[self.key] for r in holders if self.key in r.health.latency_s]
-        if not latencies or not holders:
+        if not self.recent_batch_s:
             return 1.0
         batches = self.state.rows / max(1, self._max_rows or 1)
-        return min(30.0, max(1.0, batches * (sum(latencies) / len(latencies)) / len(holders)))
+        return min(30.0, max(1.0, batches * self.recent_batch_s / self.slots))
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -242,12 +245,9 @@ class ModelQueue:
             self._arrived.clear()
             await self._arrived.wait()
             return
-        try:
-            replica = await self._router.acquire(self.key, head.priority)
-        except AIWorksError as exc:
-            self._rejections["no_replica"].inc(self.state.requests)
-            self._fail_all(exc)
-            return
+        while len(self._tasks) >= self.slots:
+            self._slot_freed.clear()
+            await self._slot_freed.wait()
         if self._batching and self._delay_s > 0 and self.state.rows < self._target_rows:
             head = self.state.peek()
             deadline = (head.enqueued_s if head else self._clock()) + self._delay_s
@@ -268,13 +268,15 @@ class ModelQueue:
                     DeadlineExceeded("the request's deadline passed while it was queued")
                 )
         if not batch:
-            await self._router.release(replica, self.key, 0)
             return
         rows = sum(e.rows for e in batch)
-        self._router.add_rows(replica, rows)
-        task = asyncio.get_running_loop().create_task(self._dispatch(batch, rows, replica))
+        task = asyncio.get_running_loop().create_task(self._dispatch(batch, rows))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._batch_done)
+
+    def _batch_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        self._slot_freed.set()
 
     def _fail_all(self, exc: AIWorksError) -> None:
         for pending in self.state.drain():
@@ -283,13 +285,13 @@ class ModelQueue:
 
     # ---- one batch -----------------------------------------------------------------------
 
-    async def _dispatch(self, batch: list[Entry], rows: int, replica) -> None:
+    async def _dispatch(self, batch: list[Entry], rows: int) -> None:
         pendings: list[_Pending] = [e.payload for e in batch]
-        deadlines = [e.deadline_s for e in batch]
-        deadline_s = None if None in deadlines else max(deadlines)
         now = self._clock()
         for e in batch:
-            self._queue_wait[e.priority].observe(now - e.enqueued_s)
+            waited = now - e.enqueued_s
+            e.payload.queue_ns = int(waited * 1e9)
+            self._queue_wait[e.priority].observe(waited)
         scope = self._batch_scope(pendings, rows)
         for p in pendings:
             if p.span is not None:
@@ -300,33 +302,25 @@ class ModelQueue:
         with scope:
             try:
                 inputs = self._join_inputs(pendings, rows)
-                cost = Charge()
                 try:
-                    result = await self._sender.send(
-                        self.key,
-                        replica,
-                        rows,
-                        inputs,
-                        list(pendings[0].request.outputs),
-                        priority=min(e.priority for e in batch),
-                        deadline_s=deadline_s,
-                        charge=cost,
-                    )
+                    outputs, compute_ns = await self._run_batch(inputs, list(pendings[0].request.outputs))
                 finally:  # before any answer leaves, so a scrape after the answers sees the batch
-                    self._batch_duration.observe(time.perf_counter() - started)
-                    _share(pendings, rows, cost.compute_ns)
-                self._deliver(pendings, rows, result)
-            except AIWorksError as exc:
-                scope.fail(exc)
-                for p in pendings:
-                    if not p.future.done():
-                        p.future.set_exception(_copy(exc))
+                    elapsed = time.perf_counter() - started
+                    self._batch_duration.observe(elapsed)
+                    self.recent_batch_s = elapsed if not self.recent_batch_s else 0.8 * self.recent_batch_s + 0.2 * elapsed
+                self._deliver(pendings, rows, outputs, compute_ns)
             except Exception as exc:
                 scope.fail(exc)
-                log.exception("batch for %s/%s failed", *self.key)
+                if not isinstance(exc, AIWorksError):
+                    log.exception("batch for %s/%s failed", *self.key)
+                    exc = Internal(f"batch failed: {exc}")
+                spent_ns = int((time.perf_counter() - started) * 1e9)
                 for p in pendings:
                     if not p.future.done():
-                        p.future.set_exception(Internal(f"batch failed: {exc}"))
+                        error = _copy(exc)
+                        error.compute_ns = spent_ns * p.rows // rows  # a failed run is charged too
+                        error.queue_ns = p.queue_ns
+                        p.future.set_exception(error)
         self.batches += 1
         self.rows_done += rows
 
@@ -334,10 +328,10 @@ class ModelQueue:
         """The batch's span in its first request's trace, linked to every request (call before their spans end)."""
         if not tracing.enabled():  # pass one request's context on; a batch of several belongs to none
             parent = pendings[0].trace_parent if len(pendings) == 1 else None
-            return tracing.batch_scope("scheduler batch", parent, ())
+            return tracing.batch_scope("runtime batch", parent, ())
         links = [link for link in (p.link() for p in pendings) if link is not None]
         attributes = {**self._span_attributes, "aiworks.batch.rows": rows, "aiworks.batch.requests": len(pendings)}
-        return tracing.batch_scope("scheduler batch", pendings[0].trace_parent, links, attributes)
+        return tracing.batch_scope("runtime batch", pendings[0].trace_parent, links, attributes)
 
     def _join_inputs(self, batch: list[_Pending], rows: int) -> list[Tensor]:
         if len(batch) == 1:
@@ -350,10 +344,11 @@ class ModelQueue:
             joined.append(Tensor(t.name, t.datatype, (rows, *t.shape[1:]), b"".join(parts)))
         return joined
 
-    def _deliver(self, batch: list[_Pending], rows: int, outputs: list[Tensor]) -> None:
+    def _deliver(self, batch: list[_Pending], rows: int, outputs: list[Tensor], compute_ns: int) -> None:
         if len(batch) == 1:
-            if not batch[0].future.done():
-                batch[0].future.set_result(outputs)
+            p = batch[0]
+            if not p.future.done():
+                p.future.set_result(Answer(outputs, compute_ns, p.queue_ns))
             return
         counts = [p.rows for p in batch]
         per_request: list[list[Tensor]] = [[] for _ in batch]
@@ -366,21 +361,23 @@ class ModelQueue:
                 per_request[i].append(Tensor(out.name, out.datatype, (counts[i], *out.shape[1:]), piece))
         for p, outs in zip(batch, per_request):
             if not p.future.done():
-                p.future.set_result(outs)
+                p.future.set_result(Answer(outs, compute_ns * p.rows // rows, p.queue_ns))
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Take no new requests; wait until the queued and running ones are answered (True) or ``timeout_s``."""
+        self.closing = True
+        deadline = self._clock() + timeout_s
+        while not self.idle:
+            if self._clock() >= deadline:
+                return False
+            await asyncio.sleep(0.01)
+        return True
 
     async def close(self, error: AIWorksError | None = None) -> None:
-        """Stop the loop; requests still queued fail with ``error`` (default: the scheduler is shutting down)."""
+        """Stop the loop; requests still queued fail with ``error`` (default: the runtime is shutting down)."""
+        self.closing = True
         self._loop_task.cancel()
-        self._fail_all(error or Unavailable("the scheduler is shutting down"))
-
-
-def _share(pendings: list[_Pending], rows: int, compute_ns: int) -> None:
-    """Each request's part of a batch's compute, by its rows."""
-    if compute_ns <= 0:
-        return
-    for p in pendings:
-        if p.charge is not None:
-            p.charge.compute_ns += compute_ns * p.rows // max(1, rows)
+        self._fail_all(error or Unavailable("the runtime replica is shutting down"))
 
 
 def _copy(exc: AIWorksError) -> AIWorksError:

@@ -1,0 +1,135 @@
+"""A gateway's copy of the scheduler's routing table, kept current by watching it.
+
+:class:`RoutingMirror` is a :class:`~aiworks.scheduler.catalog.Catalog` built
+from the :class:`~aiworks.scheduler.views.RoutingTable` messages the
+scheduler streams (``WatchRouting``). Replicas keep their identity across
+updates: a replica still in the table keeps its connection, its requests in
+flight and its health (latency averages, ejection state); one that left is
+closed once its last request is answered. The traffic policies, ejection
+orders and routing settings of the table are applied to this gateway's
+router state by the :class:`~aiworks.scheduler.dispatch.Dispatcher`.
+
+Every model spec a gateway needs (input checks, masking, the result cache's
+policy, metadata) comes from here: one spec cache per gateway, refreshed by
+the scheduler's pushes rather than by polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from aiworks.scheduler.catalog import Catalog, Replica
+from aiworks.scheduler.views import RoutingTable
+
+log = logging.getLogger(__name__)
+
+
+class RoutingMirror(Catalog):
+    """The routing table as this gateway last received it; ``connect(address)`` dials a replica."""
+
+    def __init__(self, connect: Callable[[str], object]):
+        super().__init__()
+        self._connect = connect
+        self.table: RoutingTable | None = None
+        self.received = asyncio.Event()
+        self.changed = asyncio.Condition()
+        self._closing: set[asyncio.Task] = set()
+
+    @property
+    def ready(self) -> bool:
+        """A table has arrived (until then nothing can be routed)."""
+        return self.table is not None
+
+    def apply(self, table: RoutingTable) -> None:
+        """Make the mirror match ``table``."""
+        current = {}
+        for route in table.replicas:
+            replica = self.replicas.get(route.replica_id)
+            if replica is None or replica.address != route.address:
+                if replica is not None:
+                    self._retire(replica)
+                replica = Replica(route.replica_id, route.address, client=self._connect(route.address))
+                log.info("routing to replica %s at %s", route.replica_id, route.address)
+            replica.device, replica.labels, replica.live = route.device, dict(route.labels), True
+            replica.models = {(s.name, s.version): s for s in route.models}
+            current[route.replica_id] = replica
+        for replica_id, replica in self.replicas.items():
+            if replica_id not in current:
+                log.info("replica %s left the routing table", replica_id)
+                self._retire(replica)
+        self.replicas = current
+        self.known = {key: None for key in table.known}
+        for replica in current.values():
+            for key, spec in replica.models.items():
+                self.known[key] = spec
+        self.closing = {(d.model, d.version) for d in table.draining if d.closing}
+        self.retiring = {
+            (d.model, d.version): {rid: d.spec for rid in d.retiring_on}
+            for d in table.draining
+            if d.retiring_on and d.spec is not None
+        }
+        self.table = table
+        self.received.set()
+        self._wake()
+
+    def _retire(self, replica: Replica) -> None:
+        """Close a replica's connection once the requests this gateway has in flight there are answered."""
+        replica.live = False
+
+        async def close_when_idle():
+            for _ in range(600):  # at most a minute; requests still waiting then fail with the connection
+                if replica.outstanding <= 0:
+                    break
+                await asyncio.sleep(0.1)
+            close = getattr(replica.client, "close", None)
+            if close is not None:
+                await close()
+
+        try:
+            task = asyncio.get_running_loop().create_task(close_when_idle())
+        except RuntimeError:  # no loop: unit tests of pure logic
+            return
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    def _wake(self) -> None:
+        async def notify():
+            async with self.changed:
+                self.changed.notify_all()
+
+        try:
+            asyncio.get_running_loop().create_task(notify())
+        except RuntimeError:
+            pass
+
+    async def next_change(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) for the next table; False when none came."""
+        generation = self.table.generation if self.table is not None else -1
+        return await self.caught_up(generation + 1, timeout_s)
+
+    async def caught_up(self, generation: int, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) until a table of at least ``generation`` arrived."""
+        def seen() -> bool:
+            return self.table is not None and self.table.generation >= generation
+
+        try:
+            async with asyncio.timeout(timeout_s):
+                async with self.changed:
+                    await self.changed.wait_for(seen)
+        except TimeoutError:
+            return False
+        return True
+
+    def spec_known(self, model: str) -> bool:
+        return any(k[0] == model for k in self.known)
+
+    async def close(self) -> None:
+        for replica in self.replicas.values():
+            close = getattr(replica.client, "close", None)
+            if close is not None:
+                await close()
+        self.replicas = {}
+        for task in list(self._closing):
+            task.cancel()
