@@ -41,6 +41,8 @@ class FakeReplica:
         self.fail_next = 0
         self.fail_with: Exception = Unavailable(f"{name} is unreachable")
         self.seen_timeouts: list[float | None] = []
+        self.answers = 3  # per streamed request
+        self.fail_after: int | None = None
 
     async def infer(self, request, options, work=None):
         self.seen_timeouts.append(options.remaining_s())
@@ -51,11 +53,24 @@ class FakeReplica:
         self.batches += 1
         return Answer([Tensor.from_numpy("y", request.inputs[0].to_numpy())], int(self.delay_s * 1e9))
 
+    async def infer_stream(self, request, options, work=None):
+        """A decoupled model's answers: ``answers`` echoes, failing after ``fail_after`` of them if set."""
+        self.seen_timeouts.append(options.remaining_s())
+        if self.fail_next:
+            self.fail_next -= 1
+            raise self.fail_with
+        for i in range(self.answers):
+            if self.fail_after is not None and i == self.fail_after:
+                raise self.fail_with
+            await asyncio.sleep(self.delay_s)
+            yield Answer([Tensor.from_numpy("y", request.inputs[0].to_numpy())], final=i == self.answers - 1)
+        self.batches += 1
+
     async def close(self):
         pass
 
 
-def spec(version="1", batching=False) -> ModelSpec:
+def spec(version="1", batching=False, decoupled=False) -> ModelSpec:
     return ModelSpec(
         "m",
         version,
@@ -63,6 +78,7 @@ def spec(version="1", batching=False) -> ModelSpec:
         inputs=(TensorSpec("x", "FP32", (2,)),),
         outputs=(TensorSpec("y", "FP32", (2,)),),
         batching=BatchingConfig(batching, 0, ()),
+        decoupled=decoupled,
     )
 
 

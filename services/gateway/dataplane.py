@@ -22,8 +22,10 @@ caller in as the anonymous tenant, which may do everything):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -262,24 +264,7 @@ class GatewayDataPlane:
         ``transport_deadline_s`` is the time a gRPC client's own deadline leaves.
         """
         tenancy = self.tenancy
-        if principal is None:
-            principal = tenancy.auth.authenticate(())
-        tenant = principal.tenant
-        request.tenant = tenant.id
-        check_model_name(request.model)
-        check_version(request.version)
-        tenancy.auth.authorize(principal, request.model)
-        tenancy.filters.check_bounds(request)  # caps on what the header declares: nothing decoded yet
-        spec = self.routing.resolve(request.model, request.version)
-        slow = pending.slow_elements if pending is not None else 0
-        slow += sum(element_count(t.shape) for t in request.inputs if t.datatype == "BYTES")
-        rows = await offload(self._prepare, request, pending, spec, large=slow > OFF_LOOP_ELEMENTS)
-        default, ceiling = tenant_classes(tenant)
-        options = read_options(
-            request.parameters, default=default or self.routing.default_priority, ceiling=ceiling,
-            tenant=tenant.id, request_id=request_id or request.id, transport_deadline_s=transport_deadline_s,
-        )  # fmt: skip
-        request.version, request.resolved = spec.version, True
+        tenant, spec, rows, options = await self._checked(request, principal, pending, request_id, transport_deadline_s)
         admission = await tenancy.limiter.admit(tenant)
         work = Work()
         response = None
@@ -301,6 +286,66 @@ class GatewayDataPlane:
         if options.clamped:
             response.parameters[PRIORITY_CLAMPED] = options.priority.label
         return await tenancy.masking.mask_async(spec, response)
+
+    async def infer_stream(
+        self, request: InferRequest, principal: Principal | None = None, pending: PendingInputs | None = None, *,
+        request_id: str = "", transport_deadline_s: float | None = None,
+    ) -> AsyncIterator[InferResponse]:  # fmt: skip
+        """One inference whose responses may be many (a decoupled model's), yielded as they come.
+
+        The checks, options and admission of :meth:`infer`; no result cache (a
+        stream's answers are not stored). The tenant's slot is held until the
+        last response, the runtime time charged then, and the request metered
+        once. Each response is masked; all but the last have ``final`` unset.
+        A model that is not decoupled gives one response. Close the iterator
+        (``contextlib.aclosing``) to stop early: that cancels the request at
+        its replica.
+        """
+        tenancy = self.tenancy
+        tenant, spec, rows, options = await self._checked(request, principal, pending, request_id, transport_deadline_s)
+        admission = await tenancy.limiter.admit(tenant)
+        work = Work()
+        finished = False
+        try:
+            stream = self.routing.infer_stream(request, options, spec=spec, work=work)
+            async with contextlib.aclosing(stream) as answers:
+                async for answer in answers:
+                    response = InferResponse(
+                        spec.name, spec.version, answer.outputs, id=request.id, parameters=dict(answer.parameters),
+                        compute_s=work.compute_s, final=answer.final,
+                    )  # fmt: skip
+                    if options.clamped:
+                        response.parameters[PRIORITY_CLAMPED] = options.priority.label
+                    yield await tenancy.masking.mask_async(spec, response)
+            finished = True
+        finally:
+            self._settle(admission, spec.name, work, answered=finished)
+            if finished:
+                tenancy.meter.record(tenant.id, spec.name, rows=rows, compute_s=work.compute_s)
+
+    async def _checked(self, request: InferRequest, principal: Principal | None, pending: PendingInputs | None,
+                       request_id: str, transport_deadline_s: float | None):  # fmt: skip
+        """Authenticate, check, resolve the version, decode, filter and read the options: what precedes admission."""
+        tenancy = self.tenancy
+        if principal is None:
+            principal = tenancy.auth.authenticate(())
+        tenant = principal.tenant
+        request.tenant = tenant.id
+        check_model_name(request.model)
+        check_version(request.version)
+        tenancy.auth.authorize(principal, request.model)
+        tenancy.filters.check_bounds(request)  # caps on what the header declares: nothing decoded yet
+        spec = self.routing.resolve(request.model, request.version)
+        slow = pending.slow_elements if pending is not None else 0
+        slow += sum(element_count(t.shape) for t in request.inputs if t.datatype == "BYTES")
+        rows = await offload(self._prepare, request, pending, spec, large=slow > OFF_LOOP_ELEMENTS)
+        default, ceiling = tenant_classes(tenant)
+        options = read_options(
+            request.parameters, default=default or self.routing.default_priority, ceiling=ceiling,
+            tenant=tenant.id, request_id=request_id or request.id, transport_deadline_s=transport_deadline_s,
+        )  # fmt: skip
+        request.version, request.resolved = spec.version, True
+        return tenant, spec, rows, options
 
     def _prepare(self, request: InferRequest, pending: PendingInputs | None, spec: ModelSpec) -> int:
         """Decode the tensor data and apply the input filters; the batch rows (in a worker thread when large)."""

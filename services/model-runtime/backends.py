@@ -17,7 +17,15 @@ and optionally:
 - ``batch_sizes``: the batch sizes it runs best (CUDA graphs), advertised as the
   dynamic batcher's preferred sizes when the config gives none;
 - ``device_bytes``: accelerator memory the version holds, which residency counts instead of its size on disk;
-- ``close()``: free it now; called once no batch of the version runs any more.
+- ``close()``: free it now; called once no batch of the version runs any more;
+- ``decoupled = True`` with ``stream(request, options)``: an async generator of
+  :class:`aiworks.core.inference.Answer` for one request (0..N answers with
+  ``final`` unset, and a last one with it set), for configs with Triton's
+  ``model_transaction_policy { decoupled: true }``. It runs on the event loop,
+  so it puts blocking compute in threads itself and does its own scheduling
+  (a generation joining a running batch). Its caller going away arrives as
+  ``asyncio.CancelledError`` (or ``GeneratorExit``) inside it: free what the
+  request holds in ``finally``.
 
 A config without ``backend`` gets one from its platform (``pytorch_libtorch``:
 ``pytorch``, ``tensorrt_plan``: ``triton``), as Triton picks its backend.

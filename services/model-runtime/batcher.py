@@ -46,7 +46,7 @@ from opentelemetry.trace import SpanContext
 from aiworks.core import metrics, tracing
 from aiworks.core.datatypes import Tensor, split_rows
 from aiworks.core.errors import AIWorksError, DeadlineExceeded, Internal, PayloadTooLarge, Status, Unavailable
-from aiworks.core.inference import InferRequest
+from aiworks.core.inference import Answer, InferRequest
 from aiworks.core.model_config import ModelSpec
 from aiworks.core.options import Priority
 
@@ -63,15 +63,6 @@ class QueueLimits:
     max_requests: int = 2048
     max_bytes: int = 64 << 20
     aging_s: float = 0.1
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """What a request gets back: its outputs, its share of the compute, and its wait in the queue."""
-
-    outputs: list[Tensor]
-    compute_ns: int
-    queue_ns: int
 
 
 _DEFAULT_LIMITS = QueueLimits()

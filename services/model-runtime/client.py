@@ -1,8 +1,9 @@
 """The runtime's public face: a client for one replica's RuntimeService; pb2 stays inside this module.
 
 Gateways send requests with :meth:`RuntimeClient.infer` (multiplexed on one
-long-lived ``InferStream`` per replica); the scheduler loads, unloads and
-lists models and reads statistics. Failures become :class:`AIWorksError`
+long-lived ``InferStream`` per replica), and those whose answers are many (a
+decoupled model's) with :meth:`RuntimeClient.infer_stream`; the scheduler
+loads, unloads and lists models and reads statistics. Failures become :class:`AIWorksError`
 with the replica's status.
 
 What a request cost goes into its :class:`Work`: the replica's compute time
@@ -15,14 +16,14 @@ charge once the work has really ended (docs/tenancy.md, "Compute quota").
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import grpc
 
-from aiworks.core.converters import from_infer_request, to_model_spec, to_statistics, to_tensor
-from aiworks.core.datatypes import Tensor
+from aiworks.core.converters import from_infer_request, to_model_spec, to_parameters, to_statistics, to_tensor
 from aiworks.core.errors import DeadlineExceeded, from_rpc_error
-from aiworks.core.inference import InferRequest, ModelStatistics
+from aiworks.core.inference import Answer, InferRequest, ModelStatistics
 from aiworks.core.model_config import ModelSpec
 from aiworks.core.options import RequestOptions
 from aiworks.core.rpc import client_channel
@@ -58,17 +59,17 @@ def _abandon(reply_future: asyncio.Future, work: Work | None) -> None:
         work.outstanding = reply_future
 
 
-@dataclass(slots=True)
-class Answer:
-    """A replica's answer: the outputs, this request's share of its batch's compute, and its queue wait."""
-
-    outputs: list[Tensor]
-    compute_ns: int = 0
-    queue_ns: int = 0
+__all__ = ["Answer", "RuntimeClient", "Work", "outstanding_compute_s"]
 
 
 def answer_of(reply) -> Answer:
-    return Answer([to_tensor(t) for t in reply.outputs], reply.compute_us * 1000, reply.queue_us * 1000)
+    return Answer(
+        [to_tensor(t) for t in reply.outputs],
+        reply.compute_us * 1000,
+        reply.queue_us * 1000,
+        to_parameters(reply.parameters) if reply.parameters else {},
+        not reply.more,
+    )
 
 
 class RuntimeClient:
@@ -117,6 +118,37 @@ class RuntimeClient:
         if reply.error_code:
             raise reply_error(reply)
         return answer_of(reply)
+
+    async def infer_stream(
+        self, request: InferRequest, options: RequestOptions, work: Work | None = None
+    ) -> AsyncIterator[Answer]:
+        """The answers to one request as they come (a decoupled model's 0..N, then a final one).
+
+        Each answer must come within the client timeout of the one before, and
+        the last by the request's deadline. Leaving the loop early (or being
+        cancelled) cancels the request at the replica: a queued request leaves
+        its queue, a generation stops at its next step. ``work`` gets the
+        compute every answer reports.
+        """
+        message = from_infer_request(request, options)
+        inject(message.options.trace_context)
+        replies = self._requests.open(message, self._timeout_s)
+        async with replies:
+            while True:
+                left = options.remaining_s()
+                try:
+                    # The timeout covers the wait for one reply only: never a yield (it would cancel the consumer).
+                    async with asyncio.timeout(max(0.0, left) if left is not None else None):
+                        reply = await anext(replies)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    raise DeadlineExceeded(
+                        "the request's deadline passed before its replica finished answering"
+                    ) from None
+                if work is not None:
+                    work.compute_s += reply.compute_us / 1e6
+                yield answer_of(reply)
 
     async def load(self, name: str) -> list[ModelSpec]:
         reply = await self._call(self._stub.LoadModel, pb.LoadModelRequest(name=name), 120)

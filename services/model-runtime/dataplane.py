@@ -37,10 +37,11 @@ from aiworks.runtime.residency import (
 
 from aiworks.core import metrics
 from aiworks.core.datatypes import Tensor, decode, encode
-from aiworks.core.errors import AIWorksError, Internal, InvalidArgument, NotFound
-from aiworks.core.inference import ModelStatistics
+from aiworks.core.errors import AIWorksError, Internal, InvalidArgument, NotFound, Unavailable
+from aiworks.core.inference import InferRequest, ModelStatistics
 from aiworks.core.model_config import ModelConfig, ModelSpec, ModelState
 from aiworks.core.names import check_model_name
+from aiworks.core.options import RequestOptions
 
 log = logging.getLogger(__name__)
 
@@ -501,6 +502,24 @@ class RuntimeDataPlane:
         inferences.inc(rows)
         compute.observe(compute_ns / 1e9)
         return out, compute_ns
+
+    async def stream(self, loaded: LoadedVersion, request: InferRequest, options: RequestOptions):
+        """A decoupled version's answers to one request: its backend's ``stream`` (see backends.py)."""
+        name, version = loaded.spec.name, loaded.spec.version
+        model = loaded.model
+        if model is None:
+            loaded, model = await self._reside(name, version, time.perf_counter_ns())
+        else:
+            self.residency.touch((name, version))
+        stream = getattr(model, "stream", None)
+        if stream is None:
+            raise Unavailable(f"model '{name}' version {version} is decoupled, but its backend cannot stream")
+        loaded.enter()
+        try:
+            async for answer in stream(request, options):
+                yield answer
+        finally:
+            loaded.leave()
 
     async def _execute(self, name: str, version: str, inputs: list[Tensor], outputs: list[str]):
         entered_ns = time.perf_counter_ns()

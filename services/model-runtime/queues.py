@@ -18,13 +18,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from aiworks.runtime.batcher import Answer, ModelQueue, QueueLimits
+from aiworks.runtime.batcher import ModelQueue, QueueLimits
 
 from aiworks.core import metrics, tracing
-from aiworks.core.errors import InvalidArgument, Unavailable
-from aiworks.core.inference import InferRequest
+from aiworks.core.errors import AIWorksError, InvalidArgument, Unavailable
+from aiworks.core.inference import Answer, InferRequest
 from aiworks.core.model_config import check_inputs
 from aiworks.core.options import Priority, RequestOptions
 
@@ -77,7 +78,36 @@ class RequestQueues:
         self._requests(*labels, options.priority.label, "ok").inc()
         return answer
 
-    async def _infer(self, loaded, request: InferRequest, options: RequestOptions) -> Answer:
+    def decoupled(self, model: str, version: str) -> bool:
+        """Whether the version a request names answers with a stream (False when unknown: the error comes later)."""
+        try:
+            return self.dataplane.version_for(model, version).spec.decoupled
+        except AIWorksError:
+            return False
+
+    async def infer_stream(self, request: InferRequest, options: RequestOptions) -> AsyncIterator[Answer]:
+        """A decoupled model's answers to one request as its backend makes them; counted by outcome at the end.
+
+        The backend's ``stream`` runs the request (its own scheduling: a
+        generation joins a running batch); cancelling the caller cancels it.
+        """
+        labels = ("", "")
+        status = "ok"
+        try:
+            loaded = self.dataplane.version_for(request.model, request.version)
+            labels = (loaded.spec.name, loaded.spec.version)
+            self._check(loaded, request)
+            async for answer in self.dataplane.stream(loaded, request, options):
+                yield answer
+        except BaseException as exc:
+            # A consumer that stops early closes the generator: its caller went away, as a cancellation.
+            status = "unavailable" if isinstance(exc, GeneratorExit) else metrics.status_label(exc)
+            raise
+        finally:
+            self._requests(*labels, options.priority.label, status).inc()
+
+    def _check(self, loaded, request: InferRequest) -> int:
+        """The request's rows, once its inputs and requested outputs are checked against the model."""
         spec = loaded.spec
         if loaded.pipeline:
             raise InvalidArgument(f"model '{spec.name}' is a pipeline: the gateway runs its steps, not a runtime")
@@ -87,6 +117,10 @@ class RequestQueues:
             for name in request.outputs:
                 if name not in declared:
                     raise InvalidArgument(f"model '{spec.name}' has no output '{name}'; it has {sorted(declared)}")
+        return rows
+
+    async def _infer(self, loaded, request: InferRequest, options: RequestOptions) -> Answer:
+        rows = self._check(loaded, request)
         queue = self._queue(loaded)
         return await queue.submit(request, rows, options.priority, options.deadline_s)
 

@@ -6,7 +6,14 @@ import time
 
 from aiworks.runtime.dataplane import RuntimeDataPlane
 
-from aiworks.core.converters import from_model_spec, from_statistics, from_tensor, to_infer_request, to_options
+from aiworks.core.converters import (
+    fill_parameters,
+    from_model_spec,
+    from_statistics,
+    from_tensor,
+    to_infer_request,
+    to_options,
+)
 from aiworks.core.errors import AIWorksError
 from aiworks.core.rpc import handle_errors
 from aiworks.core.stream import error_fields, serve_stream
@@ -32,6 +39,26 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
         self.dataplane = dataplane
         self.replica_id = replica_id
 
+    def _handle(self, message):
+        """One request on the stream: one answer, or (a decoupled model's) an async iterator of answers."""
+        if self.dataplane.queues.decoupled(message.model, message.version):
+            return self._stream(message)
+        return self._infer(message)
+
+    async def _stream(self, message):
+        options = to_options(message.options, time.monotonic())
+        with remote_scope(message.options.trace_context):
+            async for answer in self.dataplane.queues.infer_stream(to_infer_request(message), options):
+                reply = pb.InferResponse(
+                    outputs=[from_tensor(t) for t in answer.outputs],
+                    compute_us=answer.compute_ns // 1000,
+                    queue_us=answer.queue_ns // 1000,
+                    more=not answer.final,
+                )
+                if answer.parameters:
+                    fill_parameters(reply.parameters, answer.parameters)
+                yield reply
+
     async def _infer(self, message) -> pb.InferResponse:
         options = to_options(message.options, time.monotonic())
         # The gateway's span is the parent of this request's spans here (its queue wait, its batch).
@@ -44,17 +71,20 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
                     error_code=code, error_message=text, retry_after_s=exc.retry_after_s or 0.0,
                     compute_us=getattr(exc, "compute_ns", 0) // 1000, queue_us=getattr(exc, "queue_ns", 0) // 1000,
                 )  # fmt: skip
-        return pb.InferResponse(
+        reply = pb.InferResponse(
             outputs=[from_tensor(t) for t in answer.outputs],
             compute_us=answer.compute_ns // 1000,
             queue_us=answer.queue_ns // 1000,
         )
+        if answer.parameters:
+            fill_parameters(reply.parameters, answer.parameters)
+        return reply
 
     async def InferStream(self, request_iterator, context):
         await serve_stream(
             request_iterator,
             context,
-            self._infer,
+            self._handle,
             lambda code, message: pb.InferResponse(error_code=code, error_message=message),
             pb.InferResponseFrame,
         )

@@ -21,7 +21,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 
 import grpc
 
@@ -259,6 +259,17 @@ class Routing:
         """Send one request to a replica (see :class:`Dispatcher`); ``work`` gets what it cost."""
         self._need_table()
         return await self.dispatcher.infer(request, options, spec=spec, work=work)
+
+    async def infer_stream(self, request: InferRequest, options: RequestOptions, *, spec: ModelSpec | None = None,
+                           work: Work | None = None) -> AsyncIterator[Answer]:  # fmt: skip
+        """The answers to one request as they come; a decoupled model's 0..N and a final one (see :class:`Dispatcher`).
+
+        Close the iterator (``contextlib.aclosing``) when stopping early: that cancels the request at its replica.
+        """
+        self._need_table()
+        async with contextlib.aclosing(self.dispatcher.infer_stream(request, options, spec=spec, work=work)) as answers:
+            async for answer in answers:
+                yield answer
 
     async def close(self) -> None:
         if self._task is not None:

@@ -29,14 +29,15 @@ a try given up on, so the gateway charges the work that was done
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
 from aiworks.core import metrics
-from aiworks.core.errors import AIWorksError, DeadlineExceeded, Status, StreamLost, Unavailable
+from aiworks.core.errors import AIWorksError, DeadlineExceeded, InvalidArgument, Status, StreamLost, Unavailable
 from aiworks.core.inference import InferRequest
 from aiworks.core.model_config import ModelSpec, check_inputs
 from aiworks.core.options import Priority, RequestOptions
@@ -138,6 +139,11 @@ class Dispatcher:
         """Run one request; ``spec``: its version already resolved (:meth:`resolve`)."""
         if spec is None:
             spec = self.resolve(request.model, request.version)
+        if spec.decoupled:
+            raise InvalidArgument(
+                f"model '{spec.name}' is decoupled (it may send several responses per request): this API doesn't "
+                "support models with decoupled transaction policy; use a streaming one (gRPC ModelStreamInfer)"
+            )
         request.version = spec.version
         self.requests += 1
         if is_pipeline(spec):
@@ -151,6 +157,77 @@ class Dispatcher:
             return answer
         finally:
             self.shadows.finish(copy, outputs)
+
+    async def infer_stream(self, request: InferRequest, options: RequestOptions, *, spec: ModelSpec | None = None,
+                           work: Work | None = None) -> AsyncIterator[Answer]:  # fmt: skip
+        """Run one request whose answers may be many (a decoupled model's), yielding them as they come.
+
+        A model that is not decoupled answers once, through :meth:`infer`
+        (retries, shadows and pipelines as usual). A decoupled one goes to one
+        replica, picked as for any request; it is tried on another only while
+        no answer has come (UNAVAILABLE, as :meth:`infer` retries), since
+        answers already sent cannot be taken back. No shadow copy: a stream's
+        answers are not compared.
+        """
+        if spec is None:
+            spec = self.resolve(request.model, request.version)
+        if not spec.decoupled:
+            yield await self.infer(request, options, spec=spec, work=work)
+            return
+        request.version = spec.version
+        self.requests += 1
+        key = (spec.name, spec.version)
+        tried: set[str] = set()
+        attempt = 0
+        self.budget.begin()
+        try:
+            while True:
+                try:
+                    replica = self.router.pick(key, options.priority, tried)
+                except Recovering as coming:
+                    await self._wait_for_recovery(key, options, coming)
+                    continue
+                answers = 0
+                heard = False  # the replica answered something, an error of its own included
+                self.router.sent(replica)
+                started = self.clock()
+                try:
+                    async with contextlib.aclosing(replica.client.infer_stream(request, options, work)) as stream:
+                        async for answer in stream:
+                            if not answers:
+                                self.router.succeeded(replica, key, self.clock() - started)
+                            answers += 1
+                            heard = True
+                            yield answer
+                    return
+                except DeadlineExceeded:
+                    metrics.SCHEDULER_TIMEOUTS.labels(*key).inc()
+                    raise
+                except AIWorksError as exc:
+                    heard = heard or exc.status is not Status.UNAVAILABLE
+                    if exc.status in _REPLICA_FAULTS:
+                        self.router.failed(replica, exc)
+                    if answers or exc.status is not Status.UNAVAILABLE or attempt >= self.policy.max_retries:
+                        raise
+                    # The budget is asked as for any retry (a lost stream's need not), but not held: a stream
+                    # may run for minutes, and the budget bounds retries in flight, not streams.
+                    if not isinstance(exc, StreamLost) and not self.budget.try_retry():
+                        raise Unavailable(f"{exc.message} (not retried: the retry budget is spent)") from None
+                    if not isinstance(exc, StreamLost):
+                        self.budget.retry_done()
+                    error = exc
+                finally:
+                    if heard:
+                        self.router.answered(replica)
+                    else:
+                        replica.outstanding -= 1
+                tried.add(replica.replica_id)
+                log.warning("stream for %s/%s failed on %s (%s); retrying", *key, replica.replica_id, error.message)
+                self.retries[key] = self.retries.get(key, 0) + 1
+                metrics.SCHEDULER_RETRIES.labels(*key).inc()
+                attempt += 1
+        finally:
+            self.budget.end()
 
     async def _pipeline(self, spec: ModelSpec, request: InferRequest, options: RequestOptions,
                         work: Work | None) -> Answer:  # fmt: skip

@@ -10,7 +10,7 @@ from __future__ import annotations
 from aiworks.core.datatypes import Tensor
 from aiworks.core.inference import InferRequest, ModelStatistics
 from aiworks.core.model_config import BatchingConfig, ModelSpec, ModelState, TensorSpec
-from aiworks.core.options import Priority, RequestOptions
+from aiworks.core.options import GATEWAY_PARAMETERS, Priority, RequestOptions
 from aiworks.pb.runtime.v1 import runtime_pb2 as rpb
 
 _STATE_TO_PB = {
@@ -52,6 +52,7 @@ def to_model_spec(msg: rpb.ModelSpec) -> ModelSpec:
         parameters=dict(msg.parameters),
         state=_STATE_FROM_PB.get(msg.state, ModelState.UNAVAILABLE),
         reason=msg.reason,
+        decoupled=msg.decoupled,
     )
 
 
@@ -71,6 +72,7 @@ def from_model_spec(spec: ModelSpec) -> rpb.ModelSpec:
         parameters=spec.parameters,
         state=_STATE_TO_PB[spec.state],
         reason=spec.reason,
+        decoupled=spec.decoupled,
     )
 
 
@@ -100,6 +102,38 @@ def from_options(options: RequestOptions, now_s: float | None = None) -> rpb.Req
     )
 
 
+def to_parameters(params) -> dict:
+    """A protobuf ``map<string, Parameter>`` as plain Python values."""
+    return {name: getattr(p, p.WhichOneof("value")) for name, p in params.items() if p.WhichOneof("value")}
+
+
+def fill_parameters(target, params: dict, skip: frozenset = frozenset()) -> None:
+    """Copy scalar ``params`` (bool, int, float, str) into a protobuf ``map<string, Parameter>``.
+
+    Anything else (a client's nested JSON) has no place in the OIP's
+    parameter types and is left out, as are the names in ``skip``.
+    """
+    for name, value in params.items():
+        if name in skip:
+            continue
+        p = target[name]
+        if isinstance(value, bool):
+            p.bool_param = value
+        elif isinstance(value, int):
+            if -(2**63) <= value < 2**63:
+                p.int64_param = value
+            elif 0 <= value < 2**64:
+                p.uint64_param = value
+            else:
+                del target[name]
+        elif isinstance(value, float):
+            p.double_param = value
+        elif isinstance(value, str):
+            p.string_param = value
+        else:
+            del target[name]
+
+
 def to_infer_request(msg: rpb.InferRequest) -> InferRequest:
     return InferRequest(
         model=msg.model,
@@ -107,13 +141,14 @@ def to_infer_request(msg: rpb.InferRequest) -> InferRequest:
         inputs=[to_tensor(t) for t in msg.inputs],
         outputs=list(msg.outputs),
         id=msg.id,
+        parameters=to_parameters(msg.parameters) if msg.parameters else {},
         tenant=msg.options.tenant,
     )
 
 
 def from_infer_request(req: InferRequest, options: RequestOptions) -> rpb.InferRequest:
     """The message a gateway sends; the deadline becomes the time left now."""
-    return rpb.InferRequest(
+    msg = rpb.InferRequest(
         id=req.id,
         model=req.model,
         version=req.version,
@@ -121,3 +156,6 @@ def from_infer_request(req: InferRequest, options: RequestOptions) -> rpb.InferR
         outputs=req.outputs,
         options=from_options(options),
     )
+    if req.parameters:
+        fill_parameters(msg.parameters, req.parameters, GATEWAY_PARAMETERS)
+    return msg

@@ -36,6 +36,24 @@ class InferResponse:
     # batches), and whether the result cache answered it (docs/tenancy.md, docs/cache.md).
     compute_s: float = 0.0
     cache_hit: bool = False
+    # False on a decoupled model's responses but the last (the OIP's triton_final_response).
+    final: bool = True
+
+
+@dataclass(slots=True)
+class Answer:
+    """A runtime replica's answer to one request (or one of a decoupled model's answers).
+
+    Its outputs, its share of the compute of the batch it ran in, its wait in
+    the replica's queue, response parameters, and whether it is the request's
+    last answer (``final``; a decoupled model's earlier answers have it unset).
+    """
+
+    outputs: list[Tensor]
+    compute_ns: int = 0
+    queue_ns: int = 0
+    parameters: dict = field(default_factory=dict)
+    final: bool = True
 
 
 @dataclass(slots=True)

@@ -94,6 +94,7 @@ class ModelConfig:
     version_policy: VersionPolicy = VersionPolicy()
     graph_optimization_level: int = 0
     parameters: dict[str, str] = field(default_factory=dict)
+    decoupled: bool = False
     # The config in Triton's JSON form, for the model-config endpoint.
     document: dict = field(default_factory=dict)
     # The file it was read from and the SHA-256 of the bytes parsed: a signed
@@ -114,6 +115,7 @@ class ModelConfig:
             parameters=dict(self.parameters),
             state=state,
             reason=reason,
+            decoupled=self.decoupled,
         )
 
 
@@ -132,6 +134,8 @@ class ModelSpec:
     parameters: dict[str, str] = field(default_factory=dict)
     state: ModelState = ModelState.READY
     reason: str = ""
+    # Triton's model_transaction_policy.decoupled: 0..N responses per request, streaming front ends only.
+    decoupled: bool = False
 
     @property
     def ready(self) -> bool:
@@ -212,6 +216,7 @@ def parse_config(text: str, *, fmt: str, model_name: str) -> ModelConfig:
         version_policy=vp,
         graph_optimization_level=int(msg.optimization.graph.level) if msg.HasField("optimization") else 0,
         parameters=params,
+        decoupled=bool(msg.model_transaction_policy.decoupled),
         document=json_format.MessageToDict(msg, preserving_proto_field_name=True),
     )
 

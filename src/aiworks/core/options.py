@@ -102,6 +102,11 @@ def parse_timeout_us(value) -> int:
     return value
 
 
+# OIP request parameters the gateway consumes; the others travel to the runtime for the model
+# (aiworks.runtime.v1.InferRequest.parameters): sequence flags, sampling settings.
+GATEWAY_PARAMETERS = frozenset({"priority", "timeout", "binary_data_output"})
+
+
 @dataclass(slots=True)
 class RequestOptions:
     """What the services need of a request besides its tensors; see the module docstring."""

@@ -20,15 +20,23 @@ travels alone. An idle stream adds no delay; a busy one makes one write for
 many messages. The price is one copy of each message into its frame, made by
 protobuf's C runtime (a memcpy of tensor bytes), and ``ByteSize`` of each
 message packed with others.
+
+**Many replies, and cancellation.** A request may have several replies (a
+decoupled model's tokens): each but the last has ``more`` set, and
+:meth:`MultiplexedStream.open` iterates them. A caller that stops waiting
+sends the request's ``stream_id`` in the ``cancel`` list of a frame, and the
+server cancels the task serving it, so a queued request leaves its queue and a
+generation stops at its next step.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import inspect
 import itertools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
@@ -74,22 +82,36 @@ class Outbox:
         self._on_error = on_error
         self._max_frame_bytes = max_frame_bytes
         self._queued: dict[int, object] = {}
+        # Only frames with a ``cancel`` list can carry cancellations (the runtime's; not the cache's).
+        self._can_cancel = "cancel" in frame_type.DESCRIPTOR.fields_by_name
+        self._cancels: list[int] = []
         self._writer: asyncio.Task | None = None
         self.frames = 0  # frames written (tests and benchmarks read it)
         self.messages = 0
 
     def put(self, key: int, message) -> None:
         self._queued[key] = message
+        self._wake()
+
+    def _wake(self) -> None:
         if self._writer is None:
             # Not in the context of whichever call happened to start it (its trace, for one).
             self._writer = asyncio.get_running_loop().create_task(self._drain(), context=contextvars.Context())
 
-    def discard(self, key: int) -> None:
-        self._queued.pop(key, None)
+    def discard(self, key: int) -> bool:
+        """Take back a message not written yet; False when it has left already."""
+        return self._queued.pop(key, None) is not None
+
+    def cancel(self, key: int) -> None:
+        """The caller of message ``key`` went away: take it back, or tell the peer in the next frame."""
+        if not self.discard(key) and self._can_cancel:
+            self._cancels.append(key)
+            self._wake()
 
     def clear(self) -> None:
         """Drop every message not written yet (the stream broke)."""
         self._queued.clear()
+        self._cancels.clear()
 
     async def drained(self) -> None:
         """Wait until everything queued has been written (or the writer failed)."""
@@ -115,9 +137,14 @@ class Outbox:
 
     async def _drain(self) -> None:
         try:
-            while self._queued:
+            while self._queued or self._cancels:
                 items = self._take()
-                await self._write(self._frame_type(items=items))
+                if self._cancels:
+                    cancels, self._cancels = self._cancels, []
+                    frame = self._frame_type(items=items, cancel=cancels)
+                else:
+                    frame = self._frame_type(items=items)
+                await self._write(frame)
                 self.frames += 1
                 self.messages += len(items)
         except BaseException as exc:  # noqa: BLE001 - the queue's callers learn of it through on_error
@@ -153,6 +180,69 @@ def error_fields(exc: BaseException) -> tuple[int, str]:
     return Status.INTERNAL.grpc_code.value[0], f"internal error: {type(exc).__name__}: {exc}"
 
 
+class ReplyStream:
+    """The replies to one request that may have many: ``async for reply in stream``.
+
+    Every reply is yielded, the last one (``more`` unset) included; an error
+    reply raises its error and ends the stream. Leaving early (``aclose``, a
+    ``break`` inside ``async with``, cancellation) cancels the request at the
+    peer. Each reply must come within ``idle_timeout_s`` of the one before.
+    """
+
+    def __init__(self, owner: MultiplexedStream, stream_id: int, idle_timeout_s: float):
+        self._owner = owner
+        self.stream_id = stream_id
+        self._idle_timeout_s = idle_timeout_s
+        self._replies: asyncio.Queue = asyncio.Queue()
+        self.done = False
+
+    def push(self, reply) -> None:
+        self._replies.put_nowait(reply)
+
+    def fail(self, error: BaseException) -> None:
+        self._replies.put_nowait(error)
+
+    def __aiter__(self) -> ReplyStream:
+        return self
+
+    async def __anext__(self):
+        if self.done:
+            raise StopAsyncIteration
+        try:
+            async with asyncio.timeout(self._idle_timeout_s):
+                reply = await self._replies.get()
+        except TimeoutError:
+            await self.aclose()
+            raise DeadlineExceeded(
+                f"{self._owner.peer} sent nothing for {self._idle_timeout_s:g} s in a streamed answer"
+            ) from None
+        if isinstance(reply, BaseException):
+            self._finish()
+            raise reply
+        if reply.error_code:
+            self._finish()
+            raise reply_error(reply)
+        if not reply.more:
+            self._finish()
+        return reply
+
+    def _finish(self) -> None:
+        self.done = True
+        self._owner._pending.pop(self.stream_id, None)
+
+    async def aclose(self) -> None:
+        """Stop: the peer is told to cancel the request unless its last reply came already."""
+        if not self.done:
+            self._finish()
+            self._owner._cancel(self.stream_id)
+
+    async def __aenter__(self) -> ReplyStream:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+
 class MultiplexedStream:
     """Client side: ``await call(message, timeout_s)`` sends one message and waits for its answer.
 
@@ -176,7 +266,7 @@ class MultiplexedStream:
         self._call: grpc.aio.StreamStreamCall | None = None
         self._reader: asyncio.Task | None = None
         self._outbox: Outbox | None = None
-        self._pending: dict[int, asyncio.Future] = {}
+        self._pending: dict[int, asyncio.Future | ReplyStream] = {}
         self._ids = itertools.count(1)
         self.frames_received = 0
 
@@ -244,10 +334,29 @@ class MultiplexedStream:
         def done(_) -> None:
             timer.cancel()
             self._pending.pop(stream_id, None)
-            outbox.discard(stream_id)  # not written yet: nobody waits for it now
+            if future.cancelled() or isinstance(future.exception(), DeadlineExceeded):
+                outbox.cancel(stream_id)  # nobody waits for it now: the peer drops it (or it is never sent)
 
         future.add_done_callback(done)
         return future
+
+    def open(self, message, idle_timeout_s: float) -> ReplyStream:
+        """Send one message whose replies may be many; iterate the returned stream (see :class:`ReplyStream`)."""
+        stream_id = next(self._ids)
+        message.stream_id = stream_id
+        replies = ReplyStream(self, stream_id, idle_timeout_s)
+        self._pending[stream_id] = replies
+        try:
+            outbox = self._ensure_open()
+        except grpc.aio.UsageError:  # the channel was closed under us
+            replies.fail(Unavailable(f"stream to {self.peer} is closed"))
+            return replies
+        outbox.put(stream_id, message)
+        return replies
+
+    def _cancel(self, stream_id: int) -> None:
+        if self._outbox is not None and self._call is not None:
+            self._outbox.cancel(stream_id)
 
     async def _read(self, call) -> None:
         error: AIWorksError = Unavailable(f"{self.peer} closed the stream")
@@ -255,9 +364,15 @@ class MultiplexedStream:
             async for frame in call:
                 self.frames_received += 1
                 for reply in frame.items:
-                    future = self._pending.get(reply.stream_id)
-                    if future is not None and not future.done():
-                        future.set_result(reply)
+                    waiter = self._pending.get(reply.stream_id)
+                    if waiter is None:
+                        continue
+                    if isinstance(waiter, ReplyStream):
+                        waiter.push(reply)
+                        if not reply.more or reply.error_code:
+                            self._pending.pop(reply.stream_id, None)
+                    elif not waiter.done():
+                        waiter.set_result(reply)
         except grpc.aio.AioRpcError as exc:
             error = from_rpc_error(exc, self.peer)
             if error.status is not Status.UNAVAILABLE:
@@ -283,9 +398,11 @@ class MultiplexedStream:
         call.cancel()
         if self._outbox is not None:
             self._outbox.clear()
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(StreamLost(error.message))
+        for waiter in list(self._pending.values()):
+            if isinstance(waiter, ReplyStream):
+                waiter.fail(StreamLost(error.message))
+            elif not waiter.done():
+                waiter.set_exception(StreamLost(error.message))
 
     async def close(self) -> None:
         reader = self._reader
@@ -297,38 +414,66 @@ class MultiplexedStream:
 async def serve_stream(
     request_iterator,
     context: grpc.aio.ServicerContext,
-    handle: Callable[[object], Awaitable[object]],
+    handle: Callable[[object], Awaitable[object] | AsyncIterator[object]],
     make_error: Callable[[int, str], object],
     reply_frame_type,
 ) -> None:
-    """Server side: handle every message of every frame concurrently; answers leave in frames as they are ready."""
-    tasks: set[asyncio.Task] = set()
+    """Server side: handle every message of every frame concurrently; answers leave in frames as they are ready.
+
+    ``handle`` returns an awaitable of one reply, or an async iterator of
+    several (each but the last with ``more`` set; if the last one yielded
+    still has it, an empty final reply, ``make_error(0, "")``, follows). A
+    frame's ``cancel`` list cancels the tasks serving those requests; a
+    cancelled request gets no reply.
+    """
+    running: dict[int, asyncio.Task] = {}
+    keys = itertools.count()
     # A failed write means the caller went away; nobody is left to answer.
     outbox = Outbox(reply_frame_type, context.write, lambda exc: None)
+
+    def put(stream_id: int, reply) -> None:
+        reply.stream_id = stream_id
+        outbox.put(next(keys), reply)
 
     async def one(request) -> None:
         stream_id = request.stream_id
         try:
-            reply = await handle(request)
+            result = handle(request)
+            if inspect.isawaitable(result):
+                put(stream_id, await result)
+                return
+            more = True
+            try:
+                async for reply in result:
+                    more = reply.more
+                    put(stream_id, reply)
+                    if not more:
+                        break
+            finally:
+                await result.aclose()
+            if more:
+                put(stream_id, make_error(0, ""))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             if not isinstance(exc, AIWorksError):
                 log.exception("unhandled error on a stream")
-            reply = make_error(*error_fields(exc))
-        reply.stream_id = stream_id
-        outbox.put(stream_id, reply)
+            put(stream_id, make_error(*error_fields(exc)))
 
     loop = asyncio.get_running_loop()
     try:
         async for frame in request_iterator:
             for request in frame.items:
                 task = loop.create_task(one(request))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.gather(*list(tasks), return_exceptions=True)
+                running[request.stream_id] = task
+                task.add_done_callback(lambda _, sid=request.stream_id: running.pop(sid, None))
+            for stream_id in getattr(frame, "cancel", ()):
+                task = running.get(stream_id)
+                if task is not None:
+                    task.cancel()
+        if running:
+            await asyncio.gather(*list(running.values()), return_exceptions=True)
         await outbox.drained()
     finally:
-        for task in list(tasks):
+        for task in list(running.values()):
             task.cancel()

@@ -51,7 +51,7 @@ class BatchingSpec(_message.Message):
     def __init__(self, enabled: _Optional[bool] = ..., max_queue_delay_us: _Optional[int] = ..., preferred_batch_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ModelSpec(_message.Message):
-    __slots__ = ("name", "version", "platform", "max_batch_size", "inputs", "outputs", "batching", "instance_count", "parameters", "state", "reason")
+    __slots__ = ("name", "version", "platform", "max_batch_size", "inputs", "outputs", "batching", "instance_count", "parameters", "state", "reason", "decoupled")
     class ParametersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +70,7 @@ class ModelSpec(_message.Message):
     PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    DECOUPLED_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     platform: str
@@ -81,7 +82,22 @@ class ModelSpec(_message.Message):
     parameters: _containers.ScalarMap[str, str]
     state: ModelState
     reason: str
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., platform: _Optional[str] = ..., max_batch_size: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., batching: _Optional[_Union[BatchingSpec, _Mapping]] = ..., instance_count: _Optional[int] = ..., parameters: _Optional[_Mapping[str, str]] = ..., state: _Optional[_Union[ModelState, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+    decoupled: bool
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., platform: _Optional[str] = ..., max_batch_size: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., batching: _Optional[_Union[BatchingSpec, _Mapping]] = ..., instance_count: _Optional[int] = ..., parameters: _Optional[_Mapping[str, str]] = ..., state: _Optional[_Union[ModelState, str]] = ..., reason: _Optional[str] = ..., decoupled: _Optional[bool] = ...) -> None: ...
+
+class Parameter(_message.Message):
+    __slots__ = ("bool_param", "int64_param", "string_param", "double_param", "uint64_param")
+    BOOL_PARAM_FIELD_NUMBER: _ClassVar[int]
+    INT64_PARAM_FIELD_NUMBER: _ClassVar[int]
+    STRING_PARAM_FIELD_NUMBER: _ClassVar[int]
+    DOUBLE_PARAM_FIELD_NUMBER: _ClassVar[int]
+    UINT64_PARAM_FIELD_NUMBER: _ClassVar[int]
+    bool_param: bool
+    int64_param: int
+    string_param: str
+    double_param: float
+    uint64_param: int
+    def __init__(self, bool_param: _Optional[bool] = ..., int64_param: _Optional[int] = ..., string_param: _Optional[str] = ..., double_param: _Optional[float] = ..., uint64_param: _Optional[int] = ...) -> None: ...
 
 class RequestOptions(_message.Message):
     __slots__ = ("priority", "timeout_us", "tenant", "request_id", "trace_context")
@@ -105,7 +121,14 @@ class RequestOptions(_message.Message):
     def __init__(self, priority: _Optional[int] = ..., timeout_us: _Optional[int] = ..., tenant: _Optional[str] = ..., request_id: _Optional[str] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class InferRequest(_message.Message):
-    __slots__ = ("stream_id", "model", "version", "inputs", "outputs", "id", "options")
+    __slots__ = ("stream_id", "model", "version", "inputs", "outputs", "id", "options", "parameters")
+    class ParametersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Parameter
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Parameter, _Mapping]] = ...) -> None: ...
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +136,7 @@ class InferRequest(_message.Message):
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     stream_id: int
     model: str
     version: str
@@ -120,10 +144,18 @@ class InferRequest(_message.Message):
     outputs: _containers.RepeatedScalarFieldContainer[str]
     id: str
     options: RequestOptions
-    def __init__(self, stream_id: _Optional[int] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., outputs: _Optional[_Iterable[str]] = ..., id: _Optional[str] = ..., options: _Optional[_Union[RequestOptions, _Mapping]] = ...) -> None: ...
+    parameters: _containers.MessageMap[str, Parameter]
+    def __init__(self, stream_id: _Optional[int] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., outputs: _Optional[_Iterable[str]] = ..., id: _Optional[str] = ..., options: _Optional[_Union[RequestOptions, _Mapping]] = ..., parameters: _Optional[_Mapping[str, Parameter]] = ...) -> None: ...
 
 class InferResponse(_message.Message):
-    __slots__ = ("stream_id", "outputs", "error_code", "error_message", "retry_after_s", "compute_us", "queue_us")
+    __slots__ = ("stream_id", "outputs", "error_code", "error_message", "retry_after_s", "compute_us", "queue_us", "more", "parameters")
+    class ParametersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Parameter
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Parameter, _Mapping]] = ...) -> None: ...
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +163,8 @@ class InferResponse(_message.Message):
     RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_US_FIELD_NUMBER: _ClassVar[int]
     QUEUE_US_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     stream_id: int
     outputs: _containers.RepeatedCompositeFieldContainer[Tensor]
     error_code: int
@@ -138,13 +172,17 @@ class InferResponse(_message.Message):
     retry_after_s: float
     compute_us: int
     queue_us: int
-    def __init__(self, stream_id: _Optional[int] = ..., outputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., retry_after_s: _Optional[float] = ..., compute_us: _Optional[int] = ..., queue_us: _Optional[int] = ...) -> None: ...
+    more: bool
+    parameters: _containers.MessageMap[str, Parameter]
+    def __init__(self, stream_id: _Optional[int] = ..., outputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., retry_after_s: _Optional[float] = ..., compute_us: _Optional[int] = ..., queue_us: _Optional[int] = ..., more: _Optional[bool] = ..., parameters: _Optional[_Mapping[str, Parameter]] = ...) -> None: ...
 
 class InferRequestFrame(_message.Message):
-    __slots__ = ("items",)
+    __slots__ = ("items", "cancel")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[InferRequest]
-    def __init__(self, items: _Optional[_Iterable[_Union[InferRequest, _Mapping]]] = ...) -> None: ...
+    cancel: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, items: _Optional[_Iterable[_Union[InferRequest, _Mapping]]] = ..., cancel: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class InferResponseFrame(_message.Message):
     __slots__ = ("items",)
