@@ -199,7 +199,8 @@ class RuntimeDataPlane:
                     size_bytes=size,
                     load_requested_ns=requested_ns,
                 )
-                if self.warmup:
+                # A decoupled or stateful model cannot take an invented batch (no run, or control inputs to fill).
+                if self.warmup and not (config.decoupled or config.sequence):
                     try:
                         stats.warmup_ns = await self._warm_up(version_loaded, completed)
                     except Exception as exc:
@@ -395,6 +396,10 @@ class RuntimeDataPlane:
         if config.inputs and config.outputs:
             return config
         inputs, outputs = model.io_specs(config.max_batch_size > 0)
+        if config.sequence is not None:  # controls and state are the sequence batcher's, not the client's
+            hidden = config.sequence.hidden_inputs | {s.output_name for s in config.sequence.states}
+            inputs = tuple(t for t in inputs if t.name not in hidden)
+            outputs = tuple(t for t in outputs if t.name not in hidden)
         return replace(config, inputs=config.inputs or inputs, outputs=config.outputs or outputs)
 
     # ---- queries -----------------------------------------------------------------------------
@@ -540,7 +545,9 @@ class RuntimeDataPlane:
     async def _run_loaded(self, name: str, loaded: LoadedVersion, model, inputs, outputs, entered_ns: int):
         spec = loaded.spec
         feeds = _feeds(inputs)
-        declared_out = {o.name: o for o in spec.outputs}  # output names were checked when the requests arrived
+        declared_out = {o.name: o.datatype for o in spec.outputs}  # output names were checked on arrival
+        if spec.sequence is not None:  # implicit state leaves the model as outputs the client may not see
+            declared_out.update((s.output_name, s.datatype) for s in spec.sequence.states)
         names = list(outputs) or [o.name for o in spec.outputs]
         rows = inputs[0].shape[0] if inputs and spec.max_batch_size > 0 else 1
         stats = loaded.stats
@@ -584,7 +591,7 @@ class RuntimeDataPlane:
         stats.last_inference_ms = int(time.time() * 1000)
         out = []
         for out_name, array in zip(names, results):
-            datatype = declared_out[out_name].datatype
+            datatype = declared_out[out_name]
             out.append(Tensor(out_name, datatype, tuple(int(d) for d in array.shape), encode(np.asarray(array), datatype)))
         if loaded.first_request_pending:
             loaded.first_request_pending = False
