@@ -37,7 +37,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
 from aiworks.core import metrics
-from aiworks.core.errors import AIWorksError, DeadlineExceeded, InvalidArgument, Status, StreamLost, Unavailable
+from aiworks.core.errors import AIWorksError, DeadlineExceeded, Status, StreamLost, Unavailable
 from aiworks.core.inference import InferRequest
 from aiworks.core.model_config import ModelSpec, check_inputs
 from aiworks.core.options import Priority, RequestOptions
@@ -143,9 +143,10 @@ class Dispatcher:
         if spec is None:
             spec = self.resolve(request.model, request.version)
         if spec.decoupled:
-            raise InvalidArgument(
+            raise AIWorksError(
                 f"model '{spec.name}' is decoupled (it may send several responses per request): this API doesn't "
-                "support models with decoupled transaction policy; use a streaming one (gRPC ModelStreamInfer)"
+                "support models with decoupled transaction policy; use a streaming one (gRPC ModelStreamInfer)",
+                Status.UNIMPLEMENTED,
             )
         request.version = spec.version
         self.requests += 1

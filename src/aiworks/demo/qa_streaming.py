@@ -10,6 +10,10 @@
   models do exactly this; its client examples expect it).
 - ``simple_dyna_sequence``: the oldest strategy with ``START``, ``END``,
   ``READY`` and a UINT64 ``CORRID``: ``READY ? INPUT + START + END * CORRID : 0``.
+- ``simple_string_dyna_sequence``: string correlation ids (a ``TYPE_STRING``
+  ``CORRID``, which must read as an integer), a running sum kept as implicit
+  state, the correlation id added at the end:
+  ``ACC = (START ? 0 : ACC) + INPUT + END * int(CORRID)``; ``OUTPUT = ACC``.
 - ``accumulator``: a real running sum kept as implicit state:
   ``OUTPUT = ACC = (START ? 0 : ACC) + INPUT``, the state ``ACC`` starting at
   zero (``initial_state { zero_data: true }``). One sequence = one running
@@ -74,6 +78,31 @@ sequence_batching {
 input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 instance_group [ { count: 2 kind: KIND_CPU } ]
+"""
+
+SIMPLE_STRING_DYNA_SEQUENCE_CONFIG = """\
+name: "simple_string_dyna_sequence"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+default_model_filename: "string_dyna.onnx"
+sequence_batching {
+  max_sequence_idle_microseconds: 10000000
+  oldest { max_candidate_sequences: 64 max_queue_delay_microseconds: 1000 }
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "END" control [ { kind: CONTROL_SEQUENCE_END int32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_STRING } ] }
+  ]
+  state [
+    {
+      input_name: "ACC" output_name: "ACC_OUT" data_type: TYPE_INT32 dims: [ 1 ]
+      initial_state { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true name: "zero" }
+    }
+  ]
+}
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
 """
 
 
@@ -183,6 +212,26 @@ def accumulator_onnx() -> bytes:
     return _graph("accumulator", inputs, [_int32("OUTPUT"), _int32("ACC_OUT")], nodes, [zero])
 
 
+def string_dyna_onnx() -> bytes:
+    """``ACC_OUT = (START ? 0 : ACC) + INPUT + END * int(CORRID)``; ``OUTPUT = ACC_OUT``."""
+    from onnx import TensorProto, helper, numpy_helper
+    import numpy as np
+
+    zero = numpy_helper.from_array(np.zeros((1, 1), dtype=np.int32), "zero")
+    nodes = [
+        helper.make_node("Cast", ["CORRID"], ["corrid"], to=TensorProto.INT32),
+        helper.make_node("Mul", ["END", "corrid"], ["last"]),
+        helper.make_node("Equal", ["START", "zero"], ["going_on"]),
+        helper.make_node("Where", ["going_on", "ACC", "zero"], ["carried"]),
+        helper.make_node("Add", ["carried", "INPUT"], ["sum"]),
+        helper.make_node("Add", ["sum", "last"], ["ACC_OUT"]),
+        helper.make_node("Identity", ["ACC_OUT"], ["OUTPUT"]),
+    ]
+    inputs = [_int32("INPUT"), _int32("START"), _int32("END"), _int32("ACC"),
+              helper.make_tensor_value_info("CORRID", TensorProto.STRING, [None, 1])]  # fmt: skip
+    return _graph("simple_string_dyna_sequence", inputs, [_int32("OUTPUT"), _int32("ACC_OUT")], nodes, [zero])
+
+
 def _write(target: Path, name: str, config: str, files: dict[str, bytes]) -> None:
     version = target / name / "1"
     version.mkdir(parents=True, exist_ok=True)
@@ -197,6 +246,9 @@ BUILDERS = {
                                         {"model.onnx": simple_sequence_onnx()}),
     "simple_dyna_sequence": lambda t: _write(t, "simple_dyna_sequence", SIMPLE_DYNA_SEQUENCE_CONFIG,
                                              {"model.onnx": simple_sequence_onnx(dyna=True)}),
+    "simple_string_dyna_sequence": lambda t: _write(t, "simple_string_dyna_sequence",
+                                                    SIMPLE_STRING_DYNA_SEQUENCE_CONFIG,
+                                                    {"string_dyna.onnx": string_dyna_onnx()}),
     "accumulator": lambda t: _write(t, "accumulator", accumulator_config(), {"accumulator.onnx": accumulator_onnx()}),
     "accumulator_stateless": lambda t: _write(t, "accumulator_stateless", accumulator_stateless_config(),
                                               {"accumulator.onnx": accumulator_onnx()}),
