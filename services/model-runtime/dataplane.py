@@ -163,6 +163,9 @@ class RuntimeDataPlane:
             backend = BACKENDS.get(config.backend)
             if backend is None:
                 raise InvalidArgument(f"model '{name}': backend '{config.backend}' is not available on this replica")
+            # The sequence batcher runs batches through run(); a remote tritonserver would keep sequences itself.
+            if config.sequence is not None and (config.backend == "triton" or getattr(backend, "decoupled", False)):
+                raise InvalidArgument(f"model '{name}': sequence_batching is not supported by backend '{config.backend}'")
             wanted = config.version_policy.select(list(entry.versions))
             if not wanted:
                 raise NotFound(f"model '{name}' has no version folder that its version policy selects")
@@ -520,11 +523,22 @@ class RuntimeDataPlane:
         if stream is None:
             raise Unavailable(f"model '{name}' version {version} is decoupled, but its backend cannot stream")
         loaded.enter()
+        stats = loaded.stats
+        started = time.perf_counter_ns()
+        failed = True
         try:
             async for answer in stream(request, options):
                 yield answer
+            failed = False
         finally:
             loaded.leave()
+            # Counted as Triton counts a decoupled model: one execution of one request, however many answers.
+            stats.inference_count += 1
+            stats.execution_count += 1
+            stats.failure_count += failed
+            stats.success_count += not failed
+            stats.compute_ns += time.perf_counter_ns() - started
+            stats.last_inference_ms = int(time.time() * 1000)
 
     async def _execute(self, name: str, version: str, inputs: list[Tensor], outputs: list[str]):
         entered_ns = time.perf_counter_ns()

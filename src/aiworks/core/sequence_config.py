@@ -126,6 +126,10 @@ def parse_sequence_batching(msg, model_name: str, max_batch_size: int) -> Sequen
         return None
     where = f"model '{model_name}' config: sequence_batching"
     sb = msg.sequence_batching
+    if sb.iterative_sequence:
+        raise InvalidArgument(f"{where}: iterative_sequence is not supported")
+    if msg.model_transaction_policy.decoupled:
+        raise InvalidArgument(f"{where}: a decoupled model cannot also be a sequence model here")
     controls = tuple(_control(entry, where) for entry in sb.control_input)
     kinds = [c.kind for c in controls]
     if len(set(kinds)) != len(kinds):
