@@ -532,6 +532,12 @@ def spec_to_triton_config(spec: ModelSpec) -> dict:
         "instance_group": [{"count": spec.instance_count, "kind": "KIND_CPU"}],
         "parameters": {k: {"string_value": v} for k, v in spec.parameters.items()},
     }
+    if spec.decoupled:  # clients (perf_analyzer, for one) read it to choose streaming
+        config["model_transaction_policy"] = {"decoupled": True}
+    if spec.sequence is not None:
+        config["sequence_batching"] = {
+            "max_sequence_idle_microseconds": spec.sequence.max_idle_us, spec.sequence.strategy: {}
+        }
     if spec.batching.enabled:
         config["dynamic_batching"] = {
             "preferred_batch_size": list(spec.batching.preferred_batch_sizes),

@@ -8,6 +8,8 @@ settings. For each request (:meth:`Dispatcher.infer`):
   weights (smooth weighted round robin, exact over every window), else the
   latest ready one;
 - **pipelines** run step by step here, each step a request of its own;
+- **sequences** of a stateful model go to the replica that holds them
+  (:mod:`~aiworks.scheduler.sequence_routing`), never retried elsewhere;
 - **shadow**: a sampled copy goes to the shadow version, whose answer is
   compared with the primary's and discarded;
 - **replica**: :class:`~aiworks.scheduler.router.Router`;

@@ -181,6 +181,9 @@ def test_one_answer_apis_refuse_a_decoupled_model_with_tritons_words(grpc_client
         http_client.infer("repeat_int32", repeat_inputs(httpclient, [1]))
     assert over_http.value.status() == "501"
     assert "HTTP end point doesn't support models with decoupled transaction policy" in over_http.value.message()
+    # The model config tells clients so (perf_analyzer reads it to choose streaming), and which models keep state.
+    assert grpc_client.get_model_config("repeat_int32").config.model_transaction_policy.decoupled
+    assert grpc_client.get_model_config("accumulator").config.sequence_batching.HasField("oldest")
 
 
 def runtime_requests(suite, status: str) -> float:

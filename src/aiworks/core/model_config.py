@@ -16,7 +16,9 @@ Settings the suite reads (all standard Triton fields):
 - ``version_policy``: ``latest { num_versions }``, ``all {}`` or ``specific { versions }``;
 - ``optimization { graph { level } }``: ONNX Runtime graph optimization
   (-1 basic, 1 extended, 0 or unset all), as in Triton's onnxruntime backend;
-- ``parameters { key: "intra_op_thread_count" ... }``: ONNX Runtime threads.
+- ``parameters { key: "intra_op_thread_count" ... }``: ONNX Runtime threads;
+- ``model_transaction_policy { decoupled }`` and ``sequence_batching``
+  (:mod:`aiworks.core.sequence_config`; docs/sequences.md).
 """
 
 from __future__ import annotations
