@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Awaitable, Callable, TypeVar
 
-from aiworks.cache.breaker import CircuitBreaker
+from aiworks.core.breaker import CircuitBreaker
 from aiworks.cache.store import STORED, TOO_LARGE, Store, StoreError
 from aiworks.core.errors import Unavailable
 

@@ -12,7 +12,7 @@ from aiworks.cache.servicer import CALLERS_BY_METHOD, CacheServicer
 from aiworks.cache.settings import CacheSettings
 from aiworks.cache.store import MemoryStore, Store
 from aiworks.core import metrics
-from aiworks.core.lifecycle import stop_event
+from aiworks.core.lifecycle import settle_memory, stop_event
 from aiworks.core.looplag import start_loop_lag_probe
 from aiworks.core.rpc import add_port, create_server, set_serving
 from aiworks.core.tracing import setup_tracing, shutdown_tracing
@@ -91,6 +91,7 @@ async def serve(settings: CacheSettings) -> None:
         dataplane.store.name,
         f" (metrics on :{metrics_port})" if exposition else "",
     )
+    settle_memory()  # started: what exists now lives as long as the process
     await stop.wait()
     log.info("cache stopping")
     await set_serving(health, False)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiworks.gateway.auth import Authenticator, Headers, Principal
-from aiworks.gateway.cache_client import CacheClient
+from aiworks.cache.client import CacheClient
 from aiworks.gateway.filters import InputFilter, InputLimits
 from aiworks.gateway.limits import Admission, TenantLimiter
 from aiworks.gateway.masking import MaskingPolicies

@@ -55,7 +55,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import redis.asyncio as redis
-from aiworks.cache.breaker import CircuitBreaker
+from aiworks.core.breaker import CircuitBreaker
 from aiworks.gateway.redis_pipe import RedisPipe
 from aiworks.gateway.tenancy import Tenant
 from redis.exceptions import NoScriptError, RedisError

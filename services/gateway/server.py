@@ -10,12 +10,12 @@ import uvicorn
 from tritonclient.grpc import service_pb2_grpc
 
 from aiworks.core.errors import AIWorksError
-from aiworks.core.lifecycle import stop_event
+from aiworks.core.lifecycle import settle_memory, stop_event
 from aiworks.core.looplag import start_loop_lag_probe
 from aiworks.core.metrics import serve_metrics_or_warn, stop_metrics
 from aiworks.core.rpc import add_port, create_server, set_serving, use_process_caller
 from aiworks.core.tracing import setup_tracing, shutdown_tracing
-from aiworks.gateway.cache_client import CacheClient
+from aiworks.cache.client import CacheClient
 from aiworks.gateway.dataplane import GatewayDataPlane, Tenancy
 from aiworks.gateway.grpc_servicer import InferenceServicer
 from aiworks.gateway.http_app import create_app
@@ -114,6 +114,7 @@ async def serve(settings: GatewaySettings) -> None:
         settings.cache_address or "off",
         metrics_port or "off",
     )
+    settle_memory()  # started: what exists now lives as long as the process
     await stop.wait()
     log.info("gateway stopping")
     await set_serving(health, False)

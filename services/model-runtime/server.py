@@ -17,7 +17,7 @@ from aiworks.runtime.servicer import CALLERS_BY_METHOD, RuntimeServicer
 from aiworks.runtime.settings import RuntimeSettings
 
 from aiworks.core.errors import AIWorksError
-from aiworks.core.lifecycle import stop_event
+from aiworks.core.lifecycle import settle_memory, stop_event
 from aiworks.core.looplag import start_loop_lag_probe
 from aiworks.core.metrics import on_loop, serve_metrics_or_warn, stop_metrics
 from aiworks.core.rpc import add_port, client_channel, create_server, set_serving, use_process_caller
@@ -223,6 +223,7 @@ async def serve(settings: RuntimeSettings) -> None:
         follower = asyncio.create_task(_follow_backend_health(dataplane, health))
         log.info("runtime %s ready with %d model version(s)", replica_id, len(dataplane.ready_specs()))
 
+    settle_memory()  # started: what exists now lives as long as the process
     await stop.wait()
     log.info("runtime %s stopping", replica_id)
     await set_serving(health, False)

@@ -28,7 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from aiworks.core.errors import AIWorksError, InvalidArgument
 from aiworks.core.looplag import start_loop_lag_probe
-from aiworks.core.lifecycle import stop_event
+from aiworks.core.lifecycle import settle_memory, stop_event
 from aiworks.security.callers import CallerAuth, check_control_request, own_caller, read_secret
 
 log = logging.getLogger("aiworks.monitor")
@@ -228,6 +228,7 @@ async def serve(settings: MonitorSettings) -> None:
     lag = start_loop_lag_probe("monitor")
     loop_task = asyncio.create_task(controller.run(stop))
     rollout_task = asyncio.create_task(rollouts.run(stop))
+    settle_memory()  # started: what exists now lives as long as the process
     await stop.wait()
     log.info("monitor stopping")
     lag.stop()

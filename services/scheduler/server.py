@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from aiworks.core.lifecycle import stop_event
+from aiworks.core.lifecycle import settle_memory, stop_event
 from aiworks.core.looplag import start_loop_lag_probe
 from aiworks.core.metrics import on_loop, serve_metrics_or_warn, stop_metrics
 from aiworks.core.rpc import add_port, create_server, set_serving, use_process_caller
@@ -57,6 +57,7 @@ async def serve(settings: SchedulerSettings) -> None:
         callers.auth.describe,
         metrics_port or "off",
     )
+    settle_memory()  # started: what exists now lives as long as the process
     await stop.wait()
     log.info("scheduler stopping")
     await set_serving(health, False)

@@ -392,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_security_parsers(sub)
     add_storage_parser(sub)
     add_kube_parser(sub)
-    from aiworks.tenancy_cli import add_tenancy_parsers
+    from aiworks.gateway.cli import add_tenancy_parsers
     add_tenancy_parsers(sub)
     from aiworks.probe import add_probe_parser
     add_probe_parser(sub)

@@ -7,11 +7,11 @@ import time
 
 import numpy as np
 import pytest
-from aiworks.cache.breaker import CircuitBreaker
+from aiworks.core.breaker import CircuitBreaker
 from aiworks.cache.dataplane import CacheDataPlane
 from aiworks.cache.servicer import CacheServicer
 from aiworks.cache.store import MemoryStore
-from aiworks.gateway.cache_client import CacheClient
+from aiworks.cache.client import CacheClient
 
 from aiworks.core.datatypes import Tensor
 from aiworks.core.inference import InferRequest, InferResponse

@@ -16,7 +16,7 @@ from aiworks.gateway.settings import GatewaySettings
 from aiworks.gateway.tenancy import load_tenancy
 
 from aiworks.core.errors import AIWorksError, InvalidArgument, NotFound, Status, Unavailable
-from aiworks.tenancy_cli import format_report
+from aiworks.gateway.cli import format_report
 
 
 def test_demo_mode_without_a_tenants_file(monkeypatch):

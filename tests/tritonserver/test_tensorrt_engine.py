@@ -1,4 +1,4 @@
-"""aiworks.runtime.tensorrt.build_engine: checks that run anywhere, and a real build where TensorRT and a GPU are."""
+"""aiworks.lifecycle.tensorrt_build.build_engine: checks that run anywhere, and a real build where TensorRT and a GPU are."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from aiworks.runtime.tensorrt import TensorRTUnavailable, build_engine
+from aiworks.lifecycle.tensorrt_build import TensorRTUnavailable, build_engine
 
 HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
 HAS_GPU = Path("/dev/nvidiactl").exists()

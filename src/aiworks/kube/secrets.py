@@ -114,7 +114,7 @@ def ensure_certificates(api: KubeAPI, plan: Plan, log: Callable[[str], None]) ->
 
 def ensure_api_key(api: KubeAPI, plan: Plan, log: Callable[[str], None]) -> bool:
     """The first API key, for ``plan.api_key_tenant``, unless the Secret exists; True when made."""
-    from aiworks.gateway.auth import generate_api_key
+    from aiworks.gateway.cli import new_api_key as generate_api_key
 
     name = f"{plan.prefix}-api-keys"
     if api.get_secret(name) is not None:

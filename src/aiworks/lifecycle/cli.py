@@ -69,7 +69,7 @@ def _eval_data(spec: str, model_path: Path, calibration: str | None):
 def cmd_optimize_tensorrt(args) -> None:
     from aiworks.lifecycle.layout import find_onnx
     from aiworks.lifecycle.tensorrt_plan import build_plan_folder, parse_profile
-    from aiworks.runtime.tensorrt import TensorRTUnavailable
+    from aiworks.lifecycle.tensorrt_build import TensorRTUnavailable
 
     try:
         src = find_onnx(Path(args.model))

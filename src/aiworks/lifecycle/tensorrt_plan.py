@@ -2,11 +2,11 @@
 
 Writes ``<out>/<name>/config.pbtxt`` (``platform: "tensorrt_plan"``, which
 the runtime serves through its triton backend) and ``<out>/<name>/1/model.plan``,
-built by :func:`aiworks.runtime.tensorrt.build_engine` on this machine's GPU.
+built by :func:`aiworks.lifecycle.tensorrt_build.build_engine` on this machine's GPU.
 The batch dim gets one optimization profile from 1 to ``max_batch_size``;
 other dynamic dims need ``--profile NAME:MIN/OPT/MAX`` shapes (batch first).
 Without the ``tensorrt`` package or a GPU it raises
-:class:`~aiworks.runtime.tensorrt.TensorRTUnavailable`, whose message says
+:class:`~aiworks.lifecycle.tensorrt_build.TensorRTUnavailable`, whose message says
 which is missing.
 """
 
@@ -67,7 +67,7 @@ def build_plan_folder(
     onnx_path: Path, out: Path, name: str, *, precision: str, max_batch_size: int, profiles: dict
 ) -> Path:
     """Build the engine and write the model folder; returns the folder."""
-    from aiworks.runtime.tensorrt import build_engine
+    from aiworks.lifecycle.tensorrt_build import build_engine
 
     model = onnx.load(str(onnx_path), load_external_data=False)
     profile = default_profile(model, max_batch_size, profiles)

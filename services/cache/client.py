@@ -1,4 +1,8 @@
-"""The gateway's side of the result cache: look up before scheduling, store after success.
+"""The cache's public face: the client a gateway looks results up with before routing, and stores them after.
+
+Other code imports this module (and ``settings``), never the cache's other
+modules; pb2 stays inside the package.
+
 
 For each request to a model whose config enables the response cache, the
 gateway computes the key (:mod:`aiworks.cache.keys`) from the model's resolved
@@ -28,7 +32,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Awaitable, Callable
 
-from aiworks.cache.breaker import CircuitBreaker
+from aiworks.core.breaker import CircuitBreaker
 from aiworks.cache.converters import decode_response, encode_response
 from aiworks.cache.keys import request_key
 from aiworks.cache.policy import CachePolicy, skip_reason

@@ -11,6 +11,8 @@ from the command line, where other users could read it. Reading Redis
 directly needs no key: whoever can reach that Redis is an operator.
 
 Heavy imports happen inside the commands, so ``aiworks --help`` stays fast.
+This module is the gateway's face for tools (with ``settings``): they import
+nothing else from the gateway.
 """
 
 from __future__ import annotations
@@ -191,3 +193,10 @@ def run_add_key(args) -> None:
         file=sys.stderr,
     )
     print(key)
+
+
+def new_api_key() -> tuple[str, str]:
+    """A new API key and its stored form (``sha256:<hex>``), for tools that provision keys (``aiworks kube``)."""
+    from aiworks.gateway.auth import generate_api_key
+
+    return generate_api_key()
