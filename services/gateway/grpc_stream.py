@@ -176,10 +176,10 @@ class _Stream:
             self.out.put_nowait(self.order.popleft().result())
 
     async def one(self, msg, decoupled: bool, slot: asyncio.Future | None, before: asyncio.Task | None) -> None:
-        if before is not None:  # the sequence's previous request first
-            await asyncio.wait([before])
         reply = None
         try:
+            if before is not None:  # the sequence's previous request first
+                await asyncio.wait([before])
             reply = await self._run(msg, decoupled)
         except asyncio.CancelledError:
             raise

@@ -105,6 +105,7 @@ class SequenceBatcher:
         self.batches = self.rows_done = self.expired = self.rejected = 0
         self._batch_size = metrics.SCHEDULER_BATCH_SIZE.labels(*self.key)
         self._batch_duration = metrics.SCHEDULER_BATCH_DURATION.labels(*self.key)
+        self._queue_wait = metrics.SCHEDULER_QUEUE_DURATION.labels(*self.key, Priority.STANDARD.label)
         loop = asyncio.get_running_loop()
         # Fresh contexts: the batcher is made while serving some request, whose trace its loops must not inherit.
         self._tasks = [
@@ -152,7 +153,11 @@ class SequenceBatcher:
             self.rejected += 1
             raise ResourceExhausted(f"the queue of model '{name}' version {self.key[1]} is full", retry_after_s=1.0)
         self._check_corrid(ref)
-        sequence = self.table.admit(ref)  # raises: not started, or no room for another sequence
+        try:
+            sequence = self.table.admit(ref)  # raises: not started, or no room for another sequence
+        except ResourceExhausted:
+            self.rejected += 1
+            raise
         pending = _Pending(request, ref, asyncio.get_running_loop().create_future(), now, options.deadline_s)
         pending.signature = tuple((t.name, t.shape) for t in request.inputs)
         sequence.queue.append(pending)
@@ -275,7 +280,7 @@ class SequenceBatcher:
             sequence.queue.popleft()
             sequence.running = True
             self.queued -= 1
-            metrics.SCHEDULER_QUEUE_DURATION.labels(*self.key, "standard").observe(now - pending.enqueued_s)
+            self._queue_wait.observe(now - pending.enqueued_s)
         self.running_batches += 1
         started = time.perf_counter()
         try:

@@ -59,6 +59,8 @@ async def test_interleaved_sequences_each_keep_their_own_running_sum(repo):
         queue = dp.queues._queues[("accumulator", "1")]
         assert queue.batches < 16  # sequences shared batches
         assert queue.table.count == 0  # every sequence ended and freed its slot
+        [row] = [q for q in dp.queues.stats() if q.model == "accumulator"]  # the heartbeat reports it as a queue
+        assert row.batches == queue.batches and row.rows == 16 and row.queued_requests == 0
     finally:
         await dp.close()
 
