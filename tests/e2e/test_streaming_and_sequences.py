@@ -228,6 +228,21 @@ def test_four_interleaved_sequences_each_keep_their_own_sum(grpc_client, http_cl
     assert [got[sid] for sid in ids] == [list(np.cumsum(v)) for v in steps]
 
 
+def test_sequences_on_one_stream_run_in_order_and_keep_their_sums(grpc_client):
+    got = Collector()
+    grpc_client.start_stream(callback=got)
+    steps = {"stream-a": [1, 2, 3, 4], 9001: [10, 20, 30, 40]}
+    for i in range(4):  # sent without waiting: the stream keeps each sequence's requests in order
+        for sid, values in steps.items():
+            grpc_client.async_stream_infer("accumulator", [value_input(grpcclient, values[i])], request_id=f"{sid}/{i}",
+                                           sequence_id=sid, sequence_start=i == 0, sequence_end=i == 3)  # fmt: skip
+    items = got.take(8)
+    grpc_client.stop_stream()
+    assert all(e is None for _, e in items)
+    sums = {r.get_response().id: int(r.as_numpy("OUTPUT")[0][0]) for r, _ in items}
+    assert sums == {f"{sid}/{i}": int(np.cumsum(v)[i]) for sid, v in steps.items() for i in range(4)}
+
+
 def test_a_request_for_a_sequence_never_started_is_400(grpc_client, http_client):
     with pytest.raises(InferenceServerException) as over_http:
         http_client.infer("accumulator", [value_input(httpclient, 1)], sequence_id=777_001)
