@@ -11,10 +11,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from aiworks.core.datatypes import Tensor
-from aiworks.core.errors import Unavailable
+from aiworks.core.errors import AIWorksError, Status, Unavailable
 from aiworks.core.inference import InferRequest
 from aiworks.core.model_config import BatchingConfig, ModelSpec, TensorSpec
 from aiworks.core.options import read_options
+from aiworks.core.sequence_config import SequenceConfig
 from aiworks.runtime.client import Answer
 from aiworks.scheduler.dataplane import Scheduler
 from aiworks.scheduler.dispatch import Dispatcher
@@ -43,12 +44,20 @@ class FakeReplica:
         self.seen_timeouts: list[float | None] = []
         self.answers = 3  # per streamed request
         self.fail_after: int | None = None
+        self.sequences: set = set()  # live sequences, as a runtime's sequence batcher holds them
 
     async def infer(self, request, options, work=None):
         self.seen_timeouts.append(options.remaining_s())
         if self.fail_next:
             self.fail_next -= 1
             raise self.fail_with
+        sequence = options.sequence
+        if sequence is not None:
+            if not sequence.start and sequence.id not in self.sequences:
+                raise AIWorksError(f"sequence {sequence.id} unknown on {self.name}", Status.FAILED_PRECONDITION)
+            self.sequences.add(sequence.id)
+            if sequence.end:
+                self.sequences.discard(sequence.id)
         await asyncio.sleep(self.delay_s)
         self.batches += 1
         return Answer([Tensor.from_numpy("y", request.inputs[0].to_numpy())], int(self.delay_s * 1e9))
@@ -70,7 +79,7 @@ class FakeReplica:
         pass
 
 
-def spec(version="1", batching=False, decoupled=False) -> ModelSpec:
+def spec(version="1", batching=False, decoupled=False, sequence=False) -> ModelSpec:
     return ModelSpec(
         "m",
         version,
@@ -79,6 +88,7 @@ def spec(version="1", batching=False, decoupled=False) -> ModelSpec:
         outputs=(TensorSpec("y", "FP32", (2,)),),
         batching=BatchingConfig(batching, 0, ()),
         decoupled=decoupled,
+        sequence=SequenceConfig("oldest") if sequence else None,
     )
 
 

@@ -42,7 +42,7 @@ from aiworks.gateway.tenancy import PRIORITY_CLAMPED, demo_config, load_tenancy,
 from aiworks import __version__
 from aiworks.core import metrics
 from aiworks.core.datatypes import element_count
-from aiworks.core.errors import AIWorksError, InvalidArgument, PermissionDenied, Unauthenticated
+from aiworks.core.errors import AIWorksError, InvalidArgument, PermissionDenied, Status, Unauthenticated
 from aiworks.core.inference import InferRequest, InferResponse, PendingInputs
 from aiworks.core.looplag import offload
 from aiworks.core.model_config import ModelSpec
@@ -247,7 +247,7 @@ class GatewayDataPlane:
 
     async def infer(
         self, request: InferRequest, principal: Principal | None = None, pending: PendingInputs | None = None, *,
-        request_id: str = "", transport_deadline_s: float | None = None,
+        request_id: str = "", transport_deadline_s: float | None = None, api: str = "this API",
     ) -> InferResponse:  # fmt: skip
         """One inference, in the order of docs/tenancy.md.
 
@@ -261,10 +261,13 @@ class GatewayDataPlane:
         its deadline), admit (rate, concurrency, quota), answer from the cache
         or a runtime replica, release the slot charging the runtime time it
         cost (:meth:`_settle`), meter, and mask outputs.
-        ``transport_deadline_s`` is the time a gRPC client's own deadline leaves.
+        ``transport_deadline_s`` is the time a gRPC client's own deadline leaves. ``api`` names the
+        front end in Triton's refusal of a decoupled model (which only a stream can serve).
         """
         tenancy = self.tenancy
-        tenant, spec, rows, options = await self._checked(request, principal, pending, request_id, transport_deadline_s)
+        tenant, spec, rows, options = await self._checked(
+            request, principal, pending, request_id, transport_deadline_s, one_answer=api
+        )
         admission = await tenancy.limiter.admit(tenant)
         work = Work()
         response = None
@@ -324,7 +327,7 @@ class GatewayDataPlane:
                 tenancy.meter.record(tenant.id, spec.name, rows=rows, compute_s=work.compute_s)
 
     async def _checked(self, request: InferRequest, principal: Principal | None, pending: PendingInputs | None,
-                       request_id: str, transport_deadline_s: float | None):  # fmt: skip
+                       request_id: str, transport_deadline_s: float | None, one_answer: str = ""):  # fmt: skip
         """Authenticate, check, resolve the version, decode, filter and read the options: what precedes admission."""
         tenancy = self.tenancy
         if principal is None:
@@ -336,6 +339,10 @@ class GatewayDataPlane:
         tenancy.auth.authorize(principal, request.model)
         tenancy.filters.check_bounds(request)  # caps on what the header declares: nothing decoded yet
         spec = self.routing.resolve(request.model, request.version)
+        if one_answer and spec.decoupled:  # Triton's words, per front end; UNIMPLEMENTED (501) as Triton's
+            raise AIWorksError(
+                f"{one_answer} doesn't support models with decoupled transaction policy", Status.UNIMPLEMENTED
+            )
         slow = pending.slow_elements if pending is not None else 0
         slow += sum(element_count(t.shape) for t in request.inputs if t.datatype == "BYTES")
         rows = await offload(self._prepare, request, pending, spec, large=slow > OFF_LOOP_ELEMENTS)
@@ -525,6 +532,12 @@ def spec_to_triton_config(spec: ModelSpec) -> dict:
         "instance_group": [{"count": spec.instance_count, "kind": "KIND_CPU"}],
         "parameters": {k: {"string_value": v} for k, v in spec.parameters.items()},
     }
+    if spec.decoupled:  # clients (perf_analyzer, for one) read it to choose streaming
+        config["model_transaction_policy"] = {"decoupled": True}
+    if spec.sequence is not None:
+        config["sequence_batching"] = {
+            "max_sequence_idle_microseconds": spec.sequence.max_idle_us, spec.sequence.strategy: {}
+        }
     if spec.batching.enabled:
         config["dynamic_batching"] = {
             "preferred_batch_size": list(spec.batching.preferred_batch_sizes),

@@ -12,6 +12,7 @@ from __future__ import annotations
 from aiworks.gateway.converters import from_infer_response, to_infer_request_header
 from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
 from aiworks.gateway.filters import check_body_size
+from aiworks.gateway.grpc_stream import StreamInfer
 from aiworks.gateway.telemetry import REQUEST_ID_HEADER
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2_grpc
@@ -35,6 +36,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self, dataplane: GatewayDataPlane, max_request_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
         self.dataplane = dataplane
         self.max_request_bytes = max_request_bytes
+        self._stream = StreamInfer(dataplane, max_request_bytes)
 
     @handle_errors
     async def ServerLive(self, request, context):
@@ -84,9 +86,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             call.request, pending = to_infer_request_header(request, self.dataplane.limits)
             call.response = await self.dataplane.infer(
                 call.request, principal, pending, request_id=call.request_id,
-                transport_deadline_s=context.time_remaining(),
+                transport_deadline_s=context.time_remaining(), api="ModelInfer RPC",
             )  # fmt: skip
             return from_infer_response(call.response)
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        """Bidirectional streaming inference, decoupled models included (grpc_stream.py)."""
+        async for response in self._stream.serve(request_iterator, context):
+            yield response
 
     @handle_errors
     async def ModelStatistics(self, request, context):

@@ -107,7 +107,9 @@ async def _infer(
         body = await read_body(body_stream, headers.get("content-length"), limit, principal.tenant_id)
         # The header only: the data plane checks the caps on it, then has the tensor data decoded.
         call.request, fmt, pending = parse_infer_header(body, headers.get(HEADER_LENGTH), model, version, dataplane.limits)
-        call.response = response = await dataplane.infer(call.request, principal, pending, request_id=call.request_id)
+        call.response = response = await dataplane.infer(
+            call.request, principal, pending, request_id=call.request_id, api="HTTP end point"
+        )
         return encode_infer_response(response, fmt)
 
 

@@ -52,6 +52,8 @@ class GatewayTelemetry:
         self._requests = metrics.Children(metrics.GATEWAY_REQUESTS)
         self._duration = metrics.Children(metrics.GATEWAY_REQUEST_DURATION)
         self._inflight = {p: metrics.GATEWAY_INFLIGHT.labels(p) for p in PROTOCOLS}
+        self._stream_responses = metrics.Children(metrics.GATEWAY_STREAM_RESPONSES)
+        self._first_response = metrics.Children(metrics.GATEWAY_FIRST_RESPONSE_DURATION)
         # Model versions this gateway has answered with: the only label values clients can reach.
         self.served: set[tuple[str, str]] = set()
         self.served_models: set[str] = set()
@@ -116,6 +118,7 @@ class InferCall:
 
     __slots__ = (
         "_owner", "protocol", "model", "version", "tenant", "request_id", "request", "response", "_started", "_scope",
+        "responses",
     )  # fmt: skip
 
     def __init__(
@@ -129,8 +132,20 @@ class InferCall:
         self.request_id = ""
         self.request: InferRequest | None = None
         self.response: InferResponse | None = None
+        self.responses = 0  # sent on a stream so far
         attributes = {"aiworks.model": model, "aiworks.protocol": protocol} if tracing.enabled() else None
         self._scope = tracing.server_span("gateway infer", carrier, attributes)
+
+    def streamed(self, response: InferResponse) -> None:
+        """One response of this request left on a stream (``ModelStreamInfer``): counted, the first one timed."""
+        self.response = response
+        owner = self._owner
+        model, version = owner._labels(response.model, response.version, True)
+        tenant = self.tenant or ""
+        owner._stream_responses(model, version, tenant).inc()
+        if not self.responses:
+            owner._first_response(model, version, tenant).observe(time.perf_counter() - self._started)
+        self.responses += 1
 
     def __enter__(self) -> InferCall:
         self._started = time.perf_counter()

@@ -34,6 +34,7 @@ A config without ``backend`` gets one from its platform (``pytorch_libtorch``:
 from __future__ import annotations
 
 from aiworks.runtime.onnxruntime_backend import OnnxRuntimeModel
+from aiworks.runtime.repeat_backend import RepeatModel
 from aiworks.runtime.torch_backend import TorchModel
 from aiworks.runtime.triton_backend import TritonModel
 
@@ -41,4 +42,5 @@ BACKENDS = {
     "onnxruntime": OnnxRuntimeModel,  # ONNX Runtime on the CPU
     "pytorch": TorchModel,  # TorchScript / torch.export on the CPU or a CUDA GPU; docs/torch.md
     "triton": TritonModel,  # a Triton Inference Server (GPU) over gRPC; docs/triton.md
+    "repeat": RepeatModel,  # Triton's repeat backend: a decoupled model for streaming (repeat_int32)
 }

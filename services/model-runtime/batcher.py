@@ -63,6 +63,8 @@ class QueueLimits:
     max_requests: int = 2048
     max_bytes: int = 64 << 20
     aging_s: float = 0.1
+    # Sequences of a stateful model that may wait for a free slot (aiworks.runtime.sequence_batcher).
+    max_sequence_backlog: int = 64
 
 
 _DEFAULT_LIMITS = QueueLimits()

@@ -163,6 +163,9 @@ class RuntimeDataPlane:
             backend = BACKENDS.get(config.backend)
             if backend is None:
                 raise InvalidArgument(f"model '{name}': backend '{config.backend}' is not available on this replica")
+            # The sequence batcher runs batches through run(); a remote tritonserver would keep sequences itself.
+            if config.sequence is not None and (config.backend == "triton" or getattr(backend, "decoupled", False)):
+                raise InvalidArgument(f"model '{name}': sequence_batching is not supported by backend '{config.backend}'")
             wanted = config.version_policy.select(list(entry.versions))
             if not wanted:
                 raise NotFound(f"model '{name}' has no version folder that its version policy selects")
@@ -199,7 +202,8 @@ class RuntimeDataPlane:
                     size_bytes=size,
                     load_requested_ns=requested_ns,
                 )
-                if self.warmup:
+                # A decoupled or stateful model cannot take an invented batch (no run, or control inputs to fill).
+                if self.warmup and not (config.decoupled or config.sequence):
                     try:
                         stats.warmup_ns = await self._warm_up(version_loaded, completed)
                     except Exception as exc:
@@ -395,6 +399,10 @@ class RuntimeDataPlane:
         if config.inputs and config.outputs:
             return config
         inputs, outputs = model.io_specs(config.max_batch_size > 0)
+        if config.sequence is not None:  # controls and state are the sequence batcher's, not the client's
+            hidden = config.sequence.hidden_inputs | {s.output_name for s in config.sequence.states}
+            inputs = tuple(t for t in inputs if t.name not in hidden)
+            outputs = tuple(t for t in outputs if t.name not in hidden)
         return replace(config, inputs=config.inputs or inputs, outputs=config.outputs or outputs)
 
     # ---- queries -----------------------------------------------------------------------------
@@ -515,11 +523,22 @@ class RuntimeDataPlane:
         if stream is None:
             raise Unavailable(f"model '{name}' version {version} is decoupled, but its backend cannot stream")
         loaded.enter()
+        stats = loaded.stats
+        started = time.perf_counter_ns()
+        failed = True
         try:
             async for answer in stream(request, options):
                 yield answer
+            failed = False
         finally:
             loaded.leave()
+            # Counted as Triton counts a decoupled model: one execution of one request, however many answers.
+            stats.inference_count += 1
+            stats.execution_count += 1
+            stats.failure_count += failed
+            stats.success_count += not failed
+            stats.compute_ns += time.perf_counter_ns() - started
+            stats.last_inference_ms = int(time.time() * 1000)
 
     async def _execute(self, name: str, version: str, inputs: list[Tensor], outputs: list[str]):
         entered_ns = time.perf_counter_ns()
@@ -540,7 +559,9 @@ class RuntimeDataPlane:
     async def _run_loaded(self, name: str, loaded: LoadedVersion, model, inputs, outputs, entered_ns: int):
         spec = loaded.spec
         feeds = _feeds(inputs)
-        declared_out = {o.name: o for o in spec.outputs}  # output names were checked when the requests arrived
+        declared_out = {o.name: o.datatype for o in spec.outputs}  # output names were checked on arrival
+        if spec.sequence is not None:  # implicit state leaves the model as outputs the client may not see
+            declared_out.update((s.output_name, s.datatype) for s in spec.sequence.states)
         names = list(outputs) or [o.name for o in spec.outputs]
         rows = inputs[0].shape[0] if inputs and spec.max_batch_size > 0 else 1
         stats = loaded.stats
@@ -584,7 +605,7 @@ class RuntimeDataPlane:
         stats.last_inference_ms = int(time.time() * 1000)
         out = []
         for out_name, array in zip(names, results):
-            datatype = declared_out[out_name].datatype
+            datatype = declared_out[out_name]
             out.append(Tensor(out_name, datatype, tuple(int(d) for d in array.shape), encode(np.asarray(array), datatype)))
         if loaded.first_request_pending:
             loaded.first_request_pending = False

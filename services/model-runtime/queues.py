@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from aiworks.runtime.batcher import ModelQueue, QueueLimits
+from aiworks.runtime.sequence_batcher import SequenceBatcher
 
 from aiworks.core import metrics, tracing
 from aiworks.core.errors import AIWorksError, InvalidArgument, Unavailable
@@ -122,9 +123,11 @@ class RequestQueues:
     async def _infer(self, loaded, request: InferRequest, options: RequestOptions) -> Answer:
         rows = self._check(loaded, request)
         queue = self._queue(loaded)
+        if loaded.spec.sequence is not None:  # a stateful model: its sequences and their batches
+            return await queue.submit(request, rows, options)
         return await queue.submit(request, rows, options.priority, options.deadline_s)
 
-    def _queue(self, loaded) -> ModelQueue:
+    def _queue(self, loaded) -> ModelQueue | SequenceBatcher:
         spec = loaded.spec
         key = (spec.name, spec.version)
         queue = self._queues.get(key)
@@ -142,7 +145,13 @@ class RequestQueues:
                     span.set("aiworks.compute_ms", compute_ns / 1e6)
                 return outputs, compute_ns
 
-            queue = ModelQueue(spec, run, batching=self.batching, limits=self.limits)
+            if spec.sequence is not None:
+                queue = SequenceBatcher(
+                    spec, run, model_dir=self.dataplane.repository.folder(name),
+                    max_backlog=self.limits.max_sequence_backlog, max_requests=self.limits.max_requests,
+                )  # fmt: skip
+            else:
+                queue = ModelQueue(spec, run, batching=self.batching, limits=self.limits)
             self._queues[key] = queue
         return queue
 

@@ -36,6 +36,8 @@ PLATFORM_FILES = {
 }
 # Triton backends named in the triton backend's ``triton_backend`` parameter, by their model file.
 BACKEND_FILES = {"python": "model.py"}
+# Backends whose versions hold no model file (Triton's repeat backend: an empty version folder).
+FILELESS_BACKENDS = frozenset({"repeat"})
 
 
 def model_filename(config: ModelConfig) -> str:
@@ -100,6 +102,10 @@ class ModelRepository:
         return RepositoryEntry(name, config, versions)
 
     def model_file(self, config: ModelConfig, version: int) -> Path:
+        if config.backend in FILELESS_BACKENDS:
+            folder = self.folder(config.name) / str(version)
+            inside(self.root, folder, f"model '{config.name}' folder {version}")
+            return folder
         filename = model_filename(config)
         if "/" in filename or "\\" in filename or filename in ("", ".", ".."):
             raise NotFound(f"model '{config.name}': default_model_filename must be a plain file name")

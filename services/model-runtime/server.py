@@ -142,7 +142,8 @@ async def serve(settings: RuntimeSettings) -> None:
         drain_timeout_s=settings.drain_timeout_s,
         batching=settings.batching,
         queue_limits=QueueLimits(
-            settings.max_queue_requests, settings.max_queue_bytes, settings.priority_aging_ms / 1e3
+            settings.max_queue_requests, settings.max_queue_bytes, settings.priority_aging_ms / 1e3,
+            settings.max_sequence_backlog,
         ),
     )
     triton_backend.use_settings(settings)

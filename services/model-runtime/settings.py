@@ -52,6 +52,10 @@ class RuntimeSettings(ServiceSettings):
     max_queue_bytes: int = Field(
         64 << 20, ge=1, description="Input bytes one model version may queue on this replica; more are refused (429)."
     )
+    max_sequence_backlog: int = Field(
+        64, ge=0, description="Sequences of a stateful model that may wait for a free slot on this replica; more "
+        "live sequences are refused (429)."
+    )
     drain_timeout_s: float = Field(
         30.0, gt=0, description="Longest an unloaded or retired version's queued and running requests may take."
     )

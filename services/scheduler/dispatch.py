@@ -8,6 +8,8 @@ settings. For each request (:meth:`Dispatcher.infer`):
   weights (smooth weighted round robin, exact over every window), else the
   latest ready one;
 - **pipelines** run step by step here, each step a request of its own;
+- **sequences** of a stateful model go to the replica that holds them
+  (:mod:`~aiworks.scheduler.sequence_routing`), never retried elsewhere;
 - **shadow**: a sampled copy goes to the shadow version, whose answer is
   compared with the primary's and discarded;
 - **replica**: :class:`~aiworks.scheduler.router.Router`;
@@ -37,7 +39,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
 from aiworks.core import metrics
-from aiworks.core.errors import AIWorksError, DeadlineExceeded, InvalidArgument, Status, StreamLost, Unavailable
+from aiworks.core.errors import AIWorksError, DeadlineExceeded, Status, StreamLost, Unavailable
 from aiworks.core.inference import InferRequest
 from aiworks.core.model_config import ModelSpec, check_inputs
 from aiworks.core.options import Priority, RequestOptions
@@ -49,6 +51,7 @@ from aiworks.scheduler.policy import RoutingPolicy
 from aiworks.scheduler.replica_state import OutlierDetector
 from aiworks.scheduler.retry_state import RetryBudget
 from aiworks.scheduler.router import PoolPolicy, Recovering, Router
+from aiworks.scheduler.sequence_routing import SequenceRouting
 from aiworks.scheduler.shadow import ShadowMirror
 from aiworks.scheduler.traffic_state import TrafficState
 from aiworks.scheduler.views import ReplicaView, RoutingReport, RoutingTable
@@ -79,6 +82,8 @@ class Dispatcher:
         self._applied_ejections: set[int] = set()
         self.policy: RoutingPolicy | None = None
         self._configure(RoutingPolicy())
+        # Stateful models: each sequence stays on one replica (rendezvous hashing, docs in sequence_routing.py).
+        self.sequences = SequenceRouting(mirror, self._try_once, lambda r: self.router.is_down(r), clock)
 
     # ---- the routing table ---------------------------------------------------------------
 
@@ -140,14 +145,21 @@ class Dispatcher:
         if spec is None:
             spec = self.resolve(request.model, request.version)
         if spec.decoupled:
-            raise InvalidArgument(
+            raise AIWorksError(
                 f"model '{spec.name}' is decoupled (it may send several responses per request): this API doesn't "
-                "support models with decoupled transaction policy; use a streaming one (gRPC ModelStreamInfer)"
+                "support models with decoupled transaction policy; use a streaming one (gRPC ModelStreamInfer)",
+                Status.UNIMPLEMENTED,
             )
         request.version = spec.version
         self.requests += 1
         if is_pipeline(spec):
             return await self._pipeline(spec, request, options, work)
+        if spec.sequence is not None:  # stateful: the sequence's own replica, no shadow copy, no retry elsewhere
+            try:
+                return await self.sequences.send(spec, request, options, work)
+            except DeadlineExceeded:
+                metrics.SCHEDULER_TIMEOUTS.labels(spec.name, spec.version).inc()
+                raise
         # The copy runs on a task of its own; the client never waits for it.
         copy = self.shadows.begin(self.traffic.shadow(spec.name), request, spec.version)
         outputs = None
@@ -299,6 +311,14 @@ class Dispatcher:
             if holds_retry:
                 self.budget.retry_done()
             self.budget.end()
+
+    async def _try_once(self, key: Key, replica: Replica, request: InferRequest, options: RequestOptions,
+                        work: Work | None) -> Answer:  # fmt: skip
+        """One try on ``replica`` and no other (a sequence's request): a retryable failure is its error."""
+        try:
+            return await self._try(key, replica, request, options, work)
+        except _Retryable as failed:
+            raise failed.error from None
 
     async def _wait_for_recovery(self, key: Key, options: RequestOptions, coming: Recovering) -> None:
         """Wait for the routing table to change while ``key``'s replica brings it back (its deadline at most)."""

@@ -18,12 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 from aiworks.scheduler.catalog import Catalog, Replica
 from aiworks.scheduler.views import RoutingTable
 
 log = logging.getLogger(__name__)
+
+# How long a replica that left is remembered (aiworks.scheduler.sequence_routing asks about the last minutes).
+DEPARTED_KEPT_S = 600.0
 
 
 class RoutingMirror(Catalog):
@@ -36,6 +40,9 @@ class RoutingMirror(Catalog):
         self.received = asyncio.Event()
         self.changed = asyncio.Condition()
         self._closing: set[asyncio.Task] = set()
+        # Replicas that left the table: when, and the model versions they held (a stateful model's sequences
+        # die with their replica; aiworks.scheduler.sequence_routing tells their clients so).
+        self.departed: dict[str, tuple[float, frozenset]] = {}
 
     @property
     def ready(self) -> bool:
@@ -55,10 +62,15 @@ class RoutingMirror(Catalog):
             replica.device, replica.labels, replica.live = route.device, dict(route.labels), True
             replica.models = {(s.name, s.version): s for s in route.models}
             current[route.replica_id] = replica
+        now = time.monotonic()
         for replica_id, replica in self.replicas.items():
             if replica_id not in current:
                 log.info("replica %s left the routing table", replica_id)
+                self.departed[replica_id] = (now, frozenset(replica.models))
                 self._retire(replica)
+        for replica_id, (left_s, _) in list(self.departed.items()):
+            if replica_id in current or now - left_s > DEPARTED_KEPT_S:
+                del self.departed[replica_id]
         self.replicas = current
         self.known = {key: None for key in table.known}
         for replica in current.values():
@@ -121,6 +133,12 @@ class RoutingMirror(Catalog):
         except TimeoutError:
             return False
         return True
+
+    def departed_holders(self, key, within_s: float) -> list[str]:
+        """Replicas that held ``key`` and left the table within the last ``within_s`` seconds, latest first."""
+        now = time.monotonic()
+        found = [(left_s, rid) for rid, (left_s, keys) in self.departed.items() if key in keys and now - left_s <= within_s]
+        return [rid for _, rid in sorted(found, reverse=True)]
 
     def spec_known(self, model: str) -> bool:
         return any(k[0] == model for k in self.known)

@@ -161,6 +161,10 @@ class Router:
             candidates = [candidates[1], candidates[0]]  # ties go either way
         return min(candidates, key=lambda r: (self._cost(expected[r.replica_id][0], r, now), r.outstanding))
 
+    def is_down(self, replica: Replica) -> bool:
+        """``replica`` could not be reached a moment ago (:data:`DOWN_S`)."""
+        return self._down_until.get(replica.replica_id, 0.0) > self._clock()
+
     # ---- outcomes ------------------------------------------------------------------------
 
     def sent(self, replica: Replica) -> None:

@@ -230,6 +230,11 @@ def cmd_demo_models(args) -> None:
 
     built = build_demo_repository(Path(args.out), force=args.force, progress=lambda m: print(m, flush=True))
     print(f"demo model repository {'built in' if built else 'already present at'} {args.out}")
+    if args.qa_streaming:
+        from aiworks.demo.qa_streaming import build_qa_streaming_models
+
+        names = [p.name for p in build_qa_streaming_models(Path(args.out))]
+        print(f"streaming and stateful QA models written to {args.out}: {', '.join(names)} (docs/sequences.md)")
 
 
 def cmd_status(args) -> None:
@@ -362,6 +367,10 @@ def build_parser() -> argparse.ArgumentParser:
     dm = sub.add_parser("demo-models", help="build the demo model repository (iris, digits v1 and v2)")
     dm.add_argument("--out", default="model-repository")
     dm.add_argument("--force", action="store_true", help="rebuild even if it exists")
+    dm.add_argument(
+        "--qa-streaming", action="store_true",
+        help="also write the streaming and stateful QA models (repeat_int32, simple_sequence, ...; docs/sequences.md)",
+    )  # fmt: skip
     dm.set_defaults(func=cmd_demo_models)
 
     from aiworks.bench.options import add_bench_parser

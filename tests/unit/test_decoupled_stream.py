@@ -208,10 +208,12 @@ def test_the_deadline_ends_a_stream_and_cancels_it():
 def test_parameters_travel_both_ways_on_unary_calls():
     async def main():
         async with served() as (_, client, _server):
-            req = InferRequest("unary", "1", [], parameters={"text": "hello", "priority": 1, "sequence_id": 2**63 + 5})
+            parameters = {"text": "hello", "priority": 1, "sequence_id": 7, "seed": 2**63 + 5}
+            req = InferRequest("unary", "1", [], parameters=parameters)
             answer = await client.infer(req, RequestOptions())
-            # priority is the gateway's (it travels in the options); a uint64 beyond int64 keeps its value's type.
-            assert answer.parameters == {"seen": "sequence_id:uint64_param,text:string_param"} and answer.final
+            # priority and sequence_id are the gateway's (they travel in the options); a uint64 beyond int64 keeps
+            # its value's type.
+            assert answer.parameters == {"seen": "seed:uint64_param,text:string_param"} and answer.final
 
     asyncio.run(main())
 

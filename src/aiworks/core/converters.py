@@ -10,7 +10,8 @@ from __future__ import annotations
 from aiworks.core.datatypes import Tensor
 from aiworks.core.inference import InferRequest, ModelStatistics
 from aiworks.core.model_config import BatchingConfig, ModelSpec, ModelState, TensorSpec
-from aiworks.core.options import GATEWAY_PARAMETERS, Priority, RequestOptions
+from aiworks.core.options import GATEWAY_PARAMETERS, Priority, RequestOptions, SequenceRef
+from aiworks.core.sequence_config import SequenceConfig
 from aiworks.pb.runtime.v1 import runtime_pb2 as rpb
 
 _STATE_TO_PB = {
@@ -53,6 +54,7 @@ def to_model_spec(msg: rpb.ModelSpec) -> ModelSpec:
         state=_STATE_FROM_PB.get(msg.state, ModelState.UNAVAILABLE),
         reason=msg.reason,
         decoupled=msg.decoupled,
+        sequence=SequenceConfig(msg.sequence.strategy, msg.sequence.max_idle_us) if msg.HasField("sequence") else None,
     )
 
 
@@ -73,6 +75,9 @@ def from_model_spec(spec: ModelSpec) -> rpb.ModelSpec:
         state=_STATE_TO_PB[spec.state],
         reason=spec.reason,
         decoupled=spec.decoupled,
+        sequence=rpb.SequenceSpec(strategy=spec.sequence.strategy, max_idle_us=spec.sequence.max_idle_us)
+        if spec.sequence is not None
+        else None,
     )
 
 
@@ -90,16 +95,28 @@ _STAT_FIELDS = [f for f in ModelStatistics.__slots__]
 def to_options(msg: rpb.RequestOptions, now_s: float) -> RequestOptions:
     """Options as they arrived; the deadline on this process's clock (``now_s`` is its monotonic now)."""
     deadline = now_s + msg.timeout_us / 1e6 if msg.timeout_us else None
-    return RequestOptions(Priority.from_level(msg.priority), deadline, msg.tenant, msg.request_id)
+    sequence = None
+    if msg.HasField("sequence"):
+        s = msg.sequence
+        sequence = SequenceRef(s.text if s.WhichOneof("id") == "text" else s.number, s.start, s.end)
+    return RequestOptions(Priority.from_level(msg.priority), deadline, msg.tenant, msg.request_id, sequence=sequence)
 
 
 def from_options(options: RequestOptions, now_s: float | None = None) -> rpb.RequestOptions:
-    return rpb.RequestOptions(
+    msg = rpb.RequestOptions(
         priority=options.priority.level,
         timeout_us=options.timeout_us(now_s),
         tenant=options.tenant,
         request_id=options.request_id,
     )
+    sequence = options.sequence
+    if sequence is not None:
+        if isinstance(sequence.id, str):
+            msg.sequence.text = sequence.id
+        else:
+            msg.sequence.number = sequence.id
+        msg.sequence.start, msg.sequence.end = sequence.start, sequence.end
+    return msg
 
 
 def to_parameters(params) -> dict:

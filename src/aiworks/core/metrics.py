@@ -81,6 +81,17 @@ GATEWAY_REQUEST_DURATION = Histogram(
 GATEWAY_INFLIGHT = Gauge(
     "aiworks_gateway_inflight_requests", "Inference requests the gateway is handling now.", ["protocol"]
 )
+GATEWAY_STREAM_RESPONSES = Counter(
+    "aiworks_gateway_stream_responses",
+    "Responses sent on gRPC ModelStreamInfer streams (a decoupled model's several per request, empty finals too).",
+    ["model", "version", "tenant"],
+)
+GATEWAY_FIRST_RESPONSE_DURATION = Histogram(
+    "aiworks_gateway_stream_first_response_seconds",
+    "Time from receiving a streamed request to sending its first response (a decoupled model's first answer).",
+    ["model", "version", "tenant"],
+    buckets=LATENCY_BUCKETS_S,
+)
 GATEWAY_REFUSED = Counter(
     "aiworks_gateway_refused_requests",
     "Requests refused before they reached a handler's work, by reason: unauthenticated (no or bad credentials: "

@@ -16,7 +16,9 @@ Settings the suite reads (all standard Triton fields):
 - ``version_policy``: ``latest { num_versions }``, ``all {}`` or ``specific { versions }``;
 - ``optimization { graph { level } }``: ONNX Runtime graph optimization
   (-1 basic, 1 extended, 0 or unset all), as in Triton's onnxruntime backend;
-- ``parameters { key: "intra_op_thread_count" ... }``: ONNX Runtime threads.
+- ``parameters { key: "intra_op_thread_count" ... }``: ONNX Runtime threads;
+- ``model_transaction_policy { decoupled }`` and ``sequence_batching``
+  (:mod:`aiworks.core.sequence_config`; docs/sequences.md).
 """
 
 from __future__ import annotations
@@ -32,12 +34,13 @@ from tritonclient.grpc import model_config_pb2
 from aiworks.core.datatypes import DATATYPES, bytes_offsets, element_count, itemsize
 from aiworks.core.errors import AIWorksError, InvalidArgument, Status
 from aiworks.core.names import valid_model_name
+from aiworks.core.sequence_config import SequenceConfig, parse_sequence_batching
 
 CONFIG_FILES = ("config.pbtxt", "config.json")
 
 # The runtime backend that serves a Triton platform when the config names no backend, and back.
 PLATFORM_BACKENDS = {"pytorch_libtorch": "pytorch", "tensorrt_plan": "triton"}
-BACKEND_PLATFORMS = {"pytorch": "pytorch_libtorch"}
+BACKEND_PLATFORMS = {"pytorch": "pytorch_libtorch", "repeat": "repeat"}
 
 
 class ModelState(enum.Enum):
@@ -95,6 +98,8 @@ class ModelConfig:
     graph_optimization_level: int = 0
     parameters: dict[str, str] = field(default_factory=dict)
     decoupled: bool = False
+    # Triton's sequence_batching (a stateful model); None without it.
+    sequence: SequenceConfig | None = None
     # The config in Triton's JSON form, for the model-config endpoint.
     document: dict = field(default_factory=dict)
     # The file it was read from and the SHA-256 of the bytes parsed: a signed
@@ -116,6 +121,7 @@ class ModelConfig:
             state=state,
             reason=reason,
             decoupled=self.decoupled,
+            sequence=self.sequence,
         )
 
 
@@ -136,6 +142,8 @@ class ModelSpec:
     reason: str = ""
     # Triton's model_transaction_policy.decoupled: 0..N responses per request, streaming front ends only.
     decoupled: bool = False
+    # Triton's sequence_batching: requests carry a sequence id and are pinned to one replica (a stateful model).
+    sequence: SequenceConfig | None = None
 
     @property
     def ready(self) -> bool:
@@ -203,13 +211,17 @@ def parse_config(text: str, *, fmt: str, model_name: str) -> ModelConfig:
             vp = VersionPolicy("latest", num_versions=int(msg.version_policy.latest.num_versions) or 1)
 
     instances = sum(max(g.count, 1) for g in msg.instance_group) or 1
+    sequence = parse_sequence_batching(msg, model_name, int(msg.max_batch_size))
+    inputs = _tensor_specs(msg.input, where)
+    if sequence is not None:  # the batcher fills controls and state: clients neither send nor see them
+        inputs = tuple(t for t in inputs if t.name not in sequence.hidden_inputs)
     params = {k: v.string_value for k, v in msg.parameters.items()}
     return ModelConfig(
         name=model_name,
         platform=msg.platform or BACKEND_PLATFORMS.get(msg.backend, "onnxruntime_onnx"),
         backend=msg.backend or PLATFORM_BACKENDS.get(msg.platform, "onnxruntime"),
         max_batch_size=int(msg.max_batch_size),
-        inputs=_tensor_specs(msg.input, where),
+        inputs=inputs,
         outputs=_tensor_specs(msg.output, where),
         batching=batching,
         instance_count=instances,
@@ -217,6 +229,7 @@ def parse_config(text: str, *, fmt: str, model_name: str) -> ModelConfig:
         graph_optimization_level=int(msg.optimization.graph.level) if msg.HasField("optimization") else 0,
         parameters=params,
         decoupled=bool(msg.model_transaction_policy.decoupled),
+        sequence=sequence,
         document=json_format.MessageToDict(msg, preserving_proto_field_name=True),
     )
 

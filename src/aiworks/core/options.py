@@ -12,6 +12,9 @@ Clients use Triton's conventions, so tritonclient works unchanged:
   3 (and anything larger) ``batch``. The names are accepted as strings too.
 - ``timeout``: the time the request may take, in microseconds (Triton's
   extension of the protocol); 0 means no timeout.
+- ``sequence_id`` (a uint64, or a string; 0 and "" mean none),
+  ``sequence_start`` and ``sequence_end`` (bools): the request's place in a
+  sequence of a stateful model (:class:`SequenceRef`).
 
 The deadline is kept as a point on this process's monotonic clock; on the
 wire it is the time left, in microseconds, since clocks of different
@@ -104,7 +107,52 @@ def parse_timeout_us(value) -> int:
 
 # OIP request parameters the gateway consumes; the others travel to the runtime for the model
 # (aiworks.runtime.v1.InferRequest.parameters): sequence flags, sampling settings.
-GATEWAY_PARAMETERS = frozenset({"priority", "timeout", "binary_data_output"})
+GATEWAY_PARAMETERS = frozenset(
+    {"priority", "timeout", "binary_data_output", "sequence_id", "sequence_start", "sequence_end"}
+)
+# Longest string correlation id accepted: ids are keys of per-replica tables, not payloads.
+MAX_SEQUENCE_ID_CHARS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceRef:
+    """A request's sequence: its correlation id (an int in 1..2**64-1, or a non-empty string) and flags."""
+
+    id: int | str
+    start: bool = False
+    end: bool = False
+
+
+def _flag(parameters: dict, name: str) -> bool:
+    value = parameters.get(name, False)
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"invalid value type for '{name}' parameter, expected bool_param.")
+    return value
+
+
+def parse_sequence(parameters: dict) -> SequenceRef | None:
+    """The sequence ``sequence_id``/``sequence_start``/``sequence_end`` name; None without an id (0 or "").
+
+    An int64 id below 0 is the uint64 of the same bits, as Triton reads it.
+    """
+    value = parameters.get("sequence_id")
+    if value is None or value == 0 or value == "":
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise InvalidArgument("invalid value type for 'sequence_id' parameter, expected int64_param or string_param.")
+    if isinstance(value, int):
+        if -(2**63) <= value < 0:
+            value += 2**64
+        elif value >= 2**64 or value < 0:
+            raise InvalidArgument(f"parameter 'sequence_id' is {str(value)[:32]}; a correlation id is a uint64")
+    elif len(value) > MAX_SEQUENCE_ID_CHARS:
+        raise InvalidArgument(
+            f"parameter 'sequence_id' is a string of {len(value)} characters; at most {MAX_SEQUENCE_ID_CHARS} "
+            "are accepted"
+        )
+    return SequenceRef(value, _flag(parameters, "sequence_start"), _flag(parameters, "sequence_end"))
 
 
 @dataclass(slots=True)
@@ -118,6 +166,8 @@ class RequestOptions:
     request_id: str = ""
     # The class asked for was more urgent than the tenant's ceiling, which applies instead.
     clamped: bool = False
+    # The request's place in a sequence (a stateful model's); None outside one.
+    sequence: SequenceRef | None = None
 
     def remaining_s(self, now_s: float | None = None) -> float | None:
         """Seconds left until the deadline (may be negative); None without one."""
@@ -154,4 +204,5 @@ def read_options(
     now = time.monotonic() if now_s is None else now_s
     lefts = [t for t in (timeout_us / 1e6 if timeout_us else None, transport_deadline_s) if t is not None]
     deadline = now + min(lefts) if lefts else None
-    return RequestOptions(priority, deadline, tenant, request_id, clamped)
+    sequence = parse_sequence(parameters) if parameters and "sequence_id" in parameters else None
+    return RequestOptions(priority, deadline, tenant, request_id, clamped, sequence)

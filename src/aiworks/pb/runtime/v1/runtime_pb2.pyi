@@ -51,7 +51,7 @@ class BatchingSpec(_message.Message):
     def __init__(self, enabled: _Optional[bool] = ..., max_queue_delay_us: _Optional[int] = ..., preferred_batch_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ModelSpec(_message.Message):
-    __slots__ = ("name", "version", "platform", "max_batch_size", "inputs", "outputs", "batching", "instance_count", "parameters", "state", "reason", "decoupled")
+    __slots__ = ("name", "version", "platform", "max_batch_size", "inputs", "outputs", "batching", "instance_count", "parameters", "state", "reason", "decoupled", "sequence")
     class ParametersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +71,7 @@ class ModelSpec(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     DECOUPLED_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     platform: str
@@ -83,7 +84,28 @@ class ModelSpec(_message.Message):
     state: ModelState
     reason: str
     decoupled: bool
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., platform: _Optional[str] = ..., max_batch_size: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., batching: _Optional[_Union[BatchingSpec, _Mapping]] = ..., instance_count: _Optional[int] = ..., parameters: _Optional[_Mapping[str, str]] = ..., state: _Optional[_Union[ModelState, str]] = ..., reason: _Optional[str] = ..., decoupled: _Optional[bool] = ...) -> None: ...
+    sequence: SequenceSpec
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., platform: _Optional[str] = ..., max_batch_size: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., batching: _Optional[_Union[BatchingSpec, _Mapping]] = ..., instance_count: _Optional[int] = ..., parameters: _Optional[_Mapping[str, str]] = ..., state: _Optional[_Union[ModelState, str]] = ..., reason: _Optional[str] = ..., decoupled: _Optional[bool] = ..., sequence: _Optional[_Union[SequenceSpec, _Mapping]] = ...) -> None: ...
+
+class SequenceSpec(_message.Message):
+    __slots__ = ("strategy", "max_idle_us")
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    MAX_IDLE_US_FIELD_NUMBER: _ClassVar[int]
+    strategy: str
+    max_idle_us: int
+    def __init__(self, strategy: _Optional[str] = ..., max_idle_us: _Optional[int] = ...) -> None: ...
+
+class SequenceRef(_message.Message):
+    __slots__ = ("number", "text", "start", "end")
+    NUMBER_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    number: int
+    text: str
+    start: bool
+    end: bool
+    def __init__(self, number: _Optional[int] = ..., text: _Optional[str] = ..., start: _Optional[bool] = ..., end: _Optional[bool] = ...) -> None: ...
 
 class Parameter(_message.Message):
     __slots__ = ("bool_param", "int64_param", "string_param", "double_param", "uint64_param")
@@ -100,7 +122,7 @@ class Parameter(_message.Message):
     def __init__(self, bool_param: _Optional[bool] = ..., int64_param: _Optional[int] = ..., string_param: _Optional[str] = ..., double_param: _Optional[float] = ..., uint64_param: _Optional[int] = ...) -> None: ...
 
 class RequestOptions(_message.Message):
-    __slots__ = ("priority", "timeout_us", "tenant", "request_id", "trace_context")
+    __slots__ = ("priority", "timeout_us", "tenant", "request_id", "trace_context", "sequence")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -113,12 +135,14 @@ class RequestOptions(_message.Message):
     TENANT_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     priority: int
     timeout_us: int
     tenant: str
     request_id: str
     trace_context: _containers.ScalarMap[str, str]
-    def __init__(self, priority: _Optional[int] = ..., timeout_us: _Optional[int] = ..., tenant: _Optional[str] = ..., request_id: _Optional[str] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    sequence: SequenceRef
+    def __init__(self, priority: _Optional[int] = ..., timeout_us: _Optional[int] = ..., tenant: _Optional[str] = ..., request_id: _Optional[str] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., sequence: _Optional[_Union[SequenceRef, _Mapping]] = ...) -> None: ...
 
 class InferRequest(_message.Message):
     __slots__ = ("stream_id", "model", "version", "inputs", "outputs", "id", "options", "parameters")
