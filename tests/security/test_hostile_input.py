@@ -85,6 +85,16 @@ class LiveProbe:
         return max(self.latencies)
 
 
+def protobuf_parse_s(raw: bytes, rounds: int = 3) -> float:
+    """The quickest of ``rounds`` parses of ``raw`` as a ModelInferRequest in this process (the machine's pace now)."""
+    best = float("inf")
+    for _ in range(rounds):
+        started = time.perf_counter()
+        service_pb2.ModelInferRequest.FromString(raw)
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
 def rss_mb(pid: int) -> tuple[float, float]:
     """(resident now, peak resident) of ``pid`` in MB."""
     fields = {}
@@ -169,6 +179,7 @@ def test_two_million_empty_strings_over_grpc(suite):
     tensor = service_pb2.ModelInferRequest.InferInputTensor(name="input", datatype="BYTES", shape=[count])
     tensor.contents.bytes_contents.extend([b""] * count)
     request = service_pb2.ModelInferRequest(model_name="iris", inputs=[tensor])
+    parse_s = protobuf_parse_s(request.SerializeToString())
     with grpc.insecure_channel(suite.grpc_url) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         with LiveProbe(suite.base) as probe:
@@ -176,12 +187,17 @@ def test_two_million_empty_strings_over_grpc(suite):
             with pytest.raises(grpc.RpcError) as err:
                 stub.ModelInfer(request, timeout=60)
             elapsed = time.perf_counter() - started
-    print(f"\ngRPC 2M empty strings: {err.value.code()} in {elapsed * 1e3:.1f} ms; live worst {probe.worst_s * 1e3:.1f} ms")
+    print(
+        f"\ngRPC 2M empty strings: {err.value.code()} in {elapsed * 1e3:.1f} ms; live worst {probe.worst_s * 1e3:.1f} ms; "
+        f"protobuf parses the message in {parse_s * 1e3:.1f} ms here"
+    )
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.value.details()
     assert "typed contents holds 2000000 values" in err.value.details() and "(rule max_listed_values)" in err.value.details()
-    # protobuf parses the 4 MB message (2 M entries) on the event loop before any handler runs: about 30 ms on an
-    # idle machine, 80-300 ms on a loaded one; only max_request_bytes bounds it (docs/security.md, "Hostile input").
-    assert probe.worst_s < GRPC_PARSE_BUDGET_S
+    # protobuf parses the 4 MB message (2 M entries) on the event loop before any handler runs, holding the GIL: about
+    # 35 ms on an idle machine, much more on a loaded one; only max_request_bytes bounds it (docs/security.md, "Hostile
+    # input"). The gateway must add nothing per element to that parse: the stall stays within a few parses' time as
+    # measured here and now, and never over half a second on a machine where one parse is quick.
+    assert probe.worst_s < max(GRPC_PARSE_BUDGET_S, 8 * parse_s), f"liveness took {probe.worst_s * 1e3:.0f} ms"
 
 
 def test_the_gateway_still_serves(suite):
