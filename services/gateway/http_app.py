@@ -44,11 +44,14 @@ from starlette.responses import Response
 
 from aiworks.core.errors import AIWorksError, InvalidArgument, PayloadTooLarge, Status
 from aiworks.core.load_overrides import LoadOverrides, overrides_from_parameters
+from aiworks.core.looplag import offload
 from aiworks.core.names import NAME_RULE
 
 log = logging.getLogger(__name__)
 
 _CHALLENGE = 'Bearer realm="aiworks"'
+# A load body this large (its files in base64) is parsed off the event loop.
+_LARGE_LOAD_BODY = 1 << 20
 
 
 def _json(doc, status: int = 200, headers: dict | None = None) -> Response:
@@ -330,7 +333,7 @@ def create_app(dataplane: GatewayDataPlane, *, max_request_bytes: int) -> InferF
 
         async def overrides() -> LoadOverrides:  # read only once the caller is known to be an admin
             body = await read_body(request.stream(), request.headers.get("content-length"), max_request_bytes)
-            return load_overrides_from_body(body)
+            return await offload(load_overrides_from_body, body, large=len(body) > _LARGE_LOAD_BODY)  # base64 decoding
 
         await dataplane.load(model, request.headers, overrides)
         return _json({})

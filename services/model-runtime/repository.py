@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 

@@ -186,7 +186,9 @@ def _ratio_sampler_class():
         def __init__(self) -> None:
             self._by_ratio: dict[float, TraceIdRatioBased] = {}
 
-        def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None):
+        def should_sample(
+            self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None
+        ):
             ratio = SAMPLING.for_model(attributes.get(MODEL_ATTRIBUTE) if attributes else None)
             sampler = self._by_ratio.get(ratio)
             if sampler is None:
