@@ -16,7 +16,6 @@ and the config are checked where the files are written and the config read.
 
 from __future__ import annotations
 
-import base64
 import binascii
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -81,7 +80,7 @@ def _file_content(key: str, value: object, base64_files: bool) -> bytes:
         return value
     if not isinstance(value, str):
         raise InvalidArgument(f"load parameter '{key[:64]}' must be the file's content in base64")
-    try:
-        return base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
+    try:  # strict: refuses stray characters and bad padding, without a separate pass to check them
+        return binascii.a2b_base64(value.encode("ascii"), strict_mode=True)
+    except (binascii.Error, ValueError, UnicodeEncodeError):
         raise InvalidArgument(f"load parameter '{key[:64]}' is not valid base64") from None
