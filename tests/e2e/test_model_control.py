@@ -244,6 +244,24 @@ def test_a_file_path_that_escapes_its_models_folder_is_refused(control, path, wh
     assert not Path("/tmp/evil.onnx").exists()
 
 
+def test_a_path_escape_over_grpc_is_invalid_argument_and_writes_nothing(control):
+    suite, keys, work = control
+    gclient, gops = _grpc(suite, keys["ops"])
+    try:
+        with pytest.raises(InferenceServerException) as refused:
+            gclient.load_model(
+                "escape", headers=gops, config=json.dumps(_config("escape", 2)),
+                files={"file:1/model.onnx": b"x", "file:../outside.onnx": b"x"},
+            )  # fmt: skip
+        assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert refused.value.message().startswith("failed to load 'escape': ") and "'..'" in refused.value.message()
+        assert str(work) not in refused.value.message()
+    finally:
+        gclient.close()
+    assert not (suite.model_repository / "escape").exists()
+    assert not (suite.model_repository / "outside.onnx").exists()
+
+
 def test_a_link_out_of_the_models_folder_is_refused_and_nothing_is_written_through_it(control):
     suite, keys, work = control
     client, ops = _http(suite, keys["ops"])
