@@ -19,6 +19,7 @@ from aiworks.core.datatypes import (
 )
 from aiworks.core.errors import InvalidArgument, PayloadTooLarge
 from aiworks.core.inference import InferRequest, InferResponse, PendingInputs
+from aiworks.core.load_overrides import LoadOverrides, overrides_from_parameters
 
 _DEFAULT_LIMITS = InputLimits()
 
@@ -168,3 +169,12 @@ def from_infer_response(resp: InferResponse) -> pb.ModelInferResponse:
         for k, v in from_parameters(resp.parameters).items():
             msg.parameters[k].CopyFrom(v)
     return msg
+
+
+def to_load_overrides(parameters) -> LoadOverrides:
+    """A RepositoryModelLoad request's ``parameters`` (ModelRepositoryParameter) as its overrides."""
+    values = {}
+    for key, parameter in parameters.items():
+        which = parameter.WhichOneof("parameter_choice")
+        values[key] = getattr(parameter, which) if which else None
+    return overrides_from_parameters(values, base64_files=False)

@@ -15,8 +15,8 @@ caller in as the anonymous tenant, which may do everything):
   readiness and statistics;
 - a tenant: the repository index and all-model statistics (each filtered to
   the models it may use), and its own usage;
-- an admin tenant (``admin: true``): model load and unload, and every
-  tenant's usage.
+- an admin tenant (``admin: true``): model load and unload (with Triton's
+  config and file overrides), trace and log settings, and every tenant's usage.
 """
 
 from __future__ import annotations
@@ -25,12 +25,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from aiworks.gateway.auth import Authenticator, Headers, Principal
 from aiworks.cache.client import CacheClient
+from aiworks.gateway.diagnostics import Diagnostics, LogSettings, TraceSettings
 from aiworks.gateway.filters import InputFilter, InputLimits
 from aiworks.gateway.limits import Admission, TenantLimiter
 from aiworks.gateway.masking import MaskingPolicies
@@ -42,8 +43,16 @@ from aiworks.gateway.tenancy import PRIORITY_CLAMPED, demo_config, load_tenancy,
 from aiworks import __version__
 from aiworks.core import metrics
 from aiworks.core.datatypes import element_count
-from aiworks.core.errors import AIWorksError, InvalidArgument, PermissionDenied, Status, Unauthenticated
+from aiworks.core.errors import (
+    AIWorksError,
+    InvalidArgument,
+    PayloadTooLarge,
+    PermissionDenied,
+    Status,
+    Unauthenticated,
+)
 from aiworks.core.inference import InferRequest, InferResponse, PendingInputs
+from aiworks.core.load_overrides import LoadOverrides
 from aiworks.core.looplag import offload
 from aiworks.core.model_config import ModelSpec
 from aiworks.core.names import check_model_name, check_version
@@ -54,9 +63,11 @@ from aiworks.security.audit import AuditLog
 
 log = logging.getLogger(__name__)
 
-EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics", "schedule_policy"]
+EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics", "schedule_policy", "trace", "logging"]
 
 _UNAUTHENTICATED = metrics.GATEWAY_REFUSED.labels("unauthenticated")
+# Reads a load request's overrides (its body, or its gRPC parameters): called only once the caller may load.
+ReadOverrides = Callable[[], Awaitable[LoadOverrides]]
 
 # Requests whose tensor data or checks handle more elements than this one at a time in Python (JSON data,
 # BYTES elements) are decoded and checked in a worker thread, so the event loop keeps answering others.
@@ -154,8 +165,13 @@ class GatewayDataPlane:
         server_name: str = "aiworks",
         cache: CacheClient | None = None,
         tenancy: Tenancy | None = None,
+        diagnostics: Diagnostics | None = None,
+        max_load_file_bytes: int = 32 << 20,
     ):
         self.scheduler = scheduler
+        self.max_load_file_bytes = max_load_file_bytes
+        # Triton's trace and log settings over the gateway's tracing sample ratio and log level.
+        self.diagnostics = diagnostics if diagnostics is not None else Diagnostics()
         # The scheduler's routing table, watched: model specs, versions and replicas come from it.
         self.routing = routing
         self.server_name = server_name
@@ -417,17 +433,31 @@ class GatewayDataPlane:
             specs = [s for s in specs if principal.tenant.allows(s.name)]
         return [{"name": s.name, "version": s.version, "state": s.state.value, "reason": s.reason} for s in specs]
 
-    async def load(self, name: str, credentials: Headers = ()) -> None:
-        await self._admin("model.load", name, credentials, self._load)
+    async def load(self, name: str, credentials: Headers = (), overrides: ReadOverrides | None = None) -> None:
+        """(Re)load ``name`` everywhere; ``overrides`` reads Triton's load parameters once the caller may load."""
+
+        async def run(model: str) -> None:
+            await self._load(model, await overrides() if overrides is not None else None)
+
+        await self._admin("model.load", name, credentials, run)
 
     async def unload(self, name: str, credentials: Headers = ()) -> None:
         await self._admin("model.unload", name, credentials, self._unload)
 
-    async def _load(self, name: str) -> None:
+    async def _load(self, name: str, overrides: LoadOverrides | None) -> None:
         check_model_name(name)
         try:
-            _, generation = await self.scheduler.load(name)
+            if overrides and overrides.file_bytes > self.max_load_file_bytes:
+                raise PayloadTooLarge(
+                    f"the load's files hold {overrides.file_bytes} bytes, "
+                    f"more than the {self.max_load_file_bytes} bytes this server accepts"
+                )
+            _, generation = await self.scheduler.load(name, overrides)
             await self.routing.caught_up(generation)  # this gateway's next request sees the load
+        except AIWorksError as exc:  # Triton's words first: scripts match on them
+            if not exc.message.startswith("failed to load"):
+                exc.message = f"failed to load '{name}': {exc.message}"
+            raise
         finally:
             # ---- result cache hook: a (re)loaded model's old results must not be served.
             if self.cache is not None:
@@ -442,15 +472,15 @@ class GatewayDataPlane:
             if self.cache is not None:
                 await self.cache.invalidate(name)
 
-    async def _admin(self, action: str, model: str, credentials: Headers, run) -> None:
-        """Run an admin action for an admin tenant, and audit the attempt whatever its outcome."""
+    async def _admin(self, action: str, model: str, credentials: Headers, run, what: str = ""):
+        """Run an admin action for an admin tenant, and audit the attempt whatever its outcome; returns its result."""
         started = time.perf_counter()
         principal: Principal | None = None
         error: BaseException | None = None
         try:
             principal = self.authenticate(credentials)
-            self._require_admin(principal, f"{action.replace('model.', '')} models")
-            await run(model)
+            self._require_admin(principal, what or f"{action.replace('model.', '')} models")
+            return await run(model)
         except BaseException as exc:
             error = exc
             raise
@@ -469,6 +499,34 @@ class GatewayDataPlane:
                     )  # fmt: skip
                 except AIWorksError as exc:
                     log.warning("audit of %s %s failed: %s", action, short(model, 64), exc)
+
+    # ---- trace and log settings (Triton's trace and logging extensions; aiworks.gateway.diagnostics) -----------
+
+    async def trace_settings(self, model: str = "", credentials: Headers = ()) -> TraceSettings:
+        self._require_admin(self.authenticate(credentials), "read trace settings")
+        if model:
+            check_model_name(model)
+        return self.diagnostics.trace_settings(model)
+
+    async def update_trace_settings(
+        self, model: str, updates: dict[str, list[str] | None], credentials: Headers = ()
+    ) -> TraceSettings:
+        async def run(name: str) -> TraceSettings:
+            if name:
+                check_model_name(name)
+            return self.diagnostics.update_trace_settings(updates, name)
+
+        return await self._admin("trace.settings", model, credentials, run, "change trace settings")
+
+    async def log_settings(self, credentials: Headers = ()) -> LogSettings:
+        self._require_admin(self.authenticate(credentials), "read log settings")
+        return self.diagnostics.log_settings()
+
+    async def update_log_settings(self, updates: dict, credentials: Headers = ()) -> LogSettings:
+        async def run(_: str) -> LogSettings:
+            return self.diagnostics.update_log_settings(updates)
+
+        return await self._admin("log.settings", "", credentials, run, "change log settings")
 
     async def statistics(self, name: str, version: str, credentials: Headers = ()) -> list[dict]:
         """Triton's statistics extension, summed over replicas, with a per-replica breakdown."""

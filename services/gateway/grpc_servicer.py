@@ -9,7 +9,7 @@ Credentials travel as metadata (``authorization: Bearer <key or JWT>`` or
 
 from __future__ import annotations
 
-from aiworks.gateway.converters import from_infer_response, to_infer_request_header
+from aiworks.gateway.converters import from_infer_response, to_infer_request_header, to_load_overrides
 from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
 from aiworks.gateway.filters import check_body_size
 from aiworks.gateway.grpc_stream import StreamInfer
@@ -18,6 +18,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 
+from aiworks.core.load_overrides import LoadOverrides
 from aiworks.core.rpc import handle_errors
 from aiworks.core.settings import DEFAULT_MAX_MESSAGE_BYTES
 from aiworks.core.tracing import carrier_from_metadata
@@ -109,10 +110,48 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @handle_errors
     async def RepositoryModelLoad(self, request, context):
-        await self.dataplane.load(request.model_name, context.invocation_metadata())
+        async def overrides() -> LoadOverrides:
+            return to_load_overrides(request.parameters)
+
+        await self.dataplane.load(request.model_name, context.invocation_metadata(), overrides)
         return pb.RepositoryModelLoadResponse()
 
     @handle_errors
     async def RepositoryModelUnload(self, request, context):
         await self.dataplane.unload(request.model_name, context.invocation_metadata())
         return pb.RepositoryModelUnloadResponse()
+
+    @handle_errors
+    async def TraceSetting(self, request, context):
+        """Triton's trace settings: no settings reads them; a setting with no value clears it."""
+        metadata = context.invocation_metadata()
+        if request.settings:
+            updates = {k: list(v.value) or None for k, v in request.settings.items()}
+            settings = await self.dataplane.update_trace_settings(request.model_name, updates, metadata)
+        else:
+            settings = await self.dataplane.trace_settings(request.model_name, metadata)
+        value = pb.TraceSettingResponse.SettingValue
+        return pb.TraceSettingResponse(settings={k: value(value=v) for k, v in settings.items()})
+
+    @handle_errors
+    async def LogSettings(self, request, context):
+        """Triton's log settings: no settings reads them; a setting with no value is left as it is."""
+        metadata = context.invocation_metadata()
+        if request.settings:
+            updates = {}
+            for key, setting in request.settings.items():
+                which = setting.WhichOneof("parameter_choice")
+                updates[key] = getattr(setting, which) if which else None
+            settings = await self.dataplane.update_log_settings(updates, metadata)
+        else:
+            settings = await self.dataplane.log_settings(metadata)
+        return pb.LogSettingsResponse(settings={k: _log_value(v) for k, v in settings.items()})
+
+
+def _log_value(value) -> pb.LogSettingsResponse.SettingValue:
+    setting = pb.LogSettingsResponse.SettingValue
+    if isinstance(value, bool):
+        return setting(bool_param=value)
+    if isinstance(value, int):
+        return setting(uint32_param=value)
+    return setting(string_param=value)

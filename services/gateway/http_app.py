@@ -43,11 +43,15 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from aiworks.core.errors import AIWorksError, InvalidArgument, PayloadTooLarge, Status
+from aiworks.core.load_overrides import LoadOverrides, overrides_from_parameters
+from aiworks.core.looplag import offload
 from aiworks.core.names import NAME_RULE
 
 log = logging.getLogger(__name__)
 
 _CHALLENGE = 'Bearer realm="aiworks"'
+# A load body this large (its files in base64) is parsed off the event loop.
+_LARGE_LOAD_BODY = 1 << 20
 
 
 def _json(doc, status: int = 200, headers: dict | None = None) -> Response:
@@ -183,6 +187,41 @@ async def _send(send, status: int, body: bytes, headers: list[tuple[bytes, bytes
     await send({"type": "http.response.body", "body": body})
 
 
+def load_overrides_from_body(body: bytes) -> LoadOverrides:
+    """A load request's JSON body (empty, or ``{"parameters": {...}}``) as its overrides."""
+    if not body.strip():
+        return LoadOverrides()
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgument(f"malformed JSON in request body: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidArgument("a load request's body must be a JSON object")
+    parameters = doc.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise InvalidArgument("a load request's 'parameters' must be a JSON object")
+    return overrides_from_parameters(parameters, base64_files=True)
+
+
+def trace_settings_from_json(doc: dict) -> dict[str, list[str] | None]:
+    """Triton's HTTP trace settings (a string, a list of strings, or null to clear) as lists of strings."""
+    updates: dict[str, list[str] | None] = {}
+    for key, value in doc.items():
+        if value is None or isinstance(value, list):
+            items = value
+        else:
+            items = [value]
+        if items is not None and not all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in items):
+            raise InvalidArgument(f"trace setting '{key[:64]}' must be a string or a list of strings")
+        updates[key] = None if items is None else [str(v) for v in items]
+    return updates
+
+
+def trace_settings_to_json(settings: dict[str, list[str]]) -> dict:
+    """As Triton answers: trace_level a list, every other setting a string."""
+    return {k: v if k == "trace_level" else (v[0] if v else "") for k, v in settings.items()}
+
+
 def _time_param(request: Request, name: str) -> float | None:
     value = request.query_params.get(name)
     return None if value is None or value == "" else parse_time(value, name)
@@ -290,13 +329,51 @@ def create_app(dataplane: GatewayDataPlane, *, max_request_bytes: int) -> InferF
 
     @app.post("/v2/repository/models/{model}/load")
     async def load(model: str, request: Request):
-        await dataplane.load(model, request.headers)
+        """Triton's load; the body's ``parameters`` may carry ``config`` and ``file:<path>`` (base64) overrides."""
+
+        async def overrides() -> LoadOverrides:  # read only once the caller is known to be an admin
+            body = await read_body(request.stream(), request.headers.get("content-length"), max_request_bytes)
+            return await offload(load_overrides_from_body, body, large=len(body) > _LARGE_LOAD_BODY)  # base64 decoding
+
+        await dataplane.load(model, request.headers, overrides)
         return _json({})
 
     @app.post("/v2/repository/models/{model}/unload")
     async def unload(model: str, request: Request):
         await dataplane.unload(model, request.headers)
         return _json({})
+
+    # ---- trace and log settings (Triton's trace and logging extensions) --------------------------------
+
+    async def _json_body(request: Request) -> dict:
+        dataplane.authenticate(request.headers)  # before the body
+        body = await read_body(request.stream(), request.headers.get("content-length"), max_request_bytes)
+        try:
+            doc = orjson.loads(body) if body.strip() else {}
+        except orjson.JSONDecodeError as exc:
+            raise InvalidArgument(f"malformed JSON in request body: {exc}") from None
+        if not isinstance(doc, dict):
+            raise InvalidArgument("the request body must be a JSON object of settings")
+        return doc
+
+    @app.get("/v2/trace/setting")
+    @app.get("/v2/models/{model}/trace/setting")
+    async def trace_settings(request: Request, model: str = ""):
+        return _json(trace_settings_to_json(await dataplane.trace_settings(model, request.headers)))
+
+    @app.post("/v2/trace/setting")
+    @app.post("/v2/models/{model}/trace/setting")
+    async def update_trace_settings(request: Request, model: str = ""):
+        updates = trace_settings_from_json(await _json_body(request))
+        return _json(trace_settings_to_json(await dataplane.update_trace_settings(model, updates, request.headers)))
+
+    @app.get("/v2/logging")
+    async def log_settings(request: Request):
+        return _json(await dataplane.log_settings(request.headers))
+
+    @app.post("/v2/logging")
+    async def update_log_settings(request: Request):
+        return _json(await dataplane.update_log_settings(await _json_body(request), request.headers))
 
     # ---- usage (docs/tenancy.md) ----------------------------------------------------------------
 

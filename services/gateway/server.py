@@ -16,6 +16,7 @@ from aiworks.core.metrics import serve_metrics_or_warn, stop_metrics
 from aiworks.core.rpc import add_port, create_server, set_serving, use_process_caller
 from aiworks.core.tracing import setup_tracing, shutdown_tracing
 from aiworks.cache.client import CacheClient
+from aiworks.gateway.diagnostics import Diagnostics
 from aiworks.gateway.dataplane import GatewayDataPlane, Tenancy
 from aiworks.gateway.grpc_servicer import InferenceServicer
 from aiworks.gateway.http_app import create_app
@@ -74,7 +75,11 @@ async def serve(settings: GatewaySettings) -> None:
             retry_after_s=settings.cache_retry_after_s,
             tls=internal_tls,
         )
-    dataplane = GatewayDataPlane(scheduler, routing, settings.server_name, cache=cache, tenancy=tenancy)
+    diagnostics = Diagnostics(settings.trace_file.name if settings.trace_file else "")
+    dataplane = GatewayDataPlane(
+        scheduler, routing, settings.server_name, cache=cache, tenancy=tenancy, diagnostics=diagnostics,
+        max_load_file_bytes=settings.max_load_file_bytes,
+    )  # fmt: skip
 
     grpc_server, health = create_server(settings.max_request_bytes, max_metadata_bytes=settings.max_header_bytes)
     servicer = InferenceServicer(dataplane, settings.max_request_bytes)

@@ -37,6 +37,11 @@ class GatewaySettings(ServiceSettings):
         60.0, description="Longest a request without a deadline of its own waits for its runtime replica."
     )
     server_name: str = Field("aiworks", description="Name reported by server metadata.")
+    max_load_file_bytes: int = Field(
+        32 << 20,
+        ge=0,
+        description="Most bytes of model files one load request may bring (Triton's file: load parameters).",
+    )
 
     # ---- result cache (docs/cache.md) ----
     cache_address: str | None = Field(

@@ -24,6 +24,7 @@ import grpc
 from aiworks.core.converters import from_infer_request, to_model_spec, to_parameters, to_statistics, to_tensor
 from aiworks.core.errors import DeadlineExceeded, from_rpc_error
 from aiworks.core.inference import Answer, InferRequest, ModelStatistics
+from aiworks.core.load_overrides import LoadOverrides
 from aiworks.core.model_config import ModelSpec
 from aiworks.core.options import RequestOptions
 from aiworks.core.rpc import client_channel
@@ -150,8 +151,12 @@ class RuntimeClient:
                     work.compute_s += reply.compute_us / 1e6
                 yield answer_of(reply)
 
-    async def load(self, name: str) -> list[ModelSpec]:
-        reply = await self._call(self._stub.LoadModel, pb.LoadModelRequest(name=name), 120)
+    async def load(self, name: str, overrides: LoadOverrides | None = None) -> list[ModelSpec]:
+        request = pb.LoadModelRequest(name=name)
+        if overrides:
+            request.config_override = overrides.config
+            request.files.update(overrides.files)
+        reply = await self._call(self._stub.LoadModel, request, 120)
         return [to_model_spec(s) for s in reply.versions]
 
     async def unload(self, name: str, timeout_s: float | None = None) -> None:

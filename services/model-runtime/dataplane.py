@@ -15,6 +15,7 @@ loaded here: their config is reported as a spec, with the steps in the
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -39,11 +40,14 @@ from aiworks.core import metrics
 from aiworks.core.datatypes import Tensor, decode, encode
 from aiworks.core.errors import AIWorksError, Internal, InvalidArgument, NotFound, Unavailable
 from aiworks.core.inference import InferRequest, ModelStatistics
+from aiworks.core.load_overrides import LoadOverrides
 from aiworks.core.model_config import ModelConfig, ModelSpec, ModelState
 from aiworks.core.names import check_model_name
 from aiworks.core.options import RequestOptions
 
 log = logging.getLogger(__name__)
+
+NO_OVERRIDES = LoadOverrides()
 
 # Run by the scheduler step by step (aiworks.scheduler.pipeline), never loaded here.
 PIPELINE_PLATFORMS = ("ensemble", "pipeline")
@@ -117,8 +121,10 @@ class RuntimeDataPlane:
         retire_quiet_s: float = 2.0,
         batching: bool = True,
         queue_limits: QueueLimits = QueueLimits(),
+        max_load_file_bytes: int = 64 << 20,
     ):
         self.replica_id = replica_id
+        self.max_load_file_bytes = max_load_file_bytes
         self.inline_below_ns = inline_below_us * 1000
         self.residency = ResidencyLRU(memory_budget_bytes)
         self.warmup = warmup
@@ -148,12 +154,30 @@ class RuntimeDataPlane:
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
-    async def load(self, name: str, *, preloaded: bool = False) -> list[ModelSpec]:
-        """(Re)load a model's versions per its version policy, warm them up; returns their specs."""
+    async def load(
+        self, name: str, *, preloaded: bool = False, overrides: LoadOverrides = NO_OVERRIDES
+    ) -> list[ModelSpec]:
+        """(Re)load a model's versions per its version policy, warm them up; returns their specs.
+
+        ``overrides`` (Triton's ``config`` and ``file:`` load parameters) are
+        applied by the repository first: files written into the model's
+        folder, the config used for this load instead of the folder's.
+        """
         requested_ns = time.perf_counter_ns()
         lock = self._locks.setdefault(name, asyncio.Lock())
         async with lock:
-            entry = self.repository.entry(name)
+            config_override = None
+            if overrides:
+                apply = functools.partial(self.repository.apply_overrides, name, overrides, self.max_load_file_bytes)
+                try:  # file writes: off the event loop
+                    config_override = await asyncio.get_running_loop().run_in_executor(self._pool, apply)
+                except AIWorksError as exc:
+                    exc.message = self.repository.relative(exc.message)
+                    raise
+                except OSError as exc:  # its text holds the server's path: only its kind leaves
+                    log.warning("writing model %s's files failed: %s", name, exc)
+                    raise InvalidArgument(f"model '{name}': its files could not be written ({exc.strerror})") from None
+            entry = self.repository.entry(name, config_override)
             if entry.config is None:
                 self._failed[name] = self.repository.relative(entry.error)
                 raise InvalidArgument(f"cannot load model '{name}': {self._failed[name]}")

@@ -14,15 +14,26 @@ Names arrive from callers (a load request names a model): every name is
 checked with :mod:`aiworks.core.names` and every path resolved, symlinks
 included, and refused unless it stays inside the repository. Messages name
 the model and the file relative to its folder, never the repository's path.
+
+A load may bring Triton's overrides (:mod:`aiworks.core.load_overrides`): a
+JSON config used instead of the folder's config file, and files written into
+the model's own folder first (a new model's folder is made). Each file's path
+is relative to that folder; an absolute path, ``..``, a link on the way or
+one that resolves elsewhere is refused, as is more than the size cap in all.
+A file is written beside its target and renamed over it, so replicas that
+share the repository never read half a file.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiworks.core.errors import NotFound
-from aiworks.core.model_config import CONFIG_FILES, ModelConfig, read_config
+from aiworks.core.errors import InvalidArgument, NotFound, PayloadTooLarge
+from aiworks.core.load_overrides import LoadOverrides
+from aiworks.core.model_config import CONFIG_FILES, ModelConfig, parse_config, read_config
 from aiworks.core.names import check_model_name, inside, valid_model_name
 from aiworks.security.model_crypto import ENC_SUFFIX
 
@@ -89,9 +100,12 @@ class ModelRepository:
         inside(self.root, folder, f"model '{name}' folder")
         return folder
 
-    def entry(self, name: str) -> RepositoryEntry:
+    def entry(self, name: str, config: ModelConfig | None = None) -> RepositoryEntry:
+        """The model's folder; ``config`` (an override) instead of its config file when given."""
         folder = self.folder(name)
         versions = tuple(sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit()))
+        if config is not None:
+            return RepositoryEntry(name, config, versions)
         for filename in CONFIG_FILES:
             if (folder / filename).exists():
                 inside(self.root, folder / filename, f"model '{name}' file {filename}")
@@ -116,3 +130,69 @@ class ModelRepository:
                 inside(self.root, candidate, f"model '{config.name}' file {version}/{candidate.name}")
                 return candidate
         raise NotFound(f"model '{config.name}' version {version} has no {filename} (nor {filename}{ENC_SUFFIX})")
+
+    # ---- load overrides ------------------------------------------------------------------------
+
+    def apply_overrides(self, name: str, overrides: LoadOverrides, max_file_bytes: int) -> ModelConfig | None:
+        """Check ``overrides``, write their files into the model's folder; returns the config override, if any.
+
+        The config and every path are checked before the first file is
+        written; a link met on the way stops the writing there.
+        """
+        check_model_name(name)
+        overrides.check()
+        config = None
+        if overrides.config:
+            config = parse_config(overrides.config, fmt="json", model_name=name)
+        if not overrides.files:
+            return config
+        total = overrides.file_bytes
+        if total > max_file_bytes:
+            raise PayloadTooLarge(
+                f"the load's files hold {total} bytes, more than the {max_file_bytes} bytes this server accepts"
+            )
+        folder = self.root / name
+        if folder.is_symlink() or folder.exists():
+            if not folder.is_dir():
+                raise InvalidArgument(f"model '{name}' folder is not a folder")
+            inside(self.root, folder, f"model '{name}' folder")
+        targets = [(self._file_parts(name, path), content) for path, content in overrides.files.items()]
+        folder.mkdir(exist_ok=True)
+        for parts, content in targets:
+            self._write(name, folder, parts, content)
+        return config
+
+    @staticmethod
+    def _file_parts(name: str, path: str) -> tuple[str, ...]:
+        """``path``'s parts, refused unless it is a plain relative path (no root, no ``.`` or ``..``)."""
+        what = f"model '{name}' file '{path[:128]}'"
+        if "\\" in path or "\x00" in path or path.startswith("/") or (len(path) > 1 and path[1] == ":"):
+            raise InvalidArgument(f"{what}: a file's path must be relative to the model's folder, with '/' only")
+        parts = tuple(path.split("/"))
+        if any(part in ("", ".", "..") for part in parts):
+            raise InvalidArgument(f"{what}: a file's path may not hold empty, '.' or '..' parts")
+        if len(parts) == 1 and parts[0] in CONFIG_FILES:
+            raise InvalidArgument(f"{what}: the config comes in the 'config' parameter, not as a file")
+        return parts
+
+    def _write(self, name: str, folder: Path, parts: tuple[str, ...], content: bytes) -> None:
+        what = f"model '{name}' file '{'/'.join(parts)[:128]}'"
+        parent = folder
+        for part in parts[:-1]:  # one level at a time: a link on the way is refused, never followed
+            parent = parent / part
+            if parent.is_symlink() or (parent.exists() and not parent.is_dir()):
+                raise InvalidArgument(f"{what}: '{part}' on its way is a link or a file")
+            parent.mkdir(exist_ok=True)
+            inside(folder, parent, what)
+        target = parent / parts[-1]
+        if target.is_symlink() or target.is_dir():
+            raise InvalidArgument(f"{what}: it would replace a link or a folder")
+        inside(folder, target, what)
+        fd, temporary = tempfile.mkstemp(prefix=".upload-", dir=parent)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(content)
+            os.replace(temporary, target)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise

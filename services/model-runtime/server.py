@@ -141,6 +141,7 @@ async def serve(settings: RuntimeSettings) -> None:
         replica_id=replica_id,
         drain_timeout_s=settings.drain_timeout_s,
         batching=settings.batching,
+        max_load_file_bytes=settings.max_load_file_bytes,
         queue_limits=QueueLimits(
             settings.max_queue_requests, settings.max_queue_bytes, settings.priority_aging_ms / 1e3,
             settings.max_sequence_backlog,

@@ -15,6 +15,7 @@ from aiworks.core.converters import (
     to_options,
 )
 from aiworks.core.errors import AIWorksError
+from aiworks.core.load_overrides import LoadOverrides
 from aiworks.core.rpc import handle_errors
 from aiworks.core.stream import error_fields, serve_stream
 from aiworks.core.tracing import remote_scope
@@ -91,7 +92,8 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
 
     @handle_errors
     async def LoadModel(self, request, context):
-        specs = await self.dataplane.load(request.name)
+        overrides = LoadOverrides(request.config_override, dict(request.files))
+        specs = await self.dataplane.load(request.name, overrides=overrides)
         return pb.LoadModelResponse(versions=[from_model_spec(s) for s in specs])
 
     @handle_errors

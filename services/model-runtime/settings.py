@@ -35,6 +35,11 @@ class RuntimeSettings(ServiceSettings):
         100, description="Batches that compute faster than this run on the event loop instead of a worker thread."
     )
     heartbeat_interval_s: float = Field(1.0, description="Seconds between heartbeats to the scheduler.")
+    max_load_file_bytes: int = Field(
+        64 << 20,
+        ge=0,
+        description="Most bytes of model files one LoadModel call may write (the gateway caps a client's load first).",
+    )
     memory_budget_bytes: int = Field(
         0, description="Bound on resident model versions (their size on disk); least recently used evicted. 0: none."
     )

@@ -28,6 +28,7 @@ import grpc
 from aiworks.core.converters import to_model_spec, to_statistics
 from aiworks.core.errors import AIWorksError, Unavailable, from_rpc_error
 from aiworks.core.inference import InferRequest, ModelStatistics
+from aiworks.core.load_overrides import LoadOverrides
 from aiworks.core.model_config import ModelSpec
 from aiworks.core.options import Priority, RequestOptions
 from aiworks.core.rpc import client_channel
@@ -108,9 +109,16 @@ class SchedulerClient:
         reply = await self._call("RepositoryIndex", pb.RepositoryIndexRequest(ready_only=ready_only), 10)
         return [to_model_spec(s) for s in reply.models]
 
-    async def load(self, name: str) -> tuple[list[ModelSpec], int]:
-        """(Re)load ``name`` on every replica: its versions, and the routing table's generation that shows them."""
-        reply = await self._call("LoadModel", pb.ModelRef(name=name), 180)
+    async def load(self, name: str, overrides: LoadOverrides | None = None) -> tuple[list[ModelSpec], int]:
+        """(Re)load ``name`` on every replica: its versions, and the routing table's generation that shows them.
+
+        ``overrides`` (Triton's load parameters) go to every replica with the load.
+        """
+        request = pb.LoadModelRequest(name=name)
+        if overrides:
+            request.config_override = overrides.config
+            request.files.update(overrides.files)
+        reply = await self._call("LoadModel", request, 180)
         return [to_model_spec(s) for s in reply.versions], reply.generation
 
     async def unload(self, name: str) -> int:

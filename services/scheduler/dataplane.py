@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from aiworks.core import metrics
 from aiworks.core.errors import AIWorksError, InvalidArgument, NotFound, Unavailable
 from aiworks.core.inference import ModelStatistics
+from aiworks.core.load_overrides import LoadOverrides
 from aiworks.core.model_config import ModelSpec, ModelState
 from aiworks.core.names import check_model_name
 from aiworks.scheduler.drain import Drainer
@@ -243,7 +244,7 @@ class Scheduler:
             raise errors[0]
         return list(zip(replicas, results))
 
-    async def load(self, model: str) -> list[ModelSpec]:
+    async def load(self, model: str, overrides: LoadOverrides | None = None) -> list[ModelSpec]:
         """(Re)load ``model`` on every replica; versions the reload retires drain before they go.
 
         While the reload runs, gateways keep routing by the versions served
@@ -253,12 +254,15 @@ class Scheduler:
         such versions that no replica still serves are released when no
         replica reports a queue of them any more (the runtimes keep them until
         idle).
+
+        ``overrides`` (Triton's ``config`` and ``file:`` load parameters) go
+        to every replica as they are; each applies them to its repository.
         """
         check_model_name(model)
         started = time.perf_counter()
 
         async def one(replica: Replica):
-            specs = await replica.client.load(model)
+            specs = await replica.client.load(model, overrides)
             others = [s for s in replica.models.values() if s.name != model]
             self.registry.set_models(replica, others + specs)
             return specs

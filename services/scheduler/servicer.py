@@ -8,6 +8,7 @@ import logging
 
 from aiworks.core.converters import from_model_spec, from_statistics, to_model_spec
 from aiworks.core.errors import AIWorksError
+from aiworks.core.load_overrides import LoadOverrides
 from aiworks.core.rpc import handle_errors
 from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
 from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
@@ -111,7 +112,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     @handle_errors
     async def LoadModel(self, request, context):
-        specs = await self.scheduler.load(request.name)
+        overrides = LoadOverrides(request.config_override, dict(request.files))
+        specs = await self.scheduler.load(request.name, overrides)
         generation = self.scheduler.registry.generation
         return pb.LoadModelResponse(versions=[from_model_spec(s) for s in specs], generation=generation)
 

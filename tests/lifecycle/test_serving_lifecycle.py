@@ -51,7 +51,7 @@ class FakeReplica:
         self.rows[request.version] = self.rows.get(request.version, 0) + len(x)
         return Answer([Tensor.from_numpy("y", (x * self.factors[request.version]).astype(np.float32))])
 
-    async def load(self, model):
+    async def load(self, model, overrides=None):
         return self.reloaded
 
     async def unload(self, model, timeout_s=None):

@@ -55,3 +55,13 @@ def setup_logging(service: str, level: str = "INFO") -> None:
     root.setLevel(level.upper())
     # Per-request access logs would dominate the file; errors still show.
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
+
+
+def log_level() -> int:
+    """The level this process logs at now (the root logger's)."""
+    return logging.getLogger().level
+
+
+def set_log_level(level: int) -> None:
+    """Log at ``level`` from now on (the gateway's logging API changes it while the process runs)."""
+    logging.getLogger().setLevel(level)

@@ -80,6 +80,7 @@ def setup_tracing(service: str, settings, *, instance: str = "", environ: Mappin
     global _tracer, _provider
     shutdown_tracing()
     otel = otel_environment(environ)
+    SAMPLING.start(getattr(settings, "trace_sample_ratio", 1.0), adjustable=not otel.get("OTEL_TRACES_SAMPLER"))
     if otel.get("OTEL_SDK_DISABLED", "").lower() == "true":
         return False
     endpoint = (
@@ -125,11 +126,16 @@ def setup_tracing(service: str, settings, *, instance: str = "", environ: Mappin
 
 
 def _sampler(name: str | None, arg: str | None, default_ratio: float):
-    """OTEL_TRACES_SAMPLER's sampler (the specification's names), else the service's ratio; callers' decisions kept."""
+    """OTEL_TRACES_SAMPLER's sampler (the specification's names), else the service's ratio; callers' decisions kept.
+
+    The service's ratio is :data:`SAMPLING`'s, which may change while the
+    process runs (the gateway's trace settings API); a fixed sampler from the
+    environment may not.
+    """
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, TraceIdRatioBased
 
     if not name:
-        return ParentBased(TraceIdRatioBased(default_ratio))
+        return ParentBased(_AdjustableRatio())
     ratio = float(arg) if arg else 1.0
     known = {
         "always_on": lambda: ALWAYS_ON, "always_off": lambda: ALWAYS_OFF,
@@ -142,6 +148,63 @@ def _sampler(name: str | None, arg: str | None, default_ratio: float):
                     ", ".join(known), default_ratio)  # fmt: skip
         return ParentBased(TraceIdRatioBased(default_ratio))
     return known[name.lower()]()
+
+
+class Sampling:
+    """The share of new traces recorded: one ratio for all, and ratios per model (the span's ``aiworks.model``).
+
+    Read by the sampler at each root span; changed by the gateway's trace
+    settings API. Only traces that start here are sampled by it: a caller's
+    ``traceparent`` keeps the caller's decision.
+    """
+
+    def __init__(self) -> None:
+        self.initial = 1.0
+        self.ratio = 1.0
+        self.models: dict[str, float] = {}
+        self.adjustable = True
+
+    def start(self, ratio: float, *, adjustable: bool) -> None:
+        self.initial = self.ratio = ratio
+        self.models = {}
+        self.adjustable = adjustable
+
+    def for_model(self, model: str | None) -> float:
+        return self.models.get(model, self.ratio) if model else self.ratio
+
+
+SAMPLING = Sampling()
+MODEL_ATTRIBUTE = "aiworks.model"
+
+
+def _ratio_sampler_class():
+    from opentelemetry.sdk.trace.sampling import Sampler, TraceIdRatioBased
+
+    class AdjustableRatio(Sampler):
+        """TraceIdRatioBased at :data:`SAMPLING`'s ratio of the moment, for the span's model."""
+
+        def __init__(self) -> None:
+            self._by_ratio: dict[float, TraceIdRatioBased] = {}
+
+        def should_sample(
+            self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None
+        ):
+            ratio = SAMPLING.for_model(attributes.get(MODEL_ATTRIBUTE) if attributes else None)
+            sampler = self._by_ratio.get(ratio)
+            if sampler is None:
+                if len(self._by_ratio) >= 64:  # ratios come from an API: keep the cache bounded
+                    self._by_ratio.clear()
+                sampler = self._by_ratio[ratio] = TraceIdRatioBased(ratio)
+            return sampler.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
+
+        def get_description(self) -> str:
+            return "AIWorksAdjustableRatio"
+
+    return AdjustableRatio
+
+
+def _AdjustableRatio():  # noqa: N802 - the SDK is imported only when something exports
+    return _ratio_sampler_class()()
 
 
 def shutdown_tracing() -> None:

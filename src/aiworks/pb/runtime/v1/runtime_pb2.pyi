@@ -215,10 +215,21 @@ class InferResponseFrame(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[InferResponse, _Mapping]]] = ...) -> None: ...
 
 class LoadModelRequest(_message.Message):
-    __slots__ = ("name",)
+    __slots__ = ("name", "config_override", "files")
+    class FilesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_OVERRIDE_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
     name: str
-    def __init__(self, name: _Optional[str] = ...) -> None: ...
+    config_override: str
+    files: _containers.ScalarMap[str, bytes]
+    def __init__(self, name: _Optional[str] = ..., config_override: _Optional[str] = ..., files: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
 
 class LoadModelResponse(_message.Message):
     __slots__ = ("versions",)

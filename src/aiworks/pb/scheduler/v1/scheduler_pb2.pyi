@@ -51,6 +51,23 @@ class RepositoryIndexResponse(_message.Message):
     models: _containers.RepeatedCompositeFieldContainer[_runtime_pb2.ModelSpec]
     def __init__(self, models: _Optional[_Iterable[_Union[_runtime_pb2.ModelSpec, _Mapping]]] = ...) -> None: ...
 
+class LoadModelRequest(_message.Message):
+    __slots__ = ("name", "config_override", "files")
+    class FilesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_OVERRIDE_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    config_override: str
+    files: _containers.ScalarMap[str, bytes]
+    def __init__(self, name: _Optional[str] = ..., config_override: _Optional[str] = ..., files: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
+
 class LoadModelResponse(_message.Message):
     __slots__ = ("versions", "generation")
     VERSIONS_FIELD_NUMBER: _ClassVar[int]

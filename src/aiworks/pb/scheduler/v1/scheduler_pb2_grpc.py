@@ -61,7 +61,7 @@ class SchedulerServiceStub:
                 _registered_method=True)
         self.LoadModel = channel.unary_unary(
                 '/aiworks.scheduler.v1.SchedulerService/LoadModel',
-                request_serializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.ModelRef.SerializeToString,
+                request_serializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.LoadModelRequest.SerializeToString,
                 response_deserializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.LoadModelResponse.FromString,
                 _registered_method=True)
         self.UnloadModel = channel.unary_unary(
@@ -227,7 +227,7 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
             ),
             'LoadModel': grpc.unary_unary_rpc_method_handler(
                     servicer.LoadModel,
-                    request_deserializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.ModelRef.FromString,
+                    request_deserializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.LoadModelRequest.FromString,
                     response_serializer=aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.LoadModelResponse.SerializeToString,
             ),
             'UnloadModel': grpc.unary_unary_rpc_method_handler(
@@ -431,7 +431,7 @@ class SchedulerService:
             request,
             target,
             '/aiworks.scheduler.v1.SchedulerService/LoadModel',
-            aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.ModelRef.SerializeToString,
+            aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.LoadModelRequest.SerializeToString,
             aiworks_dot_scheduler_dot_v1_dot_scheduler__pb2.LoadModelResponse.FromString,
             options,
             channel_credentials,
