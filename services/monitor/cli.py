@@ -19,6 +19,9 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from aiworks.core.flags import add_monitor_address, add_tls_dir
+from aiworks.core.output import add_output_flag
+
 FLAGS = [
     "host", "port", "platform", "supervisor_url", "scheduler_address", "prometheus_url", "namespace", "release",
     "interval_s", "events_file", "min_replicas", "max_replicas", "log_level",
@@ -101,20 +104,23 @@ def format_event(event: dict) -> str:
     return f"{event['time']}  {event['kind']:<15} {event['target']:<16} {event['reason']:<14} {event['message']}"
 
 
-def _print(event: dict, as_json: bool) -> None:
-    print(json.dumps(event, sort_keys=True) if as_json else format_event(event), flush=True)
+def _print(event: dict, output: str) -> None:
+    from aiworks.core.output import emit_record
+
+    emit_record(event, output, lambda: format_event(event))
 
 
 def cmd_events(args: argparse.Namespace) -> None:
-    context = _tls_context(args.tls_dir) if args.monitor.startswith("https://") else None
+    monitor = args.monitor_address
+    context = _tls_context(args.tls_dir) if monitor.startswith("https://") else None
     try:
-        doc = fetch_events(args.monitor, kind=args.kind, limit=args.limit, context=context)
+        doc = fetch_events(monitor, kind=args.kind, limit=args.limit, context=context)
     except (urllib.error.URLError, OSError) as exc:
-        raise SystemExit(f"error: cannot reach the monitor at {args.monitor}: {exc}") from None
+        raise SystemExit(f"error: cannot reach the monitor at {monitor}: {exc}") from None
     for event in doc["events"]:
-        _print(event, args.json)
+        _print(event, args.output)
     if not args.follow:
-        if not doc["events"] and not args.json:
+        if not doc["events"] and args.output == "table":
             print("no events yet", file=sys.stderr)
         return
     cursor = doc["last_id"]
@@ -123,7 +129,7 @@ def cmd_events(args: argparse.Namespace) -> None:
         while True:
             time.sleep(args.interval_s)
             try:
-                doc = fetch_events(args.monitor, since=cursor, kind=args.kind, context=context)
+                doc = fetch_events(monitor, since=cursor, kind=args.kind, context=context)
             except (urllib.error.URLError, OSError) as exc:
                 if not warned:
                     print(f"monitor unreachable ({exc}); retrying", file=sys.stderr, flush=True)
@@ -131,7 +137,7 @@ def cmd_events(args: argparse.Namespace) -> None:
                 continue
             warned = False
             for event in doc["events"]:
-                _print(event, args.json)
+                _print(event, args.output)
             cursor = doc["next"]
     except KeyboardInterrupt:
         pass
@@ -166,15 +172,11 @@ def add_monitor_parsers(sub) -> None:
         description=EVENTS_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    e.add_argument(
-        "--monitor", default=DEFAULT_MONITOR_URL, help=f"URL of the monitor's HTTP API (default {DEFAULT_MONITOR_URL})"
-    )
+    add_monitor_address(e, DEFAULT_MONITOR_URL)
     e.add_argument("--kind", help="only events of this kind: restart, scale_out, scale_in, eject, anomaly, ...")
     e.add_argument("--limit", type=int, default=50, help="show at most the newest N events at first (default 50)")
     e.add_argument("-f", "--follow", action="store_true", help="keep printing new events until Ctrl-C")
-    e.add_argument("--json", action="store_true", help="print one JSON object per event and line")
+    add_output_flag(e)  # json: one object per event and line; yaml: one document per event
     e.add_argument("--interval-s", type=float, default=1.0, help="polling interval of --follow (default 1 s)")
-    e.add_argument(
-        "--tls-dir", help="tls.crt, tls.key and ca.crt for an https:// monitor URL (default $AIWORKS_TLS_DIR)"
-    )
+    add_tls_dir(e, "tls.crt, tls.key and ca.crt for an https:// monitor URL (default $AIWORKS_TLS_DIR)")
     e.set_defaults(func=cmd_events)

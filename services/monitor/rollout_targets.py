@@ -29,12 +29,10 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-import grpc
+from aiworks.scheduler.client import SchedulerClient, TrafficPolicy
 
-from aiworks.core.errors import AIWorksError, InvalidArgument, NotFound, Status, Unavailable, from_rpc_error
-from aiworks.core.rpc import client_channel, process_tls
-from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
-from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
+from aiworks.core.errors import AIWorksError, InvalidArgument, NotFound, Status, Unavailable
+from aiworks.core.rpc import process_tls
 
 log = logging.getLogger(__name__)
 
@@ -89,27 +87,20 @@ class LocalTraffic:
         self.address = scheduler_address
         self.timeout_s = timeout_s
         self._max_message_bytes = max_message_bytes
-        self._channel: grpc.aio.Channel | None = None
+        self._client: SchedulerClient | None = None
 
-    def _stub(self) -> scheduler_pb2_grpc.SchedulerServiceStub:
-        if self._channel is None:
+    def _scheduler(self) -> SchedulerClient:
+        if self._client is None:  # made on first use, inside the event loop
             # mTLS when the monitor runs with certificates (aiworks up --tls): its process-wide identity.
-            self._channel = client_channel(self.address, self._max_message_bytes, process_tls(), server_name="scheduler")
-        return scheduler_pb2_grpc.SchedulerServiceStub(self._channel)
-
-    async def _call(self, method: str, request):
-        try:
-            return await getattr(self._stub(), method)(request, timeout=self.timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc, f"the scheduler at {self.address}") from None
+            self._client = SchedulerClient(self.address, self._max_message_bytes, self.timeout_s, process_tls())
+        return self._client
 
     async def set_split(self, model: str, stable: str, canary: str, canary_weight: int) -> None:
-        policy = pb.TrafficPolicy(model=model, weights=split_weights(stable, canary, canary_weight))
-        await self._call("SetTrafficPolicy", pb.SetTrafficPolicyRequest(policy=policy))
+        policy = TrafficPolicy(model, split_weights(stable, canary, canary_weight))
+        await self._scheduler().set_traffic(policy, keep_shadow=True)
 
     async def weights(self, model: str) -> dict[str, int]:
-        reply = await self._call("GetTrafficPolicy", pb.GetTrafficPolicyRequest(model=model))
-        return dict(reply.weights)
+        return dict((await self._scheduler().get_traffic(model)).weights)
 
     async def serving_version(self, model: str) -> str:
         weights = await self.weights(model)
@@ -122,7 +113,7 @@ class LocalTraffic:
 
     async def ready_versions(self, model: str) -> list[str]:
         # From Status, which the mesh already lets the monitor call (mesh/authorization-policy-scheduler.yaml).
-        reply = await self._call("Status", pb.StatusRequest())
+        reply = await self._scheduler().status_message()
         found = set()
         for replica in reply.replicas:
             if replica.live:
@@ -133,9 +124,9 @@ class LocalTraffic:
         return sorted(found, key=_version_order)
 
     async def close(self) -> None:
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = None
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
 
 
 def _version_order(version: str) -> tuple[int, str]:

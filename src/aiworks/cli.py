@@ -12,6 +12,9 @@ import signal
 import sys
 from pathlib import Path
 
+from aiworks.core.flags import add_scheduler_address, add_tls_dir
+from aiworks.core.output import add_output_flag
+
 DESCRIPTION = """\
 AIWorks: serve ONNX models over the KServe v2 / Open Inference Protocol with
 dynamic batching, replica routing and one-command local start-up.
@@ -220,8 +223,8 @@ def _tls_hints(supervisor, grpc_port: int) -> list[str]:
         f"  curl --cacert {certs}/ca.crt {supervisor.http_url}/v2/health/ready",
         f'  tritonclient.http.InferenceServerClient("{http}", ssl=True, ssl_options={{"ca_certs": "{certs}/ca.crt"}})',
         f'  tritonclient.grpc.InferenceServerClient("{host}:{grpc_port}", ssl=True, root_certificates="{certs}/ca.crt")',
-        f"  AIWORKS_TLS_DIR={admin} aiworks status --scheduler {supervisor.scheduler_address}",
-        f"  aiworks traffic --tls-dir {admin} --scheduler {supervisor.scheduler_address} get digits",
+        f"  aiworks status --tls-dir {admin} --scheduler-address {supervisor.scheduler_address}",
+        f"  aiworks traffic --tls-dir {admin} --scheduler-address {supervisor.scheduler_address} get digits",
     ]
 
 
@@ -240,7 +243,7 @@ def cmd_demo_models(args) -> None:
 def cmd_status(args) -> None:
     from aiworks.status import show_status
 
-    show_status(args.scheduler)
+    show_status(args.scheduler_address, args.tls_dir, args.output)
 
 
 def cmd_bench(args) -> None:
@@ -252,11 +255,21 @@ def cmd_bench(args) -> None:
 # ---- parser ----------------------------------------------------------------------------------
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("aiworks")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aiworks", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     up = sub.add_parser(
         "up",
@@ -361,7 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
     rt.set_defaults(func=cmd_runtime, batching=None)
 
     st = sub.add_parser("status", help="show queues, replicas and their load")
-    st.add_argument("--scheduler", default="127.0.0.1:8010", help="scheduler address (default 127.0.0.1:8010)")
+    add_scheduler_address(st)
+    add_tls_dir(st)
+    add_output_flag(st)
     st.set_defaults(func=cmd_status)
 
     dm = sub.add_parser("demo-models", help="build the demo model repository (iris, digits v1 and v2)")
@@ -400,7 +415,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # a bare `aiworks`: what it can do
+        parser.print_help()
+        return
     args.func(args)
 
 
