@@ -50,8 +50,8 @@ examples:
   aiworks events                          the last 50 events of the local suite's monitor
   aiworks events --kind restart           restarts only
   aiworks events --follow                 keep printing new events until Ctrl-C
-  aiworks events --json | jq .details     one JSON object per line
-  aiworks events --monitor https://monitor.example:8040 --tls-dir certs/admin
+  aiworks events -o json | jq .details    one JSON object per line (-o yaml: one document each)
+  aiworks events --monitor-address https://monitor.example:8040 --tls-dir certs/admin
 """
 
 

@@ -168,7 +168,7 @@ def cmd_up(args) -> None:
             lines.append(f"  cache:            {supervisor.cache_address} ({store})")
         if supervisor.monitor_url:
             url = supervisor.monitor_url
-            lines.append(f"  monitor:          {url} (see `aiworks events --monitor {url}`)")
+            lines.append(f"  monitor:          {url} (see `aiworks events --monitor-address {url}`)")
         lines.append(f"  control API:      {supervisor.control_url}/v1/services (bearer token: docs/security.md)")
         lines.append(f"  callers checked:  {supervisor.caller_auth}")
         targets = supervisor.metrics_targets()
