@@ -22,6 +22,7 @@ import urllib.request
 from aiworks.core.flags import add_monitor_address, add_tls_dir
 from aiworks.core.output import add_output_flag
 
+SETTINGS = "aiworks.monitor.settings:MonitorSettings"
 FLAGS = [
     "host", "port", "platform", "supervisor_url", "scheduler_address", "prometheus_url", "namespace", "release",
     "interval_s", "events_file", "min_replicas", "max_replicas", "log_level",
@@ -143,27 +144,20 @@ def cmd_events(args: argparse.Namespace) -> None:
         pass
 
 
-def add_monitor_parsers(sub) -> None:
-    """Add the ``monitor`` and ``events`` commands to the ``aiworks`` subparsers."""
+def add_monitor_parsers(sub, settings_flags: bool = True) -> None:
+    """Add the ``monitor`` and ``events`` commands to the ``aiworks`` subparsers. ``monitor``'s flags are the
+    settings fields in :data:`FLAGS` (``settings_flags=False`` leaves them out: ``aiworks --help`` need not
+    import them)."""
     p = sub.add_parser(
         "monitor",
         help="run the monitor: restarts, autoscaling, ejection, anomalies (env AIWORKS_MONITOR_*)",
         description=MONITOR_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--host", help="interface the HTTP server binds (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port of the events API and /metrics (default 8040)")
-    p.add_argument("--platform", choices=["local", "kubernetes"], help="what it acts on (default local)")
-    p.add_argument("--supervisor-url", help="control API of `aiworks up` (local platform)")
-    p.add_argument("--scheduler-address", help="host:port of the scheduler, asked to eject replicas (required)")
-    p.add_argument("--prometheus-url", help="query this Prometheus instead of scraping every /metrics")
-    p.add_argument("--namespace", help="Kubernetes namespace of the release (kubernetes platform)")
-    p.add_argument("--release", help="Helm release to watch (kubernetes platform)")
-    p.add_argument("--interval-s", type=float, help="seconds between rounds of the control loop (default 1)")
-    p.add_argument("--events-file", help="also append every event to this JSON-lines file")
-    p.add_argument("--min-replicas", type=int, help="fewest runtime replicas per pool (default 1)")
-    p.add_argument("--max-replicas", type=int, help="most runtime replicas per pool (default 4)")
-    p.add_argument("--log-level")
+    if settings_flags:
+        from aiworks.core.flags import add_settings_flags
+
+        add_settings_flags(p, SETTINGS, FLAGS)
     p.set_defaults(func=cmd_monitor)
 
     e = sub.add_parser(

@@ -18,11 +18,12 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import aiohttp
+import grpc
 from aiworks.monitor.discovery import Inventory, Service, from_supervisor
-from aiworks.scheduler.client import SchedulerClient
 
-from aiworks.core.errors import AIWorksError, Status, Unavailable
-from aiworks.core.rpc import process_tls
+from aiworks.core.errors import AIWorksError, Status, Unavailable, from_rpc_error
+from aiworks.core.rpc import client_channel, process_tls
+from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from aiworks.security.callers import ClientCaller
 from aiworks.security.tls import TLSFiles
 
@@ -73,17 +74,23 @@ class SchedulerEjector:
         self.timeout_s = timeout_s
         self._max_message_bytes = max_message_bytes
         self._tls = tls or process_tls()
-        self._client: SchedulerClient | None = None  # made on first use, inside the event loop
+        self._channel: grpc.aio.Channel | None = None
 
     async def eject(self, replica_id: str, duration_s: float, reason: str) -> EjectResult:
-        if self._client is None:
-            self._client = SchedulerClient(self.address, self._max_message_bytes, self.timeout_s, self._tls)
-        return EjectResult(*await self._client.eject(replica_id, duration_s, reason))
+        if self._channel is None:
+            self._channel = client_channel(self.address, self._max_message_bytes, self._tls, server_name="scheduler")
+        stub = scheduler_pb2_grpc.SchedulerServiceStub(self._channel)
+        request = scheduler_pb2.EjectReplicaRequest(replica_id=replica_id, duration_s=duration_s, reason=reason)
+        try:
+            reply = await stub.EjectReplica(request, timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, f"the scheduler at {self.address}") from None
+        return EjectResult(reply.ejected, reply.ejected_for_s, reply.message)
 
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
 
 
 _STATUS_BY_HTTP = {s.http: s for s in reversed(Status)}

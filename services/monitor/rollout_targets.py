@@ -29,10 +29,12 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from aiworks.scheduler.client import SchedulerClient, TrafficPolicy
+import grpc
 
-from aiworks.core.errors import AIWorksError, InvalidArgument, NotFound, Status, Unavailable
-from aiworks.core.rpc import process_tls
+from aiworks.core.errors import AIWorksError, InvalidArgument, NotFound, Status, Unavailable, from_rpc_error
+from aiworks.core.rpc import client_channel, process_tls
+from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
+from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -87,20 +89,27 @@ class LocalTraffic:
         self.address = scheduler_address
         self.timeout_s = timeout_s
         self._max_message_bytes = max_message_bytes
-        self._client: SchedulerClient | None = None
+        self._channel: grpc.aio.Channel | None = None
 
-    def _scheduler(self) -> SchedulerClient:
-        if self._client is None:  # made on first use, inside the event loop
+    def _stub(self) -> scheduler_pb2_grpc.SchedulerServiceStub:
+        if self._channel is None:
             # mTLS when the monitor runs with certificates (aiworks up --tls): its process-wide identity.
-            self._client = SchedulerClient(self.address, self._max_message_bytes, self.timeout_s, process_tls())
-        return self._client
+            self._channel = client_channel(self.address, self._max_message_bytes, process_tls(), server_name="scheduler")
+        return scheduler_pb2_grpc.SchedulerServiceStub(self._channel)
+
+    async def _call(self, method: str, request):
+        try:
+            return await getattr(self._stub(), method)(request, timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, f"the scheduler at {self.address}") from None
 
     async def set_split(self, model: str, stable: str, canary: str, canary_weight: int) -> None:
-        policy = TrafficPolicy(model, split_weights(stable, canary, canary_weight))
-        await self._scheduler().set_traffic(policy, keep_shadow=True)
+        policy = pb.TrafficPolicy(model=model, weights=split_weights(stable, canary, canary_weight))
+        await self._call("SetTrafficPolicy", pb.SetTrafficPolicyRequest(policy=policy))
 
     async def weights(self, model: str) -> dict[str, int]:
-        return dict((await self._scheduler().get_traffic(model)).weights)
+        reply = await self._call("GetTrafficPolicy", pb.GetTrafficPolicyRequest(model=model))
+        return dict(reply.weights)
 
     async def serving_version(self, model: str) -> str:
         weights = await self.weights(model)
@@ -113,7 +122,7 @@ class LocalTraffic:
 
     async def ready_versions(self, model: str) -> list[str]:
         # From Status, which the mesh already lets the monitor call (mesh/authorization-policy-scheduler.yaml).
-        reply = await self._scheduler().status_message()
+        reply = await self._call("Status", pb.StatusRequest())
         found = set()
         for replica in reply.replicas:
             if replica.live:
@@ -124,9 +133,9 @@ class LocalTraffic:
         return sorted(found, key=_version_order)
 
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
 
 
 def _version_order(version: str) -> tuple[int, str]:

@@ -88,6 +88,9 @@ def test_an_unknown_output_format_is_a_usage_error(capsys):
         (["usage", "--url", "https://g:1"], "gateway_url", "https://g:1"),
         (["usage", "--gateway-url", "https://g:1"], "gateway_url", "https://g:1"),
         (["kube", "check", "--gateway", "http://g", "--scheduler", "s:1"], "gateway_url", "http://g"),
+        (["bench", "-m", "iris", "--url", "g:1"], "url", "g:1"),
+        (["bench", "-m", "iris", "--gateway-url", "g:1"], "url", "g:1"),
+        (["bench", "-m", "iris", "-u", "g:1"], "url", "g:1"),
         (["kube", "check", "--gateway-url", "http://g", "--scheduler-address", "s:1"], "scheduler_address", "s:1"),
     ],
 )
@@ -191,3 +194,76 @@ def test_a_stream_of_records_is_json_lines_or_yaml_documents(capsys):
     assert list(yaml.safe_load_all(capsys.readouterr().out)) == [{"seq": 0}, {"seq": 1}]
     emit_record({"seq": 0}, "table", lambda: "seq 0")
     assert capsys.readouterr().out == "seq 0\n"
+
+
+# ---- a service's settings are its flags ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["gateway", "scheduler", "runtime", "cache", "monitor"])
+def test_a_service_commands_flags_are_its_settings_fields(command):
+    """Each flag is a settings field: named after it, typed by it, explained by its description and variable."""
+    import importlib
+
+    from aiworks import cli as aiworks_cli
+
+    fields = {
+        "gateway": (aiworks_cli.GATEWAY_SETTINGS, aiworks_cli.GATEWAY_FLAGS),
+        "scheduler": (aiworks_cli.SCHEDULER_SETTINGS, aiworks_cli.SCHEDULER_FLAGS),
+        "runtime": (aiworks_cli.RUNTIME_SETTINGS, [*aiworks_cli.RUNTIME_FLAGS, *aiworks_cli.RUNTIME_TRITON_FLAGS]),
+        "cache": (importlib.import_module("aiworks.cache.cli").SETTINGS, importlib.import_module("aiworks.cache.cli").FLAGS),
+        "monitor": (importlib.import_module("aiworks.monitor.cli").SETTINGS,
+                    importlib.import_module("aiworks.monitor.cli").FLAGS),
+    }[command]  # fmt: skip
+    settings, names = fields
+    cls = aiworks_cli._settings_class(settings)
+    prefix = cls.model_config["env_prefix"]
+    text = " ".join(_help_of(command).split())
+    for name in names:
+        assert f"--{name.replace('_', '-')}" in text, name
+        assert f"{prefix}{name.upper()}" in text, name
+        first_words = " ".join(cls.model_fields[name].description.rstrip(".").split()[:3])
+        assert first_words in text, (name, first_words)
+
+
+def _help_of(command: str) -> str:
+    parser = build_parser(command)
+    return parser._subparsers._group_actions[0].choices[command].format_help()
+
+
+def test_settings_flags_are_typed_and_override_the_environment(monkeypatch):
+    from aiworks.cli import RUNTIME_FLAGS, RUNTIME_TRITON_FLAGS, _settings_class, _settings_from
+
+    monkeypatch.setenv("AIWORKS_RUNTIME_SCHEDULER_ADDRESS", "env:1")
+    monkeypatch.setenv("AIWORKS_RUNTIME_PORT", "7000")
+    args = build_parser("runtime").parse_args(
+        ["runtime", "--port", "7001", "--models", "iris", "digits", "--no-batching", "--gpu-memory-fraction", "0.5"]
+    )
+    assert (args.port, args.models, args.batching, args.gpu_memory_fraction) == (7001, ["iris", "digits"], False, 0.5)
+    settings = _settings_from(_settings_class("aiworks.runtime.settings:RuntimeSettings"), args,
+                              [*RUNTIME_FLAGS, *RUNTIME_TRITON_FLAGS])  # fmt: skip
+    assert (settings.port, settings.scheduler_address, settings.batching) == (7001, "env:1", False)
+    assert settings.models == ["iris", "digits"] and settings.gpu_memory_fraction == 0.5
+    with pytest.raises(SystemExit):
+        build_parser("runtime").parse_args(["runtime", "--port", "many"])
+    monitor = build_parser("monitor").parse_args(["monitor", "--platform", "kubernetes"])
+    assert monitor.platform == "kubernetes"
+    with pytest.raises(SystemExit):
+        build_parser("monitor").parse_args(["monitor", "--platform", "nomad"])  # a Literal's values are choices
+
+
+def test_the_bare_parser_imports_no_service_settings():
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys, aiworks.cli; aiworks.cli.build_parser().format_help(); "
+         "print(sorted(m for m in sys.modules if m.endswith('.settings') and m.startswith('aiworks.')))"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_readme_lists_every_command():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## The command line", 1)[1].split("\n## ", 1)[0]
+    commands = build_parser()._subparsers._group_actions[0].choices
+    missing = [c for c in commands if f"aiworks {c}" not in section and f"|{c}" not in section]
+    assert missing == []

@@ -6,12 +6,18 @@
 - ``--tls-dir DIR``: the folder with ``tls.crt``, ``tls.key`` and ``ca.crt`` (was also ``--cacert``, a CA file).
 
 The old spellings still parse, hidden from ``--help``, so scripts written for them keep working.
+
+A service command's flags (``aiworks gateway --http-port``) come from its settings model
+(:func:`add_settings_flags`): each setting is declared once, with its type and description.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 from pathlib import Path
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 DEFAULT_SCHEDULER = "127.0.0.1:8010"
 
@@ -62,3 +68,43 @@ def ca_file(args) -> Path | None:
         return Path(args.cacert)
     tls_dir = getattr(args, "tls_dir", None)
     return Path(tls_dir) / "ca.crt" if tls_dir else None
+
+
+# ---- a service's settings as flags ----------------------------------------------------------------
+
+
+def _flag_type(annotation) -> tuple[Any, str | None, list[str] | None]:
+    """(type, nargs, choices) of a settings field's annotation: ``X | None`` is X, a list takes several values."""
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    if get_origin(annotation) in (Union, UnionType) and len(args) == 1:
+        return _flag_type(args[0])
+    if get_origin(annotation) is Literal:
+        return str, None, [str(a) for a in args]
+    if get_origin(annotation) is list:
+        return (args[0] if args else str), "*", None
+    return annotation, None, None
+
+
+def add_settings_flags(parser, settings: str, fields: list[str]) -> None:
+    """One flag per settings field, named, typed and explained by the field itself (``http_port`` becomes
+    ``--http-port``, its help the field's description and environment variable); a flag given overrides the
+    environment. ``settings`` is ``"module:Class"``, imported here: call this only for the command being run,
+    so that ``aiworks --help`` stays instant."""
+    module, _, name = settings.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    prefix = cls.model_config.get("env_prefix", "")
+    for field in fields:
+        info = cls.model_fields[field]
+        kind, nargs, choices = _flag_type(info.annotation)
+        default = None if info.is_required() else info.get_default(call_default_factory=True)
+        description = (info.description or field).rstrip(".")
+        if info.is_required():
+            shown = "" if "required" in description else "; required"
+        else:
+            shown = f"; default {default}" if default not in (None, []) else ""
+        text = description.replace("%", "%%") + f" [{prefix}{field.upper()}{shown}]"
+        flag = "--" + field.replace("_", "-")
+        if kind is bool:
+            parser.add_argument(flag, dest=field, action=argparse.BooleanOptionalAction, default=None, help=text)
+        else:
+            parser.add_argument(flag, dest=field, type=kind, nargs=nargs, choices=choices, default=None, help=text)
