@@ -206,14 +206,15 @@ def test_a_service_commands_flags_are_its_settings_fields(command):
 
     from aiworks import cli as aiworks_cli
 
+    cache_cli = importlib.import_module("aiworks.cache.cli")
+    monitor_cli = importlib.import_module("aiworks.monitor.cli")
     fields = {
         "gateway": (aiworks_cli.GATEWAY_SETTINGS, aiworks_cli.GATEWAY_FLAGS),
         "scheduler": (aiworks_cli.SCHEDULER_SETTINGS, aiworks_cli.SCHEDULER_FLAGS),
         "runtime": (aiworks_cli.RUNTIME_SETTINGS, [*aiworks_cli.RUNTIME_FLAGS, *aiworks_cli.RUNTIME_TRITON_FLAGS]),
-        "cache": (importlib.import_module("aiworks.cache.cli").SETTINGS, importlib.import_module("aiworks.cache.cli").FLAGS),
-        "monitor": (importlib.import_module("aiworks.monitor.cli").SETTINGS,
-                    importlib.import_module("aiworks.monitor.cli").FLAGS),
-    }[command]  # fmt: skip
+        "cache": (cache_cli.SETTINGS, cache_cli.FLAGS),
+        "monitor": (monitor_cli.SETTINGS, monitor_cli.FLAGS),
+    }[command]
     settings, names = fields
     cls = aiworks_cli._settings_class(settings)
     prefix = cls.model_config["env_prefix"]
