@@ -244,8 +244,9 @@ def test_settings_flags_are_typed_and_override_the_environment(monkeypatch):
                               [*RUNTIME_FLAGS, *RUNTIME_TRITON_FLAGS])  # fmt: skip
     assert (settings.port, settings.scheduler_address, settings.batching) == (7001, "env:1", False)
     assert settings.models == ["iris", "digits"] and settings.gpu_memory_fraction == 0.5
-    with pytest.raises(SystemExit):
-        build_parser("runtime").parse_args(["runtime", "--port", "many"])
+    for bad in (["--port", "many"], ["--device", "tpu"], ["--triton-instance-kind", "KIND_TPU"]):
+        with pytest.raises(SystemExit):
+            build_parser("runtime").parse_args(["runtime", *bad])
     monitor = build_parser("monitor").parse_args(["monitor", "--platform", "kubernetes"])
     assert monitor.platform == "kubernetes"
     with pytest.raises(SystemExit):
