@@ -243,10 +243,9 @@ async def cache_workloads(url: str, duration_s: float, zipf_s: float, population
 def cache_stats(supervisor) -> dict:
     from google.protobuf import json_format
 
-    from aiworks.pb.cache.v1 import cache_pb2, cache_pb2_grpc
+    from aiworks.cache.client import fetch_stats
 
-    with supervisor.caller_channel(supervisor.cache_address, "cache") as channel:
-        reply = cache_pb2_grpc.CacheServiceStub(channel).Stats(cache_pb2.StatsRequest(), timeout=5)
+    reply = fetch_stats(supervisor.cache_address, supervisor.client_tls_for("admin"), supervisor.client_caller("admin"))
     return json_format.MessageToDict(reply, preserving_proto_field_name=True)
 
 

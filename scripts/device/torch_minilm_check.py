@@ -217,10 +217,11 @@ def suite_answers(url: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
 def scheduler_view(supervisor) -> dict:
     from google.protobuf import json_format
 
-    from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+    from aiworks.scheduler.client import BlockingSchedulerClient
 
-    with supervisor.caller_channel(supervisor.scheduler_address, "scheduler") as channel:  # as admin
-        reply = scheduler_pb2_grpc.SchedulerServiceStub(channel).Status(scheduler_pb2.StatusRequest(), timeout=5)
+    tls, caller = supervisor.client_tls_for("admin"), supervisor.client_caller("admin")
+    with BlockingSchedulerClient(supervisor.scheduler_address, tls, caller) as scheduler:  # as admin
+        reply = scheduler.status()
     doc = json_format.MessageToDict(reply, preserving_proto_field_name=True)
     return {
         "replicas": [{k: r.get(k) for k in ("replica_id", "device", "models", "gpus")} for r in doc.get("replicas", [])]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+SETTINGS = "aiworks.cache.settings:CacheSettings"
 FLAGS = ["host", "port", "metrics_port", "redis_url", "max_bytes", "max_entry_bytes", "default_ttl_s", "log_level"]
 
 
@@ -22,16 +23,13 @@ def cmd_cache(args: argparse.Namespace) -> None:
     main(settings)
 
 
-def add_cache_parser(sub) -> argparse.ArgumentParser:
-    """Add the ``cache`` command to the ``aiworks`` subparsers; returns its parser."""
+def add_cache_parser(sub, settings_flags: bool = True) -> argparse.ArgumentParser:
+    """Add the ``cache`` command to the ``aiworks`` subparsers; returns its parser. Its flags are the settings
+    fields in :data:`FLAGS` (``settings_flags=False`` leaves them out: ``aiworks --help`` need not import them)."""
     p = sub.add_parser("cache", help="run the result cache (env AIWORKS_CACHE_*)")
-    p.add_argument("--host")
-    p.add_argument("--port", type=int, help="gRPC port (default 8030); 0 picks a free one")
-    p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default 8031); 0 turns it off")
-    p.add_argument("--redis-url", help="redis://host:port/db; unset: an in-process LRU bounded by --max-bytes")
-    p.add_argument("--max-bytes", type=int, help="bound on the in-process store, in bytes")
-    p.add_argument("--max-entry-bytes", type=int, help="largest value stored, in bytes")
-    p.add_argument("--default-ttl-s", type=float, help="time to live of entries whose put names none")
-    p.add_argument("--log-level")
+    if settings_flags:
+        from aiworks.core.flags import add_settings_flags
+
+        add_settings_flags(p, SETTINGS, FLAGS)
     p.set_defaults(func=cmd_cache)
     return p

@@ -40,10 +40,11 @@ from aiworks.core import metrics, tracing
 from aiworks.core.errors import AIWorksError
 from aiworks.core.inference import InferRequest, InferResponse
 from aiworks.core.model_config import ModelSpec
-from aiworks.core.rpc import client_channel
+from aiworks.core.rpc import blocking_channel, client_channel
 from aiworks.core.stream import MultiplexedStream
 from aiworks.pb.cache.v1 import cache_pb2 as pb
 from aiworks.pb.cache.v1 import cache_pb2_grpc
+from aiworks.security.callers import ClientCaller
 from aiworks.security.tls import TLSFiles
 
 log = logging.getLogger(__name__)
@@ -265,3 +266,11 @@ class CacheClient:
         await self._gets.close()
         await self._puts.close()
         await self._channel.close()
+
+
+def fetch_stats(
+    address: str, tls: TLSFiles | None = None, caller: ClientCaller | None = None, timeout_s: float = 5.0
+) -> pb.StatsResponse:
+    """The cache service's counters, in one blocking call (tools and benchmarks); failures stay grpc.RpcError."""
+    with blocking_channel(address, tls, server_name="cache", caller=caller) as channel:
+        return cache_pb2_grpc.CacheServiceStub(channel).Stats(pb.StatsRequest(), timeout=timeout_s)

@@ -1,7 +1,7 @@
 """``aiworks usage`` and ``aiworks tenants``: metered usage and API keys (docs/tenancy.md).
 
     aiworks usage                                      the last 24 h, from the gateway at 127.0.0.1:8000
-    aiworks usage --start 2026-01-01 --end 2026-02-01 --tenant acme --json
+    aiworks usage --start 2026-01-01 --end 2026-02-01 --tenant acme -o json
     aiworks usage --redis-url redis://127.0.0.1:6379/0 read the shared Redis directly (every replica's usage)
     aiworks tenants add-key research --label notebook  print a new key once; store only its hash
 
@@ -20,6 +20,9 @@ from __future__ import annotations
 import os
 import sys
 
+from aiworks.core.flags import add_gateway_url, add_tls_dir, ca_file
+from aiworks.core.output import add_output_flag
+
 API_KEY_ENV = "AIWORKS_API_KEY"
 KEYS_FILE_ENV = "AIWORKS_GATEWAY_API_KEYS_FILE"
 TENANTS_FILE_ENV = "AIWORKS_GATEWAY_TENANTS_FILE"
@@ -37,9 +40,9 @@ def add_tenancy_parsers(sub) -> None:
             "straight from the Redis the gateways share. Times are ISO 8601 (no zone: UTC) or epoch seconds."
         ),
     )
-    us.add_argument("--url", default="http://127.0.0.1:8000", help="gateway HTTP address (default %(default)s)")
+    add_gateway_url(us, default="http://127.0.0.1:8000")
     us.add_argument("--api-key-file", help=f"file holding the API key (default: ${API_KEY_ENV})")
-    us.add_argument("--cacert", help="CA certificate that signs the gateway's (https:// URLs)")
+    add_tls_dir(us, "folder whose ca.crt signs the gateway's certificate (https:// URLs)", cacert=True)
     us.add_argument("--redis-url", help="read the usage from this Redis instead of a gateway")
     us.add_argument("--window-s", type=int, default=3600, help="usage window of the gateways (with --redis-url)")
     us.add_argument("--start", help="from (default: 24 h before --end)")
@@ -47,7 +50,7 @@ def add_tenancy_parsers(sub) -> None:
     us.add_argument("--tenant", help="one tenant only (a non-admin tenant always sees only its own)")
     us.add_argument("--model", help="one model only")
     us.add_argument("--windows", action="store_true", help="one row per window instead of totals")
-    us.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_output_flag(us)
     us.set_defaults(func=run_usage)
 
     tn = sub.add_parser("tenants", help="manage tenants' API keys")
@@ -77,12 +80,9 @@ def run_usage(args) -> None:
         report = _usage_from_redis(args) if args.redis_url else _usage_from_gateway(args)
     except AIWorksError as exc:
         raise SystemExit(f"error: {exc}") from None
-    if args.json:
-        import json
+    from aiworks.core.output import emit
 
-        print(json.dumps(report, indent=2))
-    else:
-        print(format_report(report, per_window=args.windows))
+    emit(report, args.output, lambda: format_report(report, per_window=args.windows))
 
 
 def _usage_from_redis(args) -> dict:
@@ -126,12 +126,13 @@ def _usage_from_gateway(args) -> dict:
     import urllib.request
 
     query = {k: v for k in ("start", "end", "tenant", "model") if (v := getattr(args, k))}
-    url = f"{args.url.rstrip('/')}/v2/usage" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+    url = f"{args.gateway_url.rstrip('/')}/v2/usage" + (f"?{urllib.parse.urlencode(query)}" if query else "")
     headers = {"accept": "application/json"}
     key = _read_api_key(args)
     if key:
         headers["authorization"] = f"Bearer {key}"
-    context = ssl.create_default_context(cafile=args.cacert) if args.cacert else None
+    ca = ca_file(args)
+    context = ssl.create_default_context(cafile=str(ca)) if ca else None
     try:
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30, context=context) as r:
             return json.loads(r.read())
@@ -143,7 +144,7 @@ def _usage_from_gateway(args) -> dict:
         hint = f" (set ${API_KEY_ENV} or pass --api-key-file)" if exc.code == 401 and not key else ""
         raise SystemExit(f"error: {url} answered {exc.code}: {message}{hint}") from None
     except (urllib.error.URLError, OSError) as exc:
-        raise SystemExit(f"error: cannot reach {args.url}: {getattr(exc, 'reason', exc)}") from None
+        raise SystemExit(f"error: cannot reach {args.gateway_url}: {getattr(exc, 'reason', exc)}") from None
 
 
 def format_report(report: dict, *, per_window: bool = False) -> str:

@@ -14,12 +14,12 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-import grpc
 from aiworks.runtime.dataplane import RuntimeDataPlane
+from aiworks.scheduler.client import SchedulerClient
 
 from aiworks.core.converters import from_model_spec
+from aiworks.core.errors import AIWorksError
 from aiworks.pb.scheduler.v1 import scheduler_pb2 as spb
-from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class Registrar:
 
     def __init__(
         self,
-        channel: grpc.aio.Channel,
+        scheduler: SchedulerClient,
         dataplane: RuntimeDataPlane,
         *,
         replica_id: str,
@@ -62,7 +62,7 @@ class Registrar:
         gpus: Callable[[], list] | None = None,
         watch_s: float = 0.2,
     ):
-        self._stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+        self._scheduler = scheduler
         self._dataplane = dataplane
         self._info = dict(replica_id=replica_id, address=address, device=device, labels=labels)
         self._gpus = gpus
@@ -85,8 +85,8 @@ class Registrar:
         return [spb.QueueStatus(**vars(q)) for q in queues.stats()]
 
     async def register(self) -> None:
-        reply = await self._stub.RegisterReplica(
-            spb.ReplicaInfo(models=self._models(), gpus=gpu_messages(self._gpus), **self._info), timeout=5
+        reply = await self._scheduler.register_replica(
+            spb.ReplicaInfo(models=self._models(), gpus=gpu_messages(self._gpus), **self._info), timeout_s=5
         )
         if reply.heartbeat_interval_s > 0:
             self.interval_s = reply.heartbeat_interval_s
@@ -99,7 +99,7 @@ class Registrar:
             if not self.registered.is_set():
                 await self.register()
                 return
-            reply = await self._stub.Heartbeat(
+            reply = await self._scheduler.heartbeat(
                 spb.HeartbeatRequest(
                     replica_id=self._info["replica_id"],
                     inflight_batches=self._dataplane.inflight_batches,
@@ -107,7 +107,7 @@ class Registrar:
                     gpus=gpu_messages(self._gpus),
                     queues=self._queues(),
                 ),
-                timeout=max(self.interval_s * 3, 1.0),
+                timeout_s=max(self.interval_s * 3, 1.0),
             )
             if not reply.known:
                 log.warning("the scheduler no longer knows this replica; registering again")
@@ -118,7 +118,7 @@ class Registrar:
         """Send a heartbeat now and wait for the scheduler's answer (at most ``timeout_s``; never raises)."""
         try:
             await asyncio.wait_for(self._beat(), timeout_s)
-        except (TimeoutError, grpc.aio.AioRpcError) as exc:
+        except (TimeoutError, AIWorksError) as exc:
             log.warning("immediate heartbeat failed: %s", exc)
 
     def _changed(self) -> bool:
@@ -132,9 +132,9 @@ class Registrar:
             try:
                 await self._beat()
                 warned = False
-            except grpc.aio.AioRpcError as exc:
+            except AIWorksError as exc:
                 if not warned:
-                    log.warning("cannot reach the scheduler (%s): %s; retrying", exc.code().name, exc.details())
+                    log.warning("cannot reach the scheduler (%s): %s; retrying", exc.status.name, exc.message)
                     warned = True
                 self.registered.clear()
             due = loop.time() + self.interval_s

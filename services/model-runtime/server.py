@@ -15,12 +15,13 @@ from aiworks.runtime.repository import ModelRepository
 from aiworks.runtime.residency import startup_models
 from aiworks.runtime.servicer import CALLERS_BY_METHOD, RuntimeServicer
 from aiworks.runtime.settings import RuntimeSettings
+from aiworks.scheduler.client import SchedulerClient
 
 from aiworks.core.errors import AIWorksError
 from aiworks.core.lifecycle import settle_memory, stop_event
 from aiworks.core.looplag import start_loop_lag_probe
 from aiworks.core.metrics import on_loop, serve_metrics_or_warn, stop_metrics
-from aiworks.core.rpc import add_port, client_channel, create_server, set_serving, use_process_caller
+from aiworks.core.rpc import add_port, create_server, set_serving, use_process_caller
 from aiworks.core.tracing import setup_tracing, shutdown_tracing
 from aiworks.pb.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from aiworks.security.audit import AuditLog
@@ -197,9 +198,9 @@ async def serve(settings: RuntimeSettings) -> None:
     # probes, Services and `helm test` see a replica that has nothing to serve as not ready.
     await set_serving(health, True, LIVENESS_SERVICE)
 
-    channel = client_channel(settings.scheduler_address, settings.max_message_bytes, tls, server_name="scheduler")
+    scheduler = SchedulerClient(settings.scheduler_address, settings.max_message_bytes, tls=tls)
     registrar = Registrar(
-        channel,
+        scheduler,
         dataplane,
         replica_id=replica_id,
         address=settings.resolved_advertise_address(port),
@@ -233,7 +234,7 @@ async def serve(settings: RuntimeSettings) -> None:
     if follower is not None:
         follower.cancel()
     await server.stop(grace=5)
-    await channel.close()
+    await scheduler.close()
     await dataplane.close()
     triton_backend.shutdown()
     lag.stop()

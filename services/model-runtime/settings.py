@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import socket
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
@@ -28,7 +28,7 @@ class RuntimeSettings(ServiceSettings):
     models: list[str] | None = Field(
         None, description="Models to load at start; default every model in the repository."
     )
-    device: str = Field("cpu", description="Device kind this replica advertises: cpu or gpu.")
+    device: Literal["cpu", "gpu"] = Field("cpu", description="Device kind this replica advertises: cpu or gpu.")
     labels: dict[str, str] = Field(default_factory=dict, description="Pool labels advertised to the scheduler.")
     intra_op_threads: int = Field(1, description="ONNX Runtime intra-op threads unless a model config sets them.")
     inline_below_us: int = Field(
@@ -131,7 +131,7 @@ class RuntimeSettings(ServiceSettings):
     triton_metrics_port: int = Field(
         0, description="Metrics port of the tritonserver started here (0: any), or of the one at triton_url."
     )
-    triton_instance_kind: str | None = Field(
+    triton_instance_kind: Literal["KIND_CPU", "KIND_GPU"] | None = Field(
         None, description="Replace every instance group's kind (KIND_CPU runs GPU configs on a CPU-only Triton)."
     )
     triton_start_timeout_s: float = Field(60.0, description="Seconds to wait for a started tritonserver to be ready.")

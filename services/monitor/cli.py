@@ -19,6 +19,10 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from aiworks.core.flags import add_monitor_address, add_tls_dir
+from aiworks.core.output import add_output_flag
+
+SETTINGS = "aiworks.monitor.settings:MonitorSettings"
 FLAGS = [
     "host", "port", "platform", "supervisor_url", "scheduler_address", "prometheus_url", "namespace", "release",
     "interval_s", "events_file", "min_replicas", "max_replicas", "log_level",
@@ -47,8 +51,8 @@ examples:
   aiworks events                          the last 50 events of the local suite's monitor
   aiworks events --kind restart           restarts only
   aiworks events --follow                 keep printing new events until Ctrl-C
-  aiworks events --json | jq .details     one JSON object per line
-  aiworks events --monitor https://monitor.example:8040 --tls-dir certs/admin
+  aiworks events -o json | jq .details    one JSON object per line (-o yaml: one document each)
+  aiworks events --monitor-address https://monitor.example:8040 --tls-dir certs/admin
 """
 
 
@@ -101,20 +105,23 @@ def format_event(event: dict) -> str:
     return f"{event['time']}  {event['kind']:<15} {event['target']:<16} {event['reason']:<14} {event['message']}"
 
 
-def _print(event: dict, as_json: bool) -> None:
-    print(json.dumps(event, sort_keys=True) if as_json else format_event(event), flush=True)
+def _print(event: dict, output: str) -> None:
+    from aiworks.core.output import emit_record
+
+    emit_record(event, output, lambda: format_event(event))
 
 
 def cmd_events(args: argparse.Namespace) -> None:
-    context = _tls_context(args.tls_dir) if args.monitor.startswith("https://") else None
+    monitor = args.monitor_address
+    context = _tls_context(args.tls_dir) if monitor.startswith("https://") else None
     try:
-        doc = fetch_events(args.monitor, kind=args.kind, limit=args.limit, context=context)
+        doc = fetch_events(monitor, kind=args.kind, limit=args.limit, context=context)
     except (urllib.error.URLError, OSError) as exc:
-        raise SystemExit(f"error: cannot reach the monitor at {args.monitor}: {exc}") from None
+        raise SystemExit(f"error: cannot reach the monitor at {monitor}: {exc}") from None
     for event in doc["events"]:
-        _print(event, args.json)
+        _print(event, args.output)
     if not args.follow:
-        if not doc["events"] and not args.json:
+        if not doc["events"] and args.output == "table":
             print("no events yet", file=sys.stderr)
         return
     cursor = doc["last_id"]
@@ -123,7 +130,7 @@ def cmd_events(args: argparse.Namespace) -> None:
         while True:
             time.sleep(args.interval_s)
             try:
-                doc = fetch_events(args.monitor, since=cursor, kind=args.kind, context=context)
+                doc = fetch_events(monitor, since=cursor, kind=args.kind, context=context)
             except (urllib.error.URLError, OSError) as exc:
                 if not warned:
                     print(f"monitor unreachable ({exc}); retrying", file=sys.stderr, flush=True)
@@ -131,33 +138,26 @@ def cmd_events(args: argparse.Namespace) -> None:
                 continue
             warned = False
             for event in doc["events"]:
-                _print(event, args.json)
+                _print(event, args.output)
             cursor = doc["next"]
     except KeyboardInterrupt:
         pass
 
 
-def add_monitor_parsers(sub) -> None:
-    """Add the ``monitor`` and ``events`` commands to the ``aiworks`` subparsers."""
+def add_monitor_parsers(sub, settings_flags: bool = True) -> None:
+    """Add the ``monitor`` and ``events`` commands to the ``aiworks`` subparsers. ``monitor``'s flags are the
+    settings fields in :data:`FLAGS` (``settings_flags=False`` leaves them out: ``aiworks --help`` need not
+    import them)."""
     p = sub.add_parser(
         "monitor",
         help="run the monitor: restarts, autoscaling, ejection, anomalies (env AIWORKS_MONITOR_*)",
         description=MONITOR_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--host", help="interface the HTTP server binds (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port of the events API and /metrics (default 8040)")
-    p.add_argument("--platform", choices=["local", "kubernetes"], help="what it acts on (default local)")
-    p.add_argument("--supervisor-url", help="control API of `aiworks up` (local platform)")
-    p.add_argument("--scheduler-address", help="host:port of the scheduler, asked to eject replicas (required)")
-    p.add_argument("--prometheus-url", help="query this Prometheus instead of scraping every /metrics")
-    p.add_argument("--namespace", help="Kubernetes namespace of the release (kubernetes platform)")
-    p.add_argument("--release", help="Helm release to watch (kubernetes platform)")
-    p.add_argument("--interval-s", type=float, help="seconds between rounds of the control loop (default 1)")
-    p.add_argument("--events-file", help="also append every event to this JSON-lines file")
-    p.add_argument("--min-replicas", type=int, help="fewest runtime replicas per pool (default 1)")
-    p.add_argument("--max-replicas", type=int, help="most runtime replicas per pool (default 4)")
-    p.add_argument("--log-level")
+    if settings_flags:
+        from aiworks.core.flags import add_settings_flags
+
+        add_settings_flags(p, SETTINGS, FLAGS)
     p.set_defaults(func=cmd_monitor)
 
     e = sub.add_parser(
@@ -166,15 +166,11 @@ def add_monitor_parsers(sub) -> None:
         description=EVENTS_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    e.add_argument(
-        "--monitor", default=DEFAULT_MONITOR_URL, help=f"URL of the monitor's HTTP API (default {DEFAULT_MONITOR_URL})"
-    )
+    add_monitor_address(e, DEFAULT_MONITOR_URL)
     e.add_argument("--kind", help="only events of this kind: restart, scale_out, scale_in, eject, anomaly, ...")
     e.add_argument("--limit", type=int, default=50, help="show at most the newest N events at first (default 50)")
     e.add_argument("-f", "--follow", action="store_true", help="keep printing new events until Ctrl-C")
-    e.add_argument("--json", action="store_true", help="print one JSON object per event and line")
+    add_output_flag(e)  # json: one object per event and line; yaml: one document per event
     e.add_argument("--interval-s", type=float, default=1.0, help="polling interval of --follow (default 1 s)")
-    e.add_argument(
-        "--tls-dir", help="tls.crt, tls.key and ca.crt for an https:// monitor URL (default $AIWORKS_TLS_DIR)"
-    )
+    add_tls_dir(e, "tls.crt, tls.key and ca.crt for an https:// monitor URL (default $AIWORKS_TLS_DIR)")
     e.set_defaults(func=cmd_events)

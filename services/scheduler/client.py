@@ -2,7 +2,10 @@
 
 - :class:`SchedulerClient` calls the SchedulerService's control methods
   (metadata, the repository, load and unload, statistics, status, traffic
-  policies, ejection); pb2 stays inside this package.
+  policies, ejection, a replica's registration and heartbeats); the
+  generated stub stays inside this package.
+- :class:`BlockingSchedulerClient` makes the few calls tools and the command
+  line need (status, readiness, traffic policies) without an event loop.
 - :class:`Routing` is what a gateway holds: it watches the scheduler's
   routing table (a :class:`~aiworks.scheduler.mirror.RoutingMirror` of it),
   reports this gateway's routing state back every second, and sends each
@@ -31,7 +34,7 @@ from aiworks.core.inference import InferRequest, ModelStatistics
 from aiworks.core.load_overrides import LoadOverrides
 from aiworks.core.model_config import ModelSpec
 from aiworks.core.options import Priority, RequestOptions
-from aiworks.core.rpc import client_channel
+from aiworks.core.rpc import blocking_channel, client_channel
 from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
 from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
 from aiworks.runtime.client import Answer, RuntimeClient, Work
@@ -47,11 +50,13 @@ from aiworks.scheduler.mirror import RoutingMirror
 from aiworks.scheduler.pipeline import is_pipeline, parse_steps
 from aiworks.scheduler.traffic_state import TrafficPolicy
 from aiworks.scheduler.views import StatusView
+from aiworks.security.callers import ClientCaller
 from aiworks.security.tls import TLSFiles
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Answer", "Routing", "SchedulerClient", "TrafficPolicy", "Work", "parse_addresses"]
+__all__ = ["Answer", "BlockingSchedulerClient", "Routing", "SchedulerClient", "TrafficPolicy", "Work",
+           "parse_addresses"]  # fmt: skip
 
 
 def parse_addresses(addresses: str | Iterable[str]) -> list[str]:
@@ -67,12 +72,14 @@ class SchedulerClient:
     """Calls the SchedulerService (the first address that answers); failures become AIWorksError."""
 
     def __init__(self, addresses: str | Iterable[str], max_message_bytes: int = 64 << 20, timeout_s: float = 10.0,
-                 tls: TLSFiles | None = None):  # fmt: skip
+                 tls: TLSFiles | None = None, caller: ClientCaller | None = None):  # fmt: skip
         self.addresses = parse_addresses(addresses)
         self.max_message_bytes = max_message_bytes
         self.timeout_s = timeout_s
         self.tls = tls
-        self._channels = [client_channel(a, max_message_bytes, tls, server_name="scheduler") for a in self.addresses]
+        self._channels = [
+            client_channel(a, max_message_bytes, tls, server_name="scheduler", caller=caller) for a in self.addresses
+        ]
         self._stubs = [scheduler_pb2_grpc.SchedulerServiceStub(c) for c in self._channels]
         self._current = 0
 
@@ -154,6 +161,14 @@ class SchedulerClient:
         )
         return reply.ejected, reply.ejected_for_s, reply.message
 
+    async def register_replica(self, info: pb.ReplicaInfo, timeout_s: float = 5.0) -> pb.RegisterReplicaResponse:
+        """A runtime replica introduces itself (its address, device, labels, models and GPUs)."""
+        return await self._call("RegisterReplica", info, timeout_s)
+
+    async def heartbeat(self, beat: pb.HeartbeatRequest, timeout_s: float) -> pb.HeartbeatResponse:
+        """A runtime replica's load and models; ``known`` is false once the scheduler has forgotten it."""
+        return await self._call("Heartbeat", beat, timeout_s)
+
     def watch_routing(self, index: int, reports) -> grpc.aio.StreamStreamCall:
         """Open ``WatchRouting`` on scheduler ``index``; ``reports`` yields the RoutingReport messages to send."""
         return self._stubs[index].WatchRouting(reports)
@@ -161,6 +176,42 @@ class SchedulerClient:
     async def close(self) -> None:
         for channel in self._channels:
             await channel.close()
+
+
+class BlockingSchedulerClient:
+    """Blocking calls to one scheduler, for tools, probes and the command line; replies are the messages as they
+    travel (``-o json`` prints them field for field). Failures stay :class:`grpc.RpcError`, whose code lets a tool
+    say what to do about them (see :func:`aiworks.status.rpc_hint`). Use it as a context manager, or :meth:`close`.
+    """
+
+    def __init__(self, address: str, tls: TLSFiles | None = None, caller: ClientCaller | None = None,
+                 timeout_s: float = 5.0):  # fmt: skip
+        self.address = address
+        self.timeout_s = timeout_s
+        self._channel = blocking_channel(address, tls, server_name="scheduler", caller=caller)
+        self._stub = scheduler_pb2_grpc.SchedulerServiceStub(self._channel)
+
+    def status(self, timeout_s: float | None = None) -> pb.StatusResponse:
+        return self._stub.Status(pb.StatusRequest(), timeout=timeout_s or self.timeout_s)
+
+    def model_ready(self, name: str, version: str = "", timeout_s: float | None = None) -> bool:
+        return self._stub.ModelReady(pb.ModelRef(name=name, version=version), timeout=timeout_s or self.timeout_s).ready
+
+    def get_traffic(self, model: str) -> pb.TrafficPolicy:
+        return self._stub.GetTrafficPolicy(pb.GetTrafficPolicyRequest(model=model), timeout=self.timeout_s)
+
+    def set_traffic(self, policy: pb.TrafficPolicy) -> pb.TrafficPolicy:
+        """Set ``policy``; a shadow field left unset keeps the shadow in force, an empty one removes it."""
+        return self._stub.SetTrafficPolicy(pb.SetTrafficPolicyRequest(policy=policy), timeout=self.timeout_s)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> BlockingSchedulerClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class Routing:

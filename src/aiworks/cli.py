@@ -12,6 +12,9 @@ import signal
 import sys
 from pathlib import Path
 
+from aiworks.core.flags import add_scheduler_address, add_settings_flags, add_tls_dir
+from aiworks.core.output import add_output_flag
+
 DESCRIPTION = """\
 AIWorks: serve ONNX models over the KServe v2 / Open Inference Protocol with
 dynamic batching, replica routing and one-command local start-up.
@@ -41,35 +44,20 @@ def _settings_from(cls, args: argparse.Namespace, fields: list[str]):
 # ---- service commands ------------------------------------------------------------------------
 
 
-def cmd_gateway(args) -> None:
-    from aiworks.core.logging import setup_logging
-    from aiworks.gateway.server import main
-    from aiworks.gateway.settings import GatewaySettings
-
-    settings = _settings_from(
-        GatewaySettings,
-        args,
-        [
-            "host", "http_port", "grpc_port", "metrics_port", "scheduler_address", "cache_address",
-            "max_request_bytes", "log_level", "otlp_endpoint", "trace_file",
-        ],
-    )  # fmt: skip
-    setup_logging("gateway", settings.log_level)
-    main(settings)
-
-
-def cmd_scheduler(args) -> None:
-    from aiworks.core.logging import setup_logging
-    from aiworks.scheduler.server import main
-    from aiworks.scheduler.settings import SchedulerSettings
-
-    settings = _settings_from(
-        SchedulerSettings, args, ["host", "port", "metrics_port", "log_level", "otlp_endpoint", "trace_file"]
-    )
-    setup_logging("scheduler", settings.log_level)
-    main(settings)
-
-
+# Each service command's flags: settings fields, declared once in the service's settings model (name, type,
+# description) and turned into flags by add_settings_flags; the same list picks what overrides the environment.
+GATEWAY_SETTINGS = "aiworks.gateway.settings:GatewaySettings"
+GATEWAY_FLAGS = [
+    "host", "http_port", "grpc_port", "metrics_port", "scheduler_address", "cache_address", "max_request_bytes",
+    "log_level", "otlp_endpoint", "trace_file",
+]  # fmt: skip
+SCHEDULER_SETTINGS = "aiworks.scheduler.settings:SchedulerSettings"
+SCHEDULER_FLAGS = ["host", "port", "metrics_port", "log_level", "otlp_endpoint", "trace_file"]
+RUNTIME_SETTINGS = "aiworks.runtime.settings:RuntimeSettings"
+RUNTIME_FLAGS = [
+    "host", "port", "metrics_port", "replica_id", "scheduler_address", "model_repository", "models", "device",
+    "batching", "log_level", "otlp_endpoint", "trace_file",
+]  # fmt: skip
 RUNTIME_TRITON_FLAGS = [
     "triton_url", "triton_repository", "triton_metrics_url", "triton_server_path", "triton_grpc_port",
     "triton_instance_kind", "triton_restart_backoff_s", "triton_recover_give_up_s", "memory_budget_bytes",
@@ -77,36 +65,36 @@ RUNTIME_TRITON_FLAGS = [
 ]  # fmt: skip
 
 
-def add_runtime_gpu_flags(parser) -> None:
-    """The runtime's Triton and GPU settings as flags (docs/triton.md, docs/torch.md); each is also AIWORKS_RUNTIME_*."""
-    g = parser.add_argument_group("Triton and GPU")
-    g.add_argument("--triton-url", help="host:port of a running tritonserver's gRPC endpoint (default: start one)")
-    g.add_argument("--triton-repository", type=Path, help="that tritonserver's --model-repository (with --triton-url)")
-    g.add_argument("--triton-metrics-url", help="Triton's metrics endpoint, http://host:8002/metrics")
-    g.add_argument("--triton-server-path", type=Path, help="tritonserver binary to start (default: nvidia-pytriton's)")
-    g.add_argument("--triton-grpc-port", type=int, help="gRPC port of the tritonserver this replica starts")
-    g.add_argument("--triton-instance-kind", choices=["KIND_CPU", "KIND_GPU"], help="replace every instance group's kind")
-    g.add_argument("--triton-restart-backoff-s", type=float, help="first wait before restarting a dead tritonserver")
-    g.add_argument("--triton-recover-give-up-s", type=float, help="seconds Triton may be away before its models go")
-    g.add_argument("--memory-budget-bytes", type=int, help="bound on resident model versions (0: none, or a GPU share)")
-    g.add_argument("--gpu-memory-fraction", type=float, help="share of the GPU's memory resident models may use")
+def _settings_class(path: str):
+    import importlib
+
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def cmd_gateway(args) -> None:
+    from aiworks.core.logging import setup_logging
+    from aiworks.gateway.server import main
+
+    settings = _settings_from(_settings_class(GATEWAY_SETTINGS), args, GATEWAY_FLAGS)
+    setup_logging("gateway", settings.log_level)
+    main(settings)
+
+
+def cmd_scheduler(args) -> None:
+    from aiworks.core.logging import setup_logging
+    from aiworks.scheduler.server import main
+
+    settings = _settings_from(_settings_class(SCHEDULER_SETTINGS), args, SCHEDULER_FLAGS)
+    setup_logging("scheduler", settings.log_level)
+    main(settings)
 
 
 def cmd_runtime(args) -> None:
     from aiworks.core.logging import setup_logging
     from aiworks.runtime.server import main
-    from aiworks.runtime.settings import RuntimeSettings
 
-    if args.no_batching:
-        args.batching = False
-    settings = _settings_from(
-        RuntimeSettings,
-        args,
-        [
-            "host", "port", "metrics_port", "replica_id", "scheduler_address", "model_repository", "models", "device",
-            "batching", "log_level", "otlp_endpoint", "trace_file", *RUNTIME_TRITON_FLAGS,
-        ],  # fmt: skip
-    )
+    settings = _settings_from(_settings_class(RUNTIME_SETTINGS), args, [*RUNTIME_FLAGS, *RUNTIME_TRITON_FLAGS])
     setup_logging(f"runtime[{settings.resolved_replica_id()}]", settings.log_level)
     main(settings)
 
@@ -165,7 +153,7 @@ def cmd_up(args) -> None:
             lines.append(f"  cache:            {supervisor.cache_address} ({store})")
         if supervisor.monitor_url:
             url = supervisor.monitor_url
-            lines.append(f"  monitor:          {url} (see `aiworks events --monitor {url}`)")
+            lines.append(f"  monitor:          {url} (see `aiworks events --monitor-address {url}`)")
         lines.append(f"  control API:      {supervisor.control_url}/v1/services (bearer token: docs/security.md)")
         lines.append(f"  callers checked:  {supervisor.caller_auth}")
         targets = supervisor.metrics_targets()
@@ -220,8 +208,8 @@ def _tls_hints(supervisor, grpc_port: int) -> list[str]:
         f"  curl --cacert {certs}/ca.crt {supervisor.http_url}/v2/health/ready",
         f'  tritonclient.http.InferenceServerClient("{http}", ssl=True, ssl_options={{"ca_certs": "{certs}/ca.crt"}})',
         f'  tritonclient.grpc.InferenceServerClient("{host}:{grpc_port}", ssl=True, root_certificates="{certs}/ca.crt")',
-        f"  AIWORKS_TLS_DIR={admin} aiworks status --scheduler {supervisor.scheduler_address}",
-        f"  aiworks traffic --tls-dir {admin} --scheduler {supervisor.scheduler_address} get digits",
+        f"  aiworks status --tls-dir {admin} --scheduler-address {supervisor.scheduler_address}",
+        f"  aiworks traffic --tls-dir {admin} --scheduler-address {supervisor.scheduler_address} get digits",
     ]
 
 
@@ -240,7 +228,7 @@ def cmd_demo_models(args) -> None:
 def cmd_status(args) -> None:
     from aiworks.status import show_status
 
-    show_status(args.scheduler)
+    show_status(args.scheduler_address, args.tls_dir, args.output)
 
 
 def cmd_bench(args) -> None:
@@ -252,11 +240,27 @@ def cmd_bench(args) -> None:
 # ---- parser ----------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("aiworks")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def build_parser(command: str = "") -> argparse.ArgumentParser:
+    """The ``aiworks`` parser. A service command's flags come from its settings model, which costs an import (and
+    needs that service's packages): only ``command``'s are added, the one :func:`main` sees on the command line."""
+
+    def settings_flags(name: str) -> bool:
+        return command == name
+
     parser = argparse.ArgumentParser(
         prog="aiworks", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     up = sub.add_parser(
         "up",
@@ -323,45 +327,25 @@ def build_parser() -> argparse.ArgumentParser:
     up.set_defaults(func=cmd_up)
 
     gw = sub.add_parser("gateway", help="run one gateway (env AIWORKS_GATEWAY_*)")
-    gw.add_argument("--host")
-    gw.add_argument("--http-port", type=int)
-    gw.add_argument("--grpc-port", type=int)
-    gw.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default 8002); 0 picks a free one")
-    gw.add_argument("--scheduler-address", help="host:port of the scheduler (required)")
-    gw.add_argument("--cache-address", help="host:port of the cache service (optional)")
-    gw.add_argument("--max-request-bytes", type=int, help="largest request accepted")
-    gw.add_argument("--log-level")
-    gw.add_argument("--otlp-endpoint", help="export spans over OTLP/gRPC to this collector (http://host:4317)")
-    gw.add_argument("--trace-file", type=Path, help="append finished spans to this file, one JSON line each")
+    if settings_flags("gateway"):
+        add_settings_flags(gw, GATEWAY_SETTINGS, GATEWAY_FLAGS)
     gw.set_defaults(func=cmd_gateway)
 
     sc = sub.add_parser("scheduler", help="run the scheduler (env AIWORKS_SCHEDULER_*)")
-    sc.add_argument("--host")
-    sc.add_argument("--port", type=int)
-    sc.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default 8011); 0 picks a free one")
-    sc.add_argument("--log-level")
-    sc.add_argument("--otlp-endpoint", help="export spans over OTLP/gRPC to this collector (http://host:4317)")
-    sc.add_argument("--trace-file", type=Path, help="append finished spans to this file, one JSON line each")
+    if settings_flags("scheduler"):
+        add_settings_flags(sc, SCHEDULER_SETTINGS, SCHEDULER_FLAGS)
     sc.set_defaults(func=cmd_scheduler)
 
     rt = sub.add_parser("runtime", help="run one model-runtime replica (env AIWORKS_RUNTIME_*)")
-    rt.add_argument("--host")
-    rt.add_argument("--port", type=int, help="gRPC port; 0 picks a free one")
-    rt.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default 8021); 0 picks a free one")
-    rt.add_argument("--replica-id")
-    rt.add_argument("--scheduler-address", help="host:port of the scheduler (required)")
-    rt.add_argument("--model-repository", type=Path)
-    rt.add_argument("--models", nargs="*", help="models to load at start (default: all)")
-    rt.add_argument("--device", choices=["cpu", "gpu"])
-    rt.add_argument("--no-batching", action="store_true", help="run every request as its own batch")
-    rt.add_argument("--log-level")
-    rt.add_argument("--otlp-endpoint", help="export spans over OTLP/gRPC to this collector (http://host:4317)")
-    rt.add_argument("--trace-file", type=Path, help="append finished spans to this file, one JSON line each")
-    add_runtime_gpu_flags(rt)
-    rt.set_defaults(func=cmd_runtime, batching=None)
+    if settings_flags("runtime"):
+        add_settings_flags(rt, RUNTIME_SETTINGS, RUNTIME_FLAGS)
+        add_settings_flags(rt.add_argument_group("Triton and GPU"), RUNTIME_SETTINGS, RUNTIME_TRITON_FLAGS)
+    rt.set_defaults(func=cmd_runtime)
 
     st = sub.add_parser("status", help="show queues, replicas and their load")
-    st.add_argument("--scheduler", default="127.0.0.1:8010", help="scheduler address (default 127.0.0.1:8010)")
+    add_scheduler_address(st)
+    add_tls_dir(st)
+    add_output_flag(st)
     st.set_defaults(func=cmd_status)
 
     dm = sub.add_parser("demo-models", help="build the demo model repository (iris, digits v1 and v2)")
@@ -384,11 +368,11 @@ def build_parser() -> argparse.ArgumentParser:
     from aiworks.traffic_cli import add_traffic_parser
 
     add_bench_parser(sub).set_defaults(func=cmd_bench)
-    add_cache_parser(sub)
+    add_cache_parser(sub, settings_flags=settings_flags("cache"))
     add_traffic_parser(sub)
     add_rollout_parser(sub)
     add_lifecycle_parsers(sub)
-    add_monitor_parsers(sub)
+    add_monitor_parsers(sub, settings_flags=settings_flags("monitor"))
     add_security_parsers(sub)
     add_storage_parser(sub)
     add_kube_parser(sub)
@@ -400,7 +384,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(next((a for a in argv if not a.startswith("-")), ""))  # the command, if any
+    args = parser.parse_args(argv)
+    if args.command is None:  # a bare `aiworks`: what it can do
+        parser.print_help()
+        return
     args.func(args)
 
 

@@ -21,6 +21,9 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from aiworks.core.flags import add_monitor_address
+from aiworks.core.output import add_output_flag
+
 DEFAULT_MONITOR_URL = "http://127.0.0.1:8040"
 EXIT_ROLLED_BACK = 3  # --watch: the rollout ended rolled back or aborted
 TERMINAL = ("completed", "rolled_back", "aborted")
@@ -180,13 +183,16 @@ def format_rollout(r: dict, history: bool = True) -> str:
     return "\n".join(lines)
 
 
-def _print(doc: Any, as_json: bool, history: bool = True) -> None:
-    if as_json:
-        print(json.dumps(doc, sort_keys=True), flush=True)
-    elif isinstance(doc, list):
-        print("\n".join(format_rollout(r, history) for r in doc) if doc else "no rollouts yet", flush=True)
-    else:
-        print(format_rollout(doc, history), flush=True)
+def _print(doc: Any, output: str, history: bool = True) -> None:
+    """One answer of the monitor; JSON stays on one line, as --watch prints a stream of them."""
+    from aiworks.core.output import emit_record
+
+    def table() -> str:
+        if isinstance(doc, list):
+            return "\n".join(format_rollout(r, history) for r in doc) if doc else "no rollouts yet"
+        return format_rollout(doc, history)
+
+    emit_record(doc, output, table)
 
 
 # ---- commands ----------------------------------------------------------------------------------
@@ -196,10 +202,10 @@ def _watch(args, model: str) -> None:
     last = None
     try:
         while True:
-            doc = call(args.monitor, "GET", f"/v1/rollouts/{_quote(model)}")
+            doc = call(args.monitor_address, "GET", f"/v1/rollouts/{_quote(model)}")
             key = (doc["phase"], doc["step"], doc["applied"], doc["reason"], doc["extensions"])
             if key != last:
-                _print(doc, args.json, history=False)
+                _print(doc, args.output, history=False)
                 last = key
             if doc["phase"] in TERMINAL and doc["applied"]:
                 if doc["phase"] != "completed":
@@ -225,8 +231,8 @@ def run_rollout(args: argparse.Namespace) -> None:
             "p99_floor_s": args.p99_floor,
         }
         body.update({k: v for k, v in optional.items() if v is not None})
-        doc = call(args.monitor, "POST", "/v1/rollouts", body)
-        _print(doc, args.json)
+        doc = call(args.monitor_address, "POST", "/v1/rollouts", body)
+        _print(doc, args.output)
         if args.watch:
             _watch(args, args.model)
     elif action == "status":
@@ -236,10 +242,10 @@ def run_rollout(args: argparse.Namespace) -> None:
             _watch(args, args.model)
             return
         path = f"/v1/rollouts/{_quote(args.model)}" if args.model else "/v1/rollouts"
-        doc = call(args.monitor, "GET", path)
-        _print(doc if args.model else doc["rollouts"], args.json)
+        doc = call(args.monitor_address, "GET", path)
+        _print(doc if args.model else doc["rollouts"], args.output)
     else:  # abort, rollback
-        _print(call(args.monitor, "POST", f"/v1/rollouts/{_quote(args.model)}/{action}"), args.json)
+        _print(call(args.monitor_address, "POST", f"/v1/rollouts/{_quote(args.model)}/{action}"), args.output)
 
 
 def add_rollout_parser(sub) -> argparse.ArgumentParser:
@@ -250,13 +256,11 @@ def add_rollout_parser(sub) -> argparse.ArgumentParser:
         description=ROLLOUT_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "--monitor", default=DEFAULT_MONITOR_URL, help=f"URL of the monitor's HTTP API (default {DEFAULT_MONITOR_URL})"
-    )
+    add_monitor_address(p, DEFAULT_MONITOR_URL)
     actions = p.add_subparsers(dest="rollout_action", metavar="ACTION", required=True)
 
     def common(q: argparse.ArgumentParser) -> None:
-        q.add_argument("--json", action="store_true", help="print the monitor's JSON answer")
+        add_output_flag(q)  # json: the monitor's answer, one line each
 
     start = actions.add_parser(
         "start",

@@ -11,8 +11,8 @@ from __future__ import annotations
 import grpc
 
 from aiworks.core.errors import AIWorksError
-from aiworks.core.rpc import blocking_channel
-from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from aiworks.pb.scheduler.v1 import scheduler_pb2
+from aiworks.scheduler.client import BlockingSchedulerClient
 from aiworks.security.callers import TOKEN_FILE_ENV, ClientCaller, tool_caller
 from aiworks.security.tls import TLSFiles, tool_tls
 from aiworks.traffic_cli import format_shadows
@@ -22,8 +22,8 @@ def fetch_status(
     address: str, tls: TLSFiles | None = None, caller: ClientCaller | None = None
 ) -> scheduler_pb2.StatusResponse:
     try:
-        with blocking_channel(address, tls, server_name="scheduler", caller=caller) as ch:
-            return scheduler_pb2_grpc.SchedulerServiceStub(ch).Status(scheduler_pb2.StatusRequest(), timeout=3)
+        with BlockingSchedulerClient(address, tls, caller, timeout_s=3) as scheduler:
+            return scheduler.status()
     except grpc.RpcError as exc:
         hint = rpc_hint(exc, tls)
         raise SystemExit(f"error: cannot reach the scheduler at {address}: {exc.details()}{hint}") from None
@@ -97,10 +97,13 @@ def format_status(reply: scheduler_pb2.StatusResponse) -> str:
     return "\n".join(lines)
 
 
-def show_status(address: str, tls_dir: str | None = None) -> None:
+def show_status(address: str, tls_dir: str | None = None, output: str = "table") -> None:
+    from aiworks.core.output import emit
+
     try:
         tls = tool_tls(tls_dir)
         caller = None if tls else tool_caller()
     except AIWorksError as exc:
         raise SystemExit(f"error: {exc}") from None
-    print(format_status(fetch_status(address, tls, caller)))
+    reply = fetch_status(address, tls, caller)
+    emit(reply, output, lambda: format_status(reply))

@@ -8,6 +8,7 @@
     aiworks traffic get digits
     aiworks traffic show digits              the policy and the shadow's agreement counts
     aiworks traffic --tls-dir .aiworks/certs/admin get digits     against `aiworks up --tls`
+    aiworks traffic get digits -o json       (or -o yaml) for scripts
 
 Heavy imports happen inside the command, so ``aiworks --help`` stays fast.
 """
@@ -15,6 +16,9 @@ Heavy imports happen inside the command, so ``aiworks --help`` stays fast.
 from __future__ import annotations
 
 import argparse
+
+from aiworks.core.flags import add_scheduler_address, add_tls_dir
+from aiworks.core.output import add_output_flag
 
 
 def add_traffic_parser(sub) -> argparse.ArgumentParser:
@@ -27,11 +31,8 @@ def add_traffic_parser(sub) -> argparse.ArgumentParser:
             "A version without a live replica is skipped and the others share its part."
         ),
     )
-    p.add_argument("--scheduler", default="127.0.0.1:8010", help="scheduler address (default 127.0.0.1:8010)")
-    p.add_argument(
-        "--tls-dir",
-        help="folder with tls.crt, tls.key and ca.crt for a suite with mutual TLS (default $AIWORKS_TLS_DIR)",
-    )
+    add_scheduler_address(p)
+    add_tls_dir(p)
     actions = p.add_subparsers(dest="traffic_action", metavar="ACTION", required=True)
     set_ = actions.add_parser(
         "set",
@@ -56,10 +57,13 @@ def add_traffic_parser(sub) -> argparse.ArgumentParser:
     )
     set_.add_argument("--shadow-tolerance", type=float, default=1e-4, help="rtol and atol of allclose (default 1e-4)")
     set_.add_argument("--no-shadow", action="store_true", help="stop mirroring to the shadow version")
+    add_output_flag(set_)
     get = actions.add_parser("get", help="show a model's version weights and shadow")
     get.add_argument("model")
+    add_output_flag(get)
     show = actions.add_parser("show", help="show a model's policy and its shadow's comparison counts")
     show.add_argument("model")
+    add_output_flag(show)
     p.set_defaults(func=run_traffic)
     return p
 
@@ -68,9 +72,8 @@ def run_traffic(args) -> None:
     import grpc
 
     from aiworks.core.errors import AIWorksError
-    from aiworks.core.rpc import blocking_channel
     from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
-    from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
+    from aiworks.scheduler.client import BlockingSchedulerClient
     from aiworks.security.callers import tool_caller
     from aiworks.security.tls import tool_tls
     from aiworks.status import rpc_hint
@@ -96,11 +99,10 @@ def run_traffic(args) -> None:
     except AIWorksError as exc:
         raise SystemExit(f"error: {exc}") from None
     try:
-        with blocking_channel(args.scheduler, tls, server_name="scheduler", caller=caller) as channel:
-            stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+        with BlockingSchedulerClient(args.scheduler_address, tls, caller) as scheduler:
             if args.traffic_action == "set":
                 if not (args.weights or args.clear):  # a shadow change keeps the weights in force
-                    current = stub.GetTrafficPolicy(pb.GetTrafficPolicyRequest(model=args.model), timeout=5)
+                    current = scheduler.get_traffic(args.model)
                     weights = dict(current.weights)
                 policy = pb.TrafficPolicy(model=args.model, weights=weights)
                 if args.shadow:
@@ -114,19 +116,23 @@ def run_traffic(args) -> None:
                     )
                 elif args.no_shadow:
                     policy.shadow.SetInParent()  # present with no version: removes the shadow
-                reply = stub.SetTrafficPolicy(pb.SetTrafficPolicyRequest(policy=policy), timeout=5)
+                reply = scheduler.set_traffic(policy)
                 shadows = None
             else:
-                reply = stub.GetTrafficPolicy(pb.GetTrafficPolicyRequest(model=args.model), timeout=5)
+                reply = scheduler.get_traffic(args.model)
                 shadows = None
                 if args.traffic_action == "show":
-                    status = stub.Status(pb.StatusRequest(), timeout=5)
+                    status = scheduler.status()
                     shadows = [s for s in status.shadows if s.model == args.model]
     except grpc.RpcError as exc:
         raise SystemExit(f"error: {exc.details()}{rpc_hint(exc, tls)}") from None
-    print(format_policy(reply))
-    if shadows is not None:
-        print(format_shadows(shadows) if shadows else "  no shadow traffic yet")
+    from aiworks.core.output import emit
+
+    if shadows is None:
+        emit(reply, args.output, lambda: format_policy(reply))
+    else:
+        table = format_policy(reply) + "\n" + (format_shadows(shadows) if shadows else "  no shadow traffic yet")
+        emit({"policy": reply, "shadows": shadows}, args.output, lambda: table)
 
 
 def format_policy(policy) -> str:

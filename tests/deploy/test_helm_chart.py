@@ -319,8 +319,8 @@ def test_chart_test_hook(rendered: Rendered) -> None:
     [container] = pod["containers"]
     assert container["command"] == ["aiworks", "kube", "check"]
     args = container["args"]
-    assert args[args.index("--gateway") + 1].endswith(f"://{RELEASE}-gateway:8000")
-    assert args[args.index("--scheduler") + 1] == f"{RELEASE}-scheduler:8010"
+    assert args[args.index("--gateway-url") + 1].endswith(f"://{RELEASE}-gateway:8000")
+    assert args[args.index("--scheduler-address") + 1] == f"{RELEASE}-scheduler:8010"
     pools = {d["metadata"]["labels"]["aiworks.io/model"] for d in rendered.of_kind("Deployment") if component(d) == "runtime"}
     assert {args[i + 1] for i, a in enumerate(args) if a == "--model"} == pools, "every pool's model must be ready"
     assert pod["serviceAccountName"] == f"{RELEASE}-admin"

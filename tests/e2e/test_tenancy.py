@@ -577,13 +577,15 @@ def test_usage_counts_match_the_traffic_sent(tenancy):
     assert r.status_code == 403
     assert _usage(tenancy.b, key, start="not a time").status_code == 400
 
-    cli = [sys.executable, "-m", "aiworks", "usage", "--json", "--tenant", "meter"]
+    cli = [sys.executable, "-m", "aiworks", "usage", "--tenant", "meter"]
     env = {**os.environ, "AIWORKS_API_KEY": tenancy.keys["ops"]}
-    via_gateway = json.loads(subprocess.run(cli + ["--url", tenancy.b.base], env=env, capture_output=True,
-                                            text=True, check=True).stdout)  # fmt: skip
-    via_redis = json.loads(subprocess.run(cli + ["--redis-url", tenancy.redis_url], capture_output=True, text=True,
-                                          check=True).stdout)  # fmt: skip
-    for report in (via_gateway, via_redis):
+    via_gateway = json.loads(subprocess.run(cli + ["--gateway-url", tenancy.b.base, "-o", "json"], env=env,
+                                            capture_output=True, text=True, check=True).stdout)  # fmt: skip
+    via_redis = json.loads(subprocess.run(cli + ["--redis-url", tenancy.redis_url, "--json"], capture_output=True,
+                                          text=True, check=True).stdout)  # fmt: skip
+    as_yaml = yaml.safe_load(subprocess.run(cli + ["--url", tenancy.b.base, "-o", "yaml"], env=env,
+                                            capture_output=True, text=True, check=True).stdout)  # fmt: skip
+    for report in (via_gateway, via_redis, as_yaml):
         [total] = report["totals"]
         assert {k: total[k] for k in expected} == expected
     table = subprocess.run(cli[:4] + ["--url", tenancy.b.base, "--tenant", "meter"], env=env, capture_output=True,

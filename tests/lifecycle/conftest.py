@@ -68,14 +68,18 @@ def digits_v1(model_repository) -> Path:
 
 @pytest.fixture(scope="package")
 def minilm_repo(tmp_path_factory):
-    """``minilm`` built once: version 1 FP32, version 2 INT8; the bare encoder stays in ``work``."""
+    """``minilm`` built once: version 1 FP32, version 2 INT8; the bare encoder stays in ``work``, and the
+    progress lines the build printed in ``work/../progress.txt``."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     pytest.importorskip("onnxruntime_extensions")
     from aiworks.lifecycle import minilm
+    from aiworks.lifecycle.progress import Steps
 
     root = tmp_path_factory.mktemp("minilm")
-    folder = minilm.build(root / "repo", int8=True, workdir=root / "work")
+    with open(root / "progress.txt", "w") as log:
+        steps = Steps("minilm build", minilm.build_steps(int8=True), stream=log)
+        folder = minilm.build(root / "repo", int8=True, workdir=root / "work", progress=steps)
     return folder, root / "work"
 
 

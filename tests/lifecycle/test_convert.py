@@ -133,6 +133,17 @@ def test_tensorrt_target_reports_unsupported_ops_and_exits_3(digits_v1, tmp_path
     assert "tensorrt" in (tmp_path / "d" / "config.pbtxt").read_text()  # the accelerator is configured
 
 
+def test_convert_shows_its_steps_on_stderr_unless_told_not_to(digits_v1, tmp_path, capsys):
+    assert run_cli("convert", str(digits_v1), "--name", "d", "--out", str(tmp_path)) == 0
+    captured = capsys.readouterr()
+    steps = [line for line in captured.err.splitlines() if line.startswith("convert [")]
+    assert [s.split(" ")[1] for s in steps] == ["[1/5]", "[2/5]", "[3/5]", "[4/5]", "[5/5]"]
+    assert "loading the onnx model" in steps[0] and "onnxruntime" in steps[4]
+    assert "convert [" not in captured.out  # stdout keeps only the summary
+    assert run_cli("convert", str(digits_v1), "--name", "e", "--out", str(tmp_path), "--no-progress") == 0
+    assert "convert [" not in capsys.readouterr().err
+
+
 def test_onnxruntime_check_flags_an_unknown_op_and_accepts_custom_ops():
     from onnx import TensorProto, helper
 

@@ -26,6 +26,15 @@ def test_config_takes_text_and_returns_embeddings(minilm_repo):
     assert (folder / "1" / "model.onnx").is_file() and (folder / "2" / "model.onnx").is_file()
 
 
+def test_build_reports_each_step_as_it_starts(minilm_repo):
+    _, work = minilm_repo
+    lines = (work.parent / "progress.txt").read_text().splitlines()
+    assert [line.split(" s: ")[0].rsplit(" ", 1)[0] for line in lines] == [
+        f"minilm build [{i}/5]" for i in range(1, 6)
+    ]
+    assert "exporting the encoder" in lines[1] and "quantizing" in lines[3]
+
+
 def test_onnx_embeddings_match_pytorch(minilm_repo, minilm_reference):
     folder, _ = minilm_repo
     got = minilm.embed(folder / "1" / "model.onnx", minilm.SENTENCES)

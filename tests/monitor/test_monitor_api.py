@@ -6,6 +6,7 @@ import asyncio
 import json
 
 import pytest
+import yaml
 from aiohttp.test_utils import TestClient, TestServer
 from aiworks.monitor import cli as monitor_cli
 from aiworks.monitor.controller import Controller
@@ -80,8 +81,8 @@ async def test_http_api(api):
     assert (await (await api.get("/healthz")).json())["status"] == "ok"
 
 
-def events_command(url: str, *argv: str) -> None:
-    args = build_parser().parse_args(["events", "--monitor", url, *argv])
+def events_command(url: str, *argv: str, flag: str = "--monitor-address") -> None:
+    args = build_parser().parse_args(["events", flag, url, *argv])
     args.func(args)
 
 
@@ -93,9 +94,13 @@ async def test_aiworks_events_lists_and_follows(api, capsys, monkeypatch):
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 1 and "restart" in out[0] and "runtime-1" in out[0] and "exited with code -9" in out[0]
 
-    await asyncio.to_thread(events_command, url, "--json")
+    await asyncio.to_thread(events_command, url, "--json", flag="--monitor")  # the spellings before -o, kept
     [line] = capsys.readouterr().out.splitlines()
     assert json.loads(line)["message"].startswith("runtime-1 exited")
+    await asyncio.to_thread(events_command, url, "-o", "json")
+    assert [json.loads(x) for x in capsys.readouterr().out.splitlines()] == [json.loads(line)]
+    await asyncio.to_thread(events_command, url, "-o", "yaml")
+    assert list(yaml.safe_load_all(capsys.readouterr().out)) == [json.loads(line)]
 
     # --follow prints what arrives later; the third poll ends it as Ctrl-C would.
     polls = []

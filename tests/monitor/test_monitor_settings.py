@@ -30,6 +30,6 @@ def test_a_missing_scheduler_and_inconsistent_bounds_fail_at_start(monkeypatch):
 
 def test_the_monitor_command_names_the_variable_when_the_scheduler_is_missing(monkeypatch):
     monkeypatch.delenv("AIWORKS_MONITOR_SCHEDULER_ADDRESS", raising=False)
-    args = build_parser().parse_args(["monitor", "--port", "0"])
+    args = build_parser("monitor").parse_args(["monitor", "--port", "0"])
     with pytest.raises(SystemExit, match="AIWORKS_MONITOR_"):
         args.func(args)

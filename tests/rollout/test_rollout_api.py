@@ -11,6 +11,7 @@ import asyncio
 import json
 
 import pytest
+import yaml
 from aiohttp import web
 from aiworks.monitor.rollout_routes import add_rollout_routes
 from aiworks.monitor.server import control_guard
@@ -45,12 +46,12 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-async def aiworks(url: str, *argv: str) -> int | str:
+async def aiworks(url: str, *argv: str, flag: str = "--monitor") -> int | str:
     """``aiworks rollout --monitor URL ...`` in a thread (it blocks on HTTP; the server runs on this loop).
 
     Returns the exit status: 0, or what SystemExit carried (an error message or a code).
     """
-    args = parser().parse_args(["rollout", "--monitor", url, *argv])
+    args = parser().parse_args(["rollout", flag, url, *argv])
 
     def invoke() -> int | str:
         try:
@@ -95,7 +96,13 @@ async def test_start_status_abort_and_rollback_through_the_cli(served, capsys):
     assert await aiworks(url, "status", "nope") == "error: no rollout of nope (HTTP 404)"
 
     assert await aiworks(url, "status", "--json") == 0
-    assert [r["model"] for r in json.loads(capsys.readouterr().out)] == ["m"]
+    listed = json.loads(capsys.readouterr().out)
+    assert [r["model"] for r in listed] == ["m"]
+    assert await aiworks(url, "status", "-o", "json", flag="--monitor-address") == 0
+    assert json.loads(capsys.readouterr().out) == listed
+    assert await aiworks(url, "status", "m", "-o", "yaml", flag="--monitor-address") == 0
+    one = yaml.safe_load(capsys.readouterr().out)
+    assert (one["model"], one["phase"], one["weights"]) == ("m", listed[0]["phase"], listed[0]["weights"])
 
 
 async def test_watch_follows_a_rollout_to_its_end(served, capsys):

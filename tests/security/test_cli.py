@@ -87,6 +87,33 @@ async def test_audit_verify_command(tmp_path, capsys):
     assert "cut off the end" in capsys.readouterr().out
 
 
+async def test_audit_verify_prints_json_and_yaml(tmp_path, capsys):
+    import yaml
+
+    from aiworks.security.audit import AuditLog
+
+    path = tmp_path / "audit.jsonl"
+    async with AuditLog(path) as audit:
+        for i in range(3):
+            audit.admin(actor="ops", action=f"step{i}")
+    run("audit", "verify", str(path), "-o", "json")
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["ok"], doc["records"], doc["head_seq"], doc["bad_line"]) == (True, 3, 3, None)
+    run("audit", "verify", str(path), "--json")  # the hidden alias of -o json
+    assert json.loads(capsys.readouterr().out) == doc
+    run("audit", "verify", str(path), "-o", "yaml")
+    assert yaml.safe_load(capsys.readouterr().out) == doc
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:2]))  # cut off the end: caught by the head recorded earlier
+    assert _exit_code("audit", "verify", str(path), "--expect-head", doc["head_hash"], "-o", "json") == 1
+    cut = json.loads(capsys.readouterr().out)
+    assert cut["ok"] is False and cut["expected_head"] == doc["head_hash"] and "cut off the end" in cut["reason"]
+    path.write_text(lines[0] + lines[2])
+    assert _exit_code("audit", "verify", str(path), "-o", "yaml") == 1
+    bad = yaml.safe_load(capsys.readouterr().out)
+    assert (bad["ok"], bad["bad_line"], bad["file"]) == (False, 2, str(path))
+
+
 def test_model_keygen_encrypt_sign_verify_decrypt(tmp_path, onnx_model, capsys, monkeypatch):
     keys = tmp_path / "keys"
     run("model", "keygen", "--kind", "aes", "--out", str(keys / "model.key"))

@@ -18,7 +18,9 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("-m", "--model", required=True, help="model name")
     p.add_argument("-x", "--model-version", default="", help="model version (default: latest)")
     p.add_argument("-i", "--protocol", choices=["grpc", "http"], default="grpc")
-    p.add_argument("-u", "--url", help="gateway address; default localhost:8001 (grpc) or localhost:8000 (http)")
+    p.add_argument("-u", "--gateway-url", dest="url", metavar="HOST:PORT",
+                   help="gateway address; default localhost:8001 (grpc) or localhost:8000 (http)")  # fmt: skip
+    p.add_argument("--url", dest="url", help=argparse.SUPPRESS)  # its spelling before --gateway-url
     p.add_argument(
         "--concurrency-range", default="1:8:2", help="START:END[:FACTOR] multiplied by FACTOR, or a list 1,4,64"
     )

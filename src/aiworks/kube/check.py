@@ -28,17 +28,15 @@ def gateway_ready(url: str, ca_file: Path | None) -> str | None:
 def models_not_ready(scheduler: str, models: Sequence[str], tls_dir: Path | None) -> dict[str, str]:
     import grpc
 
-    from aiworks.core.rpc import blocking_channel
-    from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+    from aiworks.scheduler.client import BlockingSchedulerClient
     from aiworks.security.tls import TLSFiles
 
     tls = TLSFiles.from_dir(tls_dir) if tls_dir else None
     problems = {}
-    with blocking_channel(scheduler, tls, server_name="scheduler") as channel:
-        stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+    with BlockingSchedulerClient(scheduler, tls, timeout_s=3) as client:
         for model in models:
             try:
-                if not stub.ModelReady(scheduler_pb2.ModelRef(name=model), timeout=3).ready:
+                if not client.model_ready(model):
                     problems[model] = "not ready (no runtime replica has it loaded)"
             except grpc.RpcError as exc:
                 problems[model] = f"{exc.code().name}: {exc.details()}"

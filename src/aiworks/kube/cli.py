@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
-from pathlib import Path
+
+from aiworks.core.flags import add_gateway_url, add_scheduler_address, add_tls_dir
 
 
 def add_kube_parser(sub) -> None:
@@ -37,10 +39,11 @@ def add_kube_parser(sub) -> None:
         description="Exit 0 when the gateway's /v2/health/ready answers 200 and the scheduler reports every "
         "--model ready; 1 after --timeout, naming what is not.",
     )
-    ck.add_argument("--gateway", required=True, help="gateway URL (http:// or https://)")
-    ck.add_argument("--scheduler", required=True, help="scheduler host:port")
+    add_gateway_url(ck, help="gateway URL, http:// or https:// (required)")
+    ck.add_argument("--gateway", dest="gateway_url", help=argparse.SUPPRESS)  # its spelling before --gateway-url
+    add_scheduler_address(ck, default=None, help="scheduler host:port (required)")
     ck.add_argument("--model", action="append", default=[], help="a model that must be ready; repeat")
-    ck.add_argument("--tls-dir", type=Path, help="tls.crt, tls.key, ca.crt of the admin identity (mutual TLS)")
+    add_tls_dir(ck, "tls.crt, tls.key, ca.crt of the admin identity (mutual TLS)")
     ck.add_argument("--timeout", type=float, default=120.0, help="seconds to wait (default 120)")
     ck.set_defaults(func=cmd_check)
 
@@ -68,8 +71,10 @@ def cmd_ensure_secrets(args) -> None:
 
 
 def cmd_check(args) -> None:
+    from aiworks.core.flags import require
     from aiworks.kube.check import check
 
-    if not check(args.gateway, args.scheduler, args.model, tls_dir=args.tls_dir, timeout_s=args.timeout,
+    require(args, "--gateway-url", "--scheduler-address")
+    if not check(args.gateway_url, args.scheduler_address, args.model, tls_dir=args.tls_dir, timeout_s=args.timeout,
                  log=lambda m: print(m, flush=True)):  # fmt: skip
         sys.exit(1)

@@ -27,7 +27,8 @@ def _fail(message: str) -> None:
 
 
 def cmd_convert(args) -> None:
-    from aiworks.lifecycle.convert import convert, parse_input_spec
+    from aiworks.lifecycle.convert import CONVERT_STEPS, convert, parse_input_spec
+    from aiworks.lifecycle.progress import Steps
 
     try:
         inputs = [parse_input_spec(text, i) for i, text in enumerate(args.input or [])]
@@ -41,6 +42,7 @@ def cmd_convert(args) -> None:
             opset=args.opset,
             target=args.target,
             max_batch_size=args.max_batch_size,
+            progress=Steps("convert", CONVERT_STEPS, enabled=not args.no_progress),
         )
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
         _fail(str(exc))
@@ -184,7 +186,11 @@ def cmd_split(args) -> None:
 
 def cmd_minilm_build(args) -> None:
     from aiworks.lifecycle import minilm
+    from aiworks.lifecycle.progress import Steps
 
+    int8 = args.int8 or args.int8_full
+    total = minilm.build_steps(int8=int8, torch=args.format != "onnx", tokens=args.tokens)
+    steps = Steps("minilm build", total, enabled=not args.no_progress)
     if args.format != "onnx":
         if args.int8 or args.int8_full or args.tokens:
             _fail("--int8, --int8-full and --tokens are for --format onnx")
@@ -195,6 +201,7 @@ def cmd_minilm_build(args) -> None:
                 name=args.name or minilm.TORCH_NAME,
                 precision=args.precision,
                 cuda_graph_tokens=args.cuda_graph_tokens,
+                progress=steps,
             )
         except ValueError as exc:
             _fail(str(exc))
@@ -206,10 +213,10 @@ def cmd_minilm_build(args) -> None:
     if args.precision != "fp32" or args.cuda_graph_tokens:
         _fail("--precision and --cuda-graph-tokens are for the torchscript and torch-export formats")
     if args.tokens:
-        folder = minilm.build_token_onnx(Path(args.out), name=args.name or minilm.TOKENS_NAME)
+        folder = minilm.build_token_onnx(Path(args.out), name=args.name or minilm.TOKENS_NAME, progress=steps)
         print(f"wrote {folder} (in: INT64 'input_ids', 'attention_mask' [-1]; out: FP32 'embedding' [{minilm.DIM}])")
     else:
-        folder = minilm.build(Path(args.out), int8=args.int8 or args.int8_full, int8_full=args.int8_full)
+        folder = minilm.build(Path(args.out), int8=int8, int8_full=args.int8_full, progress=steps)
         print(f"wrote {folder} (text in: BYTES 'text' [1]; out: FP32 'embedding' [{minilm.DIM}])")
     print((folder / "config.pbtxt").read_text())
 
@@ -262,6 +269,7 @@ def add_lifecycle_parsers(sub) -> None:
     cv.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
     cv.add_argument("--target", default="onnxruntime-cpu", choices=["onnxruntime-cpu", "tensorrt"])
     cv.add_argument("--max-batch-size", type=int, default=64, help="config max_batch_size when the graph batches")
+    cv.add_argument("--no-progress", action="store_true", help="no step lines on stderr")
     cv.set_defaults(func=cmd_convert)
 
     op = sub.add_parser(
@@ -349,6 +357,7 @@ def add_lifecycle_parsers(sub) -> None:
     mb.add_argument(
         "--int8-full", action="store_true", help="version 2 with every MatMul in INT8 (faster, cosine ~0.985)"
     )
+    mb.add_argument("--no-progress", action="store_true", help="no step lines on stderr")
     mb.set_defaults(func=cmd_minilm_build)
     me = ml_sub.add_parser("embed", help="embed sentences with a built model, in-process, and show similarities")
     me.add_argument("text", nargs="+")

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -272,6 +273,9 @@ def _compare(model_path: Path, feeds: dict[str, np.ndarray], expected: list[np.n
     return max(diffs) if diffs else None
 
 
+CONVERT_STEPS = 5  # load/export, check, operators, write, compare
+
+
 def convert(
     source,
     out: Path,
@@ -283,8 +287,13 @@ def convert(
     opset: int = DEFAULT_OPSET,
     target: str = "onnxruntime-cpu",
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    progress: Callable[[str], None] | None = None,
 ) -> ConvertResult:
-    """Convert ``source`` and write a Triton-layout model folder under ``out``."""
+    """Convert ``source`` and write a Triton-layout model folder under ``out``.
+
+    ``progress`` is told each of the :data:`CONVERT_STEPS` steps as it starts (the command line prints them).
+    """
+    step = progress or (lambda text: None)
     if framework == "auto":
         framework = detect_framework(Path(source))
     if framework not in FRAMEWORKS:
@@ -296,6 +305,7 @@ def convert(
     feeds: dict[str, np.ndarray] = {}
     expected: list[np.ndarray] = []
     notes: list[str] = []
+    step(f"loading the {framework} model" + ("" if framework == "onnx" else " and exporting it to ONNX"))
     if framework == "pytorch":
         model, feeds, expected = from_pytorch(source, inputs or [], output_names=output_names, opset=opset)
     elif framework == "sklearn":
@@ -306,11 +316,15 @@ def convert(
         model, feeds, expected = from_tensorflow(Path(source), opset=opset, inputs=inputs)
     else:
         model = from_onnx(source)
+    step("checking the graph and inferring shapes")
     model = check_and_infer(model)
+    step(f"checking operators against {target}")
     report = check_ops(model, target)
+    step(f"writing {Path(out) / name}")
     config = make_config(name, model, max_batch_size=max_batch_size, tensorrt=target == "tensorrt")
     folder = write_model_folder(Path(out), name, model, config)
     model_path = folder / "1" / "model.onnx"
+    step("running the converted model in onnxruntime" + (" and comparing it with the source" if feeds else ""))
     try:
         diff = _compare(model_path, feeds, expected)
         if diff is None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -222,20 +223,33 @@ def config_text(*, versions_all: bool = False) -> str:
     )
 
 
-def build(out: Path, *, int8: bool = False, int8_full: bool = False, workdir: Path | None = None) -> Path:
+def build_steps(*, int8: bool = False, torch: bool = False, tokens: bool = False) -> int:
+    """How many steps a build reports to its ``progress`` callback."""
+    return 3 if torch or tokens else (5 if int8 else 3)
+
+
+def build(out: Path, *, int8: bool = False, int8_full: bool = False, workdir: Path | None = None,
+          progress: Callable[[str], None] | None = None) -> Path:  # fmt: skip
     """Write ``<out>/minilm``: version 1 FP32 and, with ``int8``, version 2 INT8 (both served).
 
     ``int8_full`` quantizes every MatMul (faster, less faithful: see :func:`quantize_encoder`).
+    ``progress`` is told each step as it starts (:func:`build_steps` of them).
     """
+    step = progress or (lambda text: None)
+    step("loading the tokenizer")
     tokenizer = load_tokenizer()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(workdir or tmp)
         work.mkdir(parents=True, exist_ok=True)
+        step("exporting the encoder to ONNX")
         encoder = export_encoder(work / "encoder.onnx", tokenizer=tokenizer)
         config = config_text(versions_all=int8)
+        step(f"writing version 1 (FP32, tokenizer in the graph) to {Path(out) / NAME}")
         folder = write_model_folder(Path(out), NAME, text_model(encoder, tokenizer), config, version=1)
         if int8:
+            step("quantizing the encoder to INT8" + (" (every MatMul)" if int8_full else ""))
             quantized = quantize_encoder(encoder, work / "encoder.int8.onnx", keep_ffn_fp32=not int8_full)
+            step("writing version 2 (INT8)")
             write_model_folder(Path(out), NAME, text_model(quantized, tokenizer), config, version=2)
     return folder
 
@@ -247,6 +261,7 @@ def build_torch(
     name: str = TORCH_NAME,
     precision: str = "fp32",
     cuda_graph_tokens: int | None = None,
+    progress: Callable[[str], None] | None = None,
 ):
     """Write ``<out>/<name>`` for the runtime's pytorch backend: token ids in, ``embedding`` out.
 
@@ -260,6 +275,8 @@ def build_torch(
 
     from aiworks.lifecycle.torch_export import export_model
 
+    step = progress or (lambda text: None)
+    step("loading the tokenizer")
     feeds = tokenize(SENTENCES[:4], load_tokenizer())
     example = (torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"]))
     graphs = None
@@ -267,8 +284,11 @@ def build_torch(
         if not 1 <= cuda_graph_tokens <= MAX_LENGTH:
             raise ValueError(f"CUDA graph token count must lie in 1..{MAX_LENGTH}")
         graphs = {"input_ids": [cuda_graph_tokens], "attention_mask": [cuda_graph_tokens]}
+    step("loading the PyTorch model")
+    embedder = sentence_embedder(load_torch_model())
+    step(f"exporting it ({format}, {precision}) to {Path(out) / name}")
     return export_model(
-        sentence_embedder(load_torch_model()),
+        embedder,
         example,
         Path(out),
         name,
@@ -282,11 +302,15 @@ def build_torch(
     )
 
 
-def build_token_onnx(out: Path, *, name: str = TOKENS_NAME) -> Path:
+def build_token_onnx(out: Path, *, name: str = TOKENS_NAME, progress: Callable[[str], None] | None = None) -> Path:
     """Write ``<out>/<name>``: the ONNX encoder with token ids in (no tokenizer), the pytorch model's twin."""
+    step = progress or (lambda text: None)
+    step("exporting the encoder to ONNX")
     with tempfile.TemporaryDirectory() as tmp:
         encoder = onnx.load(str(export_encoder(Path(tmp) / "encoder.onnx")))
+    step("checking the graph")
     config = make_config(name, encoder, max_batch_size=MAX_BATCH_SIZE, queue_delay_us=QUEUE_DELAY_US)
+    step(f"writing {Path(out) / name}")
     return write_model_folder(Path(out), name, encoder, config, version=1)
 
 

@@ -14,6 +14,8 @@ import os
 import sys
 from pathlib import Path
 
+from aiworks.core.output import add_output_flag
+
 DEFAULT_KEY_ENV = "AIWORKS_MODEL_KEY"
 EXIT_FAILED_CHECK = 1
 EXIT_USAGE = 2
@@ -80,17 +82,21 @@ def _audit_key(args) -> bytes | None:
 
 
 def cmd_audit_verify(args) -> None:
+    from aiworks.core.output import emit, plain
     from aiworks.security.audit import verify_audit_log
 
     result = verify_audit_log([Path(f) for f in args.files], key=_audit_key(args))
-    print(result.summary())
-    if args.expect_head and result.ok and result.head_hash != args.expect_head:
-        print(
-            f"FAILED: head hash {result.head_hash} is not the expected {args.expect_head}: "
-            "lines were cut off the end, or the log was rewritten",
+    lines, doc = [result.summary()], plain(result)
+    cut = bool(args.expect_head and result.ok and result.head_hash != args.expect_head)
+    if cut:
+        why = (
+            f"head hash {result.head_hash} is not the expected {args.expect_head}: "
+            "lines were cut off the end, or the log was rewritten"
         )
-        raise SystemExit(EXIT_FAILED_CHECK)
-    if not result.ok:
+        lines.append(f"FAILED: {why}")
+        doc.update(ok=False, reason=why, expected_head=args.expect_head)
+    emit(doc, args.output, lambda: "\n".join(lines))
+    if cut or not result.ok:
         raise SystemExit(EXIT_FAILED_CHECK)
 
 
@@ -283,6 +289,7 @@ def add_security_parsers(sub, *, model_command: str = "model") -> None:
     g.add_argument("--key-file", help="file holding the audit HMAC key, if the log was written with one")
     g.add_argument("--key-env", help="environment variable holding the audit HMAC key")
     v.add_argument("--expect-head", metavar="HASH", help="hash the last line must have (recorded earlier)")
+    add_output_flag(v)
     v.set_defaults(func=cmd_audit_verify)
 
     m = sub.add_parser(

@@ -59,7 +59,7 @@ from aiworks.core.errors import AIWorksError, NotFound, Status
 from aiworks.core.lifecycle import orphan_proof, terminate
 from aiworks.core.logging import redact_url
 from aiworks.core.rpc import blocking_channel
-from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from aiworks.scheduler.client import BlockingSchedulerClient
 from aiworks.security.callers import CallerAuth, ClientCaller, ensure_secret_file, is_loopback
 from aiworks.security.certs import CA_CERT, DEFAULT_HOSTNAMES, TLS_CERT, TLS_KEY, write_certificates
 from aiworks.security.tls import TLSFiles, client_ssl_context
@@ -555,10 +555,8 @@ class Supervisor:
             return reply.status == health_pb2.HealthCheckResponse.SERVING
 
     def _live_replicas(self) -> int:
-        channel = blocking_channel(self.scheduler_address, self.client_tls, server_name="scheduler", caller=self.caller)
-        with channel as ch:
-            reply = scheduler_pb2_grpc.SchedulerServiceStub(ch).Status(scheduler_pb2.StatusRequest(), timeout=1)
-            return sum(1 for r in reply.replicas if r.live and r.models)
+        with BlockingSchedulerClient(self.scheduler_address, self.client_tls, self.caller) as scheduler:
+            return sum(1 for r in scheduler.status(timeout_s=1).replicas if r.live and r.models)
 
     def _http_ready(self) -> bool:
         return self._http_ok(f"{self.http_url}/v2/health/ready", self._http_context)
