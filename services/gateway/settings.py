@@ -37,6 +37,11 @@ class GatewaySettings(ServiceSettings):
         60.0, description="Longest a request without a deadline of its own waits for its runtime replica."
     )
     server_name: str = Field("aiworks", description="Name reported by server metadata.")
+    shared_memory_max_regions: int = Field(
+        64, ge=0,
+        description="Most system shared memory regions one tenant may register (docs/triton.md); 0: the "
+        "extension is off.",
+    )  # fmt: skip
 
     # ---- result cache (docs/cache.md) ----
     cache_address: str | None = Field(
