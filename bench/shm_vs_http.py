@@ -14,8 +14,10 @@ The two cases alternate in rounds of ``--requests`` so that noise from the
 shared machine falls on both; every answer is checked outside the timing.
 The figure is the ratio of p50 latencies, shm / http_binary (target <= 0.5).
 A third case, ``tiny_request`` (``identity_small``, one element), is the
-fixed cost of a request through the suite, for the breakdown in
-docs/benchmarks.md.
+fixed cost of a request through the suite; ``shm_path_breakdown_ms`` times,
+in this process, each step the 4 MiB takes between gateway and runtime on
+the shared memory path (messages, frames, serialization, parsing): where the
+``shm`` case's time goes (docs/benchmarks.md).
 
 Usage: python bench/shm_vs_http.py [--rounds 6] [--requests 30] [--out FILE]
 """
@@ -118,6 +120,57 @@ class Cases:
         return self.client.infer("identity_small", [tensor], outputs=[httpclient.InferRequestedOutput("y")])
 
 
+def breakdown(repeats: int = 10) -> dict:
+    """Median ms of each step a 4 MiB tensor takes inside the suite on the shared memory path, in this process.
+
+    The gateway's and runtime's own functions and messages, without the
+    network and the model: where the time of the ``shm`` case goes.
+    """
+    from aiworks.core.converters import add_tensors, from_infer_request, to_infer_request
+    from aiworks.core.datatypes import Tensor
+    from aiworks.core.inference import InferRequest
+    from aiworks.core.options import RequestOptions
+    from aiworks.pb.runtime.v1 import runtime_pb2 as rpb
+
+    data = np.random.default_rng(1).standard_normal(N).astype(np.float32)
+    region = memoryview(bytearray(data.tobytes()))  # stands for the mapped region
+    request = InferRequest("identity", "1", [Tensor("x", "FP32", (N,), region)], ["y"])
+    steps: dict[str, list[float]] = {}
+
+    def timed(name: str, fn):
+        started = time.perf_counter()
+        value = fn()
+        steps.setdefault(name, []).append(time.perf_counter() - started)
+        return value
+
+    for _ in range(repeats):
+        msg = timed("gateway: request message (the one copy of the input)", lambda: from_infer_request(
+            request, RequestOptions()))  # fmt: skip
+        frame = timed("gateway: frame of the request (protobuf copies it)", lambda: rpb.InferRequestFrame(items=[msg]))
+        wire = timed("gateway: serialize the frame (gRPC)", frame.SerializeToString)
+        got = timed("runtime: parse the frame", lambda: rpb.InferRequestFrame.FromString(wire))
+        req = timed("runtime: request to tensors", lambda: to_infer_request(got.items[0]))
+        array = timed("runtime: tensor to numpy", lambda: np.frombuffer(req.inputs[0].raw, np.float32))
+        out = Tensor("y", "FP32", (N,), array.tobytes())  # onnxruntime's output, copied out of its buffer
+        reply = timed("runtime: response message", lambda: _reply(rpb, add_tensors, out))
+        rframe = timed("runtime: frame of the response (protobuf copies it)", lambda: rpb.InferResponseFrame(
+            items=[reply]))  # fmt: skip
+        rwire = timed("runtime: serialize the frame (gRPC)", rframe.SerializeToString)
+        back = timed("gateway: parse the frame", lambda: rpb.InferResponseFrame.FromString(rwire))
+        raw = timed("gateway: output bytes", lambda: back.items[0].outputs[0].raw)
+        target = memoryview(bytearray(4 * N))
+        timed("gateway: write the output into the region", lambda: target.__setitem__(slice(0, len(raw)), raw))
+    medians = {name: round(statistics.median(values) * 1e3, 2) for name, values in steps.items()}
+    medians["total"] = round(sum(medians.values()), 2)
+    return medians
+
+
+def _reply(rpb, add_tensors, out):
+    reply = rpb.InferResponse()
+    add_tensors(reply.outputs, [out])
+    return reply
+
+
 def run(http_url: str, rounds: int, requests: int) -> dict:
     client = httpclient.InferenceServerClient(http_url, network_timeout=60, connection_timeout=60)
     cases = Cases(client)
@@ -165,6 +218,7 @@ def main() -> None:
             result = run(f"127.0.0.1:{config.http_port}", args.rounds, args.requests)
         finally:
             supervisor.stop()
+    result["shm_path_breakdown_ms"] = breakdown()
     result.update(
         date=time.strftime("%Y-%m-%d"), cpus=os.cpu_count(), machine=platform.processor() or platform.machine(),
         command="python bench/shm_vs_http.py " + f"--rounds {args.rounds} --requests {args.requests}",

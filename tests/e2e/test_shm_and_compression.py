@@ -11,6 +11,7 @@ Regions are real POSIX shared memory objects made by
 from __future__ import annotations
 
 import gzip
+import queue
 import uuid
 import zlib
 
@@ -213,6 +214,24 @@ def test_grpc_mixes_shared_memory_and_raw_inputs(suite, grpc, http, regions):
     inputs[1].set_shared_memory("input_data", 64)  # A
     result = grpc.infer("add", inputs, headers=auth(suite))
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), B * 5 + A)
+
+
+def test_stream_infer_with_shared_memory(suite, grpc, http, regions):
+    """ModelStreamInfer takes inputs from and writes outputs into the caller's regions too."""
+    _, (_, out_handle) = _register_pair(grpc, suite, regions)
+    answers = queue.Queue()
+    grpc.start_stream(callback=lambda result, error: answers.put((result, error)), headers=auth(suite))
+    try:
+        grpc.async_stream_infer("add", _inputs(grpcclient), outputs=_outputs(grpcclient), request_id="s1")
+        grpc.async_stream_infer("add", _inputs(grpcclient, region="nope"), request_id="s2")
+        first, error = answers.get(timeout=30)
+        assert error is None and first.get_response().id == "s1"
+        _, error = answers.get(timeout=30)
+        assert error is not None and "Unable to find system shared memory region: 'nope'" in str(error)
+    finally:
+        grpc.stop_stream()
+    np.testing.assert_array_equal(shm.get_contents_as_numpy(out_handle, np.float32, [1, 16]), A + B)
+    np.testing.assert_array_equal(shm.get_contents_as_numpy(out_handle, np.float32, [1, 16], offset=64), A - B)
 
 
 def test_tenants_have_their_own_names(suite, http, regions):
