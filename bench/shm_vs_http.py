@@ -124,8 +124,17 @@ def breakdown(repeats: int = 10) -> dict:
     """Median ms of each step a 4 MiB tensor takes inside the suite on the shared memory path, in this process.
 
     The gateway's and runtime's own functions and messages, without the
-    network and the model: where the time of the ``shm`` case goes.
+    network and the model: where the time of the ``shm`` case goes. This
+    process takes the glibc malloc settings the supervisor gives the gateway
+    and runtime (``MALLOC_ENV``) first, so the steps cost what they cost there.
     """
+    import ctypes
+
+    from aiworks.supervisor.supervisor import MALLOC_ENV
+
+    libc = ctypes.CDLL("libc.so.6")
+    for option, name in ((-3, "MALLOC_MMAP_THRESHOLD_"), (-1, "MALLOC_TRIM_THRESHOLD_"), (-2, "MALLOC_TOP_PAD_")):
+        libc.mallopt(option, int(MALLOC_ENV[name]))
     from aiworks.core.converters import add_tensors, from_infer_request, to_infer_request
     from aiworks.core.datatypes import Tensor
     from aiworks.core.inference import InferRequest
