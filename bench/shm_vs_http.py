@@ -155,15 +155,14 @@ def breakdown(repeats: int = 10) -> dict:
     for _ in range(repeats):
         msg = timed("gateway: request message (the one copy of the input)", lambda: from_infer_request(
             request, RequestOptions()))  # fmt: skip
-        frame = timed("gateway: frame of the request (protobuf copies it)", lambda: rpb.InferRequestFrame(items=[msg]))
+        frame = timed("gateway: frame of the request", lambda: _frame(rpb.InferRequestFrame, msg))
         wire = timed("gateway: serialize the frame (gRPC)", frame.SerializeToString)
         got = timed("runtime: parse the frame", lambda: rpb.InferRequestFrame.FromString(wire))
         req = timed("runtime: request to tensors", lambda: to_infer_request(got.items[0]))
         array = timed("runtime: tensor to numpy", lambda: np.frombuffer(req.inputs[0].raw, np.float32))
         out = Tensor("y", "FP32", (N,), array.tobytes())  # onnxruntime's output, copied out of its buffer
         reply = timed("runtime: response message", lambda: _reply(rpb, add_tensors, out))
-        rframe = timed("runtime: frame of the response (protobuf copies it)", lambda: rpb.InferResponseFrame(
-            items=[reply]))  # fmt: skip
+        rframe = timed("runtime: frame of the response", lambda: _frame(rpb.InferResponseFrame, reply))
         rwire = timed("runtime: serialize the frame (gRPC)", rframe.SerializeToString)
         back = timed("gateway: parse the frame", lambda: rpb.InferResponseFrame.FromString(rwire))
         raw = timed("gateway: output bytes", lambda: back.items[0].outputs[0].raw)
@@ -172,6 +171,12 @@ def breakdown(repeats: int = 10) -> dict:
     medians = {name: round(statistics.median(values) * 1e3, 2) for name, values in steps.items()}
     medians["total"] = round(sum(medians.values()), 2)
     return medians
+
+
+def _frame(frame_type, item):
+    frame = frame_type()  # as the stream's Outbox builds it (src/aiworks/core/stream.py)
+    frame.items.add().CopyFrom(item)
+    return frame
 
 
 def _reply(rpb, add_tensors, out):
