@@ -183,7 +183,10 @@ class InferFastPath:
         except Exception as exc:  # noqa: BLE001 - answered, never silence
             log.exception("unhandled error in %s", scope["path"])
             return await _send(send, 500, orjson.dumps({"error": f"internal error: {type(exc).__name__}"}), _JSON)
-        headers = _JSON if header_length is None else [_BINARY, (b"inference-header-content-length", b"%d" % header_length)]
+        if header_length is None:
+            headers = _JSON
+        else:
+            headers = [_BINARY, (b"inference-header-content-length", b"%d" % header_length)]
         if encoding is not None:
             headers = [*headers, (b"content-encoding", encoding.encode())]
         return await _send(send, 200, payload, headers)

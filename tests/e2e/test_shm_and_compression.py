@@ -274,7 +274,8 @@ def test_bad_shared_memory_requests_are_refused(suite, http, grpc, regions, fron
     (in_key, _), _ = _register_pair(client, suite, regions)
 
     # Out of bounds: offset + size past the registered region.
-    _refused(lambda: client.infer("add", _inputs(module, offset0=100), headers=alice), "runs past the end", "(128 bytes)")
+    past = _inputs(module, offset0=100)
+    _refused(lambda: client.infer("add", past, headers=alice), "runs past the end", "(128 bytes)")
     # An output region too small for the output.
     _refused(
         lambda: client.infer("add", _inputs(module), outputs=_outputs(module, size=32), headers=alice),
@@ -299,7 +300,8 @@ def test_bad_shared_memory_requests_are_refused(suite, http, grpc, regions, fron
     _refused(lambda: client.unregister_cuda_shared_memory(headers=alice), CUDA)
     # The cap on regions per tenant (alice holds three now).
     client.register_system_shared_memory("fourth", in_key, 64, headers=alice)
-    _refused(lambda: client.register_system_shared_memory("fifth", in_key, 64, headers=alice), "unregister", status="429")
+    fifth = lambda: client.register_system_shared_memory("fifth", in_key, 64, headers=alice)  # noqa: E731
+    _refused(fifth, "unregister", status="429")
     client.unregister_system_shared_memory(headers=alice)
 
 
@@ -307,7 +309,8 @@ def test_shared_memory_parameters_must_be_whole(suite, regions, http):
     _register_pair(http, suite, regions)
     body = {
         "inputs": [
-            {"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "parameters": {"shared_memory_region": "input_data"}},
+            {"name": "INPUT0", "shape": [1, 16], "datatype": "FP32",
+             "parameters": {"shared_memory_region": "input_data"}},
             {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32", "data": B.ravel().tolist()},
         ]
     }
@@ -402,7 +405,7 @@ def test_decompression_bomb_is_refused_without_inflating_it(suite, bomb):
     with LiveProbe(suite.base) as probe:
         resp = requests.post(f"{suite.base}/v2/models/add/infer", data=bomb, headers=headers, timeout=60)
     now, peak = rss_mb(gateway)
-    print(f"\nbomb: {resp.status_code}; live worst {probe.worst_s * 1e3:.1f} ms; RSS {before:.0f} -> peak {peak:.0f} MB")
+    print(f"\nbomb: {resp.status_code}; live worst {probe.worst_s * 1e3:.1f} ms; RSS {before:.0f} -> {peak:.0f} MB")
     assert resp.status_code == 413, resp.text
     assert "inflates past the limit of 33554432 bytes" in resp.json()["error"]
     assert probe.worst_s < LIVE_BUDGET_S, f"liveness took {probe.worst_s * 1e3:.0f} ms during the bomb"
