@@ -6,6 +6,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from aiworks.gateway.filters import MAX_PARAMETERS, InputLimits
+from aiworks.gateway.shared_memory import ShmRef, shm_ref
 
 from aiworks.core.datatypes import (
     NUMPY_DTYPES,
@@ -64,9 +65,14 @@ def from_parameters(params: dict) -> dict[str, pb.InferParameter]:
 
 
 def to_infer_request_header(
-    msg: pb.ModelInferRequest, limits: InputLimits = _DEFAULT_LIMITS
+    msg: pb.ModelInferRequest, limits: InputLimits = _DEFAULT_LIMITS, shm=None
 ) -> tuple[InferRequest, PendingInputs]:
     """The request with its inputs' names, datatypes and shapes, and the decoder of their data.
+
+    ``shm(ref, where)`` gives the bytes an input's shared memory parameters
+    name (a slice of the caller's region); without it such an input is
+    refused. ``raw_input_contents`` then holds the other inputs' data only,
+    in order, as tritonclient sends it.
 
     Nothing here is proportional to the tensor data: protobuf counts
     repeated fields without building their elements, so typed ``contents``
@@ -76,22 +82,36 @@ def to_infer_request_header(
     if len(msg.parameters) > MAX_PARAMETERS:
         raise PayloadTooLarge(f"the request has {len(msg.parameters)} parameters; at most {MAX_PARAMETERS} are allowed")
     raw_contents = msg.raw_input_contents
-    if raw_contents and len(raw_contents) != len(msg.inputs):
+    refs = [shm_ref(to_parameters(t.parameters), f"input '{t.name[:64]}'") if t.parameters else None
+            for t in msg.inputs]  # fmt: skip
+    in_body = len(refs) - sum(r is not None for r in refs)
+    if raw_contents and len(raw_contents) != in_body:
         raise InvalidArgument(
-            f"raw_input_contents has {len(raw_contents)} entries, but the request has {len(msg.inputs)} inputs"
+            f"raw_input_contents has {len(raw_contents)} entries, but the request has {in_body} inputs "
+            "outside shared memory"
         )
     tensors = []
     decoders = []
     listed = slow = 0
-    for i, t in enumerate(msg.inputs):
+    next_raw = 0
+    for t, ref in zip(msg.inputs, refs):
         if t.datatype not in NUMPY_DTYPES:
             raise InvalidArgument(f"input '{t.name}': unknown datatype {t.datatype[:40]!r}")
         shape = tuple(t.shape)
         if any(d < 0 for d in shape):
             raise InvalidArgument(f"input '{t.name}' has a negative dim in shape {list(shape)[:8]}")
         check_shape(shape, t.name)
-        if raw_contents:
-            decoders.append(_raw(raw_contents[i], t.datatype, shape, t.name))
+        if ref is not None:
+            if shm is None:
+                raise InvalidArgument(f"input '{t.name}': shared memory is not available here")
+            if t.HasField("contents"):
+                raise InvalidArgument(f"input '{t.name}': shared memory input with contents in the message")
+            decoders.append(_raw(shm(ref, f"input '{t.name}'"), t.datatype, shape, t.name))
+            if t.datatype == "BYTES":
+                slow += element_count(shape)
+        elif raw_contents:
+            decoders.append(_raw(raw_contents[next_raw], t.datatype, shape, t.name))
+            next_raw += 1
             if t.datatype == "BYTES":
                 slow += element_count(shape)
         else:
@@ -157,13 +177,37 @@ def to_infer_request(msg: pb.ModelInferRequest, limits: InputLimits = _DEFAULT_L
     return request
 
 
-def from_infer_response(resp: InferResponse) -> pb.ModelInferResponse:
+def output_refs(msg: pb.ModelInferRequest) -> dict[str, ShmRef]:
+    """The requested outputs the client placed in shared memory."""
+    refs = {}
+    for o in msg.outputs:
+        if o.parameters:
+            ref = shm_ref(to_parameters(o.parameters), f"output '{o.name[:64]}'")
+            if ref is not None:
+                refs[o.name] = ref
+    return refs
+
+
+def _output(t, shm: dict[str, ShmRef]) -> pb.ModelInferResponse.InferOutputTensor:
+    out = pb.ModelInferResponse.InferOutputTensor(name=t.name, datatype=t.datatype, shape=t.shape)
+    ref = shm.get(t.name)
+    if ref is not None:
+        out.parameters["shared_memory_region"].string_param = ref.region
+        out.parameters["shared_memory_byte_size"].int64_param = len(t.raw)
+    return out
+
+
+def from_infer_response(resp: InferResponse, shm: dict[str, ShmRef] | None = None) -> pb.ModelInferResponse:
+    """The response message; outputs in ``shm`` (written there already) have an empty raw entry, as Triton."""
+    shm = shm or {}
     msg = pb.ModelInferResponse(
         model_name=resp.model,
         model_version=resp.version,
         id=resp.id,
-        outputs=[pb.ModelInferResponse.InferOutputTensor(name=t.name, datatype=t.datatype, shape=t.shape) for t in resp.outputs],
-        raw_output_contents=[t.raw if isinstance(t.raw, bytes) else bytes(t.raw) for t in resp.outputs],
+        outputs=[_output(t, shm) for t in resp.outputs],
+        raw_output_contents=[
+            b"" if t.name in shm else t.raw if isinstance(t.raw, bytes) else bytes(t.raw) for t in resp.outputs
+        ],
     )
     if resp.parameters:
         for k, v in from_parameters(resp.parameters).items():

@@ -37,6 +37,7 @@ from aiworks.gateway.limits import Admission, TenantLimiter
 from aiworks.gateway.masking import MaskingPolicies
 from aiworks.gateway.metering import UsageMeter
 from aiworks.gateway.settings import GatewaySettings
+from aiworks.gateway.shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegistry
 from aiworks.gateway.telemetry import GatewayTelemetry, short
 from aiworks.gateway.tenancy import PRIORITY_CLAMPED, demo_config, load_tenancy, tenant_classes
 
@@ -63,7 +64,10 @@ from aiworks.security.audit import AuditLog
 
 log = logging.getLogger(__name__)
 
-EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics", "schedule_policy", "trace", "logging"]
+EXTENSIONS = [
+    "binary_tensor_data", "model_repository", "statistics", "schedule_policy", "trace", "logging",
+    "system_shared_memory",
+]
 
 _UNAUTHENTICATED = metrics.GATEWAY_REFUSED.labels("unauthenticated")
 # Reads a load request's overrides (its body, or its gRPC parameters): called only once the caller may load.
@@ -167,6 +171,7 @@ class GatewayDataPlane:
         tenancy: Tenancy | None = None,
         diagnostics: Diagnostics | None = None,
         max_load_file_bytes: int = 32 << 20,
+        shared_memory: SharedMemoryRegistry | None = None,
     ):
         self.scheduler = scheduler
         self.max_load_file_bytes = max_load_file_bytes
@@ -177,6 +182,8 @@ class GatewayDataPlane:
         self.server_name = server_name
         self.cache = cache
         self.tenancy = tenancy if tenancy is not None else Tenancy.demo()
+        # Triton's system shared memory regions, per tenant; the front ends read inputs and write outputs there.
+        self.shared_memory = shared_memory if shared_memory is not None else SharedMemoryRegistry()
         # Per-request metrics, the server span and the audit line; the front ends wrap each inference in it.
         self.telemetry = GatewayTelemetry(audit=self.tenancy.audit)
 
@@ -401,6 +408,23 @@ class GatewayDataPlane:
                 tenancy.meter.record(tenant_id, model, requests=0, rows=0, compute_s=compute_s)
 
         work.outstanding.add_done_callback(settle)
+
+    # ---- system shared memory (docs/triton.md): a tenant's own regions, any authenticated tenant ----------
+
+    async def shm_status(self, name: str = "", credentials: Headers = ()) -> list[dict]:
+        return self.shared_memory.status(self.authenticate(credentials).tenant_id, name)
+
+    async def shm_register(self, name: str, key, offset, byte_size, credentials: Headers = ()) -> None:
+        principal = self.authenticate(credentials)
+        self.shared_memory.register(principal.tenant_id, name, key, offset, byte_size)
+
+    async def shm_unregister(self, name: str = "", credentials: Headers = ()) -> None:
+        self.shared_memory.unregister(self.authenticate(credentials).tenant_id, name)
+
+    def cuda_shm(self, credentials: Headers = ()) -> None:
+        """Every CUDA shared memory call: 400, this server has no GPU runtime to take CUDA IPC handles."""
+        self.authenticate(credentials)
+        raise InvalidArgument(CUDA_UNSUPPORTED)
 
     # ---- usage --------------------------------------------------------------------------------
 

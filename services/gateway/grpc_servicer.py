@@ -9,10 +9,16 @@ Credentials travel as metadata (``authorization: Bearer <key or JWT>`` or
 
 from __future__ import annotations
 
-from aiworks.gateway.converters import from_infer_response, to_infer_request_header, to_load_overrides
+from aiworks.gateway.converters import (
+    from_infer_response,
+    output_refs,
+    to_infer_request_header,
+    to_load_overrides,
+)
 from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
 from aiworks.gateway.filters import check_body_size
 from aiworks.gateway.grpc_stream import StreamInfer
+from aiworks.gateway.shared_memory import store_outputs
 from aiworks.gateway.telemetry import REQUEST_ID_HEADER
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2_grpc
@@ -84,17 +90,56 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             self.dataplane.authorize(principal, request.model_name, request.model_version)  # before any of the message is converted
             if principal.tenant.max_request_bytes:  # the server already bounds messages by the gateway's limit
                 check_body_size(request.ByteSize(), request_limit(principal, self.max_request_bytes), call.tenant)
-            call.request, pending = to_infer_request_header(request, self.dataplane.limits)
+            registry, tenant = self.dataplane.shared_memory, principal.tenant_id
+            call.request, pending = to_infer_request_header(
+                request, self.dataplane.limits, shm=lambda ref, where: registry.view(tenant, ref, where)
+            )
+            refs = output_refs(request)
+            placements = registry.placements(tenant, refs) if refs else None
             call.response = await self.dataplane.infer(
                 call.request, principal, pending, request_id=call.request_id,
                 transport_deadline_s=context.time_remaining(), api="ModelInfer RPC",
             )  # fmt: skip
-            return from_infer_response(call.response)
+            if placements:
+                await store_outputs(call.response.outputs, placements)
+            return from_infer_response(call.response, refs)
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Bidirectional streaming inference, decoupled models included (grpc_stream.py)."""
         async for response in self._stream.serve(request_iterator, context):
             yield response
+
+    # ---- system shared memory (docs/triton.md); CUDA shared memory is refused ----------------------
+
+    @handle_errors
+    async def SystemSharedMemoryStatus(self, request, context):
+        regions = await self.dataplane.shm_status(request.name, context.invocation_metadata())
+        status = pb.SystemSharedMemoryStatusResponse.RegionStatus
+        return pb.SystemSharedMemoryStatusResponse(regions={r["name"]: status(**r) for r in regions})
+
+    @handle_errors
+    async def SystemSharedMemoryRegister(self, request, context):
+        await self.dataplane.shm_register(
+            request.name, request.key, request.offset, request.byte_size, context.invocation_metadata()
+        )
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @handle_errors
+    async def SystemSharedMemoryUnregister(self, request, context):
+        await self.dataplane.shm_unregister(request.name, context.invocation_metadata())
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @handle_errors
+    async def CudaSharedMemoryStatus(self, request, context):
+        self.dataplane.cuda_shm(context.invocation_metadata())
+
+    @handle_errors
+    async def CudaSharedMemoryRegister(self, request, context):
+        self.dataplane.cuda_shm(context.invocation_metadata())
+
+    @handle_errors
+    async def CudaSharedMemoryUnregister(self, request, context):
+        self.dataplane.cuda_shm(context.invocation_metadata())
 
     @handle_errors
     async def ModelStatistics(self, request, context):

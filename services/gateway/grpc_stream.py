@@ -34,9 +34,10 @@ import contextlib
 import logging
 from collections import deque
 
-from aiworks.gateway.converters import from_infer_response, to_infer_request_header
+from aiworks.gateway.converters import from_infer_response, output_refs, to_infer_request_header
 from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
 from aiworks.gateway.filters import check_body_size
+from aiworks.gateway.shared_memory import store_outputs
 from aiworks.gateway.telemetry import REQUEST_ID_HEADER
 from tritonclient.grpc import service_pb2 as pb
 
@@ -77,8 +78,8 @@ def _sequence_of(msg: pb.ModelInferRequest):
     return (msg.model_name, value) if value not in (0, "") else None
 
 
-def _answer(response: InferResponse) -> pb.ModelStreamInferResponse:
-    message = from_infer_response(response)
+def _answer(response: InferResponse, shm=None) -> pb.ModelStreamInferResponse:
+    message = from_infer_response(response, shm)
     message.parameters[FINAL].bool_param = response.final
     return pb.ModelStreamInferResponse(infer_response=message)
 
@@ -203,14 +204,23 @@ class _Stream:
             if principal.tenant.max_request_bytes:
                 check_body_size(msg.ByteSize(), request_limit(principal, self.owner.max_request_bytes), call.tenant)
             empty_final = _wants_empty_final(msg)
-            call.request, pending = to_infer_request_header(msg, dataplane.limits)
+            registry, tenant = dataplane.shared_memory, principal.tenant_id
+            call.request, pending = to_infer_request_header(
+                msg, dataplane.limits, shm=lambda ref, where: registry.view(tenant, ref, where)
+            )
+            refs = output_refs(msg)
+            if refs and decoupled:
+                raise InvalidArgument("outputs of a decoupled model cannot be placed in shared memory")
+            placements = registry.placements(tenant, refs) if refs else None
             deadline_s = self.context.time_remaining()
             if not decoupled:
                 call.response = await dataplane.infer(
                     call.request, principal, pending, request_id=call.request_id, transport_deadline_s=deadline_s
                 )
                 call.streamed(call.response)
-                return _answer(call.response)
+                if placements:
+                    await store_outputs(call.response.outputs, placements)
+                return _answer(call.response, refs)
             responses = dataplane.infer_stream(
                 call.request, principal, pending, request_id=call.request_id, transport_deadline_s=deadline_s
             )

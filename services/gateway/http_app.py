@@ -25,6 +25,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 
 import orjson
+from aiworks.gateway.compression import compress, inflate, request_encoding, response_encoding
 from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
 from aiworks.gateway.filters import check_body_size
 from aiworks.gateway.http_codec import (
@@ -33,6 +34,7 @@ from aiworks.gateway.http_codec import (
     encode_infer_response,
     parse_infer_header,
 )
+from aiworks.gateway.shared_memory import store_outputs
 from aiworks.gateway.metering import DEFAULT_USAGE_SPAN_S, parse_time
 from aiworks.gateway.telemetry import REQUEST_ID_HEADER
 from fastapi import FastAPI, Request
@@ -100,21 +102,42 @@ async def _infer(
     version: str,
     headers: Mapping[str, str],
     body_stream: AsyncIterator[bytes],
-) -> tuple[bytes, int | None]:
-    """One OIP inference over HTTP: (payload, its JSON header's length for binary data, or None for JSON)."""
+) -> tuple[bytes, int | None, str | None]:
+    """One OIP inference over HTTP: (payload, its JSON header's length for binary data or None for JSON,
+    the payload's Content-Encoding or None).
+
+    A compressed request (``Content-Encoding``) is read within the caller's
+    body limit, then inflated within it too (compression.py); the answer is
+    compressed when ``Accept-Encoding`` asks for it. Header lengths count the
+    decompressed bodies.
+    """
     with dataplane.telemetry.infer("http", model, version, headers) as call:
         call.request_id = headers.get(REQUEST_ID_HEADER, "")
         principal = dataplane.authenticate(headers)  # before a byte of the body is read
         call.tenant = principal.tenant_id
         dataplane.authorize(principal, model, version)
         limit = request_limit(principal, max_request_bytes)
+        encoding = request_encoding(headers.get("content-encoding"))
         body = await read_body(body_stream, headers.get("content-length"), limit, principal.tenant_id)
+        if encoding is not None:
+            body = await inflate(body, encoding, limit, principal.tenant_id)
         # The header only: the data plane checks the caps on it, then has the tensor data decoded.
-        call.request, fmt, pending = parse_infer_header(body, headers.get(HEADER_LENGTH), model, version, dataplane.limits)
+        registry, tenant = dataplane.shared_memory, principal.tenant_id
+        call.request, fmt, pending = parse_infer_header(
+            body, headers.get(HEADER_LENGTH), model, version, dataplane.limits,
+            shm=lambda ref, where: registry.view(tenant, ref, where),
+        )  # fmt: skip
+        placements = registry.placements(tenant, fmt.shm) if fmt.shm else None
         call.response = response = await dataplane.infer(
             call.request, principal, pending, request_id=call.request_id, api="HTTP end point"
         )
-        return encode_infer_response(response, fmt)
+        if placements:
+            await store_outputs(response.outputs, placements)
+        payload, header_length = encode_infer_response(response, fmt)
+        answer_encoding = response_encoding(headers.get("accept-encoding"))
+        if answer_encoding is None:
+            return payload, header_length, None
+        return await compress(payload, answer_encoding), header_length, answer_encoding
 
 
 _INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
@@ -152,7 +175,7 @@ class InferFastPath:
 
     async def _infer(self, model: str, version: str, scope, receive, send) -> None:
         try:
-            payload, header_length = await _infer(
+            payload, header_length, encoding = await _infer(
                 self.dataplane, self.max_request_bytes, model, version, Headers(scope=scope), _body(receive)
             )
         except ClientDisconnect:
@@ -165,8 +188,12 @@ class InferFastPath:
             log.exception("unhandled error in %s", scope["path"])
             return await _send(send, 500, orjson.dumps({"error": f"internal error: {type(exc).__name__}"}), _JSON)
         if header_length is None:
-            return await _send(send, 200, payload, _JSON)
-        return await _send(send, 200, payload, [_BINARY, (b"inference-header-content-length", b"%d" % header_length)])
+            headers = _JSON
+        else:
+            headers = [_BINARY, (b"inference-header-content-length", b"%d" % header_length)]
+        if encoding is not None:
+            headers = [*headers, (b"content-encoding", encoding.encode())]
+        return await _send(send, 200, payload, headers)
 
 
 async def _body(receive) -> AsyncIterator[bytes]:
@@ -220,6 +247,18 @@ def trace_settings_from_json(doc: dict) -> dict[str, list[str] | None]:
 def trace_settings_to_json(settings: dict[str, list[str]]) -> dict:
     """As Triton answers: trace_level a list, every other setting a string."""
     return {k: v if k == "trace_level" else (v[0] if v else "") for k, v in settings.items()}
+
+
+_CONTROL_BODY_BYTES = 64 * 1024
+
+
+async def _small_json_body(request: Request):
+    """A control call's small JSON body (at most 64 KiB)."""
+    body = await read_body(request.stream(), request.headers.get("content-length"), _CONTROL_BODY_BYTES)
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgument(f"malformed JSON in request body: {exc}") from None
 
 
 def _time_param(request: Request, name: str) -> float | None:
@@ -303,14 +342,12 @@ def create_app(dataplane: GatewayDataPlane, *, max_request_bytes: int) -> InferF
     async def infer(model: str, request: Request, version: str = ""):
         """Answered by InferFastPath in front of this app; the same :func:`_infer` here."""
         args = (dataplane, max_request_bytes, model, version, request.headers, request.stream())
-        payload, header_length = await _infer(*args)
+        payload, header_length, encoding = await _infer(*args)
+        headers = {} if encoding is None else {"Content-Encoding": encoding}
         if header_length is None:
-            return Response(payload, media_type="application/json")
-        return Response(
-            payload,
-            media_type="application/octet-stream",
-            headers={"Inference-Header-Content-Length": str(header_length)},
-        )
+            return Response(payload, media_type="application/json", headers=headers)
+        headers["Inference-Header-Content-Length"] = str(header_length)
+        return Response(payload, media_type="application/octet-stream", headers=headers)
 
     # ---- model repository -----------------------------------------------------------------
 
@@ -374,6 +411,36 @@ def create_app(dataplane: GatewayDataPlane, *, max_request_bytes: int) -> InferF
     @app.post("/v2/logging")
     async def update_log_settings(request: Request):
         return _json(await dataplane.update_log_settings(await _json_body(request), request.headers))
+
+    # ---- system shared memory (docs/triton.md); CUDA shared memory is refused -----------------------
+
+    @app.get("/v2/systemsharedmemory/status")
+    @app.get("/v2/systemsharedmemory/region/{region}/status")
+    async def shm_status(request: Request, region: str = ""):
+        return _json(await dataplane.shm_status(region, request.headers))
+
+    @app.post("/v2/systemsharedmemory/region/{region}/register")
+    async def shm_register(region: str, request: Request):
+        dataplane.authenticate(request.headers)  # before the body
+        doc = await _small_json_body(request)
+        if not isinstance(doc, dict) or not all(k in doc for k in ("key", "offset", "byte_size")):
+            raise InvalidArgument("register needs a JSON object with 'key', 'offset' and 'byte_size'")
+        await dataplane.shm_register(region, doc["key"], doc["offset"], doc["byte_size"], request.headers)
+        return _json({})
+
+    @app.post("/v2/systemsharedmemory/unregister")
+    @app.post("/v2/systemsharedmemory/region/{region}/unregister")
+    async def shm_unregister(request: Request, region: str = ""):
+        await dataplane.shm_unregister(region, request.headers)
+        return _json({})
+
+    @app.get("/v2/cudasharedmemory/status")
+    @app.get("/v2/cudasharedmemory/region/{region}/status")
+    @app.post("/v2/cudasharedmemory/region/{region}/register")
+    @app.post("/v2/cudasharedmemory/unregister")
+    @app.post("/v2/cudasharedmemory/region/{region}/unregister")
+    async def cuda_shm(request: Request, region: str = ""):
+        dataplane.cuda_shm(request.headers)
 
     # ---- usage (docs/tenancy.md) ----------------------------------------------------------------
 

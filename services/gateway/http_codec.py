@@ -19,12 +19,14 @@ stops at the first list whose length or nesting does not fit the shape.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain
 
 import numpy as np
 import orjson
 from aiworks.gateway.filters import MAX_PARAMETERS, InputLimits
+from aiworks.gateway.shared_memory import BYTE_SIZE, REGION, ShmRef, shm_ref
 
 from aiworks.core.datatypes import (
     DATATYPES,
@@ -41,6 +43,8 @@ from aiworks.core.errors import InvalidArgument
 from aiworks.core.inference import InferRequest, InferResponse, PendingInputs
 
 HEADER_LENGTH = "inference-header-content-length"
+# The bytes a shared memory reference names, for the input it is named by (shared_memory.py).
+ShmView = Callable[[ShmRef, str], memoryview]
 JSON_DEPTH_LIMIT = 1024  # orjson's own limit; deeper documents are refused by the parser itself
 _SCALARS = (str, int, float, bool)
 _DEFAULT_LIMITS = InputLimits()
@@ -98,6 +102,8 @@ class OutputFormat:
 
     default_binary: bool = False
     binary: dict[str, bool] = field(default_factory=dict)
+    # Outputs the client placed in system shared memory: the response names the region, with no data.
+    shm: dict[str, ShmRef] = field(default_factory=dict)
 
     def is_binary(self, name: str) -> bool:
         return self.binary.get(name, self.default_binary)
@@ -224,9 +230,14 @@ def _load_json(view: memoryview, limits: InputLimits):
 
 
 def parse_infer_header(
-    body: bytes, header_length: str | None, model: str, version: str, limits: InputLimits = _DEFAULT_LIMITS
+    body: bytes, header_length: str | None, model: str, version: str, limits: InputLimits = _DEFAULT_LIMITS,
+    shm: ShmView | None = None,
 ) -> tuple[InferRequest, OutputFormat, PendingInputs]:
-    """Parse an ``infer`` body's header: the request (inputs not decoded yet), the output format, the decoder."""
+    """Parse an ``infer`` body's header: the request (inputs not decoded yet), the output format, the decoder.
+
+    ``shm`` gives the bytes an input's shared memory parameters name (a slice
+    of the caller's region); without it such an input is refused.
+    """
     view = memoryview(body)
     if header_length is not None:
         try:
@@ -262,8 +273,16 @@ def parse_infer_header(
         datatype = item.get("datatype")
         _require(type(datatype) is str and datatype in DATATYPES, f"{where}: unknown datatype {datatype!r:.40}")
         shape = _shape(item.get("shape"), where, name)
-        size = _parameters(item.get("parameters"), f"{where}: ").get("binary_data_size")
-        if size is not None:
+        iparams = _parameters(item.get("parameters"), f"{where}: ")
+        size = iparams.get("binary_data_size")
+        ref = shm_ref(iparams, where)
+        if ref is not None:
+            _require(size is None and "data" not in item, f"{where}: shared memory input with data in the body")
+            _require(shm is not None, f"{where}: shared memory is not available here")
+            decoders.append(_binary(shm(ref, where), datatype, shape, name))
+            if datatype == "BYTES":
+                slow += element_count(shape)
+        elif size is not None:
             _require(
                 type(size) is int and size >= 0, f"{where}: binary_data_size must be a non-negative integer"
             )
@@ -292,7 +311,11 @@ def parse_infer_header(
         _require(type(item) is dict and type(item.get("name")) is str, f"outputs[{i}] needs a 'name'")
         outputs.append(item["name"])
         oparams = _parameters(item.get("parameters"), f"outputs[{i}]: ")
-        if "binary_data" in oparams:
+        ref = shm_ref(oparams, f"output '{item['name'][:64]}'")
+        if ref is not None:
+            _require(not oparams.get("binary_data"), f"output '{item['name'][:64]}': shared memory and binary_data")
+            fmt.shm[item["name"]] = ref
+        elif "binary_data" in oparams:
             fmt.binary[item["name"]] = bool(oparams["binary_data"])
     request_id = doc.get("id", "")
     _require(type(request_id) is str, "'id' must be a string")
@@ -328,7 +351,10 @@ def encode_infer_response(response: InferResponse, fmt: OutputFormat) -> tuple[b
     chunks = []
     for t in response.outputs:
         out = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
-        if fmt.is_binary(t.name):
+        ref = fmt.shm.get(t.name)
+        if ref is not None:  # written into the region already: no data here
+            out["parameters"] = {REGION: ref.region, BYTE_SIZE: len(t.raw)}
+        elif fmt.is_binary(t.name):
             out["parameters"] = {"binary_data_size": len(t.raw)}
             chunks.append(t.raw)
         else:

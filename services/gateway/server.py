@@ -22,6 +22,7 @@ from aiworks.gateway.grpc_servicer import InferenceServicer
 from aiworks.gateway.http_app import create_app
 from aiworks.gateway.http_protocol import bounded_protocol
 from aiworks.gateway.settings import GatewaySettings
+from aiworks.gateway.shared_memory import SharedMemoryRegistry
 from aiworks.scheduler.client import Routing, SchedulerClient
 from aiworks.security.callers import own_caller
 from aiworks.security.tls import uvicorn_ssl_options
@@ -79,6 +80,7 @@ async def serve(settings: GatewaySettings) -> None:
     dataplane = GatewayDataPlane(
         scheduler, routing, settings.server_name, cache=cache, tenancy=tenancy, diagnostics=diagnostics,
         max_load_file_bytes=settings.max_load_file_bytes,
+        shared_memory=SharedMemoryRegistry(settings.shared_memory_max_regions),
     )  # fmt: skip
 
     grpc_server, health = create_server(settings.max_request_bytes, max_metadata_bytes=settings.max_header_bytes)
@@ -132,6 +134,7 @@ async def serve(settings: GatewaySettings) -> None:
     # Before the limits close: answers still awaited for abandoned requests settle (free their slots) now.
     await routing.close()
     await scheduler.close()
+    dataplane.shared_memory.close()
     await tenancy.close()  # the last usage to Redis, the last audit lines to disk
     lag.stop()
     await stop_metrics(metrics)

@@ -42,6 +42,11 @@ class GatewaySettings(ServiceSettings):
         ge=0,
         description="Most bytes of model files one load request may bring (Triton's file: load parameters).",
     )
+    shared_memory_max_regions: int = Field(
+        64, ge=0,
+        description="Most system shared memory regions one tenant may register (docs/triton.md); 0: the "
+        "extension is off.",
+    )  # fmt: skip
 
     # ---- result cache (docs/cache.md) ----
     cache_address: str | None = Field(

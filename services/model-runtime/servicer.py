@@ -7,10 +7,10 @@ import time
 from aiworks.runtime.dataplane import RuntimeDataPlane
 
 from aiworks.core.converters import (
+    add_tensors,
     fill_parameters,
     from_model_spec,
     from_statistics,
-    from_tensor,
     to_infer_request,
     to_options,
 )
@@ -51,11 +51,11 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
         with remote_scope(message.options.trace_context):
             async for answer in self.dataplane.queues.infer_stream(to_infer_request(message), options):
                 reply = pb.InferResponse(
-                    outputs=[from_tensor(t) for t in answer.outputs],
                     compute_us=answer.compute_ns // 1000,
                     queue_us=answer.queue_ns // 1000,
                     more=not answer.final,
                 )
+                add_tensors(reply.outputs, answer.outputs)
                 if answer.parameters:
                     fill_parameters(reply.parameters, answer.parameters)
                 yield reply
@@ -72,11 +72,8 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
                     error_code=code, error_message=text, retry_after_s=exc.retry_after_s or 0.0,
                     compute_us=getattr(exc, "compute_ns", 0) // 1000, queue_us=getattr(exc, "queue_ns", 0) // 1000,
                 )  # fmt: skip
-        reply = pb.InferResponse(
-            outputs=[from_tensor(t) for t in answer.outputs],
-            compute_us=answer.compute_ns // 1000,
-            queue_us=answer.queue_ns // 1000,
-        )
+        reply = pb.InferResponse(compute_us=answer.compute_ns // 1000, queue_us=answer.queue_ns // 1000)
+        add_tensors(reply.outputs, answer.outputs)  # each output's bytes copied once
         if answer.parameters:
             fill_parameters(reply.parameters, answer.parameters)
         return reply

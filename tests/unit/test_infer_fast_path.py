@@ -51,7 +51,7 @@ def call(app, method: str, path: str, body: bytes = b"{}", *, disconnect: bool =
 @pytest.fixture
 def fast(monkeypatch):
     taken: list[tuple[str, str, bytes]] = []
-    outcome: dict = {"result": (b'{"outputs": []}', None)}
+    outcome: dict = {"result": (b'{"outputs": []}', None, None)}
 
     async def fake_infer(dataplane, max_request_bytes, model, version, headers, body_stream):
         body = b"".join([chunk async for chunk in body_stream])
@@ -85,10 +85,16 @@ def test_json_and_binary_answers_carry_their_headers(fast):
     answer = call(app, "POST", "/v2/models/iris/infer")
     assert answer["headers"][b"content-type"] == b"application/json"
     assert answer["headers"][b"content-length"] == str(len(answer["body"])).encode()
-    outcome["result"] = (b'{"outputs":[]}' + b"\0" * 8, 14)
+    assert b"content-encoding" not in answer["headers"]
+    outcome["result"] = (b'{"outputs":[]}' + b"\0" * 8, 14, None)
     answer = call(app, "POST", "/v2/models/iris/infer")
     assert answer["headers"][b"content-type"] == b"application/octet-stream"
     assert answer["headers"][b"inference-header-content-length"] == b"14"
+    outcome["result"] = (b"compressed", 14, "gzip")  # the header's length counts the decompressed body
+    answer = call(app, "POST", "/v2/models/iris/infer")
+    assert answer["headers"][b"content-encoding"] == b"gzip"
+    assert answer["headers"][b"inference-header-content-length"] == b"14"
+    assert answer["headers"][b"content-length"] == b"10"
 
 
 @pytest.mark.parametrize(

@@ -139,11 +139,14 @@ class Outbox:
         try:
             while self._queued or self._cancels:
                 items = self._take()
+                frame = self._frame_type()
+                for item in items:
+                    # CopyFrom into an added item: upb's constructor (``items=[...]``) copies each message by
+                    # serializing and parsing it, 8 ms for a 4 MiB tensor here, against 0.3 ms for this.
+                    frame.items.add().CopyFrom(item)
                 if self._cancels:
                     cancels, self._cancels = self._cancels, []
-                    frame = self._frame_type(items=items, cancel=cancels)
-                else:
-                    frame = self._frame_type(items=items)
+                    frame.cancel.extend(cancels)
                 await self._write(frame)
                 self.frames += 1
                 self.messages += len(items)

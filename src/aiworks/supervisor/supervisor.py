@@ -67,6 +67,16 @@ from aiworks.supervisor.control import DEFAULT_MAX_REPLICAS, ControlServer
 
 log = logging.getLogger(__name__)
 
+# glibc malloc settings for the processes that move tensors (docs/benchmarks.md, "System shared memory
+# against binary HTTP"): blocks up to 32 MiB come from the heap, and freed memory stays with the process
+# instead of going back to the kernel, so a tensor-sized buffer is not page-faulted in afresh on every
+# request. The price: a process keeps its high-water mark of memory (up to 1 GiB of it free for reuse).
+MALLOC_ENV = {
+    "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
+    "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
+    "MALLOC_TOP_PAD_": str(64 << 20),
+}
+
 _GRPC_HOLD: grpc.Channel | None = None
 
 STOP_TIMEOUT_S = 10.0
@@ -377,6 +387,8 @@ class Supervisor:
     def _spawn(self, name: str, kind: str, args: list[str], env: dict[str, str] | None = None, **registry) -> Child:
         self.config.log_dir.mkdir(parents=True, exist_ok=True)
         env = {**self.caller_env(kind), **(env or {})}
+        if kind in ("gateway", "runtime"):  # the ones that move tensors; the operator's own values win
+            env.update({k: v for k, v in MALLOC_ENV.items() if k not in os.environ and k not in self.config.extra_env})
         metrics_port = registry.pop("metrics_port", None)
         index = registry.pop("metrics_index", 0)
         if kind in _METRICS_ENV:  # the monitor serves its metrics on its own HTTP port
