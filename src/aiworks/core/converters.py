@@ -32,11 +32,18 @@ def from_tensor(t: Tensor) -> rpb.Tensor:
 
 
 def _to_specs(msgs) -> tuple[TensorSpec, ...]:
-    return tuple(TensorSpec(m.name, m.datatype, tuple(m.dims)) for m in msgs)
+    return tuple(
+        TensorSpec(m.name, m.datatype, tuple(m.dims), tuple(m.reshape) if m.has_reshape else None) for m in msgs
+    )
 
 
 def _from_specs(specs) -> list[rpb.TensorSpec]:
-    return [rpb.TensorSpec(name=s.name, datatype=s.datatype, dims=s.dims) for s in specs]
+    return [
+        rpb.TensorSpec(
+            name=s.name, datatype=s.datatype, dims=s.dims, reshape=s.reshape or (), has_reshape=s.reshape is not None
+        )
+        for s in specs
+    ]
 
 
 def to_model_spec(msg: rpb.ModelSpec) -> ModelSpec:
