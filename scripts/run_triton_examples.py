@@ -100,12 +100,20 @@ def make_image(path: Path) -> Path:
     return path
 
 
+def shown(run: Run) -> str:
+    """The run's command line as the table shows it: addresses as HTTP and GRPC, the image as IMAGE."""
+    args = [ADDRESSES.get(a, "IMAGE" if a.startswith("/") else a) for a in run.args]
+    return " ".join([run.example, *args])
+
+
+ADDRESSES: dict[str, str] = {}  # the suite's host:port -> HTTP / GRPC, for the table
+
+
 def table(runs: list[Run]) -> str:
-    width = max(len(f"{r.example} {' '.join(a for a in r.args if not a.startswith('/'))}") for r in runs)
+    width = max(len(shown(r)) for r in runs)
     lines = [f"{'example (arguments)':<{width}}  result  seconds  why it failed", "-" * (width + 40)]
     for r in runs:
-        shown = f"{r.example} {' '.join(a for a in r.args if not a.startswith('/'))}"
-        lines.append(f"{shown:<{width}}  {'pass' if r.passed else 'FAIL':<6}  {r.seconds:>7}  {r.detail}")
+        lines.append(f"{shown(r):<{width}}  {'pass' if r.passed else 'FAIL':<6}  {r.seconds:>7}  {r.detail}")
     passed = sum(r.passed for r in runs)
     lines.append(f"{passed} of {len(runs)} runs passed")
     return "\n".join(lines)
@@ -144,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             print("starting the suite ...", file=sys.stderr, flush=True)
             supervisor.start()
             http, grpc = f"127.0.0.1:{config.http_port}", f"127.0.0.1:{config.grpc_port}"
+            ADDRESSES.update({http: "HTTP", grpc: "GRPC"})
             runs = []
             for run in plan(examples, http, grpc, image):
                 if args.only not in run.example:

@@ -25,7 +25,12 @@ def iris_json(**overrides):
     "path,body,status,message",
     [
         ("/v2/models/nope/infer", iris_json(), 400, "Request for unknown model: 'nope' is not found"),
-        ("/v2/models/iris/versions/7/infer", iris_json(), 404, "Request for unknown model: 'iris' version 7 is not found"),
+        (
+            "/v2/models/iris/versions/7/infer",
+            iris_json(),
+            404,
+            "Request for unknown model: 'iris' version 7 is not found",
+        ),
         ("/v2/models/iris/infer", iris_json(name="wrong"), 400, "unexpected input 'wrong'"),
         ("/v2/models/iris/infer", iris_json(shape=[1, 3], data=[1, 2, 3]), 400, "expects [-1, 4]"),
         ("/v2/models/iris/infer", iris_json(datatype="INT32", data=[1, 2, 3, 4]), 400, "expects FP32"),
