@@ -558,6 +558,8 @@ def spec_to_triton_config(spec: ModelSpec) -> dict:
             entry = {"name": t.name, "data_type": data_type, "dims": list(t.dims)}
             if t.reshape is not None:
                 entry["reshape"] = {"shape": list(t.reshape)}
+            if t.format:
+                entry["format"] = t.format
             out.append(entry)
         return out
 

@@ -121,8 +121,10 @@ def test_densenet_config_keeps_reshape_and_labels(suite):
     assert [int(d) for d in config["input"][0]["dims"]] == [3, 224, 224]
     assert [int(d) for d in config["input"][0]["reshape"]["shape"]] == [1, 3, 224, 224]
     assert [int(d) for d in config["output"][0]["reshape"]["shape"]] == [1, 1000, 1, 1]
+    assert config["input"][0]["format"] == "FORMAT_NCHW"  # the image clients read it
     grpc_config = grpcclient.InferenceServerClient(suite.grpc_url).get_model_config("densenet_onnx").config
     assert list(grpc_config.output[0].reshape.shape) == [1, 1000, 1, 1] and list(grpc_config.output[0].dims) == [1000]
+    assert grpc_config.input[0].format == grpcclient.model_config_pb2.ModelInput.FORMAT_NCHW
     assert (suite.model_repository / "densenet_onnx" / "densenet_labels.txt").read_text().count("\n") == 1000
 
 

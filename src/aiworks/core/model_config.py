@@ -61,6 +61,8 @@ class TensorSpec:
     datatype: str
     dims: tuple[int, ...]
     reshape: tuple[int, ...] | None = None
+    # An input's Triton format (FORMAT_NCHW or FORMAT_NHWC; "" for FORMAT_NONE): image clients read it.
+    format: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +192,8 @@ def _tensor_specs(entries, where: str) -> tuple[TensorSpec, ...]:
                 )
             if reshape == dims:
                 reshape = None
-        specs.append(TensorSpec(e.name, _datatype(e.data_type, f"{where} '{e.name}'"), dims, reshape))
+        fmt = model_config_pb2.ModelInput.Format.Name(e.format) if getattr(e, "format", 0) else ""  # inputs only
+        specs.append(TensorSpec(e.name, _datatype(e.data_type, f"{where} '{e.name}'"), dims, reshape, fmt))
     return tuple(specs)
 
 
