@@ -51,6 +51,7 @@ from aiworks.core.errors import (
     PermissionDenied,
     Status,
     Unauthenticated,
+    no_available_version,
 )
 from aiworks.core.inference import InferRequest, InferResponse, PendingInputs
 from aiworks.core.load_overrides import LoadOverrides
@@ -233,7 +234,7 @@ class GatewayDataPlane:
 
     async def model_metadata(self, name: str, version: str, credentials: Headers = ()) -> dict:
         self._for_model(credentials, name, version)
-        spec = self.routing.spec(name, version)
+        spec = await self._spec(name, version)
         versions = self.routing.versions(name)
         return {
             "name": spec.name,
@@ -246,11 +247,35 @@ class GatewayDataPlane:
     async def model_config(self, name: str, version: str, credentials: Headers = ()) -> dict:
         """The model's config in Triton's JSON form (the fields the suite uses)."""
         self._for_model(credentials, name, version)
-        return spec_to_triton_config(self.routing.spec(name, version))
+        return spec_to_triton_config(await self._spec(name, version))
 
     async def model_ready(self, name: str, version: str, credentials: Headers = ()) -> bool:
         self._for_model(credentials, name, version)
-        return self.routing.model_ready(name, version)
+        try:
+            return self.routing.model_ready(name, version)
+        except AIWorksError as exc:
+            raise await self._unknown_refined(exc, name) from None
+
+    async def _spec(self, name: str, version: str) -> ModelSpec:
+        try:
+            return self.routing.spec(name, version)
+        except AIWorksError as exc:
+            raise await self._unknown_refined(exc, name) from None
+
+    async def _unknown_refined(self, exc: AIWorksError, name: str) -> AIWorksError:
+        """A model the routing table does not know may still be in the repository (unloaded, or its load
+        failed): then Triton says it has no available versions (NOT_FOUND), not that it is unknown. Only this
+        error path asks the scheduler for the repository's index."""
+        if exc.status is not Status.INVALID_ARGUMENT or not exc.message.startswith("Request for unknown model:"):
+            return exc
+        try:
+            specs = await self.scheduler.index(False)
+        except AIWorksError:
+            return exc
+        failed = next((s for s in specs if s.name == name), None)
+        if failed is None:
+            return exc
+        return no_available_version(name, f"load failed: {failed.reason}" if failed.reason else "it is not loaded")
 
     # ---- inference ----------------------------------------------------------------------------
 
@@ -361,7 +386,10 @@ class GatewayDataPlane:
         check_version(request.version)
         tenancy.auth.authorize(principal, request.model)
         tenancy.filters.check_bounds(request)  # caps on what the header declares: nothing decoded yet
-        spec = self.routing.resolve(request.model, request.version)
+        try:
+            spec = self.routing.resolve(request.model, request.version)
+        except AIWorksError as exc:
+            raise await self._unknown_refined(exc, request.model) from None
         if one_answer and spec.decoupled:  # Triton's words, per front end; UNIMPLEMENTED (501) as Triton's
             raise AIWorksError(
                 f"{one_answer} doesn't support models with decoupled transaction policy", Status.UNIMPLEMENTED
@@ -600,10 +628,16 @@ _TRITON_TYPES = {"BYTES": "TYPE_STRING"}
 
 def spec_to_triton_config(spec: ModelSpec) -> dict:
     def tensors(specs):
-        return [
-            {"name": t.name, "data_type": _TRITON_TYPES.get(t.datatype, f"TYPE_{t.datatype}"), "dims": list(t.dims)}
-            for t in specs
-        ]
+        out = []
+        for t in specs:
+            data_type = _TRITON_TYPES.get(t.datatype, f"TYPE_{t.datatype}")
+            entry = {"name": t.name, "data_type": data_type, "dims": list(t.dims)}
+            if t.reshape is not None:
+                entry["reshape"] = {"shape": list(t.reshape)}
+            if t.format:
+                entry["format"] = t.format
+            out.append(entry)
+        return out
 
     config = {
         "name": spec.name,

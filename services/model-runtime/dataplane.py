@@ -31,6 +31,7 @@ from aiworks.runtime.repository import ModelRepository
 from aiworks.runtime.residency import (
     ResidencyLRU,
     RuntimeModelStatistics,
+    configured_warmup,
     estimate_bytes,
     response_cache_enabled,
     warmup_batches,
@@ -38,10 +39,18 @@ from aiworks.runtime.residency import (
 
 from aiworks.core import metrics
 from aiworks.core.datatypes import Tensor, decode, encode
-from aiworks.core.errors import AIWorksError, Internal, InvalidArgument, NotFound, Unavailable
+from aiworks.core.errors import (
+    AIWorksError,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+    no_available_version,
+    unknown_version,
+)
 from aiworks.core.inference import InferRequest, ModelStatistics
 from aiworks.core.load_overrides import LoadOverrides
-from aiworks.core.model_config import ModelConfig, ModelSpec, ModelState
+from aiworks.core.model_config import ModelConfig, ModelSpec, ModelState, reshaped
 from aiworks.core.names import check_model_name
 from aiworks.core.options import RequestOptions
 
@@ -76,6 +85,8 @@ class LoadedVersion:
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     last_used_s: float = 0.0
     pipeline: bool = False
+    # Inputs (dims -> reshape) and outputs (reshape -> dims) the config reshapes: made on first use.
+    plans: tuple[dict, dict] | None = None
 
     def __post_init__(self):
         self.idle.set()
@@ -226,15 +237,7 @@ class RuntimeDataPlane:
                     size_bytes=size,
                     load_requested_ns=requested_ns,
                 )
-                # A decoupled or stateful model cannot take an invented batch (no run, or control inputs to fill).
-                if self.warmup and not (config.decoupled or config.sequence):
-                    try:
-                        stats.warmup_ns = await self._warm_up(version_loaded, completed)
-                    except Exception as exc:
-                        why = self.repository.relative(str(exc))
-                        self._failed[name] = f"version {version}: warm-up failed: {why}"
-                        raise InvalidArgument(f"model '{name}' version {version} failed its warm-up: {why}") from None
-                    stats.cold_start_ns = time.perf_counter_ns() - requested_ns  # the warm-up answered first
+                await self._warm_up_or_fail(version_loaded, completed, str(version), requested_ns)
                 stats.resident, stats.resident_bytes = True, size
                 loaded[str(version)] = version_loaded
                 log.info(
@@ -401,14 +404,43 @@ class RuntimeDataPlane:
             log.info("loaded %s version %s again on demand in %.0f ms", name, key[1], stats.load_ns / 1e6)
             return loaded, model
 
+    async def _warm_up_or_fail(self, loaded: LoadedVersion, config: ModelConfig, version: str, requested_ns: int):
+        """Warm a new version up before it is ready.
+
+        The config's ``model_warmup`` runs as in Triton, whatever the ``warmup`` setting says, and its failure
+        fails the load. Without it, the suite's own default (one row of zeros, when the setting is on; not for
+        a decoupled or stateful model) is only a courtesy: its failure is logged and the version still loads.
+        """
+        name, stats = config.name, loaded.stats
+        configured = configured_warmup(config)
+        if not configured and (not self.warmup or config.decoupled or config.sequence):
+            return
+        try:
+            stats.warmup_ns = await self._warm_up(loaded, config)
+        except Exception as exc:
+            why = self.repository.relative(str(exc))
+            if not configured:
+                log.warning("model %s version %s: default warm-up failed, loading it anyway: %s", name, version, why)
+                return
+            self._failed[name] = f"version {version}: {why}"
+            raise InvalidArgument(f"failed to load '{name}' version {version}: {why}") from None
+        stats.cold_start_ns = time.perf_counter_ns() - requested_ns  # the warm-up answered first
+
     async def _warm_up(self, loaded: LoadedVersion, config: ModelConfig) -> int:
         """Run the version's warm-up batches (not counted in its statistics); returns their time in ns."""
         batches = warmup_batches(config, self.repository.root / config.name)
         names = [o.name for o in loaded.spec.outputs]
         loop = asyncio.get_running_loop()
+        plans = reshape_plans(loaded.spec, loaded.model)[0]
         started = time.perf_counter_ns()
-        for inputs in batches:
-            await loop.run_in_executor(self._pool, _timed_run, loaded.model, _feeds(inputs), names)
+        for sample, inputs in batches:
+            try:
+                if config.decoupled:
+                    raise InvalidArgument("a decoupled model cannot run a warm-up batch")
+                feeds = _feeds(inputs, plans, config.max_batch_size > 0)
+                await loop.run_in_executor(self._pool, _timed_run, loaded.model, feeds, names)
+            except Exception as exc:
+                raise InvalidArgument(f"failed to run warmup sample '{sample}': {exc}") from None
         return time.perf_counter_ns() - started
 
     def _complete(self, config: ModelConfig, model) -> ModelConfig:
@@ -476,12 +508,12 @@ class RuntimeDataPlane:
             if retiring is not None:  # retired by a reload; its last batches still run
                 return retiring
         if not versions:
-            raise NotFound(f"model '{name}' is not loaded on this replica")
+            raise no_available_version(name, "it is not loaded on this replica")
         if not version:
             return versions[max(versions, key=int)]
         found = versions.get(version)
         if found is None:
-            raise NotFound(f"model '{name}' has no loaded version '{version}'")
+            raise unknown_version(name, version, "that version is not loaded")
         return found
 
     def version_for(self, name: str, version: str) -> LoadedVersion:
@@ -582,7 +614,11 @@ class RuntimeDataPlane:
 
     async def _run_loaded(self, name: str, loaded: LoadedVersion, model, inputs, outputs, entered_ns: int):
         spec = loaded.spec
-        feeds = _feeds(inputs)
+        batched = spec.max_batch_size > 0
+        if loaded.plans is None:
+            loaded.plans = reshape_plans(spec, model)
+        in_plans, out_plans = loaded.plans
+        feeds = _feeds(inputs, in_plans, batched)
         declared_out = {o.name: o.datatype for o in spec.outputs}  # output names were checked on arrival
         if spec.sequence is not None:  # implicit state leaves the model as outputs the client may not see
             declared_out.update((s.output_name, s.datatype) for s in spec.sequence.states)
@@ -630,6 +666,16 @@ class RuntimeDataPlane:
         out = []
         for out_name, array in zip(names, results):
             datatype = declared_out[out_name]
+            plan = out_plans.get(out_name)
+            if plan is not None:  # the model's shape back to the config's dims, as clients see it
+                array = np.asarray(array)
+                try:
+                    array = array.reshape(reshaped(array.shape, batched, *plan))
+                except ValueError:
+                    raise Internal(
+                        f"model '{name}' output '{out_name}' has shape {list(array.shape)}, which does not fit "
+                        f"its reshape to dims {list(plan[1])}"
+                    ) from None
             out.append(Tensor(out_name, datatype, tuple(int(d) for d in array.shape), encode(np.asarray(array), datatype)))
         if loaded.first_request_pending:
             loaded.first_request_pending = False
@@ -646,14 +692,28 @@ class RuntimeDataPlane:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _feeds(inputs: list[Tensor]) -> dict[str, np.ndarray]:
+def _feeds(inputs: list[Tensor], reshapes: dict[str, tuple] | None = None, batched: bool = False):
+    """The backend's inputs; those whose config has a ``reshape`` take its shape (a view: no copy)."""
     feeds = {}
     for t in inputs:
         array = decode(t.raw, t.datatype, t.shape, name=t.name)
         if t.datatype == "BYTES":  # ONNX Runtime's string tensors want str
             array = np.vectorize(lambda b: b.decode("utf-8", "replace"), otypes=[object])(array)
+        plan = reshapes.get(t.name) if reshapes else None
+        if plan is not None:
+            array = array.reshape(reshaped(array.shape, batched, *plan))
         feeds[t.name] = array
     return feeds
+
+
+def reshape_plans(spec: ModelSpec, model) -> tuple[dict[str, tuple], dict[str, tuple]]:
+    """Per input (dims -> reshape) and per output (reshape -> dims), for the tensors whose config reshapes
+    them; none for a backend that applies the config's reshape itself (a remote tritonserver)."""
+    if getattr(model, "reshapes_itself", False):
+        return {}, {}
+    ins = {t.name: (t.dims, t.reshape) for t in spec.inputs if t.reshape is not None}
+    outs = {t.name: (t.reshape, t.dims) for t in spec.outputs if t.reshape is not None}
+    return ins, outs
 
 
 def _log_close_failure(future) -> None:

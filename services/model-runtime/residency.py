@@ -140,11 +140,8 @@ def _sample_tensor(name: str, datatype: str, shape: tuple[int, ...], how: dict, 
         if not path.is_file():
             raise InvalidArgument(f"warm-up input '{name}': {shown} does not exist")
         return Tensor(name, datatype, shape, path.read_bytes())
-    if datatype == "BYTES":
-        if how.get("random_data"):
-            words = [bytes(rng.integers(97, 123, 8, dtype=np.uint8)) for _ in range(count)]
-        else:
-            words = [b""] * count
+    if datatype == "BYTES":  # random_data of a string input is empty strings, as in Triton
+        words = [b""] * count
         return Tensor(name, datatype, shape, serialize_bytes(np.array(words, dtype=np.object_)))
     dtype = NUMPY_DTYPES[datatype]
     if how.get("random_data"):
@@ -163,27 +160,45 @@ def _datatype(triton_type: str) -> str:
     return "BYTES" if triton_type == "TYPE_STRING" else triton_type.removeprefix("TYPE_")
 
 
-def warmup_batches(config: ModelConfig, model_dir: Path) -> list[list[Tensor]]:
-    """The warm-up batches of a (completed) config, each a list of input tensors, in order."""
+def configured_warmup(config: ModelConfig) -> bool:
+    """The config has Triton's ``model_warmup``: its samples must run, and their failure fails the load."""
+    return bool(config.document.get("model_warmup"))
+
+
+def warmup_batches(config: ModelConfig, model_dir: Path) -> list[tuple[str, list[Tensor]]]:
+    """The warm-up batches of a (completed) config, each ``(sample name, input tensors)``, in order.
+
+    With ``model_warmup`` in the config: its samples as Triton runs them (a sample of batch_size 0 is skipped;
+    ``count`` runs of each). Without: the suite's own default, one row of zeros per input.
+    """
     rng = np.random.default_rng(0)
     batched = config.max_batch_size > 0
     samples = config.document.get("model_warmup") or []
     batches = []
     if not samples:
-        specs: tuple[TensorSpec, ...] = config.inputs
         batch = []
-        for t in specs:
+        for t in config.inputs:
             dims = tuple(1 if d < 0 else d for d in t.dims)
             batch.append(_sample_tensor(t.name, t.datatype, ((1,) if batched else ()) + dims, {}, model_dir, rng))
-        return [batch] if batch else []
+        return [("default", batch)] if batch else []
     for sample in samples:
-        size = int(sample.get("batch_size", 1) or 1)
+        label = sample.get("name", "")
+        size = int(sample.get("batch_size", 0) or 0)
+        if size == 0:  # Triton skips a sample of batch size 0
+            continue
+        if batched and size > config.max_batch_size:
+            raise InvalidArgument(
+                f"warmup sample '{label}': batch_size {size} exceeds max_batch_size {config.max_batch_size}"
+            )
         batch = []
         for name, how in (sample.get("inputs") or {}).items():
             dims = tuple(int(d) for d in how.get("dims", []))
             if any(d < 0 for d in dims):
-                raise InvalidArgument(f"warm-up sample '{sample.get('name', '')}': input '{name}' has a dim < 0")
+                raise InvalidArgument(
+                    f"warmup sample '{label}': all variable-size dimensions must be specified for input '{name}'"
+                )
+            # Without a batch dim a batch_size above 1 repeats the sample; the shape stays the config's.
             shape = ((size,) if batched else ()) + dims
             batch.append(_sample_tensor(name, _datatype(how.get("data_type", "TYPE_FP32")), shape, how, model_dir, rng))
-        batches.extend([batch] * max(1, int(sample.get("count", 1) or 1)))
+        batches.extend([(label, batch)] * max(1, int(sample.get("count", 1) or 1)))
     return batches

@@ -18,7 +18,7 @@ are tested without loading a model.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aiworks.core.errors import InvalidArgument
 
@@ -117,7 +117,8 @@ def graph_plan(config) -> dict[Signature, tuple[int, ...]]:
     cuda = (config.document.get("optimization") or {}).get("cuda") or {}
     if not cuda.get("graphs") or config.max_batch_size <= 0:
         return {}
-    inputs = config.inputs
+    # The graphs see what the model takes: an input's reshape when its config has one.
+    inputs = [replace(t, dims=t.reshape) if t.reshape is not None else t for t in config.inputs]
     specs = cuda.get("graph_spec") or []
     plan: dict[Signature, set[int]] = {}
     if not specs:

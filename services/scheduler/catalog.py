@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from aiworks.core.errors import NotFound, Unavailable
+from aiworks.core.errors import Unavailable, no_available_version, unknown_model, unknown_version
 from aiworks.core.model_config import ModelSpec, ModelState
 from aiworks.scheduler.replica_state import ReplicaHealth
 
@@ -122,9 +122,9 @@ class Catalog:
                 raise Unavailable(f"model '{model}' version {version} is being unloaded")
             if (model, version) in self.known:
                 raise Unavailable(f"model '{model}' version {version} has no live replica")
-            if any(k[0] == model for k in self.known):
-                raise NotFound(f"model '{model}' has no version '{version}'")
-            raise NotFound(f"unknown model '{model}'")
+            if any(k[0] == model for k in self.known) or self._listed(model):
+                raise unknown_version(model, version)
+            raise unknown_model(model)
         candidates = live_specs or self._coming(model)
         if candidates:
             return candidates[max(candidates, key=lambda k: version_order(k[1]))]
@@ -132,7 +132,12 @@ class Catalog:
             raise Unavailable(f"model '{model}' is being unloaded")
         if any(k[0] == model for k in self.known):
             raise Unavailable(f"model '{model}' has no live replica")
-        raise NotFound(f"unknown model '{model}'")
+        if self._listed(model):  # in a replica's repository, not loaded (unloaded, or its load failed)
+            raise no_available_version(model, "it is not loaded")
+        raise unknown_model(model)
+
+    def _listed(self, model: str) -> bool:
+        return any(k[0] == model for r in self.live() for k in r.models)
 
     def _coming(self, model: str) -> dict[Key, ModelSpec]:
         """Versions of ``model`` coming back (their backend recovers): they take requests, which wait."""

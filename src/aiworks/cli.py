@@ -223,6 +223,11 @@ def cmd_demo_models(args) -> None:
 
         names = [p.name for p in build_qa_streaming_models(Path(args.out))]
         print(f"streaming and stateful QA models written to {args.out}: {', '.join(names)} (docs/sequences.md)")
+    if args.qa:
+        from aiworks.demo.triton_qa import build_triton_qa_models
+
+        names = [p.name for p in build_triton_qa_models(Path(args.out))]
+        print(f"Triton's example models written to {args.out}: {', '.join(names)} (docs/triton.md)")
 
 
 def cmd_status(args) -> None:
@@ -354,6 +359,11 @@ def build_parser(command: str = "") -> argparse.ArgumentParser:
     dm.add_argument(
         "--qa-streaming", action="store_true",
         help="also write the streaming and stateful QA models (repeat_int32, simple_sequence, ...; docs/sequences.md)",
+    )  # fmt: skip
+    dm.add_argument(
+        "--qa", action="store_true",
+        help="also write Triton's example models (simple, simple_int8, simple_string, simple_identity, "
+        "densenet_onnx; docs/triton.md)",
     )  # fmt: skip
     dm.set_defaults(func=cmd_demo_models)
 

@@ -24,8 +24,13 @@ def iris_json(**overrides):
 @pytest.mark.parametrize(
     "path,body,status,message",
     [
-        ("/v2/models/nope/infer", iris_json(), 404, "unknown model 'nope'"),
-        ("/v2/models/iris/versions/7/infer", iris_json(), 404, "has no version '7'"),
+        ("/v2/models/nope/infer", iris_json(), 400, "Request for unknown model: 'nope' is not found"),
+        (
+            "/v2/models/iris/versions/7/infer",
+            iris_json(),
+            404,
+            "Request for unknown model: 'iris' version 7 is not found",
+        ),
         ("/v2/models/iris/infer", iris_json(name="wrong"), 400, "unexpected input 'wrong'"),
         ("/v2/models/iris/infer", iris_json(shape=[1, 3], data=[1, 2, 3]), 400, "expects [-1, 4]"),
         ("/v2/models/iris/infer", iris_json(datatype="INT32", data=[1, 2, 3, 4]), 400, "expects FP32"),
@@ -66,11 +71,16 @@ def test_grpc_rejections(grpc_client):
     assert err.value.status() == "StatusCode.INVALID_ARGUMENT" and "expects [-1, 4]" in err.value.message()
     with pytest.raises(InferenceServerException) as err:
         grpc_client.infer("nope", [inp])
+    assert err.value.status() == "StatusCode.INVALID_ARGUMENT"  # as Triton answers a name it does not know
+    assert err.value.message() == "Request for unknown model: 'nope' is not found"
+    with pytest.raises(InferenceServerException) as err:
+        grpc_client.infer("iris", [inp], model_version="7")
     assert err.value.status() == "StatusCode.NOT_FOUND"
+    assert err.value.message().startswith("Request for unknown model: 'iris' version 7 is not found")
 
 
 def test_suite_is_still_up_after_all_that(http_client, grpc_client):
     assert http_client.is_server_ready() and grpc_client.is_server_ready()
     inp = grpcclient.InferInput("input", [1, 4], "FP32")
     inp.set_data_from_numpy(np.zeros((1, 4), np.float32))
-    assert grpc_client.infer("iris", [inp]).as_numpy("label").shape == (1,)
+    assert grpc_client.infer("iris", [inp]).as_numpy("label").shape == (1, 1)

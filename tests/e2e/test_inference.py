@@ -16,7 +16,8 @@ CASES = [("iris", "1", 4), ("digits", "1", 64), ("digits", "2", 64)]
 def reference(repo, model, version, x):
     session = ort.InferenceSession(str(repo / model / version / "model.onnx"), providers=["CPUExecutionProvider"])
     label, probabilities = session.run(["label", "probabilities"], {"input": x})
-    return label, probabilities
+    # The config says dims [1] reshape [] for the label: the model makes one scalar a row, clients see [N, 1].
+    return label.reshape(-1, 1), probabilities
 
 
 def sample(model: str, rows: int) -> np.ndarray:
@@ -65,7 +66,7 @@ def test_one_requested_output_only(suite, grpc_client):
     inp = grpcclient.InferInput("input", list(x.shape), "FP32")
     inp.set_data_from_numpy(x)
     result = grpc_client.infer("digits", [inp], outputs=[grpcclient.InferRequestedOutput("label")])
-    assert result.as_numpy("label").shape == (2,)
+    assert result.as_numpy("label").shape == (2, 1)
     assert result.as_numpy("probabilities") is None
 
 

@@ -232,5 +232,5 @@ def test_eject_replica_is_counted_and_shown_then_refused_for_an_unknown_replica(
     assert Scrape(metrics_url(suite, "gateway")).sum("aiworks_scheduler_ejections_total", reason="outlier") == 0
     # Every holder ejected: panic routing still serves (better a suspect replica than none).
     http = httpclient.InferenceServerClient(suite.http_url)
-    assert _http_infer(http, "iris", iris(1)).as_numpy("label").shape == (1,)
+    assert _http_infer(http, "iris", iris(1)).as_numpy("label").shape == (1, 1)
     http.close()

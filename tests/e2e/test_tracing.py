@@ -113,7 +113,7 @@ def test_one_traced_request_is_one_trace_across_the_services(traced):
     inp.set_data_from_numpy(x, binary_data=True)
     result = client.infer("iris_cached", [inp], headers={"traceparent": f"00-{trace_id}-{client_span}-01"})
     client.close()
-    assert result.as_numpy("label").shape == (2,)
+    assert result.as_numpy("label").shape == (2, 1)
 
     expected = {
         ("aiworks-gateway", "gateway infer"),

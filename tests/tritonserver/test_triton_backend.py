@@ -71,8 +71,8 @@ def test_load_run_and_unload_go_through_triton(connection, direct, suite_reposit
 
         label, probabilities = model.run({"input": IRIS_ROWS}, ["label", "probabilities"])
         want = ort_reference(suite_repository, "iris_triton", 1, IRIS_ROWS)
-        assert label.shape == (3,)  # the suite's reshaped shape, as ONNX Runtime gives it
-        np.testing.assert_array_equal(label, want["label"])
+        assert label.shape == (3, 1)  # the config's dims [1], as Triton answers (the model makes [])
+        np.testing.assert_array_equal(label, want["label"].reshape(3, 1))
         np.testing.assert_allclose(probabilities, want["probabilities"], rtol=1e-6)
 
         # For configs that leave them out, inputs and outputs come from Triton's metadata.
@@ -112,7 +112,7 @@ def test_a_model_triton_lost_is_unavailable_then_loaded_again(connection, direct
         with pytest.raises(Unavailable, match="unknown model"):
             model.run({"input": IRIS_ROWS}, ["label"])
         wait_for(lambda: triton_state(direct, "iris_triton").get("2") == "READY")
-        assert model.run({"input": IRIS_ROWS}, ["label"])[0].shape == (3,)
+        assert model.run({"input": IRIS_ROWS}, ["label"])[0].shape == (3, 1)
     finally:
         model.close()
 
@@ -158,7 +158,7 @@ def test_default_model_filename_reaches_triton(connection, direct, suite_reposit
     model = TritonModel(repo.model_file(config, 1), config, 1)
     try:
         assert direct.get_model_config("iris_named", as_json=True)["config"]["default_model_filename"] == "stand_in.py"
-        assert model.run({"input": IRIS_ROWS}, ["label"])[0].shape == (3,)
+        assert model.run({"input": IRIS_ROWS}, ["label"])[0].shape == (3, 1)
     finally:
         model.close()
 

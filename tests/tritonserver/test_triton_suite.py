@@ -113,9 +113,9 @@ def test_the_suite_answers_what_triton_answers_directly(suite, suite_repository)
         through_suite = infer(suite["gateway_grpc"], "iris_triton", version)
         direct = infer(suite["triton"], "iris_triton", version)
         want = ort_reference(suite_repository, "iris_triton", int(version), IRIS_ROWS)
-        # Triton shows the label in the config's dims [1]; the suite in its reshape shape [].
-        np.testing.assert_array_equal(through_suite["label"], direct["label"].reshape(-1))
-        np.testing.assert_array_equal(through_suite["label"], want["label"])
+        # Both show the label in the config's dims [1] (the model makes [], its reshape).
+        np.testing.assert_array_equal(through_suite["label"], direct["label"])
+        np.testing.assert_array_equal(through_suite["label"], want["label"].reshape(-1, 1))
         np.testing.assert_array_equal(through_suite["probabilities"], direct["probabilities"])
         np.testing.assert_allclose(through_suite["probabilities"], want["probabilities"], rtol=1e-6)
     # The same model on the suite's own ONNX Runtime backend agrees too.
@@ -151,7 +151,7 @@ def test_unload_and_load_go_through_tritons_repository_api(suite):
     while requests.get(f"{base}/v2/models/iris_triton/ready", timeout=5).status_code != 200:
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    assert infer(suite["gateway_grpc"], "iris_triton", "2")["label"].shape == (3,)
+    assert infer(suite["gateway_grpc"], "iris_triton", "2")["label"].shape == (3, 1)
 
 
 def _health(address: str, service: str = "") -> str:
@@ -173,7 +173,7 @@ def _load(url: str, stop: threading.Event, outcomes: list) -> None:
             sent = time.monotonic()
             try:
                 result = client.infer("iris_triton", [tensor], model_version="2", client_timeout=30)
-                assert result.as_numpy("label").shape == (3,)
+                assert result.as_numpy("label").shape == (3, 1)
                 outcomes.append((sent, time.monotonic(), None))
             except InferenceServerException as exc:
                 outcomes.append((sent, time.monotonic(), exc.status()))

@@ -2,7 +2,7 @@ import pytest
 
 from aiworks.core.datatypes import Tensor
 from aiworks.core.errors import InvalidArgument
-from aiworks.core.model_config import ModelSpec, TensorSpec, VersionPolicy, check_inputs, parse_config
+from aiworks.core.model_config import ModelSpec, TensorSpec, VersionPolicy, check_inputs, parse_config, reshaped
 
 CONFIG = """
 name: "m"
@@ -22,7 +22,8 @@ def test_triton_config_fields_are_read():
     c = parse_config(CONFIG, fmt="pbtxt", model_name="m")
     assert c.max_batch_size == 8
     assert c.inputs == (TensorSpec("x", "FP32", (-1, 3)),)
-    assert c.outputs == (TensorSpec("y", "INT64", ()),)
+    # As in Triton: dims is what clients see, reshape what the model makes.
+    assert c.outputs == (TensorSpec("y", "INT64", (1,), ()),)
     assert c.batching.enabled and c.batching.max_queue_delay_us == 500 and c.batching.preferred_batch_sizes == (4, 8)
     assert c.instance_count == 2 and c.graph_optimization_level == 1
     assert c.parameters == {"intra_op_thread_count": "2"}
@@ -81,3 +82,34 @@ def test_check_inputs_counts_rows():
 def test_check_inputs_names_the_problem(tensors, message):
     with pytest.raises(InvalidArgument, match=message):
         check_inputs(SPEC, tensors)
+
+
+def test_reshape_keeps_triton_meaning_dims_for_clients_reshape_for_the_model():
+    c = parse_config(
+        """
+        max_batch_size: 0
+        input [ { name: "data_0" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] reshape: { shape: [ 1, 3, 224, 224 ] } } ]
+        output [ { name: "fc6_1" data_type: TYPE_FP32 dims: [ 1000 ] reshape: { shape: [ 1, 1000, 1, 1 ] } } ]
+        """,
+        fmt="pbtxt",
+        model_name="densenet_onnx",
+    )
+    [data], [fc] = c.inputs, c.outputs
+    assert data.dims == (3, 224, 224) and data.reshape == (1, 3, 224, 224)
+    assert c.spec("1").full_shape(data) == [3, 224, 224]
+    assert c.spec("1").full_shape(fc) == [1000]
+    assert reshaped((3, 224, 224), False, data.dims, data.reshape) == (1, 3, 224, 224)
+    assert reshaped((1, 1000, 1, 1), False, fc.reshape, fc.dims) == (1000,)
+
+
+def test_reshape_with_a_batch_dim_and_variable_dims():
+    assert reshaped((5, 1), True, (1,), ()) == (5,)  # a scalar per row, shown as [1]
+    assert reshaped((5,), True, (), (1,)) == (5, 1)
+    assert reshaped((2, 7, 4), True, (-1, 4), (-1, 2, 2)) == (2, 7, 2, 2)  # variable dims carried in order
+    assert reshaped((2, 12), True, (-1,), (3, -1)) == (2, 3, 4)  # one variable dim: sizes agree
+    with pytest.raises(InvalidArgument, match="of different sizes"):
+        parse_config(
+            'input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] reshape: { shape: [ 3 ] } } ]',
+            fmt="pbtxt",
+            model_name="m",
+        )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from routing_support import FakeReplica, make, spec
 
-from aiworks.core.errors import NotFound, Unavailable
+from aiworks.core.errors import InvalidArgument, NotFound, Unavailable
 from aiworks.core.model_config import ModelState
 from aiworks.scheduler.mirror import RoutingMirror
 
@@ -18,11 +18,11 @@ def test_specs_are_answered_from_the_table_without_asking_the_scheduler():
     assert suite.mirror.resolve("m", "") is first  # the same object until the table changes: nothing refetched
 
 
-def test_unknown_known_and_unloading_models_answer_404_or_503():
+def test_unknown_known_and_unloading_models_answer_400_404_or_503():
     suite = make({"r0": FakeReplica("r0")})
-    with pytest.raises(NotFound, match="unknown model 'nope'"):
+    with pytest.raises(InvalidArgument, match="^Request for unknown model: 'nope' is not found$"):
         suite.mirror.resolve("nope", "")
-    with pytest.raises(NotFound, match="has no version '7'"):
+    with pytest.raises(NotFound, match="^Request for unknown model: 'm' version 7 is not found$"):
         suite.mirror.resolve("m", "7")
     suite.registry.close({("m", "1")})
     suite.sync()

@@ -84,10 +84,10 @@ async def test_errors_are_clear(repo):
     with pytest.raises(NotFound, match="not in the model repository"):
         await dp.load("missing")
     await dp.load("scale")
-    with pytest.raises(NotFound, match="no loaded version '2'"):
+    with pytest.raises(NotFound, match="Request for unknown model: 'scale' version 2 is not found"):
         await dp.execute("scale", "2", [x(1)], [])
     with pytest.raises(InvalidArgument, match="has no output 'z'"):  # checked once, when the request arrives
         await dp.queues.infer(InferRequest("scale", "1", [x(1)], ["z"]), RequestOptions())
     await dp.unload("scale")
-    with pytest.raises(NotFound, match="is not loaded"):
+    with pytest.raises(NotFound, match="'scale' has no available versions"):
         await dp.execute("scale", "1", [x(1)], [])

@@ -38,9 +38,9 @@ async def test_errors_from_the_model_are_not_retried():
 
 async def test_unknown_model_version_and_no_replica():
     suite = make({"r0": FakeReplica("r0")})
-    with pytest.raises(NotFound, match="unknown model 'nope'"):
+    with pytest.raises(InvalidArgument, match="Request for unknown model: 'nope' is not found"):
         await suite.infer(model="nope")
-    with pytest.raises(NotFound, match="has no version '9'"):
+    with pytest.raises(NotFound, match="Request for unknown model: 'm' version 9 is not found"):
         await suite.infer("9")
     suite.registry.mark_down(suite.registry.replicas["r0"], "test")
     suite.sync()

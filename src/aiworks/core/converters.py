@@ -44,11 +44,24 @@ def add_tensors(field, tensors) -> None:
 
 
 def _to_specs(msgs) -> tuple[TensorSpec, ...]:
-    return tuple(TensorSpec(m.name, m.datatype, tuple(m.dims)) for m in msgs)
+    return tuple(
+        TensorSpec(m.name, m.datatype, tuple(m.dims), tuple(m.reshape) if m.has_reshape else None, m.format)
+        for m in msgs
+    )
 
 
 def _from_specs(specs) -> list[rpb.TensorSpec]:
-    return [rpb.TensorSpec(name=s.name, datatype=s.datatype, dims=s.dims) for s in specs]
+    return [
+        rpb.TensorSpec(
+            name=s.name,
+            datatype=s.datatype,
+            dims=s.dims,
+            reshape=s.reshape or (),
+            has_reshape=s.reshape is not None,
+            format=s.format,
+        )
+        for s in specs
+    ]
 
 
 def to_model_spec(msg: rpb.ModelSpec) -> ModelSpec:

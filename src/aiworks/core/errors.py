@@ -157,3 +157,28 @@ def from_rpc_error(err: grpc.RpcError, peer: str) -> AIWorksError:
     if code == grpc.StatusCode.UNAVAILABLE and "failed to connect" in details.lower():
         return Unavailable(f"{peer} is unreachable: {details}")
     return from_grpc_code(code, details)
+
+
+# ---- Triton's wording for a model or version that does not exist -----------------------------------------
+# Triton's clients and scripts match on these texts, so they start exactly as Triton's do; our own detail may
+# follow after "; ". Like Triton, a name the repository does not know at all is a bad argument (HTTP 400,
+# INVALID_ARGUMENT), while a known model without the version asked for, or with no version ready, is NOT_FOUND.
+
+
+def _with_detail(text: str, detail: str | None) -> str:
+    return f"{text}; {detail}" if detail else text
+
+
+def unknown_model(name: str, detail: str | None = None) -> InvalidArgument:
+    """``Request for unknown model: 'NAME' is not found`` (HTTP 400 / INVALID_ARGUMENT, as Triton answers)."""
+    return InvalidArgument(_with_detail(f"Request for unknown model: '{name}' is not found", detail))
+
+
+def unknown_version(name: str, version: str, detail: str | None = None) -> NotFound:
+    """``Request for unknown model: 'NAME' version N is not found`` (HTTP 404 / NOT_FOUND, as Triton answers)."""
+    return NotFound(_with_detail(f"Request for unknown model: '{name}' version {version} is not found", detail))
+
+
+def no_available_version(name: str, detail: str | None = None) -> NotFound:
+    """``Request for unknown model: 'NAME' has no available versions`` (HTTP 404 / NOT_FOUND)."""
+    return NotFound(_with_detail(f"Request for unknown model: '{name}' has no available versions", detail))

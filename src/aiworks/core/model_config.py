@@ -51,11 +51,18 @@ class ModelState(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class TensorSpec:
-    """An input or output: dims exclude the batch dim when the model batches."""
+    """An input or output: dims exclude the batch dim when the model batches.
+
+    As in Triton, ``dims`` is the shape clients send and see; ``reshape`` (the config's ``reshape.shape``,
+    None without one) is the shape the model itself takes or produces, batch dim excluded likewise.
+    """
 
     name: str
     datatype: str
     dims: tuple[int, ...]
+    reshape: tuple[int, ...] | None = None
+    # An input's Triton format (FORMAT_NCHW or FORMAT_NHWC; "" for FORMAT_NONE): image clients read it.
+    format: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,11 +175,46 @@ def _datatype(enum_value: int, where: str) -> str:
 def _tensor_specs(entries, where: str) -> tuple[TensorSpec, ...]:
     specs = []
     for e in entries:
-        dims = tuple(int(d) for d in (e.reshape.shape if e.HasField("reshape") else e.dims))
+        dims = tuple(int(d) for d in e.dims)
         if any(d < -1 or d == 0 for d in dims):
             raise InvalidArgument(f"{where}: '{e.name}' has an invalid dim in {list(dims)}")
-        specs.append(TensorSpec(e.name, _datatype(e.data_type, f"{where} '{e.name}'"), dims))
+        reshape = tuple(int(d) for d in e.reshape.shape) if e.HasField("reshape") else None
+        if reshape is not None:
+            if any(d < -1 or d == 0 for d in reshape):
+                raise InvalidArgument(f"{where}: '{e.name}' has an invalid dim in reshape {list(reshape)}")
+            if -1 not in dims and -1 not in reshape and element_count(dims) != element_count(reshape):
+                raise InvalidArgument(
+                    f"{where}: '{e.name}' has dims {list(dims)} and reshape {list(reshape)} of different sizes"
+                )
+            if dims.count(-1) != reshape.count(-1) and reshape.count(-1) > 1:
+                raise InvalidArgument(
+                    f"{where}: '{e.name}': reshape {list(reshape)} has more variable dims than dims {list(dims)}"
+                )
+            if reshape == dims:
+                reshape = None
+        fmt = model_config_pb2.ModelInput.Format.Name(e.format) if getattr(e, "format", 0) else ""  # inputs only
+        specs.append(TensorSpec(e.name, _datatype(e.data_type, f"{where} '{e.name}'"), dims, reshape, fmt))
     return tuple(specs)
+
+
+def reshaped(shape: tuple[int, ...], batched: bool, src: tuple[int, ...], dst: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape a tensor of ``shape`` (declared ``src``) takes when declared ``dst`` instead.
+
+    The batch dim is kept; the variable dims of ``dst`` take the values of ``src``'s variable dims in order,
+    or, when those do not fit, a single one takes whatever makes the sizes agree. Used both ways: dims ->
+    reshape for inputs, reshape -> dims for outputs. A numpy reshape to it is a view, never a copy.
+    """
+    head, body = (tuple(shape[:1]), tuple(shape[1:])) if batched else ((), tuple(shape))
+    if -1 not in dst:
+        return head + dst
+    free = [got for got, want in zip(body, src) if want == -1] if len(body) == len(src) else []
+    if len(free) == dst.count(-1):
+        values = iter(free)
+        carried = tuple(next(values) if d == -1 else d for d in dst)
+        if element_count(carried) == element_count(body):
+            return head + carried
+    known = element_count([d for d in dst if d != -1])
+    return head + tuple(element_count(body) // max(known, 1) if d == -1 else d for d in dst)
 
 
 def parse_config(text: str, *, fmt: str, model_name: str) -> ModelConfig:

@@ -31,14 +31,20 @@ class Tensor(_message.Message):
     def __init__(self, name: _Optional[str] = ..., datatype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., raw: _Optional[bytes] = ...) -> None: ...
 
 class TensorSpec(_message.Message):
-    __slots__ = ("name", "datatype", "dims")
+    __slots__ = ("name", "datatype", "dims", "reshape", "has_reshape", "format")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DATATYPE_FIELD_NUMBER: _ClassVar[int]
     DIMS_FIELD_NUMBER: _ClassVar[int]
+    RESHAPE_FIELD_NUMBER: _ClassVar[int]
+    HAS_RESHAPE_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
     name: str
     datatype: str
     dims: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, name: _Optional[str] = ..., datatype: _Optional[str] = ..., dims: _Optional[_Iterable[int]] = ...) -> None: ...
+    reshape: _containers.RepeatedScalarFieldContainer[int]
+    has_reshape: bool
+    format: str
+    def __init__(self, name: _Optional[str] = ..., datatype: _Optional[str] = ..., dims: _Optional[_Iterable[int]] = ..., reshape: _Optional[_Iterable[int]] = ..., has_reshape: _Optional[bool] = ..., format: _Optional[str] = ...) -> None: ...
 
 class BatchingSpec(_message.Message):
     __slots__ = ("enabled", "max_queue_delay_us", "preferred_batch_sizes")
