@@ -449,10 +449,15 @@ class GatewayDataPlane:
     async def shm_unregister(self, name: str = "", credentials: Headers = ()) -> None:
         self.shared_memory.unregister(self.authenticate(credentials).tenant_id, name)
 
-    def cuda_shm(self, credentials: Headers = ()) -> None:
-        """Every CUDA shared memory call: 400, this server has no GPU runtime to take CUDA IPC handles."""
+    def cuda_shm(self, action: str, name: str = "", credentials: Headers = ()) -> list[dict]:
+        """CUDA shared memory, as a Triton built without GPUs answers: no region can be registered (400), so the
+        status is empty (a named region is unknown) and unregistering is a no-op (clients clean up with it first)."""
         self.authenticate(credentials)
-        raise InvalidArgument(CUDA_UNSUPPORTED)
+        if action == "register":
+            raise InvalidArgument(CUDA_UNSUPPORTED)
+        if action == "status" and name:
+            raise InvalidArgument(f"Unable to find cuda shared memory region: '{name[:128]}'; {CUDA_UNSUPPORTED}")
+        return []
 
     # ---- usage --------------------------------------------------------------------------------
 

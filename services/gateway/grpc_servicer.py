@@ -131,15 +131,17 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @handle_errors
     async def CudaSharedMemoryStatus(self, request, context):
-        self.dataplane.cuda_shm(context.invocation_metadata())
+        self.dataplane.cuda_shm("status", request.name, context.invocation_metadata())
+        return pb.CudaSharedMemoryStatusResponse()
 
     @handle_errors
     async def CudaSharedMemoryRegister(self, request, context):
-        self.dataplane.cuda_shm(context.invocation_metadata())
+        self.dataplane.cuda_shm("register", request.name, context.invocation_metadata())
 
     @handle_errors
     async def CudaSharedMemoryUnregister(self, request, context):
-        self.dataplane.cuda_shm(context.invocation_metadata())
+        self.dataplane.cuda_shm("unregister", request.name, context.invocation_metadata())
+        return pb.CudaSharedMemoryUnregisterResponse()
 
     @handle_errors
     async def ModelStatistics(self, request, context):

@@ -436,11 +436,18 @@ def create_app(dataplane: GatewayDataPlane, *, max_request_bytes: int) -> InferF
 
     @app.get("/v2/cudasharedmemory/status")
     @app.get("/v2/cudasharedmemory/region/{region}/status")
+    async def cuda_shm_status(request: Request, region: str = ""):
+        return _json(dataplane.cuda_shm("status", region, request.headers))
+
     @app.post("/v2/cudasharedmemory/region/{region}/register")
+    async def cuda_shm_register(request: Request, region: str):
+        dataplane.cuda_shm("register", region, request.headers)
+
     @app.post("/v2/cudasharedmemory/unregister")
     @app.post("/v2/cudasharedmemory/region/{region}/unregister")
-    async def cuda_shm(request: Request, region: str = ""):
-        dataplane.cuda_shm(request.headers)
+    async def cuda_shm_unregister(request: Request, region: str = ""):
+        dataplane.cuda_shm("unregister", region, request.headers)
+        return _json({})
 
     # ---- usage (docs/tenancy.md) ----------------------------------------------------------------
 
