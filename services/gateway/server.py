@@ -19,6 +19,8 @@ from aiworks.cache.client import CacheClient
 from aiworks.gateway.dataplane import GatewayDataPlane, Tenancy
 from aiworks.gateway.grpc_servicer import InferenceServicer
 from aiworks.gateway.http_app import create_app
+from aiworks.batch.jobs import JobStore
+from aiworks.batch.service import BatchService
 from aiworks.gateway.http_protocol import bounded_protocol
 from aiworks.gateway.settings import GatewaySettings
 from aiworks.scheduler.client import Routing, SchedulerClient
@@ -82,7 +84,17 @@ async def serve(settings: GatewaySettings) -> None:
     grpc_port = add_port(grpc_server, f"{settings.host}:{settings.grpc_port}", public_tls, require_client_cert=False)
     await grpc_server.start()
 
-    app = create_app(dataplane, max_request_bytes=settings.max_request_bytes)
+    batch = None
+    if settings.batch_files_url:
+        if not settings.redis_url:
+            raise SystemExit("AIWORKS_GATEWAY_BATCH_FILES_URL needs AIWORKS_GATEWAY_REDIS_URL: batch jobs live in Redis")
+        batch = BatchService(
+            JobStore.from_url(settings.redis_url), settings.batch_files_url, chunk_size=settings.batch_chunk_size
+        )
+    app = create_app(
+        dataplane, max_request_bytes=settings.max_request_bytes, batch=batch,
+        batch_max_file_bytes=settings.batch_max_file_bytes,
+    )  # fmt: skip
     http = _HttpServer(
         uvicorn.Config(
             app,
@@ -127,6 +139,8 @@ async def serve(settings: GatewaySettings) -> None:
     # Before the limits close: answers still awaited for abandoned requests settle (free their slots) now.
     await routing.close()
     await scheduler.close()
+    if batch is not None:
+        await batch.store.close()
     await tenancy.close()  # the last usage to Redis, the last audit lines to disk
     lag.stop()
     await stop_metrics(metrics)

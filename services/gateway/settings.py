@@ -111,6 +111,13 @@ class GatewaySettings(ServiceSettings):
         None, ge=0, description="Longest BYTES element of an input, in bytes (rule max_string_bytes); unset: none."
     )
 
+    # ---- Batch API (docs/tiers.md); needs redis_url too ----
+    batch_files_url: str | None = Field(
+        None, description="Where Batch API uploads and results are written: a folder or s3://bucket/prefix; unset: off."
+    )
+    batch_chunk_size: int = Field(100, ge=1, le=10_000, description="Input lines per checkpointed chunk of a job.")
+    batch_max_file_bytes: int = Field(512 * 1024 * 1024, ge=1, description="Largest file uploaded to /v1/files.")
+
     # ---- audit log (docs/security.md) ----
     audit_log: Path | None = Field(
         None, description="Hash-chained JSON-lines audit log of inferences and admin actions; unset: no audit log."

@@ -396,6 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_tenancy_parsers(sub)
     from aiworks.probe import add_probe_parser
     add_probe_parser(sub)
+    from aiworks.batch.cli import add_batch_parser
+    add_batch_parser(sub)
     return parser
 
 

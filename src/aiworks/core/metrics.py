@@ -207,6 +207,18 @@ RUNTIME_MODELS_LOADED = "aiworks_runtime_models_loaded"  # {replica}: ready mode
 # The cache service's counters are aiworks_cache_<counter>_total (hits, misses, ...), plus:
 CACHE_BACKEND_UP = "aiworks_cache_backend_up"  # {store}: 1 when the store answers, 0 while its breaker is open
 
+# ---- batch runner (offline tier, docs/tiers.md) ----------------------------------------------
+
+BATCH_ROWS = Counter(
+    "aiworks_batch_rows_total", "Input lines of batch jobs answered by this runner, by outcome.", ["status"]
+)  # status: ok (in the output file) or failed (in the error file); rate() is rows/s
+BATCH_CHUNKS = Counter("aiworks_batch_chunks_total", "Chunks of batch jobs recorded by this runner.")
+BATCH_JOBS_FINISHED = Counter(
+    "aiworks_batch_jobs_finished_total", "Batch jobs this runner ended, by final status.", ["status"]
+)
+BATCH_JOB_PROGRESS = "aiworks_batch_job_progress_ratio"  # {job, tenant}: lines done / lines, jobs not yet ended
+BATCH_JOBS_ACTIVE = "aiworks_batch_jobs_active"  # {status}: jobs not yet ended, read from Redis at scrape
+
 # ---- monitor -------------------------------------------------------------------------------
 
 MONITOR_HEALTH_SCORE = "aiworks_monitor_replica_health_score"  # {replica}: 0..100

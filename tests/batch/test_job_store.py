@@ -1,0 +1,68 @@
+"""The job store against a private redis-server: chunks recorded once, by the lease holder only; cancel states."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from aiworks.batch.jobs import Job, JobStore
+from aiworks.batch.service import BatchService
+from aiworks.core.errors import InvalidArgument, NotFound
+
+
+@pytest.fixture
+async def store(redis_url):
+    store = JobStore.from_url(redis_url)
+    yield store
+    await store.close()
+
+
+def _job(job_id: str = "batch_1", tenant: str = "t") -> Job:
+    return Job(id=job_id, tenant=tenant, model="m", input_url="in", output_url="out", error_url="err")
+
+
+async def test_a_chunk_counts_once_and_only_for_the_lease_holder(store):
+    await store.create(_job(), credential="Bearer k")
+    assert await store.credential("batch_1") == "Bearer k"
+    assert await store.claim("batch_1", "r1", 5.0)
+    assert not await store.claim("batch_1", "r2", 5.0)  # held
+    assert await store.record_chunk("batch_1", "r1", 0, b"o0\n", b"", 1, 0) == 1
+    assert await store.record_chunk("batch_1", "r1", 0, b"o0-again\n", b"", 1, 0) == 0  # already in: not counted
+    assert await store.record_chunk("batch_1", "r2", 1, b"o1\n", b"", 1, 0) == -1  # not the holder
+    job = await store.get("batch_1")
+    assert (job.completed, job.failed, job.chunks_done) == (1, 0, 1)
+    assert await store.chunk_results("batch_1", 0) == (b"o0\n", b"")
+    assert await store.done_chunks("batch_1") == {0}
+
+
+async def test_an_expired_lease_passes_to_another_runner(store):
+    await store.create(_job())
+    assert await store.claim("batch_1", "r1", 0.2)
+    await asyncio.sleep(0.3)
+    assert await store.claim("batch_1", "r2", 5.0)
+    assert await store.record_chunk("batch_1", "r1", 0, b"late\n", b"", 1, 0) == -1  # the old holder is fenced off
+    assert not await store.renew("batch_1", "r1", 5.0)
+
+
+async def test_cancel_only_moves_a_job_that_can_still_stop(store):
+    await store.create(_job())
+    assert await store.request_cancel("batch_1") == "cancelling"
+    assert await store.request_cancel("batch_1") == "cancelling"
+    await store.finish("batch_1", "cancelled")
+    assert await store.request_cancel("batch_1") == "cancelled"
+    assert await store.active_ids() == [] and await store.credential("batch_1") is None
+
+
+async def test_submission_refuses_a_missing_input_and_hides_other_tenants_jobs(store, tmp_path):
+    service = BatchService(store, str(tmp_path / "files"))
+    with pytest.raises(NotFound, match="input file does not exist"):
+        await service.submit("t", "digits", str(tmp_path / "nope.jsonl"), "o", "e")
+    with pytest.raises(InvalidArgument, match="unsupported location"):
+        await service.submit("t", "digits", "ftp://host/x.jsonl", "o", "e")
+    (tmp_path / "in.jsonl").write_text("{}\n")
+    job = await service.submit("t", "digits", str(tmp_path / "in.jsonl"), "o", "e", chunk_size=7)
+    assert (await service.get("t", job.id)).chunk_size == 7
+    with pytest.raises(NotFound):
+        await service.get("u", job.id)
+    assert await service.list("u") == [] and [j.id for j in await service.list("t")] == [job.id]
