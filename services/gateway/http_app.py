@@ -25,6 +25,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 
 import orjson
+from aiworks.gateway.async_routes import AsyncInferFront
 from aiworks.gateway.batch_routes import add_batch_routes
 from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
 from aiworks.gateway.filters import check_body_size
@@ -190,11 +191,13 @@ def _time_param(request: Request, name: str) -> float | None:
 
 
 def create_app(
-    dataplane: GatewayDataPlane, *, max_request_bytes: int, batch=None, batch_max_file_bytes: int = 512 << 20
-) -> InferFastPath:
+    dataplane: GatewayDataPlane, *, max_request_bytes: int, batch=None, batch_max_file_bytes: int = 512 << 20,
+    nearline=None, nearline_max_backlog: int = 100_000,
+):  # fmt: skip
     """The gateway's HTTP app: the FastAPI routes, with the infer fast path in front.
 
-    ``batch``: the Batch API's :class:`aiworks.batch.service.BatchService`, None when not configured.
+    ``batch``: the Batch API's :class:`aiworks.batch.service.BatchService`; ``nearline``: the
+    :class:`aiworks.nearline.queue.AsyncQueue` of asynchronous requests; None when not configured.
     """
     app = FastAPI(title="AIWorks gateway", description="KServe v2 / Open Inference Protocol", docs_url="/docs")
 
@@ -322,4 +325,7 @@ def create_app(
     add_batch_routes(app, dataplane, batch, batch_max_file_bytes)  # /v1/files, /v1/batches (docs/tiers.md)
 
     app.openapi()  # built once now, not on the event loop of the first request that asks for it
-    return InferFastPath(app, dataplane, max_request_bytes)
+    front = InferFastPath(app, dataplane, max_request_bytes)
+    if nearline is None:
+        return front
+    return AsyncInferFront(front, dataplane, nearline, max_request_bytes, nearline_max_backlog)  # docs/tiers.md

@@ -21,6 +21,7 @@ from aiworks.gateway.grpc_servicer import InferenceServicer
 from aiworks.gateway.http_app import create_app
 from aiworks.batch.jobs import JobStore
 from aiworks.batch.service import BatchService
+from aiworks.nearline.queue import AsyncQueue
 from aiworks.gateway.http_protocol import bounded_protocol
 from aiworks.gateway.settings import GatewaySettings
 from aiworks.scheduler.client import Routing, SchedulerClient
@@ -91,9 +92,15 @@ async def serve(settings: GatewaySettings) -> None:
         batch = BatchService(
             JobStore.from_url(settings.redis_url), settings.batch_files_url, chunk_size=settings.batch_chunk_size
         )
+    nearline = None
+    if settings.async_requests:
+        if not settings.redis_url:
+            raise SystemExit("AIWORKS_GATEWAY_ASYNC_REQUESTS needs AIWORKS_GATEWAY_REDIS_URL: the queue is in Redis")
+        nearline = AsyncQueue.from_url(settings.redis_url, ttl_s=settings.async_result_ttl_s)
     app = create_app(
         dataplane, max_request_bytes=settings.max_request_bytes, batch=batch,
-        batch_max_file_bytes=settings.batch_max_file_bytes,
+        batch_max_file_bytes=settings.batch_max_file_bytes, nearline=nearline,
+        nearline_max_backlog=settings.async_max_backlog,
     )  # fmt: skip
     http = _HttpServer(
         uvicorn.Config(
@@ -141,6 +148,8 @@ async def serve(settings: GatewaySettings) -> None:
     await scheduler.close()
     if batch is not None:
         await batch.store.close()
+    if nearline is not None:
+        await nearline.close()
     await tenancy.close()  # the last usage to Redis, the last audit lines to disk
     lag.stop()
     await stop_metrics(metrics)

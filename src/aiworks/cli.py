@@ -241,6 +241,10 @@ def cmd_status(args) -> None:
     from aiworks.status import show_status
 
     show_status(args.scheduler)
+    if args.redis_url:
+        from aiworks.batch.status import fetch_tiers, format_tiers
+
+        print(format_tiers(*fetch_tiers(args.redis_url)))
 
 
 def cmd_bench(args) -> None:
@@ -362,6 +366,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("status", help="show queues, replicas and their load")
     st.add_argument("--scheduler", default="127.0.0.1:8010", help="scheduler address (default 127.0.0.1:8010)")
+    st.add_argument(
+        "--redis-url", default=os.environ.get("AIWORKS_BATCH_REDIS_URL"),
+        help="also show batch jobs not yet ended and the async backlog from this Redis (env AIWORKS_BATCH_REDIS_URL)",
+    )  # fmt: skip
     st.set_defaults(func=cmd_status)
 
     dm = sub.add_parser("demo-models", help="build the demo model repository (iris, digits v1 and v2)")
@@ -398,6 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_probe_parser(sub)
     from aiworks.batch.cli import add_batch_parser
     add_batch_parser(sub)
+    from aiworks.nearline.cli import add_nearline_parser
+    add_nearline_parser(sub)
     return parser
 
 

@@ -153,7 +153,8 @@ def progress_line(batch: dict, started: float, start_done: int, now: float) -> s
     rate = (done - start_done) / (now - started) if now > started else 0.0
     eta = f"ETA {max(0, total - done) / rate:.0f}s" if rate > 0 and total else "ETA -"
     share = f"{100 * done / total:.0f}%" if total else "-"
-    return f"[{'#' * filled}{'-' * (width - filled)}] {done}/{total or '?'} {share} {rate:.0f} rows/s {eta} {batch['status']}"
+    bar = "#" * filled + "-" * (width - filled)
+    return f"[{bar}] {done}/{total or '?'} {share} {rate:.0f} rows/s {eta} {batch['status']}"
 
 
 def _watch(args, session, batch_id: str) -> dict:
@@ -177,8 +178,9 @@ def cmd_submit(args) -> None:
     if not path.is_file():
         raise SystemExit(f"error: input file {args.input} does not exist")
     with path.open("rb") as f:
-        uploaded = _check(session.post(f"{args.url}/v1/files", data={"purpose": "batch"},
-                                       files={"file": (path.name, f, "application/jsonl")}, timeout=300)).json()  # fmt: skip
+        files = {"file": (path.name, f, "application/jsonl")}
+        uploaded = _check(session.post(f"{args.url}/v1/files", data={"purpose": "batch"}, files=files, timeout=300))
+    uploaded = uploaded.json()
     version = f"/versions/{args.model_version}" if args.model_version else ""
     body = {"input_file_id": uploaded["id"], "endpoint": f"/v2/models/{args.model}{version}/infer",
             "completion_window": args.completion_window}  # fmt: skip
@@ -209,7 +211,8 @@ def cmd_results(args) -> None:
     batch = _check(session.get(f"{args.url}/v1/batches/{args.id}", timeout=30)).json()
     file_id = batch["error_file_id"] if args.errors else batch["output_file_id"]
     if not file_id:
-        raise SystemExit(f"error: batch {args.id} is {batch['status']} and has no {'error' if args.errors else 'output'} file yet")
+        which = "error" if args.errors else "output"
+        raise SystemExit(f"error: batch {args.id} is {batch['status']} and has no {which} file yet")
     content = _check(session.get(f"{args.url}/v1/files/{file_id}/content", timeout=300)).content
     if args.out:
         Path(args.out).write_bytes(content)

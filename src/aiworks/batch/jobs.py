@@ -219,7 +219,9 @@ class JobStore:
         names = await self.redis.hkeys(self._k("chunks", job_id))
         return {int(n[2:]) for n in names if n.startswith("o:")}
 
-    async def record_chunk(self, job_id: str, runner: str, index: int, out: bytes, err: bytes, ok: int, bad: int) -> int:
+    async def record_chunk(
+        self, job_id: str, runner: str, index: int, out: bytes, err: bytes, ok: int, bad: int
+    ) -> int:
         """1: recorded; 0: already recorded (nothing counted); -1: this runner lost the lease."""
         keys = [self._k("job", job_id), self._k("chunks", job_id), self._k("lease", job_id)]
         return int(await self._record(keys=keys, args=[runner, index, out, err, ok, bad]))

@@ -236,7 +236,8 @@ class BatchRunner:
             (output_file_id(job.id), job.output_url, output, "output.jsonl"),
             (error_file_id(job.id), job.error_url, errors, "errors.jsonl"),
         ):
-            await self.store.add_file(FileRecord(file_id, job.tenant, f"{job.id}-{name}", "batch_output", url, len(data)))
+            record = FileRecord(file_id, job.tenant, f"{job.id}-{name}", "batch_output", url, len(data))
+            await self.store.add_file(record)
         await self.store.finish(
             job.id, "cancelled" if cancelled else "completed",
             output_file_id=output_file_id(job.id), error_file_id=error_file_id(job.id),

@@ -219,6 +219,22 @@ BATCH_JOBS_FINISHED = Counter(
 BATCH_JOB_PROGRESS = "aiworks_batch_job_progress_ratio"  # {job, tenant}: lines done / lines, jobs not yet ended
 BATCH_JOBS_ACTIVE = "aiworks_batch_jobs_active"  # {status}: jobs not yet ended, read from Redis at scrape
 
+# ---- nearline worker (asynchronous requests, docs/tiers.md) ---------------------------------
+
+NEARLINE_REQUESTS = Counter(
+    "aiworks_nearline_requests_total", "Asynchronous requests answered by this worker, by outcome.", ["status"]
+)  # status: completed (200) or failed (any other answer stored as the result)
+NEARLINE_WAIT = Histogram(
+    "aiworks_nearline_queue_wait_seconds", "Time an asynchronous request waited in the queue.",
+    buckets=LATENCY_BUCKETS_S,
+)
+NEARLINE_BACKLOG = Gauge(
+    "aiworks_nearline_backlog", "Asynchronous requests queued and not yet answered (the stream's length)."
+)
+NEARLINE_OLDEST_AGE = Gauge(
+    "aiworks_nearline_oldest_age_seconds", "Age of the oldest request this worker took, at its last take."
+)
+
 # ---- monitor -------------------------------------------------------------------------------
 
 MONITOR_HEALTH_SCORE = "aiworks_monitor_replica_health_score"  # {replica}: 0..100

@@ -1,4 +1,4 @@
-"""Fixtures of the batch tests: a private redis-server, and the suite with two tenants and the Batch API on.
+"""Fixtures of the tier tests: a private redis-server, and the suite with tenants, the Batch API and async requests.
 
 The redis-server is our own, on a free port, without persistence (as in
 tests/cache). The suite is the one the e2e tests start (scheduler, runtimes,
@@ -91,6 +91,7 @@ def batch_suite(model_repository, tmp_path_factory):
         "AIWORKS_GATEWAY_TENANTS_FILE": str(tenants_file),
         "AIWORKS_GATEWAY_REDIS_URL": redis.url,
         "AIWORKS_GATEWAY_BATCH_FILES_URL": str(work / "files"),
+        "AIWORKS_GATEWAY_ASYNC_REQUESTS": "true",
         "AIWORKS_GATEWAY_LIMITS_TIMEOUT_S": "0.5",
         "AIWORKS_GATEWAY_USAGE_TIMEOUT_S": "1.0",
         "AIWORKS_GATEWAY_USAGE_FLUSH_INTERVAL_S": "0.1",
@@ -101,6 +102,35 @@ def batch_suite(model_repository, tmp_path_factory):
     finally:
         suite.supervisor.stop()
         redis.stop()
+
+
+class Worker:
+    """One ``aiworks nearline worker`` process."""
+
+    def __init__(self, batch: BatchSuite, name: str, *args: str):
+        self.log = batch.work / f"{name}.log"
+        command = [sys.executable, "-m", "aiworks", "nearline", "worker", "--redis-url", batch.redis_url,
+                   "--gateway-url", batch.base, *args]  # fmt: skip
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+
+    kill = Runner.kill
+    stop = Runner.stop
+
+
+@pytest.fixture
+def workers(batch_suite):
+    """Start nearline workers with ``workers(name, *args)``; all stopped after the test."""
+    started: list[Worker] = []
+
+    def start(name: str = "worker", *args: str) -> Worker:
+        worker = Worker(batch_suite, f"{name}-{len(started)}", *args)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
 
 
 @pytest.fixture

@@ -252,3 +252,23 @@ def test_the_cli_submits_shows_progress_and_fetches_results(batch_suite, runners
     missing = subprocess.run(cli + ["submit", str(tmp_path / "nope.jsonl"), "-m", "digits"], env=env,
                              capture_output=True, text=True, timeout=30)  # fmt: skip
     assert missing.returncode != 0 and "does not exist" in missing.stderr
+
+
+def test_aiworks_status_shows_jobs_not_yet_ended(batch_suite):
+    import subprocess
+    import sys
+
+    from e2e.e2e_support import tool_env
+
+    job = _submit(batch_suite, "alice", _jsonl([_line(0, _digits(1)[0])]))  # no runner: it stays queued
+    supervisor = batch_suite.suite.supervisor
+    shown = subprocess.run(
+        [sys.executable, "-m", "aiworks", "status", "--scheduler", supervisor.scheduler_address,
+         "--redis-url", batch_suite.redis_url], env=tool_env(supervisor), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    [row] = [line for line in shown.stdout.splitlines() if job["id"] in line]
+    assert "alice" in row and "validating" in row and ENDPOINT in row
+    assert "ASYNC REQUESTS queued:" in shown.stdout
+    reply = requests.post(f"{batch_suite.base}/v1/batches/{job['id']}/cancel", headers=batch_suite.headers("alice"))
+    assert reply.json()["status"] == "cancelling"

@@ -66,3 +66,16 @@ async def test_submission_refuses_a_missing_input_and_hides_other_tenants_jobs(s
     with pytest.raises(NotFound):
         await service.get("u", job.id)
     assert await service.list("u") == [] and [j.id for j in await service.list("t")] == [job.id]
+
+
+def test_the_runner_collector_reports_progress_and_active_jobs():
+    from aiworks.batch.metrics import BatchCollector
+
+    running = _job("batch_a", "t")
+    running.status, running.total, running.completed, running.failed = "in_progress", 200, 90, 10
+    queued = _job("batch_b", "u")
+    families = {f.name: f for f in BatchCollector(lambda: [running, queued]).collect()}
+    progress = families["aiworks_batch_job_progress_ratio"].samples
+    assert [(s.labels, s.value) for s in progress] == [({"job": "batch_a", "tenant": "t"}, 0.5)]
+    active = {s.labels["status"]: s.value for s in families["aiworks_batch_jobs_active"].samples}
+    assert active == {"in_progress": 1, "validating": 1}
