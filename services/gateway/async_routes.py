@@ -19,7 +19,7 @@ import logging
 import re
 
 import orjson
-from aiworks.gateway.batch_routes import _credential
+from aiworks.gateway.batch_routes import caller_credential
 from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
 from aiworks.gateway.filters import check_body_size
 from aiworks.gateway.http_codec import HEADER_LENGTH, parse_infer_header
@@ -103,7 +103,7 @@ class AsyncInferFront:
         if await self.queue.backlog() >= self.max_backlog:
             raise ResourceExhausted(f"the asynchronous queue is full ({self.max_backlog} requests)", retry_after_s=1.0)
         request_id, _ = await self.queue.enqueue(
-            principal.tenant_id, scope["path"], body, _credential(headers),
+            principal.tenant_id, scope["path"], body, caller_credential(headers),
             content_type=headers.get("content-type", "application/json"), header_length=headers.get(HEADER_LENGTH, ""),
         )  # fmt: skip
         doc = orjson.dumps({"id": request_id, "status": "queued"})

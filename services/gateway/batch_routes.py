@@ -30,11 +30,14 @@ _NOT_CONFIGURED = (
 )
 
 
+_MAX_BATCH_BODY_BYTES = 64 * 1024
+
+
 def _json(doc, status: int = 200) -> Response:
     return Response(orjson.dumps(doc), status_code=status, media_type="application/json")
 
 
-def _credential(headers) -> str | None:
+def caller_credential(headers) -> str | None:
     """What the runner sends for this tenant: the caller's own bearer token or API key, as a bearer header."""
     authorization = headers.get("authorization")
     if authorization:
@@ -104,9 +107,13 @@ def add_batch_routes(app: FastAPI, dataplane: GatewayDataPlane, batch: BatchServ
     @app.post("/v1/batches")
     async def create_batch(request: Request):
         principal, service = caller(request)
-        body = await request.body()
-        if len(body) > 64 * 1024:
-            raise PayloadTooLarge("a batch request body is at most 64 KiB")
+        chunks, total = [], 0
+        async for chunk in request.stream():
+            total += len(chunk)
+            if total > _MAX_BATCH_BODY_BYTES:
+                raise PayloadTooLarge(f"a batch request body is at most {_MAX_BATCH_BODY_BYTES} bytes")
+            chunks.append(chunk)
+        body = b"".join(chunks)
         try:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
@@ -115,7 +122,7 @@ def add_batch_routes(app: FastAPI, dataplane: GatewayDataPlane, batch: BatchServ
             raise InvalidArgument("request body must be a JSON object")
         model, version = parse_endpoint(doc.get("endpoint", ""))
         dataplane.authorize(principal, model, version)
-        job = await service.create_batch(principal.tenant_id, doc, _credential(request.headers))
+        job = await service.create_batch(principal.tenant_id, doc, caller_credential(request.headers))
         return _json(batch_object(job))
 
     @app.get("/v1/batches")
