@@ -88,9 +88,10 @@ async def serve(settings: GatewaySettings) -> None:
     batch = None
     if settings.batch_files_url:
         if not settings.redis_url:
-            raise SystemExit("AIWORKS_GATEWAY_BATCH_FILES_URL needs AIWORKS_GATEWAY_REDIS_URL: batch jobs live in Redis")
+            raise SystemExit("AIWORKS_GATEWAY_BATCH_FILES_URL needs AIWORKS_GATEWAY_REDIS_URL (jobs live in Redis)")
         batch = BatchService(
-            JobStore.from_url(settings.redis_url), settings.batch_files_url, chunk_size=settings.batch_chunk_size
+            JobStore.from_url(settings.redis_url), settings.batch_files_url, chunk_size=settings.batch_chunk_size,
+            max_active_jobs=settings.batch_max_active_jobs,
         )
     nearline = None
     if settings.async_requests:

@@ -117,6 +117,9 @@ class GatewaySettings(ServiceSettings):
     )
     batch_chunk_size: int = Field(100, ge=1, le=10_000, description="Input lines per checkpointed chunk of a job.")
     batch_max_file_bytes: int = Field(512 * 1024 * 1024, ge=1, description="Largest file uploaded to /v1/files.")
+    batch_max_active_jobs: int = Field(
+        10, ge=1, description="Most batch jobs of one tenant not yet ended; a submission over it gets 429."
+    )
 
     # ---- nearline: asynchronous requests (docs/tiers.md); needs redis_url too ----
     async_requests: bool = Field(

@@ -79,3 +79,18 @@ def test_the_runner_collector_reports_progress_and_active_jobs():
     assert [(s.labels, s.value) for s in progress] == [({"job": "batch_a", "tenant": "t"}, 0.5)]
     active = {s.labels["status"]: s.value for s in families["aiworks_batch_jobs_active"].samples}
     assert active == {"in_progress": 1, "validating": 1}
+
+
+async def test_a_tenant_over_its_active_job_cap_is_refused_at_submission(store, tmp_path):
+    from aiworks.core.errors import ResourceExhausted
+
+    (tmp_path / "in.jsonl").write_text("{}\n")
+    service = BatchService(store, None, max_active_jobs=2)
+    first = await service.submit("t", "digits", str(tmp_path / "in.jsonl"), "o", "e")
+    await service.submit("t", "digits", str(tmp_path / "in.jsonl"), "o", "e")
+    with pytest.raises(ResourceExhausted, match="already has 2 batch jobs not yet ended") as refused:
+        await service.submit("t", "digits", str(tmp_path / "in.jsonl"), "o", "e")
+    assert refused.value.status.http == 429
+    await service.submit("u", "digits", str(tmp_path / "in.jsonl"), "o", "e")  # another tenant's cap is its own
+    await store.finish(first.id, "completed")
+    await service.submit("t", "digits", str(tmp_path / "in.jsonl"), "o", "e")  # an ended job frees its place

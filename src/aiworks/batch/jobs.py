@@ -6,7 +6,8 @@ Keys (prefix ``aiworks:batch:``):
 - ``chunks:{id}``: hash, ``o:{i}`` / ``e:{i}`` the output and error lines of finished chunk ``i``;
 - ``lease:{id}``: which runner holds the job, with a TTL the runner renews;
 - ``secret:{id}``: the submitter's credential, sent with the job's requests; deleted when the job ends;
-- ``active``: set of jobs not yet ended; ``tenant:{t}:jobs``: a tenant's jobs by creation time;
+- ``active``: set of jobs not yet ended (``tenant:{t}:active``: a tenant's); ``tenant:{t}:jobs``: a tenant's
+  jobs by creation time;
 - ``file:{id}`` and ``tenant:{t}:files``: files of the Batch API (:class:`FileRecord`).
 
 A chunk is recorded at most once, and only by the runner holding the lease
@@ -160,6 +161,7 @@ class JobStore:
             pipe.hset(self._k("job", job.id), mapping=job.to_hash())
             pipe.zadd(self._k("tenant", job.tenant, "jobs"), {job.id: job.created_at})
             pipe.sadd(self._k("active"), job.id)
+            pipe.sadd(self._k("tenant", job.tenant, "active"), job.id)
             if credential:
                 pipe.set(self._k("secret", job.id), credential)
             await pipe.execute()
@@ -173,6 +175,10 @@ class JobStore:
         ids = await self.redis.zrevrange(self._k("tenant", tenant, "jobs"), 0, limit - 1)
         jobs = [await self.get(i) for i in ids]
         return [j for j in jobs if j is not None]
+
+    async def active_count(self, tenant: str) -> int:
+        """How many of ``tenant``'s jobs have not ended."""
+        return int(await self.redis.scard(self._k("tenant", tenant, "active")))
 
     async def active_ids(self) -> list[str]:
         return sorted(await self.redis.smembers(self._k("active")))
@@ -192,7 +198,10 @@ class JobStore:
         stamp = {"completed": "completed_at", "failed": "failed_at", "cancelled": "cancelled_at"}.get(status)
         if stamp:
             values[stamp] = time.time()
+        tenant = await self.redis.hget(self._k("job", job_id), "tenant")
         async with self.redis.pipeline(transaction=True) as pipe:
+            if tenant is not None:
+                pipe.srem(self._k("tenant", tenant, "active"), job_id)
             pipe.hset(self._k("job", job_id), mapping={"status": status, **{k: str(v) for k, v in values.items()}})
             pipe.srem(self._k("active"), job_id)
             pipe.delete(self._k("chunks", job_id), self._k("secret", job_id), self._k("lease", job_id))

@@ -14,7 +14,7 @@ import time
 
 from aiworks.batch import objects
 from aiworks.batch.jobs import CANCELLABLE, TERMINAL, FileRecord, Job, JobStore, new_id
-from aiworks.core.errors import InvalidArgument, NotFound, Unavailable
+from aiworks.core.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from aiworks.core.names import check_model_name, check_version
 
 MAX_CHUNK_SIZE = 10_000
@@ -68,8 +68,9 @@ def batch_object(job: Job) -> dict:
 class BatchService:
     """Files and jobs of every tenant, kept apart; ``files_url`` is where uploads and results are written."""
 
-    def __init__(self, store: JobStore, files_url: str | None, *, chunk_size: int = 100):
+    def __init__(self, store: JobStore, files_url: str | None, *, chunk_size: int = 100, max_active_jobs: int = 10):
         self.store = store
+        self.max_active_jobs = max_active_jobs
         self.files_url = files_url.rstrip("/") if files_url else None
         self.chunk_size = chunk_size
 
@@ -134,6 +135,11 @@ class BatchService:
             raise InvalidArgument(f"chunk_size must be an integer from 1 to {MAX_CHUNK_SIZE}")
         for url in (input_url, output_url, error_url):
             objects.check_url(url)
+        if await self.store.active_count(tenant) >= self.max_active_jobs:
+            raise ResourceExhausted(
+                f"tenant '{tenant}' already has {self.max_active_jobs} batch jobs not yet ended "
+                "(batch_max_active_jobs); wait for one to end or cancel one", retry_after_s=30.0,
+            )  # fmt: skip
         if not await asyncio.to_thread(objects.exists, input_url):
             raise NotFound("input file does not exist" + ("" if input_file_id else f": {input_url}"))
         job = Job(
