@@ -272,3 +272,38 @@ def test_aiworks_status_shows_jobs_not_yet_ended(batch_suite):
     assert "ASYNC REQUESTS queued:" in shown.stdout
     reply = requests.post(f"{batch_suite.base}/v1/batches/{job['id']}/cancel", headers=batch_suite.headers("alice"))
     assert reply.json()["status"] == "cancelling"
+
+
+def _ready(batch, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(f"{batch.base}/v2/models/digits/versions/1/ready", headers=batch.headers("alice"),
+                            timeout=2).status_code == 200:  # fmt: skip
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("the suite did not become ready again")
+
+
+def test_a_job_survives_kill_9_of_the_gateway_and_of_the_runtime(batch_suite, runners):
+    import os
+    import signal
+
+    supervisor = batch_suite.suite.supervisor
+    x = _digits(ROWS)
+    job = _submit(batch_suite, "alice", _jsonl([_line(i, row) for i, row in enumerate(x)]), chunk_size=25)
+    runners("runner")
+    for name in ("gateway", "runtime-0"):
+        at_kill = wait_batch(batch_suite, "alice", job["id"], lambda d: d["chunks"]["done"] >= 3 or _ended(d))
+        assert at_kill["status"] == "in_progress", (name, at_kill)  # the kill lands mid-job
+        os.kill(supervisor.child(name).process.pid, signal.SIGKILL)
+        time.sleep(1.0)  # the runner meets refused connections (gateway) or 503s (runtime) and keeps retrying
+        supervisor.restart(name)
+        _ready(batch_suite)
+    done = wait_batch(batch_suite, "alice", job["id"], _ended, timeout_s=180)
+    assert done["status"] == "completed"
+    assert done["request_counts"] == {"total": ROWS, "completed": ROWS, "failed": 0}
+    out = _content(batch_suite, "alice", done["output_file_id"])
+    assert [o["line"] for o in out] == list(range(1, ROWS + 1))
