@@ -8,8 +8,8 @@
 Every route authenticates first; a tenant sees only its own files and jobs.
 The batch runner sends a job's lines through this gateway with the
 submitter's credential, so the tenant's models, limits and metering apply.
-Without a batch file store or Redis the routes answer 503 (after checking
-the caller).
+Without a batch file store or Redis the routes are not registered: 404, as
+for any unknown path, and nothing about batches in the OpenAPI document.
 """
 
 from __future__ import annotations
@@ -23,11 +23,8 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response
 
 from aiworks.batch.service import BatchService, batch_object, parse_endpoint
-from aiworks.core.errors import InvalidArgument, PayloadTooLarge, Unavailable
+from aiworks.core.errors import InvalidArgument, PayloadTooLarge
 
-_NOT_CONFIGURED = (
-    "the Batch API is not configured on this gateway (AIWORKS_GATEWAY_BATCH_FILES_URL and AIWORKS_GATEWAY_REDIS_URL)"
-)
 
 
 _MAX_BATCH_BODY_BYTES = 64 * 1024
@@ -69,13 +66,12 @@ def parse_upload(content_type: str, body: bytes) -> tuple[str, str, bytes]:
 
 
 def add_batch_routes(app: FastAPI, dataplane: GatewayDataPlane, batch: BatchService | None, max_file_bytes: int):
-    """Register the Batch API's routes on ``app``."""
+    """Register the Batch API's routes on ``app``; none when ``batch`` is None (not configured)."""
+    if batch is None:
+        return
 
     def caller(request: Request):
-        principal = dataplane.authenticate(request.headers)
-        if batch is None:
-            raise Unavailable(_NOT_CONFIGURED)
-        return principal, batch
+        return dataplane.authenticate(request.headers), batch
 
     @app.post("/v1/files")
     async def upload_file(request: Request):
