@@ -94,3 +94,34 @@ async def test_a_tenant_over_its_active_job_cap_is_refused_at_submission(store, 
     await service.submit("u", "digits", str(tmp_path / "in.jsonl"), "o", "e")  # another tenant's cap is its own
     await store.finish(first.id, "completed")
     await service.submit("t", "digits", str(tmp_path / "in.jsonl"), "o", "e")  # an ended job frees its place
+
+
+async def test_a_job_past_its_completion_window_expires_with_every_line_in_the_error_file(store, tmp_path):
+    """The window ended before the runner got to it: no request is sent, each line is reported as expired."""
+    import time
+
+    import orjson
+
+    from aiworks.batch.runner import BatchRunner
+    from aiworks.batch.service import batch_object
+    from aiworks.batch.settings import BatchSettings
+
+    (tmp_path / "in.jsonl").write_bytes(b'{"custom_id": "a", "inputs": [{}]}\nnot json\n{"inputs": [{}]}\n')
+    service = BatchService(store, None)
+    job = await service.submit("t", "digits", str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"),
+                               str(tmp_path / "err.jsonl"), chunk_size=2, completion_window="1h")  # fmt: skip
+    await store.update(job.id, created_at=time.time() - 3601)
+    # A gateway that is never called: nothing may be sent for an expired job.
+    runner = BatchRunner(store, BatchSettings(redis_url="redis://unused", gateway_url="http://127.0.0.1:9"))
+    try:
+        assert await runner.run_once()
+    finally:
+        await runner.close()
+    ended = await store.get(job.id)
+    assert ended.status == "expired" and ended.expired_at > 0 and (ended.completed, ended.failed) == (0, 0)
+    assert batch_object(ended)["expired_at"] is not None
+    assert (tmp_path / "out.jsonl").read_bytes() == b""
+    errors = [orjson.loads(line) for line in (tmp_path / "err.jsonl").read_bytes().splitlines()]
+    assert [(e["line"], e["custom_id"], e["error"]["code"]) for e in errors] == [
+        (1, "a", "batch_expired"), (2, None, "batch_expired"), (3, None, "batch_expired")
+    ]

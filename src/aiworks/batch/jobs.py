@@ -86,6 +86,7 @@ class Job:
     failed_at: float = 0.0
     cancelling_at: float = 0.0
     cancelled_at: float = 0.0
+    expired_at: float = 0.0
 
     @property
     def infer_path(self) -> str:
@@ -195,7 +196,8 @@ class JobStore:
 
     async def finish(self, job_id: str, status: str, **values) -> None:
         """End the job: its final status and fields; its chunks, lease and credential go."""
-        stamp = {"completed": "completed_at", "failed": "failed_at", "cancelled": "cancelled_at"}.get(status)
+        stamp = {"completed": "completed_at", "failed": "failed_at", "cancelled": "cancelled_at",
+                 "expired": "expired_at"}.get(status)  # fmt: skip
         if stamp:
             values[stamp] = time.time()
         tenant = await self.redis.hget(self._k("job", job_id), "tenant")

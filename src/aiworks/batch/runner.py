@@ -155,9 +155,14 @@ class BatchRunner:
         headers = {"content-type": "application/json"}
         if credential:
             headers["authorization"] = credential
+        expires_at = job.created_at + int(job.completion_window[:-1]) * 3600
+        expired = False
         for index, (start, end) in enumerate(bounds):
             if index in done:
                 continue
+            if time.time() >= expires_at:
+                expired = True
+                break
             current = await self.store.get(job.id)
             if current is None or current.status != "in_progress":
                 break  # cancelling (or gone): keep what finished
@@ -172,7 +177,16 @@ class BatchRunner:
             BATCH_CHUNKS.inc()
             if self.on_chunk is not None:
                 self.on_chunk(job, index)
-        await self._finalize(job.id)
+        unsent = None
+        if expired:  # every line not answered goes to the error file, so each input line is still in one file
+            done = await self.store.done_chunks(job.id)
+            unsent = {
+                index: b"".join(_error_line(parse_line(start + i + 1, raw, job.infer_path), "batch_expired",
+                                            f"the job's completion window ({job.completion_window}) ended first")
+                                for i, raw in enumerate(lines[start:end]))
+                for index, (start, end) in enumerate(bounds) if index not in done
+            }  # fmt: skip
+        await self._finalize(job.id, unsent)
 
     async def _chunk(self, job: Job, parsed: list[Line], headers: dict) -> tuple[bytes, bytes, int, int]:
         gate = asyncio.Semaphore(self.settings.concurrency)
@@ -213,15 +227,20 @@ class BatchRunner:
                 return False, _error_line(line, code, f"{reason}; gave up after {attempt} attempts")
             await asyncio.sleep(delay)
 
-    async def _finalize(self, job_id: str) -> None:
+    async def _finalize(self, job_id: str, unsent: dict[int, bytes] | None = None) -> None:
+        """Write the output and error files from the recorded chunks; ``unsent``: an expired job's other lines."""
         job = await self.store.get(job_id)
         if job is None or job.status in TERMINAL:
             return
         cancelled = job.status == "cancelling"
-        if not cancelled:
+        final = "expired" if unsent is not None else "cancelled" if cancelled else "completed"
+        if final == "completed":
             await self.store.update(job.id, status="finalizing", finalizing_at=time.time())
         outs, errs = [], []
         for index in range(job.chunks_total):
+            if unsent is not None and index in unsent:
+                errs.append(unsent[index])
+                continue
             out, err = await self.store.chunk_results(job.id, index)
             outs.append(out)
             errs.append(err)
@@ -239,13 +258,11 @@ class BatchRunner:
             record = FileRecord(file_id, job.tenant, f"{job.id}-{name}", "batch_output", url, len(data))
             await self.store.add_file(record)
         await self.store.finish(
-            job.id, "cancelled" if cancelled else "completed",
-            output_file_id=output_file_id(job.id), error_file_id=error_file_id(job.id),
-        )  # fmt: skip
-        BATCH_JOBS_FINISHED.labels("cancelled" if cancelled else "completed").inc()
+            job.id, final, output_file_id=output_file_id(job.id), error_file_id=error_file_id(job.id)
+        )
+        BATCH_JOBS_FINISHED.labels(final).inc()
         self.seen.pop(job.id, None)
-        log.info("batch job %s %s: %d lines answered, %d failed", job.id,
-                 "cancelled" if cancelled else "completed", job.completed, job.failed)  # fmt: skip
+        log.info("batch job %s %s: %d lines answered, %d failed", job.id, final, job.completed, job.failed)
 
 
 def _output_line(line: Line, response: bytes) -> bytes:
