@@ -25,6 +25,8 @@ import time
 from collections.abc import AsyncIterator, Mapping
 
 import orjson
+from aiworks.gateway.async_routes import AsyncInferFront
+from aiworks.gateway.batch_routes import add_batch_routes
 from aiworks.gateway.compression import compress, inflate, request_encoding, response_encoding
 from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
 from aiworks.gateway.filters import check_body_size
@@ -266,8 +268,15 @@ def _time_param(request: Request, name: str) -> float | None:
     return None if value is None or value == "" else parse_time(value, name)
 
 
-def create_app(dataplane: GatewayDataPlane, *, max_request_bytes: int) -> InferFastPath:
-    """The gateway's HTTP app: the FastAPI routes, with the infer fast path in front."""
+def create_app(
+    dataplane: GatewayDataPlane, *, max_request_bytes: int, batch=None, batch_max_file_bytes: int = 512 << 20,
+    nearline=None, nearline_max_backlog: int = 100_000,
+):  # fmt: skip
+    """The gateway's HTTP app: the FastAPI routes, with the infer fast path in front.
+
+    ``batch``: the Batch API's :class:`aiworks.batch.service.BatchService`; ``nearline``: the
+    :class:`aiworks.nearline.queue.AsyncQueue` of asynchronous requests; None when not configured.
+    """
     app = FastAPI(title="AIWorks gateway", description="KServe v2 / Open Inference Protocol", docs_url="/docs")
 
     @app.exception_handler(AIWorksError)
@@ -464,5 +473,10 @@ def create_app(dataplane: GatewayDataPlane, *, max_request_bytes: int) -> InferF
         )
         return _json(report)
 
+    add_batch_routes(app, dataplane, batch, batch_max_file_bytes)  # /v1/files, /v1/batches (docs/tiers.md)
+
     app.openapi()  # built once now, not on the event loop of the first request that asks for it
-    return InferFastPath(app, dataplane, max_request_bytes)
+    front = InferFastPath(app, dataplane, max_request_bytes)
+    if nearline is None:
+        return front
+    return AsyncInferFront(front, dataplane, nearline, max_request_bytes, nearline_max_backlog)  # docs/tiers.md

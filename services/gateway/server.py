@@ -20,6 +20,9 @@ from aiworks.gateway.diagnostics import Diagnostics
 from aiworks.gateway.dataplane import GatewayDataPlane, Tenancy
 from aiworks.gateway.grpc_servicer import InferenceServicer
 from aiworks.gateway.http_app import create_app
+from aiworks.batch.jobs import JobStore
+from aiworks.batch.service import BatchService
+from aiworks.nearline.queue import AsyncQueue
 from aiworks.gateway.http_protocol import bounded_protocol
 from aiworks.gateway.settings import GatewaySettings
 from aiworks.gateway.shared_memory import SharedMemoryRegistry
@@ -89,7 +92,24 @@ async def serve(settings: GatewaySettings) -> None:
     grpc_port = add_port(grpc_server, f"{settings.host}:{settings.grpc_port}", public_tls, require_client_cert=False)
     await grpc_server.start()
 
-    app = create_app(dataplane, max_request_bytes=settings.max_request_bytes)
+    batch = None
+    if settings.batch_files_url:
+        if not settings.redis_url:
+            raise SystemExit("AIWORKS_GATEWAY_BATCH_FILES_URL needs AIWORKS_GATEWAY_REDIS_URL (jobs live in Redis)")
+        batch = BatchService(
+            JobStore.from_url(settings.redis_url), settings.batch_files_url, chunk_size=settings.batch_chunk_size,
+            max_active_jobs=settings.batch_max_active_jobs,
+        )
+    nearline = None
+    if settings.async_requests:
+        if not settings.redis_url:
+            raise SystemExit("AIWORKS_GATEWAY_ASYNC_REQUESTS needs AIWORKS_GATEWAY_REDIS_URL: the queue is in Redis")
+        nearline = AsyncQueue.from_url(settings.redis_url, ttl_s=settings.async_result_ttl_s)
+    app = create_app(
+        dataplane, max_request_bytes=settings.max_request_bytes, batch=batch,
+        batch_max_file_bytes=settings.batch_max_file_bytes, nearline=nearline,
+        nearline_max_backlog=settings.async_max_backlog,
+    )  # fmt: skip
     http = _HttpServer(
         uvicorn.Config(
             app,
@@ -135,6 +155,10 @@ async def serve(settings: GatewaySettings) -> None:
     await routing.close()
     await scheduler.close()
     dataplane.shared_memory.close()
+    if batch is not None:
+        await batch.store.close()
+    if nearline is not None:
+        await nearline.close()
     await tenancy.close()  # the last usage to Redis, the last audit lines to disk
     lag.stop()
     await stop_metrics(metrics)

@@ -121,6 +121,23 @@ class GatewaySettings(ServiceSettings):
         None, ge=0, description="Longest BYTES element of an input, in bytes (rule max_string_bytes); unset: none."
     )
 
+    # ---- Batch API (docs/tiers.md); needs redis_url too ----
+    batch_files_url: str | None = Field(
+        None, description="Where Batch API uploads and results are written: a folder or s3://bucket/prefix; unset: off."
+    )
+    batch_chunk_size: int = Field(100, ge=1, le=10_000, description="Input lines per checkpointed chunk of a job.")
+    batch_max_file_bytes: int = Field(512 * 1024 * 1024, ge=1, description="Largest file uploaded to /v1/files.")
+    batch_max_active_jobs: int = Field(
+        10, ge=1, description="Most batch jobs of one tenant not yet ended; a submission over it gets 429."
+    )
+
+    # ---- nearline: asynchronous requests (docs/tiers.md); needs redis_url too ----
+    async_requests: bool = Field(
+        False, description="Queue `POST …/infer` with `Prefer: respond-async` (202, GET /v2/requests/{id}); off: sync."
+    )
+    async_result_ttl_s: float = Field(3600.0, gt=0, description="How long an asynchronous request's result is kept.")
+    async_max_backlog: int = Field(100_000, ge=1, description="Most queued asynchronous requests; more get 429.")
+
     # ---- audit log (docs/security.md) ----
     audit_log: Path | None = Field(
         None, description="Hash-chained JSON-lines audit log of inferences and admin actions; unset: no audit log."

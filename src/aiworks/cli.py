@@ -233,7 +233,7 @@ def cmd_demo_models(args) -> None:
 def cmd_status(args) -> None:
     from aiworks.status import show_status
 
-    show_status(args.scheduler_address, args.tls_dir, args.output)
+    show_status(args.scheduler_address, args.tls_dir, args.output, args.redis_url)
 
 
 def cmd_bench(args) -> None:
@@ -351,6 +351,10 @@ def build_parser(command: str = "") -> argparse.ArgumentParser:
     add_scheduler_address(st)
     add_tls_dir(st)
     add_output_flag(st)
+    st.add_argument(
+        "--redis-url", default=os.environ.get("AIWORKS_BATCH_REDIS_URL"),
+        help="also show batch jobs not yet ended and the async backlog from this Redis (env AIWORKS_BATCH_REDIS_URL)",
+    )  # fmt: skip
     st.set_defaults(func=cmd_status)
 
     dm = sub.add_parser("demo-models", help="build the demo model repository (iris, digits v1 and v2)")
@@ -390,6 +394,10 @@ def build_parser(command: str = "") -> argparse.ArgumentParser:
     add_tenancy_parsers(sub)
     from aiworks.probe import add_probe_parser
     add_probe_parser(sub)
+    from aiworks.batch.cli import add_batch_parser
+    add_batch_parser(sub)
+    from aiworks.nearline.cli import add_nearline_parser
+    add_nearline_parser(sub)
     return parser
 
 

@@ -97,8 +97,9 @@ def format_status(reply: scheduler_pb2.StatusResponse) -> str:
     return "\n".join(lines)
 
 
-def show_status(address: str, tls_dir: str | None = None, output: str = "table") -> None:
-    from aiworks.core.output import emit
+def show_status(address: str, tls_dir: str | None = None, output: str = "table", redis_url: str | None = None) -> None:
+    """The scheduler's status; with ``redis_url``, also the batch jobs not yet ended and the async backlog."""
+    from aiworks.core.output import emit, plain
 
     try:
         tls = tool_tls(tls_dir)
@@ -106,4 +107,11 @@ def show_status(address: str, tls_dir: str | None = None, output: str = "table")
     except AIWorksError as exc:
         raise SystemExit(f"error: {exc}") from None
     reply = fetch_status(address, tls, caller)
-    emit(reply, output, lambda: format_status(reply))
+    if not redis_url:
+        emit(reply, output, lambda: format_status(reply))
+        return
+    from aiworks.batch.status import fetch_tiers, format_tiers
+
+    jobs, backlog = fetch_tiers(redis_url)
+    doc = {"scheduler": plain(reply), "batch_jobs": plain(jobs), "async_backlog": backlog}
+    emit(doc, output, lambda: format_status(reply) + "\n" + format_tiers(jobs, backlog))

@@ -207,6 +207,34 @@ RUNTIME_MODELS_LOADED = "aiworks_runtime_models_loaded"  # {replica}: ready mode
 # The cache service's counters are aiworks_cache_<counter>_total (hits, misses, ...), plus:
 CACHE_BACKEND_UP = "aiworks_cache_backend_up"  # {store}: 1 when the store answers, 0 while its breaker is open
 
+# ---- batch runner (offline tier, docs/tiers.md) ----------------------------------------------
+
+BATCH_ROWS = Counter(
+    "aiworks_batch_rows_total", "Input lines of batch jobs answered by this runner, by outcome.", ["status"]
+)  # status: ok (in the output file) or failed (in the error file); rate() is rows/s
+BATCH_CHUNKS = Counter("aiworks_batch_chunks_total", "Chunks of batch jobs recorded by this runner.")
+BATCH_JOBS_FINISHED = Counter(
+    "aiworks_batch_jobs_finished_total", "Batch jobs this runner ended, by final status.", ["status"]
+)
+BATCH_JOB_PROGRESS = "aiworks_batch_job_progress_ratio"  # {job, tenant}: lines done / lines, jobs not yet ended
+BATCH_JOBS_ACTIVE = "aiworks_batch_jobs_active"  # {status}: jobs not yet ended, read from Redis at scrape
+
+# ---- nearline worker (asynchronous requests, docs/tiers.md) ---------------------------------
+
+NEARLINE_REQUESTS = Counter(
+    "aiworks_nearline_requests_total", "Asynchronous requests answered by this worker, by outcome.", ["status"]
+)  # status: completed (200) or failed (any other answer stored as the result)
+NEARLINE_WAIT = Histogram(
+    "aiworks_nearline_queue_wait_seconds", "Time an asynchronous request waited in the queue.",
+    buckets=LATENCY_BUCKETS_S,
+)
+NEARLINE_BACKLOG = Gauge(
+    "aiworks_nearline_backlog", "Asynchronous requests queued and not yet answered (the stream's length)."
+)
+NEARLINE_OLDEST_AGE = Gauge(
+    "aiworks_nearline_oldest_age_seconds", "Age of the oldest request this worker took, at its last take."
+)
+
 # ---- monitor -------------------------------------------------------------------------------
 
 MONITOR_HEALTH_SCORE = "aiworks_monitor_replica_health_score"  # {replica}: 0..100

@@ -1,6 +1,6 @@
-"""Read-only S3 client: ListObjectsV2 and GetObject, signed with AWS Signature Version 4.
+"""Small S3 client: ListObjectsV2, GetObject, PutObject and DeleteObject, signed with AWS Signature Version 4.
 
-Only what the storage initializer needs, over the standard library, so the
+Only what the storage initializer and the batch jobs (docs/tiers.md) need, over the standard library, so the
 runtime image carries no AWS SDK. Configuration follows the AWS SDKs'
 standard environment variables:
 
@@ -127,12 +127,12 @@ class S3Client:
             url += "?" + "&".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(query.items()))
         return url
 
-    def _open(self, url: str):
+    def _open(self, url: str, method: str = "GET", body: bytes | None = None):
         headers = {}
-        payload = _UNSIGNED if self.config.access_key else _EMPTY_SHA256
+        payload = _UNSIGNED if self.config.access_key or body is not None else _EMPTY_SHA256
         if self.config.access_key and self.config.secret_key:
-            headers = sigv4_headers(self.config, "GET", url, payload_hash=payload)
-        request = urllib.request.Request(url, headers=headers, method="GET")
+            headers = sigv4_headers(self.config, method, url, payload_hash=payload)
+        request = urllib.request.Request(url, data=body, headers=headers, method=method)
         try:
             return urllib.request.urlopen(request, timeout=self.config.timeout_s, context=self._context)
         except urllib.error.HTTPError as exc:
@@ -158,6 +158,25 @@ class S3Client:
             token = root.findtext(f"{ns}NextContinuationToken")
             if not token:
                 return
+
+    def upload(self, key: str, body: bytes) -> None:
+        """Write one object (PutObject), replacing any of the same key."""
+        with self._open(self._url(key), "PUT", body) as reply:
+            reply.read()
+
+    def delete(self, key: str) -> None:
+        """Remove one object (DeleteObject); a missing key is no error."""
+        with self._open(self._url(key), "DELETE") as reply:
+            reply.read()
+
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` names an object (HeadObject)."""
+        try:
+            with self._open(self._url(key), "HEAD") as reply:
+                reply.read()
+        except NotFound:
+            return False
+        return True
 
     def download(self, key: str, out: BinaryIO, max_bytes: int) -> int:
         """Stream one object into ``out``; returns its size."""

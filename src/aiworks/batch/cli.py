@@ -1,0 +1,220 @@
+"""``aiworks batch``: run the batch runner, and submit, watch, cancel and fetch jobs through the gateway's Batch API.
+
+The client commands are plain HTTP clients of the gateway (``--url``,
+default ``$AIWORKS_GATEWAY_URL`` or http://127.0.0.1:8000) and send
+``$AIWORKS_API_KEY`` (or ``--api-key-file``) as the bearer token. Progress
+goes to stderr, results to stdout; ``-o json`` prints the Batch object.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+_DONE = ("completed", "failed", "cancelled", "expired")
+
+
+def add_batch_parser(sub) -> None:
+    bp = sub.add_parser("batch", help="batch jobs (offline tier): run the runner, submit, status, cancel, results")
+    actions = bp.add_subparsers(dest="batch_command", metavar="ACTION", required=True)
+
+    rn = actions.add_parser("runner", help="run a batch runner: takes jobs from Redis, sends them to the gateway")
+    rn.add_argument("--redis-url", help="Redis holding the jobs (env AIWORKS_BATCH_REDIS_URL)")
+    rn.add_argument("--gateway-url", help="the gateway's HTTP base URL (env AIWORKS_BATCH_GATEWAY_URL)")
+    rn.add_argument("--concurrency", type=int, help="requests in flight per chunk (env AIWORKS_BATCH_CONCURRENCY)")
+    rn.add_argument("--lease-ttl-s", type=float, help="life of a job's lease (env AIWORKS_BATCH_LEASE_TTL_S)")
+    rn.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: none)")
+    rn.set_defaults(func=cmd_runner)
+
+    def client(p) -> None:
+        p.add_argument("-u", "--url", default=os.environ.get("AIWORKS_GATEWAY_URL", DEFAULT_URL),
+                       help="gateway HTTP base URL (env AIWORKS_GATEWAY_URL; default %(default)s)")  # fmt: skip
+        p.add_argument("--api-key-file", help="file holding the API key (default: env AIWORKS_API_KEY)")
+        p.add_argument("-o", "--output", choices=["text", "json"], default="text", help="output format")
+
+    sm = actions.add_parser("submit", help="upload a JSONL file of OIP requests and start a batch job")
+    sm.add_argument("input", help="JSONL file: one OIP inference request per line, optional custom_id")
+    sm.add_argument("-m", "--model", required=True, help="model name")
+    sm.add_argument("-x", "--model-version", default="", help="model version (default: the served one)")
+    sm.add_argument("--chunk-size", type=int, help="lines per checkpointed chunk (gateway default 100)")
+    sm.add_argument("--completion-window", default="24h", help="completion window (default 24h)")
+    sm.add_argument("--wait", action="store_true", help="show progress until the job ends")
+    client(sm)
+    sm.set_defaults(func=cmd_submit)
+
+    st = actions.add_parser("status", help="a job's status and progress")
+    st.add_argument("id", help="batch id")
+    st.add_argument("--wait", action="store_true", help="show progress until the job ends")
+    client(st)
+    st.set_defaults(func=cmd_status)
+
+    cn = actions.add_parser("cancel", help="cancel a job: it stops within one chunk and keeps what finished")
+    cn.add_argument("id", help="batch id")
+    client(cn)
+    cn.set_defaults(func=cmd_cancel)
+
+    rs = actions.add_parser("results", help="print a finished job's output (or error) file")
+    rs.add_argument("id", help="batch id")
+    rs.add_argument("--errors", action="store_true", help="the error file instead of the output file")
+    rs.add_argument("--out", help="write to this file instead of stdout")
+    client(rs)
+    rs.set_defaults(func=cmd_results)
+
+
+# ---- the runner ---------------------------------------------------------------------------------------
+
+
+def cmd_runner(args) -> None:
+    import asyncio
+    import signal
+
+    from pydantic import ValidationError
+
+    from aiworks.batch.jobs import JobStore
+    from aiworks.batch.metrics import serve_runner_metrics
+    from aiworks.batch.runner import BatchRunner
+    from aiworks.batch.settings import BatchSettings
+    from aiworks.core.logging import setup_logging
+
+    overrides = {k: v for k, v in {
+        "redis_url": args.redis_url, "gateway_url": args.gateway_url, "concurrency": args.concurrency,
+        "lease_ttl_s": args.lease_ttl_s,
+    }.items() if v is not None}  # fmt: skip
+    try:
+        settings = BatchSettings(**overrides)
+    except ValidationError as exc:
+        raise SystemExit(f"error: batch runner settings: {exc}") from None
+    setup_logging("batch-runner", "INFO")
+
+    async def main() -> None:
+        store = JobStore.from_url(settings.redis_url)
+        runner = BatchRunner(store, settings)
+        if args.metrics_port:
+            serve_runner_metrics(runner, args.metrics_port)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await runner.run_forever(stop)
+        finally:
+            await runner.close()
+            await store.close()
+
+    asyncio.run(main())
+
+
+# ---- the client commands ------------------------------------------------------------------------------
+
+
+def _session(args):
+    import requests
+
+    key = os.environ.get("AIWORKS_API_KEY", "")
+    if args.api_key_file:
+        key = Path(args.api_key_file).read_text().strip()
+    session = requests.Session()
+    if key:
+        session.headers["authorization"] = f"Bearer {key}"
+    return session
+
+
+def _check(reply):
+    if reply.status_code >= 400:
+        try:
+            message = reply.json().get("error", reply.text)
+        except ValueError:
+            message = reply.text
+        if isinstance(message, dict):
+            message = message.get("message", message)
+        raise SystemExit(f"error: {reply.status_code}: {message}")
+    return reply
+
+
+def _print(args, batch: dict) -> None:
+    if args.output == "json":
+        print(json.dumps(batch, indent=2))
+        return
+    counts = batch["request_counts"]
+    print(f"{batch['id']}  {batch['status']}  {counts['completed']} ok, {counts['failed']} failed "
+          f"of {counts['total']}  {batch['endpoint']}")  # fmt: skip
+
+
+def progress_line(batch: dict, started: float, start_done: int, now: float) -> str:
+    """``[#####-----] 1200/2000 60% 410 rows/s ETA 2s`` for one Batch object."""
+    counts = batch["request_counts"]
+    total, done = counts["total"], counts["completed"] + counts["failed"]
+    width = 30
+    filled = int(width * done / total) if total else 0
+    rate = (done - start_done) / (now - started) if now > started else 0.0
+    eta = f"ETA {max(0, total - done) / rate:.0f}s" if rate > 0 and total else "ETA -"
+    share = f"{100 * done / total:.0f}%" if total else "-"
+    bar = "#" * filled + "-" * (width - filled)
+    return f"[{bar}] {done}/{total or '?'} {share} {rate:.0f} rows/s {eta} {batch['status']}"
+
+
+def _watch(args, session, batch_id: str) -> dict:
+    started, first = time.monotonic(), None
+    while True:
+        batch = _check(session.get(f"{args.url}/v1/batches/{batch_id}", timeout=30)).json()
+        counts = batch["request_counts"]
+        if first is None:
+            first = counts["completed"] + counts["failed"]
+        sys.stderr.write("\r" + progress_line(batch, started, first, time.monotonic()))
+        sys.stderr.flush()
+        if batch["status"] in _DONE:
+            sys.stderr.write("\n")
+            return batch
+        time.sleep(0.5)
+
+
+def cmd_submit(args) -> None:
+    session = _session(args)
+    path = Path(args.input)
+    if not path.is_file():
+        raise SystemExit(f"error: input file {args.input} does not exist")
+    with path.open("rb") as f:
+        files = {"file": (path.name, f, "application/jsonl")}
+        uploaded = _check(session.post(f"{args.url}/v1/files", data={"purpose": "batch"}, files=files, timeout=300))
+    uploaded = uploaded.json()
+    version = f"/versions/{args.model_version}" if args.model_version else ""
+    body = {"input_file_id": uploaded["id"], "endpoint": f"/v2/models/{args.model}{version}/infer",
+            "completion_window": args.completion_window}  # fmt: skip
+    if args.chunk_size:
+        body["chunk_size"] = args.chunk_size
+    batch = _check(session.post(f"{args.url}/v1/batches", json=body, timeout=60)).json()
+    if args.wait:
+        batch = _watch(args, session, batch["id"])
+    _print(args, batch)
+
+
+def cmd_status(args) -> None:
+    session = _session(args)
+    if args.wait:
+        batch = _watch(args, session, args.id)
+    else:
+        batch = _check(session.get(f"{args.url}/v1/batches/{args.id}", timeout=30)).json()
+    _print(args, batch)
+
+
+def cmd_cancel(args) -> None:
+    session = _session(args)
+    _print(args, _check(session.post(f"{args.url}/v1/batches/{args.id}/cancel", timeout=30)).json())
+
+
+def cmd_results(args) -> None:
+    session = _session(args)
+    batch = _check(session.get(f"{args.url}/v1/batches/{args.id}", timeout=30)).json()
+    file_id = batch["error_file_id"] if args.errors else batch["output_file_id"]
+    if not file_id:
+        which = "error" if args.errors else "output"
+        raise SystemExit(f"error: batch {args.id} is {batch['status']} and has no {which} file yet")
+    content = _check(session.get(f"{args.url}/v1/files/{file_id}/content", timeout=300)).content
+    if args.out:
+        Path(args.out).write_bytes(content)
+    else:
+        sys.stdout.buffer.write(content)

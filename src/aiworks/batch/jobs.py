@@ -1,0 +1,260 @@
+"""Batch jobs and their checkpoints in Redis: the one place a job's state lives.
+
+Keys (prefix ``aiworks:batch:``):
+
+- ``job:{id}``: hash, the job (:class:`Job`);
+- ``chunks:{id}``: hash, ``o:{i}`` / ``e:{i}`` the output and error lines of finished chunk ``i``;
+- ``lease:{id}``: which runner holds the job, with a TTL the runner renews;
+- ``secret:{id}``: the submitter's credential, sent with the job's requests; deleted when the job ends;
+- ``active``: set of jobs not yet ended (``tenant:{t}:active``: a tenant's); ``tenant:{t}:jobs``: a tenant's
+  jobs by creation time;
+- ``file:{id}`` and ``tenant:{t}:files``: files of the Batch API (:class:`FileRecord`).
+
+A chunk is recorded at most once, and only by the runner holding the lease
+(a Lua script checks both), so a runner that lost its lease, or a chunk run
+again after a crash, never counts a line twice.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import asdict, dataclass, field, fields
+
+import orjson
+import redis.asyncio as redis
+
+PREFIX = "aiworks:batch:"
+TERMINAL = frozenset({"completed", "failed", "cancelled", "expired"})
+CANCELLABLE = ("validating", "in_progress")
+
+_RECORD = """
+if redis.call('GET', KEYS[3]) ~= ARGV[1] then return -1 end
+if redis.call('HEXISTS', KEYS[2], 'o:' .. ARGV[2]) == 1 then return 0 end
+redis.call('HSET', KEYS[2], 'o:' .. ARGV[2], ARGV[3], 'e:' .. ARGV[2], ARGV[4])
+redis.call('HINCRBY', KEYS[1], 'completed', ARGV[5])
+redis.call('HINCRBY', KEYS[1], 'failed', ARGV[6])
+redis.call('HINCRBY', KEYS[1], 'chunks_done', 1)
+return 1
+"""
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+_CANCEL = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if status == 'validating' or status == 'in_progress' then
+  redis.call('HSET', KEYS[1], 'status', 'cancelling', 'cancelling_at', ARGV[1])
+  return 'cancelling'
+end
+return status or ''
+"""
+
+
+def new_id(kind: str) -> str:
+    return f"{kind}_{secrets.token_hex(12)}"
+
+
+@dataclass
+class Job:
+    """One batch job; the field names and statuses are OpenAI's Batch object's where they exist."""
+
+    id: str
+    tenant: str
+    model: str
+    input_url: str
+    output_url: str
+    error_url: str
+    version: str = ""
+    chunk_size: int = 100
+    status: str = "validating"
+    completion_window: str = "24h"
+    input_file_id: str = ""
+    output_file_id: str = ""
+    error_file_id: str = ""
+    metadata: dict = field(default_factory=dict)
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+    chunks_total: int = 0
+    chunks_done: int = 0
+    error: str = ""
+    created_at: float = 0.0
+    in_progress_at: float = 0.0
+    finalizing_at: float = 0.0
+    completed_at: float = 0.0
+    failed_at: float = 0.0
+    cancelling_at: float = 0.0
+    cancelled_at: float = 0.0
+    expired_at: float = 0.0
+
+    @property
+    def infer_path(self) -> str:
+        version = f"/versions/{self.version}" if self.version else ""
+        return f"/v2/models/{self.model}{version}/infer"
+
+    def to_hash(self) -> dict[str, str]:
+        doc = asdict(self)
+        doc["metadata"] = orjson.dumps(self.metadata).decode()
+        return {k: str(v) for k, v in doc.items()}
+
+    @classmethod
+    def from_hash(cls, doc: dict[str, str]) -> Job:
+        values: dict = {}
+        for f in fields(cls):
+            if f.name not in doc:
+                continue
+            raw = doc[f.name]
+            if f.name == "metadata":
+                values[f.name] = orjson.loads(raw) if raw else {}
+            elif f.type == "int":
+                values[f.name] = int(raw)
+            elif f.type == "float":
+                values[f.name] = float(raw)
+            else:
+                values[f.name] = raw
+        return cls(**values)
+
+
+@dataclass
+class FileRecord:
+    """A file of the Batch API: what a tenant uploaded, or a job's output or error file."""
+
+    id: str
+    tenant: str
+    filename: str
+    purpose: str
+    url: str
+    bytes: int = 0
+    created_at: float = 0.0
+
+    def public(self) -> dict:
+        """OpenAI's File object; the storage location stays inside."""
+        return {"id": self.id, "object": "file", "bytes": self.bytes, "created_at": int(self.created_at),
+                "filename": self.filename, "purpose": self.purpose}  # fmt: skip
+
+
+class JobStore:
+    """Jobs, chunks, leases and files in Redis (``redis.asyncio``, responses decoded)."""
+
+    def __init__(self, client: redis.Redis, prefix: str = PREFIX):
+        self.redis = client
+        self.prefix = prefix
+        self._record = client.register_script(_RECORD)
+        self._renew = client.register_script(_RENEW)
+        self._cancel = client.register_script(_CANCEL)
+
+    @classmethod
+    def from_url(cls, url: str) -> JobStore:
+        return cls(redis.Redis.from_url(url, decode_responses=True, socket_timeout=10, socket_connect_timeout=5))
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+    def _k(self, *parts: str) -> str:
+        return self.prefix + ":".join(parts)
+
+    # ---- jobs ----------------------------------------------------------------------------------
+
+    async def create(self, job: Job, credential: str | None = None) -> Job:
+        job.created_at = job.created_at or time.time()
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self._k("job", job.id), mapping=job.to_hash())
+            pipe.zadd(self._k("tenant", job.tenant, "jobs"), {job.id: job.created_at})
+            pipe.sadd(self._k("active"), job.id)
+            pipe.sadd(self._k("tenant", job.tenant, "active"), job.id)
+            if credential:
+                pipe.set(self._k("secret", job.id), credential)
+            await pipe.execute()
+        return job
+
+    async def get(self, job_id: str) -> Job | None:
+        doc = await self.redis.hgetall(self._k("job", job_id))
+        return Job.from_hash(doc) if doc else None
+
+    async def list(self, tenant: str, limit: int = 20) -> list[Job]:
+        ids = await self.redis.zrevrange(self._k("tenant", tenant, "jobs"), 0, limit - 1)
+        jobs = [await self.get(i) for i in ids]
+        return [j for j in jobs if j is not None]
+
+    async def active_count(self, tenant: str) -> int:
+        """How many of ``tenant``'s jobs have not ended."""
+        return int(await self.redis.scard(self._k("tenant", tenant, "active")))
+
+    async def active_ids(self) -> list[str]:
+        return sorted(await self.redis.smembers(self._k("active")))
+
+    async def credential(self, job_id: str) -> str | None:
+        return await self.redis.get(self._k("secret", job_id))
+
+    async def update(self, job_id: str, **values) -> None:
+        await self.redis.hset(self._k("job", job_id), mapping={k: str(v) for k, v in values.items()})
+
+    async def request_cancel(self, job_id: str) -> str:
+        """Ask the runner to stop; returns the job's status after the request."""
+        return await self._cancel(keys=[self._k("job", job_id)], args=[str(time.time())])
+
+    async def finish(self, job_id: str, status: str, **values) -> None:
+        """End the job: its final status and fields; its chunks, lease and credential go."""
+        stamp = {"completed": "completed_at", "failed": "failed_at", "cancelled": "cancelled_at",
+                 "expired": "expired_at"}.get(status)  # fmt: skip
+        if stamp:
+            values[stamp] = time.time()
+        tenant = await self.redis.hget(self._k("job", job_id), "tenant")
+        async with self.redis.pipeline(transaction=True) as pipe:
+            if tenant is not None:
+                pipe.srem(self._k("tenant", tenant, "active"), job_id)
+            pipe.hset(self._k("job", job_id), mapping={"status": status, **{k: str(v) for k, v in values.items()}})
+            pipe.srem(self._k("active"), job_id)
+            pipe.delete(self._k("chunks", job_id), self._k("secret", job_id), self._k("lease", job_id))
+            await pipe.execute()
+
+    # ---- leases and chunks --------------------------------------------------------------------
+
+    async def claim(self, job_id: str, runner: str, ttl_s: float) -> bool:
+        """Take the job if nobody holds it (or this runner already does)."""
+        key = self._k("lease", job_id)
+        if await self.redis.set(key, runner, nx=True, px=int(ttl_s * 1000)):
+            return True
+        return bool(await self._renew(keys=[key], args=[runner, int(ttl_s * 1000)]))
+
+    async def renew(self, job_id: str, runner: str, ttl_s: float) -> bool:
+        return bool(await self._renew(keys=[self._k("lease", job_id)], args=[runner, int(ttl_s * 1000)]))
+
+    async def release(self, job_id: str, runner: str) -> None:
+        key = self._k("lease", job_id)
+        if await self.redis.get(key) == runner:
+            await self.redis.delete(key)
+
+    async def done_chunks(self, job_id: str) -> set[int]:
+        names = await self.redis.hkeys(self._k("chunks", job_id))
+        return {int(n[2:]) for n in names if n.startswith("o:")}
+
+    async def record_chunk(
+        self, job_id: str, runner: str, index: int, out: bytes, err: bytes, ok: int, bad: int
+    ) -> int:
+        """1: recorded; 0: already recorded (nothing counted); -1: this runner lost the lease."""
+        keys = [self._k("job", job_id), self._k("chunks", job_id), self._k("lease", job_id)]
+        return int(await self._record(keys=keys, args=[runner, index, out, err, ok, bad]))
+
+    async def chunk_results(self, job_id: str, index: int) -> tuple[bytes, bytes]:
+        out, err = await self.redis.hmget(self._k("chunks", job_id), [f"o:{index}", f"e:{index}"])
+        return (out or "").encode(), (err or "").encode()
+
+    # ---- files ---------------------------------------------------------------------------------
+
+    async def add_file(self, record: FileRecord) -> FileRecord:
+        record.created_at = record.created_at or time.time()
+        doc = {k: str(v) for k, v in asdict(record).items()}
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self._k("file", record.id), mapping=doc)
+            pipe.zadd(self._k("tenant", record.tenant, "files"), {record.id: record.created_at})
+            await pipe.execute()
+        return record
+
+    async def get_file(self, file_id: str) -> FileRecord | None:
+        doc = await self.redis.hgetall(self._k("file", file_id))
+        if not doc:
+            return None
+        return FileRecord(doc["id"], doc["tenant"], doc["filename"], doc["purpose"], doc["url"],
+                          int(doc.get("bytes", 0)), float(doc.get("created_at", 0)))  # fmt: skip

@@ -1,0 +1,74 @@
+"""One line of a batch input file: an Open Inference Protocol request, or the reason it is not one.
+
+A line is a JSON object, either an OIP request (``inputs``, optional
+``outputs``, ``parameters``, ``id``) with an optional ``custom_id``, or the
+OpenAI batch shape ``{"custom_id": ..., "method": "POST", "url": ..., "body":
+<OIP request>}``. The class is always ``batch``: a line's own ``priority`` is
+replaced, so a batch job never competes as online traffic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+
+BATCH_PRIORITY = "batch"
+MAX_CUSTOM_ID_CHARS = 256
+
+
+@dataclass(frozen=True)
+class Line:
+    number: int  # 1-based, as an editor shows it
+    custom_id: str | None
+    request: dict | None  # None: refused, see error
+    error: str | None = None
+
+
+def parse_line(number: int, raw: bytes, infer_path: str) -> Line:
+    """``raw`` (one line, without its newline) as a request for ``infer_path``, or why not."""
+    if not raw.strip():
+        return Line(number, None, None, "empty line")
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        return Line(number, None, None, f"malformed JSON: {exc}")
+    if not isinstance(doc, dict):
+        return Line(number, None, None, f"a line must be a JSON object, not {type(doc).__name__}")
+    custom_id = doc.get("custom_id")
+    if custom_id is not None and (not isinstance(custom_id, str) or len(custom_id) > MAX_CUSTOM_ID_CHARS):
+        return Line(number, None, None, f"custom_id must be a string of at most {MAX_CUSTOM_ID_CHARS} characters")
+    if "body" in doc:
+        url = doc.get("url")
+        if url is not None and url != infer_path:
+            return Line(number, custom_id, None, f"url '{str(url)[:200]}' is not this job's endpoint {infer_path}")
+        if doc.get("method", "POST") != "POST":
+            return Line(number, custom_id, None, "method must be POST")
+        request = doc["body"]
+        if not isinstance(request, dict):
+            return Line(number, custom_id, None, "body must be a JSON object (an OIP inference request)")
+    else:
+        request = {k: v for k, v in doc.items() if k != "custom_id"}
+    inputs = request.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        return Line(number, custom_id, None, "not an inference request: 'inputs' must be a non-empty list")
+    parameters = request.get("parameters")
+    if parameters is not None and not isinstance(parameters, dict):
+        return Line(number, custom_id, None, "'parameters' must be a JSON object")
+    request = {**request, "parameters": {**(parameters or {}), "priority": BATCH_PRIORITY}}
+    return Line(number, custom_id, request)
+
+
+def chunk_bounds(total_lines: int, chunk_size: int) -> list[tuple[int, int]]:
+    """``[start, end)`` line indexes (0-based) of each chunk: fixed by the input, so a resumed job agrees."""
+    return [(start, min(start + chunk_size, total_lines)) for start in range(0, total_lines, chunk_size)]
+
+
+def split_lines(data: bytes) -> list[bytes]:
+    """The file's lines; a final newline ends the last line rather than starting an empty one."""
+    if not data:
+        return []
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    return [line[:-1] if line.endswith(b"\r") else line for line in lines]

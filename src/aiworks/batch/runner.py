@@ -1,0 +1,293 @@
+"""The batch runner: takes jobs from Redis and sends their lines to the gateway as ``batch``-class requests.
+
+The runner is a client of the gateway's public HTTP API, so the job's
+tenant is authenticated, limited and metered like any caller, and the
+scheduler serves its requests after online traffic (docs/scheduler.md).
+
+A job is cut into chunks of ``chunk_size`` input lines, fixed by the input
+alone. The runner sends one chunk at a time, ``concurrency`` requests in
+flight, and records the chunk's output and error lines in Redis at once
+(:meth:`JobStore.record_chunk`). A runner that dies loses only the chunk in
+flight: once its lease expires another runner (or the same one restarted)
+takes the job and skips the recorded chunks. Cancel is checked between
+chunks. When every chunk is in, the runner writes the output file (one line
+per successful input line, in input order) and the error file (one line per
+refused or failed input line, with its line number and reason).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+
+import aiohttp
+import orjson
+
+from aiworks.batch import objects
+from aiworks.batch.jobs import TERMINAL, FileRecord, Job, JobStore
+from aiworks.batch.lines import Line, chunk_bounds, parse_line, split_lines
+from aiworks.batch.settings import BatchSettings
+from aiworks.core.errors import AIWorksError
+from aiworks.core.metrics import BATCH_CHUNKS, BATCH_JOBS_FINISHED, BATCH_ROWS
+
+log = logging.getLogger(__name__)
+
+_TRANSIENT = (429, 502, 503, 504)
+_MAX_BACKOFF_S = 5.0
+
+
+def output_file_id(job_id: str) -> str:
+    return f"file-{job_id}-output"
+
+
+def error_file_id(job_id: str) -> str:
+    return f"file-{job_id}-error"
+
+
+class LeaseLost(Exception):
+    """Another runner holds the job now."""
+
+
+class BatchRunner:
+    """Runs batch jobs one at a time; several runners share the jobs through their leases."""
+
+    def __init__(self, store: JobStore, settings: BatchSettings, *, runner_id: str | None = None,
+                 on_chunk: Callable[[Job, int], None] | None = None):  # fmt: skip
+        self.store = store
+        self.settings = settings
+        self.runner_id = runner_id or f"runner-{uuid.uuid4().hex[:12]}"
+        self.on_chunk = on_chunk
+        self.base_url = settings.gateway_url.rstrip("/")
+        self._client: aiohttp.ClientSession | None = None
+        self.seen: dict[str, Job] = {}  # jobs not yet ended, as last read (metrics)
+        self._rows_ok, self._rows_failed = BATCH_ROWS.labels("ok"), BATCH_ROWS.labels("failed")
+
+    @property
+    def client(self) -> aiohttp.ClientSession:
+        """One HTTP session for the runner's life, made on its event loop at first use."""
+        if self._client is None:
+            ssl_context = None
+            if self.settings.ca_file:
+                import ssl
+
+                ssl_context = ssl.create_default_context(cafile=self.settings.ca_file)
+            self._client = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.settings.concurrency, ssl=ssl_context),
+                timeout=aiohttp.ClientTimeout(total=self.settings.request_timeout_s),
+            )
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+    async def run_forever(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                worked = await self.run_once()
+            except Exception:  # noqa: BLE001 - the runner outlives one job's trouble, and says so
+                log.exception("batch runner: a job failed to run; trying again later")
+                worked = False
+            if not worked:
+                try:
+                    await asyncio.wait_for(stop.wait(), self.settings.poll_interval_s)
+                except TimeoutError:
+                    pass
+
+    async def run_once(self) -> bool:
+        """Run one job nobody holds; False when there was none."""
+        active = await self.store.active_ids()
+        seen = {}
+        for job_id in active:
+            job = await self.store.get(job_id)
+            if job is not None:
+                seen[job_id] = job
+        self.seen = seen
+        for job_id in active:
+            if await self.store.claim(job_id, self.runner_id, self.settings.lease_ttl_s):
+                try:
+                    await self.run_job(job_id)
+                finally:
+                    await self.store.release(job_id, self.runner_id)
+                return True
+        return False
+
+    async def run_job(self, job_id: str) -> None:
+        """Run (or resume) one job this runner has claimed, to its end or until cancelled."""
+        job = await self.store.get(job_id)
+        if job is None or job.status in TERMINAL:
+            return
+        renewer = asyncio.create_task(self._renew(job_id))
+        try:
+            await self._run(job)
+        except LeaseLost:
+            log.warning("batch job %s: lease lost to another runner; leaving it", job_id)
+        finally:
+            renewer.cancel()
+
+    async def _renew(self, job_id: str) -> None:
+        while True:
+            await asyncio.sleep(self.settings.lease_ttl_s / 3)
+            try:
+                await self.store.renew(job_id, self.runner_id, self.settings.lease_ttl_s)
+            except Exception as exc:  # noqa: BLE001 - the next renewal tries again; record_chunk checks the lease
+                log.warning("batch job %s: lease renewal failed: %s", job_id, exc)
+
+    async def _run(self, job: Job) -> None:
+        try:
+            data = await asyncio.to_thread(objects.read_bytes, job.input_url)
+        except AIWorksError as exc:
+            await self.store.finish(job.id, "failed", error=f"cannot read the input file: {exc.message}")
+            BATCH_JOBS_FINISHED.labels("failed").inc()
+            return
+        lines = split_lines(data)
+        del data
+        bounds = chunk_bounds(len(lines), job.chunk_size)
+        fields = {"total": len(lines), "chunks_total": len(bounds)}
+        if job.status == "validating":
+            fields |= {"status": "in_progress", "in_progress_at": time.time()}
+        await self.store.update(job.id, **fields)
+        done = await self.store.done_chunks(job.id)
+        credential = await self.store.credential(job.id)
+        headers = {"content-type": "application/json"}
+        if credential:
+            headers["authorization"] = credential
+        expires_at = job.created_at + int(job.completion_window[:-1]) * 3600
+        expired = False
+        for index, (start, end) in enumerate(bounds):
+            if index in done:
+                continue
+            if time.time() >= expires_at:
+                expired = True
+                break
+            current = await self.store.get(job.id)
+            if current is None or current.status != "in_progress":
+                break  # cancelling (or gone): keep what finished
+            self.seen[job.id] = current
+            parsed = [parse_line(start + i + 1, raw, job.infer_path) for i, raw in enumerate(lines[start:end])]
+            out, err, ok, bad = await self._chunk(job, parsed, headers)
+            recorded = await self.store.record_chunk(job.id, self.runner_id, index, out, err, ok, bad)
+            if recorded < 0:
+                raise LeaseLost(job.id)
+            self._rows_ok.inc(ok)
+            self._rows_failed.inc(bad)
+            BATCH_CHUNKS.inc()
+            if self.on_chunk is not None:
+                self.on_chunk(job, index)
+        unsent = None
+        if expired:  # every line not answered goes to the error file, so each input line is still in one file
+            done = await self.store.done_chunks(job.id)
+            unsent = {
+                index: b"".join(_error_line(parse_line(start + i + 1, raw, job.infer_path), "batch_expired",
+                                            f"the job's completion window ({job.completion_window}) ended first")
+                                for i, raw in enumerate(lines[start:end]))
+                for index, (start, end) in enumerate(bounds) if index not in done
+            }  # fmt: skip
+        await self._finalize(job.id, unsent)
+
+    async def _chunk(self, job: Job, parsed: list[Line], headers: dict) -> tuple[bytes, bytes, int, int]:
+        gate = asyncio.Semaphore(self.settings.concurrency)
+
+        async def one(line: Line) -> tuple[bool, bytes]:
+            if line.request is None:
+                return False, _error_line(line, "invalid_request", line.error or "invalid line")
+            async with gate:
+                return await self._send(job, line, headers)
+
+        results = await asyncio.gather(*(one(line) for line in parsed))
+        out = b"".join(doc for good, doc in results if good)
+        err = b"".join(doc for good, doc in results if not good)
+        ok = sum(1 for good, _ in results if good)
+        return out, err, ok, len(results) - ok
+
+    async def _send(self, job: Job, line: Line, headers: dict) -> tuple[bool, bytes]:
+        body = orjson.dumps(line.request)
+        give_up = time.monotonic() + self.settings.retry_for_s
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                async with self.client.post(self.base_url + job.infer_path, data=body, headers=headers) as reply:
+                    status, content = reply.status, await reply.read()
+                    retry_after = reply.headers.get("retry-after")
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                reason, code, delay = f"gateway unreachable ({type(exc).__name__})", "unavailable", None
+            else:
+                if status == 200:
+                    return True, _output_line(line, content)
+                reason, code = _gateway_error(status, content), str(status)
+                if status not in _TRANSIENT:
+                    return False, _error_line(line, code, reason)
+                delay = _retry_after(retry_after)
+            delay = delay if delay is not None else min(_MAX_BACKOFF_S, 0.05 * 2**attempt)
+            if time.monotonic() + delay > give_up:
+                return False, _error_line(line, code, f"{reason}; gave up after {attempt} attempts")
+            await asyncio.sleep(delay)
+
+    async def _finalize(self, job_id: str, unsent: dict[int, bytes] | None = None) -> None:
+        """Write the output and error files from the recorded chunks; ``unsent``: an expired job's other lines."""
+        job = await self.store.get(job_id)
+        if job is None or job.status in TERMINAL:
+            return
+        cancelled = job.status == "cancelling"
+        final = "expired" if unsent is not None else "cancelled" if cancelled else "completed"
+        if final == "completed":
+            await self.store.update(job.id, status="finalizing", finalizing_at=time.time())
+        outs, errs = [], []
+        for index in range(job.chunks_total):
+            if unsent is not None and index in unsent:
+                errs.append(unsent[index])
+                continue
+            out, err = await self.store.chunk_results(job.id, index)
+            outs.append(out)
+            errs.append(err)
+        output, errors = b"".join(outs), b"".join(errs)
+        try:
+            await asyncio.to_thread(objects.write_bytes, job.output_url, output)
+            await asyncio.to_thread(objects.write_bytes, job.error_url, errors)
+        except AIWorksError as exc:
+            await self.store.finish(job.id, "failed", error=f"cannot write the results: {exc.message}")
+            return
+        for file_id, url, data, name in (
+            (output_file_id(job.id), job.output_url, output, "output.jsonl"),
+            (error_file_id(job.id), job.error_url, errors, "errors.jsonl"),
+        ):
+            record = FileRecord(file_id, job.tenant, f"{job.id}-{name}", "batch_output", url, len(data))
+            await self.store.add_file(record)
+        await self.store.finish(
+            job.id, final, output_file_id=output_file_id(job.id), error_file_id=error_file_id(job.id)
+        )
+        BATCH_JOBS_FINISHED.labels(final).inc()
+        self.seen.pop(job.id, None)
+        log.info("batch job %s %s: %d lines answered, %d failed", job.id, final, job.completed, job.failed)
+
+
+def _output_line(line: Line, response: bytes) -> bytes:
+    if b"\n" in response:
+        response = orjson.dumps(orjson.loads(response))
+    head = orjson.dumps({"line": line.number, "custom_id": line.custom_id})
+    return head[:-1] + b',"response":' + response + b"}\n"
+
+
+def _error_line(line: Line, code: str, message: str) -> bytes:
+    doc = {"line": line.number, "custom_id": line.custom_id, "error": {"code": code, "message": message}}
+    return orjson.dumps(doc) + b"\n"
+
+
+def _gateway_error(status: int, content: bytes) -> str:
+    try:
+        doc = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return f"HTTP {status}"
+    message = doc.get("error") if isinstance(doc, dict) else None
+    return str(message)[:500] if message else f"HTTP {status}"
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        return min(_MAX_BACKOFF_S, max(0.05, float(value))) if value else None
+    except ValueError:
+        return None

@@ -1,0 +1,168 @@
+"""The Batch API's logic, transport-agnostic: files, job submission, status and cancel, per tenant.
+
+The gateway's routes (``aiworks.gateway.batch_routes``) authenticate the
+caller and delegate here. A tenant sees only its own files and jobs: another
+tenant's id answers 404 exactly as an unknown id does. Objects follow
+OpenAI's Batch and File shapes; storage locations never leave the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+from aiworks.batch import objects
+from aiworks.batch.jobs import CANCELLABLE, TERMINAL, FileRecord, Job, JobStore, new_id
+from aiworks.core.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from aiworks.core.names import check_model_name, check_version
+
+MAX_CHUNK_SIZE = 10_000
+_ENDPOINT = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
+_WINDOW = re.compile(r"([1-9][0-9]{0,3})h")
+_STORED_NAME = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, str]:
+    """``/v2/models/{model}[/versions/{version}]/infer`` as (model, version)."""
+    match = _ENDPOINT.fullmatch(endpoint or "")
+    if match is None:
+        raise InvalidArgument(f"endpoint must be /v2/models/{{model}}[/versions/{{version}}]/infer, not '{endpoint}'")
+    model, version = match[1], match[2] or ""
+    check_model_name(model)
+    check_version(version)
+    return model, version
+
+
+def check_window(window: str) -> str:
+    if not isinstance(window, str) or _WINDOW.fullmatch(window) is None:
+        raise InvalidArgument(f"completion_window must be a number of hours such as '24h', not '{window}'")
+    return window
+
+
+def batch_object(job: Job) -> dict:
+    """OpenAI's Batch object for ``job`` (times in epoch seconds, absent ones null)."""
+
+    def stamp(value: float) -> int | None:
+        return int(value) if value else None
+
+    endpoint = job.infer_path
+    return {
+        "id": job.id, "object": "batch", "endpoint": endpoint, "errors": (
+            {"object": "list", "data": [{"code": "job_failed", "message": job.error}]} if job.error else None
+        ),
+        "input_file_id": job.input_file_id or None, "completion_window": job.completion_window,
+        "status": job.status, "output_file_id": job.output_file_id or None, "error_file_id": job.error_file_id or None,
+        "created_at": stamp(job.created_at), "in_progress_at": stamp(job.in_progress_at),
+        "expires_at": stamp(job.created_at + int(job.completion_window[:-1]) * 3600),
+        "finalizing_at": stamp(job.finalizing_at), "completed_at": stamp(job.completed_at),
+        "failed_at": stamp(job.failed_at), "expired_at": stamp(job.expired_at),
+        "cancelling_at": stamp(job.cancelling_at),
+        "cancelled_at": stamp(job.cancelled_at),
+        "request_counts": {"total": job.total, "completed": job.completed, "failed": job.failed},
+        "metadata": job.metadata or None,
+        # Beyond OpenAI's shape: chunk progress, for progress bars.
+        "chunks": {"total": job.chunks_total, "done": job.chunks_done, "size": job.chunk_size},
+    }  # fmt: skip
+
+
+class BatchService:
+    """Files and jobs of every tenant, kept apart; ``files_url`` is where uploads and results are written."""
+
+    def __init__(self, store: JobStore, files_url: str | None, *, chunk_size: int = 100, max_active_jobs: int = 10):
+        self.store = store
+        self.max_active_jobs = max_active_jobs
+        self.files_url = files_url.rstrip("/") if files_url else None
+        self.chunk_size = chunk_size
+
+    def _where(self, tenant: str, name: str) -> str:
+        if self.files_url is None:
+            raise Unavailable("the Batch API has no file store (AIWORKS_GATEWAY_BATCH_FILES_URL is unset)")
+        return f"{self.files_url}/{_STORED_NAME.sub('_', tenant) or '_anonymous'}/{name}"
+
+    # ---- files -------------------------------------------------------------------------------------------
+
+    async def upload(self, tenant: str, filename: str, purpose: str, data: bytes) -> FileRecord:
+        if purpose != "batch":
+            raise InvalidArgument(f"purpose must be 'batch', not '{purpose[:40]}'")
+        file_id = new_id("file")
+        url = self._where(tenant, f"{file_id}.jsonl")
+        await asyncio.to_thread(objects.write_bytes, url, data)
+        name = (filename or "upload.jsonl")[:256]
+        return await self.store.add_file(FileRecord(file_id, tenant, name, purpose, url, len(data)))
+
+    async def file(self, tenant: str, file_id: str) -> FileRecord:
+        record = await self.store.get_file(file_id)
+        if record is None or record.tenant != tenant:
+            raise NotFound(f"no file '{file_id[:80]}'")
+        return record
+
+    async def content(self, tenant: str, file_id: str) -> bytes:
+        record = await self.file(tenant, file_id)
+        return await asyncio.to_thread(objects.read_bytes, record.url)
+
+    # ---- jobs ------------------------------------------------------------------------------------------
+
+    async def create_batch(self, tenant: str, body: dict, credential: str | None) -> Job:
+        """``POST /v1/batches``: ``input_file_id``, ``endpoint``, ``completion_window``, optional ``metadata``."""
+        if not isinstance(body, dict):
+            raise InvalidArgument("request body must be a JSON object")
+        file_id = body.get("input_file_id")
+        if not isinstance(file_id, str) or not file_id:
+            raise InvalidArgument("input_file_id is required")
+        model, version = parse_endpoint(body.get("endpoint", ""))
+        window = check_window(body.get("completion_window", "24h"))
+        metadata = body.get("metadata") or {}
+        if not isinstance(metadata, dict) or len(metadata) > 16:
+            raise InvalidArgument("metadata must be an object of at most 16 keys")
+        chunk_size = body.get("chunk_size", self.chunk_size)
+        record = await self.file(tenant, file_id)
+        job_id = new_id("batch")
+        return await self.submit(
+            tenant, model, record.url, self._where(tenant, f"{job_id}/output.jsonl"),
+            self._where(tenant, f"{job_id}/errors.jsonl"), version=version, chunk_size=chunk_size,
+            credential=credential, metadata=metadata, completion_window=window, input_file_id=file_id, job_id=job_id,
+        )  # fmt: skip
+
+    async def submit(self, tenant: str, model: str, input_url: str, output_url: str, error_url: str, *,
+                     version: str = "", chunk_size: int | None = None, credential: str | None = None,
+                     metadata: dict | None = None, completion_window: str = "24h", input_file_id: str = "",
+                     job_id: str | None = None) -> Job:  # fmt: skip
+        """A new job, queued for a runner; a missing input file is refused here, not discovered later."""
+        check_model_name(model)
+        check_version(version)
+        chunk_size = self.chunk_size if chunk_size is None else chunk_size
+        if not isinstance(chunk_size, int) or not 1 <= chunk_size <= MAX_CHUNK_SIZE:
+            raise InvalidArgument(f"chunk_size must be an integer from 1 to {MAX_CHUNK_SIZE}")
+        for url in (input_url, output_url, error_url):
+            objects.check_url(url)
+        if await self.store.active_count(tenant) >= self.max_active_jobs:
+            raise ResourceExhausted(
+                f"tenant '{tenant}' already has {self.max_active_jobs} batch jobs not yet ended "
+                "(batch_max_active_jobs); wait for one to end or cancel one", retry_after_s=30.0,
+            )  # fmt: skip
+        if not await asyncio.to_thread(objects.exists, input_url):
+            raise NotFound("input file does not exist" + ("" if input_file_id else f": {input_url}"))
+        job = Job(
+            id=job_id or new_id("batch"), tenant=tenant, model=model, version=version, input_url=input_url,
+            output_url=output_url, error_url=error_url, chunk_size=chunk_size, metadata=metadata or {},
+            completion_window=completion_window, input_file_id=input_file_id, created_at=time.time(),
+        )  # fmt: skip
+        return await self.store.create(job, credential)
+
+    async def get(self, tenant: str, job_id: str) -> Job:
+        job = await self.store.get(job_id)
+        if job is None or job.tenant != tenant:
+            raise NotFound(f"no batch '{job_id[:80]}'")
+        return job
+
+    async def list(self, tenant: str, limit: int = 20) -> list[Job]:
+        return await self.store.list(tenant, max(1, min(limit, 100)))
+
+    async def cancel(self, tenant: str, job_id: str) -> Job:
+        job = await self.get(tenant, job_id)
+        if job.status in CANCELLABLE:
+            await self.store.request_cancel(job.id)
+        elif job.status not in TERMINAL and job.status != "cancelling":
+            raise InvalidArgument(f"batch '{job.id}' is {job.status} and can no longer be cancelled")
+        return await self.get(tenant, job_id)

@@ -1,0 +1,26 @@
+"""Settings of the batch job runner (env prefix ``AIWORKS_BATCH_``)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class BatchSettings(BaseSettings):
+    """One batch runner: where the jobs are (Redis), where it sends them (the gateway), and how hard."""
+
+    model_config = SettingsConfigDict(env_prefix="AIWORKS_BATCH_")
+
+    redis_url: str = Field(..., description="Redis holding the jobs, their chunks and checkpoints (required).")
+    gateway_url: str = Field(..., description="Base URL of the gateway's HTTP API (http://host:port), required.")
+    concurrency: int = Field(16, ge=1, description="Requests of one chunk in flight at once.")
+    lease_ttl_s: float = Field(
+        15.0, gt=0, description="Life of a runner's claim on a job not renewed; then another runner takes it over."
+    )
+    poll_interval_s: float = Field(1.0, gt=0, description="How often an idle runner looks for jobs.")
+    request_timeout_s: float = Field(60.0, gt=0, description="Longest one inference request may take.")
+    retry_for_s: float = Field(
+        600.0, ge=0,
+        description="How long one line is retried while the gateway refuses for load (429/503) or is unreachable.",
+    )  # fmt: skip
+    ca_file: str | None = Field(None, description="CA that signs the gateway's certificate (https://).")

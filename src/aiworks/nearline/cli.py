@@ -1,0 +1,54 @@
+"""``aiworks nearline worker``: the consumer of the asynchronous request queue (docs/tiers.md)."""
+
+from __future__ import annotations
+
+import os
+
+
+def add_nearline_parser(sub) -> None:
+    np_ = sub.add_parser("nearline", help="nearline tier: the worker that answers asynchronous requests")
+    actions = np_.add_subparsers(dest="nearline_command", metavar="ACTION", required=True)
+    wk = actions.add_parser("worker", help="take queued asynchronous requests in order, send them to the gateway")
+    wk.add_argument("--redis-url", default=os.environ.get("AIWORKS_NEARLINE_REDIS_URL"),
+                    help="Redis holding the queue (env AIWORKS_NEARLINE_REDIS_URL)")  # fmt: skip
+    wk.add_argument("--gateway-url", default=os.environ.get("AIWORKS_NEARLINE_GATEWAY_URL"),
+                    help="the gateway's HTTP base URL (env AIWORKS_NEARLINE_GATEWAY_URL)")  # fmt: skip
+    wk.add_argument("--concurrency", type=int, default=32, help="requests in flight (default 32)")
+    wk.add_argument("--deadline-s", type=float, default=30.0,
+                    help="retry a request refused for load until this long after queueing (default 30)")  # fmt: skip
+    wk.add_argument("--claim-idle-s", type=float, default=30.0,
+                    help="take over requests a dead worker left pending this long (default 30)")  # fmt: skip
+    wk.add_argument("--result-ttl-s", type=float, default=3600.0, help="how long results are kept (default 3600)")
+    wk.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics on this port (0: none)")
+    wk.set_defaults(func=cmd_worker)
+
+
+def cmd_worker(args) -> None:
+    import asyncio
+    import signal
+
+    from aiworks.core.logging import setup_logging
+    from aiworks.core.metrics import serve_metrics_or_warn
+    from aiworks.nearline.queue import AsyncQueue
+    from aiworks.nearline.worker import NearlineWorker
+
+    if not args.redis_url or not args.gateway_url:
+        raise SystemExit("error: --redis-url and --gateway-url are required (AIWORKS_NEARLINE_REDIS_URL, _GATEWAY_URL)")
+    setup_logging("nearline-worker", "INFO")
+
+    async def main() -> None:
+        queue = AsyncQueue.from_url(args.redis_url, ttl_s=args.result_ttl_s)
+        worker = NearlineWorker(queue, args.gateway_url, concurrency=args.concurrency, deadline_s=args.deadline_s,
+                                claim_idle_s=args.claim_idle_s)  # fmt: skip
+        if args.metrics_port:
+            serve_metrics_or_warn(args.metrics_port)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await worker.run_forever(stop)
+        finally:
+            await queue.close()
+
+    asyncio.run(main())

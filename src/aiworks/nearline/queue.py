@@ -1,0 +1,124 @@
+"""Asynchronous requests on a Redis Stream: enqueue, take in order, store results for a TTL.
+
+Keys (prefix ``aiworks:async:``):
+
+- ``requests``: the stream (one entry per request: id, path, body, credential), read by the
+  consumer group ``workers``; an entry is deleted once its result is stored;
+- ``req:{id}``: hash, the request's record (tenant, status, result), expiring ``ttl_s`` after its
+  last change.
+
+A worker that dies leaves its entries pending in the group; another takes
+them over after ``claim_idle_s`` (XAUTOCLAIM), so a burst is absorbed and no
+accepted request is lost while one worker lives.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+
+import redis.asyncio as redis
+from redis.exceptions import ResponseError
+
+PREFIX = "aiworks:async:"
+GROUP = "workers"
+
+
+@dataclass
+class Queued:
+    """One stream entry, as a worker sees it."""
+
+    entry: str
+    id: str
+    path: str
+    body: bytes
+    credential: str
+    created_at: float
+    content_type: str = "application/json"
+    header_length: str = ""
+
+
+class AsyncQueue:
+    """The request stream and the records, over ``redis.asyncio`` (raw bytes)."""
+
+    def __init__(self, client: redis.Redis, *, ttl_s: float = 3600.0, max_len: int = 100_000, prefix: str = PREFIX):
+        self.redis = client
+        self.ttl_s = ttl_s
+        self.max_len = max_len
+        self.prefix = prefix
+        self.stream = prefix + "requests"
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs) -> AsyncQueue:
+        return cls(redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5), **kwargs)
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+    def _record(self, request_id: str) -> str:
+        return f"{self.prefix}req:{request_id}"
+
+    async def backlog(self) -> int:
+        return int(await self.redis.xlen(self.stream))
+
+    async def enqueue(self, tenant: str, path: str, body: bytes, credential: str | None, *,
+                      content_type: str = "application/json", header_length: str = "") -> tuple[str, int]:  # fmt: skip
+        """Queue one request; ``(request id, backlog after it)``. Refused when the stream is full."""
+        request_id = "req_" + secrets.token_hex(12)
+        now = time.time()
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self._record(request_id), mapping={"tenant": tenant, "status": "queued", "created_at": now})
+            pipe.pexpire(self._record(request_id), int(self.ttl_s * 1000))
+            pipe.xadd(self.stream, {"id": request_id, "path": path, "body": body, "credential": credential or "",
+                                    "created_at": now, "content_type": content_type,
+                                    "header_length": header_length})  # fmt: skip
+            pipe.xlen(self.stream)
+            *_, length = await pipe.execute()
+        return request_id, int(length)
+
+    async def get(self, request_id: str) -> dict | None:
+        doc = await self.redis.hgetall(self._record(request_id))
+        return {k.decode(): v for k, v in doc.items()} if doc else None
+
+    async def ensure_group(self) -> None:
+        try:
+            await self.redis.xgroup_create(self.stream, GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def take(self, consumer: str, count: int, block_ms: int, claim_idle_s: float) -> list[Queued]:
+        """Entries for ``consumer``: first any a dead worker left pending too long, then new ones, in order."""
+        taken = []
+        _, claimed, *_ = await self.redis.xautoclaim(
+            self.stream, GROUP, consumer, min_idle_time=int(claim_idle_s * 1000), start_id="0-0", count=count
+        )
+        taken.extend(claimed)
+        if len(taken) < count:
+            reply = await self.redis.xreadgroup(GROUP, consumer, {self.stream: ">"}, count=count - len(taken),
+                                                block=block_ms if not taken else None)  # fmt: skip
+            for _, entries in reply or []:
+                taken.extend(entries)
+        return [_queued(entry, fields) for entry, fields in taken if fields]
+
+    async def complete(self, item: Queued, status: str, http_status: int, body: bytes, *,
+                       content_type: str = "application/json", header_length: str = "") -> None:  # fmt: skip
+        """Store the result (kept ``ttl_s``) and drop the entry from the stream."""
+        record = self._record(item.id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(record, mapping={"status": status, "http_status": http_status, "result": body,
+                                       "completed_at": time.time(), "content_type": content_type,
+                                       "header_length": header_length})  # fmt: skip
+            pipe.pexpire(record, int(self.ttl_s * 1000))
+            pipe.xack(self.stream, GROUP, item.entry)
+            pipe.xdel(self.stream, item.entry)
+            await pipe.execute()
+
+
+def _queued(entry: bytes, fields: dict) -> Queued:
+    return Queued(
+        entry.decode(), fields[b"id"].decode(), fields[b"path"].decode(), fields[b"body"],
+        fields[b"credential"].decode(), float(fields[b"created_at"]),
+        fields.get(b"content_type", b"application/json").decode(), fields.get(b"header_length", b"").decode(),
+    )  # fmt: skip

@@ -1,0 +1,162 @@
+"""Fixtures of the tier tests: a private redis-server, and the suite with tenants, the Batch API and async requests.
+
+The redis-server is our own, on a free port, without persistence (as in
+tests/cache). The suite is the one the e2e tests start (scheduler, runtimes,
+gateway), with a tenants file, API keys, Redis and a batch file store. Batch
+runners are real processes (``aiworks batch runner``), started per test.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+from aiworks.gateway.auth import generate_api_key
+from cache.support import RedisServer
+from e2e.e2e_support import Suite, start_suite
+
+TENANTS = ("alice", "bob", "carol")
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    yield server.url
+    server.stop()
+
+
+@dataclass
+class BatchSuite:
+    suite: Suite
+    redis_url: str
+    keys: dict[str, str]
+    work: Path
+
+    @property
+    def base(self) -> str:
+        return self.suite.base
+
+    def headers(self, tenant: str) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.keys[tenant]}"}
+
+
+class Runner:
+    """One ``aiworks batch runner`` process."""
+
+    def __init__(self, batch: BatchSuite, name: str, env: dict[str, str] | None = None, lease_ttl_s: float = 2.0):
+        self.log = batch.work / f"{name}.log"
+        command = [
+            sys.executable, "-m", "aiworks", "batch", "runner", "--redis-url", batch.redis_url,
+            "--gateway-url", batch.base, "--lease-ttl-s", str(lease_ttl_s),
+        ]  # fmt: skip
+        full_env = {**os.environ, "AIWORKS_BATCH_POLL_INTERVAL_S": "0.1", **(env or {})}
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(command, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+@pytest.fixture(scope="package")
+def batch_suite(model_repository, tmp_path_factory):
+    work = tmp_path_factory.mktemp("batch")
+    redis = RedisServer(work / "redis")
+    redis.start()
+    keys, tenants = {}, []
+    for tenant in TENANTS:
+        keys[tenant], digest = generate_api_key()
+        tenants.append({"id": tenant, "models": ["digits", "iris"], "api_keys": [digest]})
+    tenants_file = work / "tenants.yaml"
+    tenants_file.write_text(yaml.safe_dump({"tenants": tenants}, sort_keys=False))
+    env = {
+        "AIWORKS_GATEWAY_TENANTS_FILE": str(tenants_file),
+        "AIWORKS_GATEWAY_REDIS_URL": redis.url,
+        "AIWORKS_GATEWAY_BATCH_FILES_URL": str(work / "files"),
+        "AIWORKS_GATEWAY_ASYNC_REQUESTS": "true",
+        "AIWORKS_GATEWAY_LIMITS_TIMEOUT_S": "0.5",
+        "AIWORKS_GATEWAY_USAGE_TIMEOUT_S": "1.0",
+        "AIWORKS_GATEWAY_USAGE_FLUSH_INTERVAL_S": "0.1",
+    }
+    suite = start_suite(model_repository, work / "logs", replicas=1, cache=False, extra_env=env)
+    try:
+        yield BatchSuite(suite, redis.url, keys, work)
+    finally:
+        suite.supervisor.stop()
+        redis.stop()
+
+
+class Worker:
+    """One ``aiworks nearline worker`` process."""
+
+    def __init__(self, batch: BatchSuite, name: str, *args: str):
+        self.log = batch.work / f"{name}.log"
+        command = [sys.executable, "-m", "aiworks", "nearline", "worker", "--redis-url", batch.redis_url,
+                   "--gateway-url", batch.base, *args]  # fmt: skip
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+
+    kill = Runner.kill
+    stop = Runner.stop
+
+
+@pytest.fixture
+def workers(batch_suite):
+    """Start nearline workers with ``workers(name, *args)``; all stopped after the test."""
+    started: list[Worker] = []
+
+    def start(name: str = "worker", *args: str) -> Worker:
+        worker = Worker(batch_suite, f"{name}-{len(started)}", *args)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+@pytest.fixture
+def runners(batch_suite):
+    """Start runners with ``runners(name)``; all stopped after the test."""
+    started: list[Runner] = []
+
+    def start(name: str = "runner", **kwargs) -> Runner:
+        runner = Runner(batch_suite, f"{name}-{len(started)}", **kwargs)
+        started.append(runner)
+        return runner
+
+    yield start
+    for runner in started:
+        runner.stop()
+
+
+def wait_batch(batch: BatchSuite, tenant: str, batch_id: str, until, timeout_s: float = 120.0) -> dict:
+    """Poll ``GET /v1/batches/{id}`` until ``until(doc)``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        reply = requests.get(f"{batch.base}/v1/batches/{batch_id}", headers=batch.headers(tenant), timeout=10)
+        assert reply.status_code == 200, reply.text
+        doc = reply.json()
+        if until(doc):
+            return doc
+        assert doc["status"] not in ("failed", "expired"), doc
+        assert time.monotonic() < deadline, f"batch {batch_id} stuck: {doc}"
+        time.sleep(0.05)

@@ -1,0 +1,60 @@
+"""The gateway's tier routes without the rest of the suite: off unless configured, and out of the way.
+
+The full behaviour runs against real processes in test_batch_jobs.py and
+test_nearline.py; here only the wiring: no Batch API routes on a gateway
+without a file store, the async front passing every other request through
+untouched, and the multipart parser of ``POST /v1/files``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiworks.gateway.async_routes import AsyncInferFront
+from aiworks.gateway.batch_routes import parse_upload
+from aiworks.gateway.http_app import create_app
+
+from aiworks.core.errors import InvalidArgument
+
+
+def test_a_gateway_without_a_batch_store_has_no_batch_routes():
+    app = create_app(None, max_request_bytes=1 << 20)  # the dataplane is only used by requests
+    paths = set(app.app.openapi()["paths"])
+    assert "/v2/models/{model}/infer" in paths
+    assert not [p for p in paths if p.startswith("/v1/")]
+    assert not isinstance(app, AsyncInferFront)  # nor the async front, without a queue
+
+
+def _call(method: str, path: str, headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    seen = []
+
+    async def inner(scope, receive, send):
+        seen.append((scope["method"], scope["path"]))
+
+    front = AsyncInferFront(inner, dataplane=None, queue=None, max_request_bytes=1024, max_backlog=1)
+    scope = {"type": "http", "method": method, "path": path, "headers": headers}
+    asyncio.run(front(scope, None, None))
+    return seen
+
+
+def test_the_async_front_passes_through_what_is_not_async():
+    plain = [(b"content-type", b"application/json")]
+    assert _call("POST", "/v2/models/iris/infer", plain) == [("POST", "/v2/models/iris/infer")]
+    prefer = [(b"prefer", b"respond-async")]
+    assert _call("POST", "/v2/repository/index", prefer) == [("POST", "/v2/repository/index")]
+    assert _call("GET", "/v2/models/iris", prefer) == [("GET", "/v2/models/iris")]
+
+
+def test_multipart_uploads_are_parsed_and_bad_ones_refused():
+    body = (
+        b"--XX\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"
+        b"--XX\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n"
+        b"Content-Type: application/jsonl\r\n\r\n{\"a\": 1}\n{\"b\": 2}\n\r\n--XX--\r\n"
+    )
+    assert parse_upload("multipart/form-data; boundary=XX", body) == ("batch", "in.jsonl", b'{"a": 1}\n{"b": 2}\n')
+    with pytest.raises(InvalidArgument, match="multipart/form-data"):
+        parse_upload("application/json", b"{}")
+    no_file = b"--XX\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--XX--\r\n"
+    with pytest.raises(InvalidArgument, match="no 'file' field"):
+        parse_upload("multipart/form-data; boundary=XX", no_file)

@@ -1,0 +1,127 @@
+"""The job store against a private redis-server: chunks recorded once, by the lease holder only; cancel states."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from aiworks.batch.jobs import Job, JobStore
+from aiworks.batch.service import BatchService
+from aiworks.core.errors import InvalidArgument, NotFound
+
+
+@pytest.fixture
+async def store(redis_url):
+    store = JobStore.from_url(redis_url)
+    yield store
+    await store.close()
+
+
+def _job(job_id: str = "batch_1", tenant: str = "t") -> Job:
+    return Job(id=job_id, tenant=tenant, model="m", input_url="in", output_url="out", error_url="err")
+
+
+async def test_a_chunk_counts_once_and_only_for_the_lease_holder(store):
+    await store.create(_job(), credential="Bearer k")
+    assert await store.credential("batch_1") == "Bearer k"
+    assert await store.claim("batch_1", "r1", 5.0)
+    assert not await store.claim("batch_1", "r2", 5.0)  # held
+    assert await store.record_chunk("batch_1", "r1", 0, b"o0\n", b"", 1, 0) == 1
+    assert await store.record_chunk("batch_1", "r1", 0, b"o0-again\n", b"", 1, 0) == 0  # already in: not counted
+    assert await store.record_chunk("batch_1", "r2", 1, b"o1\n", b"", 1, 0) == -1  # not the holder
+    job = await store.get("batch_1")
+    assert (job.completed, job.failed, job.chunks_done) == (1, 0, 1)
+    assert await store.chunk_results("batch_1", 0) == (b"o0\n", b"")
+    assert await store.done_chunks("batch_1") == {0}
+
+
+async def test_an_expired_lease_passes_to_another_runner(store):
+    await store.create(_job())
+    assert await store.claim("batch_1", "r1", 0.2)
+    await asyncio.sleep(0.3)
+    assert await store.claim("batch_1", "r2", 5.0)
+    assert await store.record_chunk("batch_1", "r1", 0, b"late\n", b"", 1, 0) == -1  # the old holder is fenced off
+    assert not await store.renew("batch_1", "r1", 5.0)
+
+
+async def test_cancel_only_moves_a_job_that_can_still_stop(store):
+    await store.create(_job())
+    assert await store.request_cancel("batch_1") == "cancelling"
+    assert await store.request_cancel("batch_1") == "cancelling"
+    await store.finish("batch_1", "cancelled")
+    assert await store.request_cancel("batch_1") == "cancelled"
+    assert await store.active_ids() == [] and await store.credential("batch_1") is None
+
+
+async def test_submission_refuses_a_missing_input_and_hides_other_tenants_jobs(store, tmp_path):
+    service = BatchService(store, str(tmp_path / "files"))
+    with pytest.raises(NotFound, match="input file does not exist"):
+        await service.submit("t", "digits", str(tmp_path / "nope.jsonl"), "o", "e")
+    with pytest.raises(InvalidArgument, match="unsupported location"):
+        await service.submit("t", "digits", "ftp://host/x.jsonl", "o", "e")
+    (tmp_path / "in.jsonl").write_text("{}\n")
+    job = await service.submit("t", "digits", str(tmp_path / "in.jsonl"), "o", "e", chunk_size=7)
+    assert (await service.get("t", job.id)).chunk_size == 7
+    with pytest.raises(NotFound):
+        await service.get("u", job.id)
+    assert await service.list("u") == [] and [j.id for j in await service.list("t")] == [job.id]
+
+
+def test_the_runner_collector_reports_progress_and_active_jobs():
+    from aiworks.batch.metrics import BatchCollector
+
+    running = _job("batch_a", "t")
+    running.status, running.total, running.completed, running.failed = "in_progress", 200, 90, 10
+    queued = _job("batch_b", "u")
+    families = {f.name: f for f in BatchCollector(lambda: [running, queued]).collect()}
+    progress = families["aiworks_batch_job_progress_ratio"].samples
+    assert [(s.labels, s.value) for s in progress] == [({"job": "batch_a", "tenant": "t"}, 0.5)]
+    active = {s.labels["status"]: s.value for s in families["aiworks_batch_jobs_active"].samples}
+    assert active == {"in_progress": 1, "validating": 1}
+
+
+async def test_a_tenant_over_its_active_job_cap_is_refused_at_submission(store, tmp_path):
+    from aiworks.core.errors import ResourceExhausted
+
+    (tmp_path / "in.jsonl").write_text("{}\n")
+    service = BatchService(store, None, max_active_jobs=2)
+    first = await service.submit("t", "digits", str(tmp_path / "in.jsonl"), "o", "e")
+    await service.submit("t", "digits", str(tmp_path / "in.jsonl"), "o", "e")
+    with pytest.raises(ResourceExhausted, match="already has 2 batch jobs not yet ended") as refused:
+        await service.submit("t", "digits", str(tmp_path / "in.jsonl"), "o", "e")
+    assert refused.value.status.http == 429
+    await service.submit("u", "digits", str(tmp_path / "in.jsonl"), "o", "e")  # another tenant's cap is its own
+    await store.finish(first.id, "completed")
+    await service.submit("t", "digits", str(tmp_path / "in.jsonl"), "o", "e")  # an ended job frees its place
+
+
+async def test_a_job_past_its_completion_window_expires_with_every_line_in_the_error_file(store, tmp_path):
+    """The window ended before the runner got to it: no request is sent, each line is reported as expired."""
+    import time
+
+    import orjson
+
+    from aiworks.batch.runner import BatchRunner
+    from aiworks.batch.service import batch_object
+    from aiworks.batch.settings import BatchSettings
+
+    (tmp_path / "in.jsonl").write_bytes(b'{"custom_id": "a", "inputs": [{}]}\nnot json\n{"inputs": [{}]}\n')
+    service = BatchService(store, None)
+    job = await service.submit("t", "digits", str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"),
+                               str(tmp_path / "err.jsonl"), chunk_size=2, completion_window="1h")  # fmt: skip
+    await store.update(job.id, created_at=time.time() - 3601)
+    # A gateway that is never called: nothing may be sent for an expired job.
+    runner = BatchRunner(store, BatchSettings(redis_url="redis://unused", gateway_url="http://127.0.0.1:9"))
+    try:
+        assert await runner.run_once()
+    finally:
+        await runner.close()
+    ended = await store.get(job.id)
+    assert ended.status == "expired" and ended.expired_at > 0 and (ended.completed, ended.failed) == (0, 0)
+    assert batch_object(ended)["expired_at"] is not None
+    assert (tmp_path / "out.jsonl").read_bytes() == b""
+    errors = [orjson.loads(line) for line in (tmp_path / "err.jsonl").read_bytes().splitlines()]
+    assert [(e["line"], e["custom_id"], e["error"]["code"]) for e in errors] == [
+        (1, "a", "batch_expired"), (2, None, "batch_expired"), (3, None, "batch_expired")
+    ]
