@@ -9,6 +9,8 @@ that finished chunks were not sent again.
 
 from __future__ import annotations
 
+import json
+
 import time
 
 import numpy as np
@@ -270,6 +272,14 @@ def test_aiworks_status_shows_jobs_not_yet_ended(batch_suite):
     [row] = [line for line in shown.stdout.splitlines() if job["id"] in line]
     assert "alice" in row and "validating" in row and ENDPOINT in row
     assert "ASYNC REQUESTS queued:" in shown.stdout
+    as_json = subprocess.run(
+        [sys.executable, "-m", "aiworks", "status", "--scheduler-address", supervisor.scheduler_address,
+         "--redis-url", batch_suite.redis_url, "-o", "json"], env=tool_env(supervisor), capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert as_json.returncode == 0, as_json.stderr
+    doc = json.loads(as_json.stdout)
+    assert job["id"] in [j["id"] for j in doc["batch_jobs"]] and "replicas" in doc["scheduler"]
     reply = requests.post(f"{batch_suite.base}/v1/batches/{job['id']}/cancel", headers=batch_suite.headers("alice"))
     assert reply.json()["status"] == "cancelling"
 
