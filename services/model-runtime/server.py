@@ -196,19 +196,28 @@ async def serve(settings: RuntimeSettings) -> None:
     # probes, Services and `helm test` see a replica that has nothing to serve as not ready.
     await set_serving(health, True, LIVENESS_SERVICE)
 
-    channel = client_channel(settings.scheduler_address, settings.max_message_bytes, tls, server_name="scheduler")
-    registrar = Registrar(
-        channel,
-        dataplane,
-        replica_id=replica_id,
-        address=settings.resolved_advertise_address(port),
-        device=settings.device,
-        labels=settings.labels,
-        interval_s=settings.heartbeat_interval_s,
-        gpus=nvml.read if nvml is not None else None,
-    )
-    dataplane.on_backend_down = registrar.beat_now
-    beats = asyncio.create_task(registrar.run())
+    # One registrar per scheduler: with several (high availability) each knows this replica independently.
+    channels, registrars = [], []
+    for scheduler_address in settings.scheduler_addresses():
+        channel = client_channel(scheduler_address, settings.max_message_bytes, tls, server_name="scheduler")
+        channels.append(channel)
+        registrars.append(Registrar(
+            channel,
+            dataplane,
+            replica_id=replica_id,
+            address=settings.resolved_advertise_address(port),
+            device=settings.device,
+            labels=settings.labels,
+            interval_s=settings.heartbeat_interval_s,
+            gpus=nvml.read if nvml is not None else None,
+            scheduler=scheduler_address,
+        ))  # fmt: skip
+
+    async def beat_all_now(timeout_s: float = 1.0) -> None:
+        await asyncio.gather(*(r.beat_now(timeout_s) for r in registrars))
+
+    dataplane.on_backend_down = beat_all_now
+    beats = [asyncio.create_task(r.run()) for r in registrars]
     # Models named in the settings must all load; of "every model in the repository", at least one.
     missing = [name for name in failed if name in (settings.models or ())]
     follower = None
@@ -228,11 +237,13 @@ async def serve(settings: RuntimeSettings) -> None:
     log.info("runtime %s stopping", replica_id)
     await set_serving(health, False)
     await set_serving(health, False, LIVENESS_SERVICE)
-    beats.cancel()
+    for beat in beats:
+        beat.cancel()
     if follower is not None:
         follower.cancel()
     await server.stop(grace=5)
-    await channel.close()
+    for channel in channels:
+        await channel.close()
     await dataplane.close()
     triton_backend.shutdown()
     lag.stop()

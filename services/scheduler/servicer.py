@@ -166,7 +166,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         shadow = shadow_from_pb(message.shadow) if has_shadow else None
         policy = TrafficPolicy(message.model, dict(message.weights), shadow)
         try:
-            applied = self.scheduler.set_traffic(policy, keep_shadow=not has_shadow)
+            applied = await self.scheduler.store_traffic(policy, keep_shadow=not has_shadow)
         except AIWorksError as exc:
             self._audit(context, "traffic_policy", message.model, exc.status.name.lower(), error=exc.message)
             raise

@@ -83,6 +83,31 @@ class SchedulerSettings(ServiceSettings):
         ),
     )
 
+    # ---- durable traffic policies and high availability (docs/deployment.md) ----
+    redis_url: str | None = Field(
+        None,
+        description=(
+            "Redis holding the traffic policies (version weights, shadows) that every scheduler replica "
+            "shares and reloads at start; unset: the state file, else memory only."
+        ),
+    )
+    state_file: Path | None = Field(
+        None, description="JSON file holding the traffic policies when there is no Redis (`aiworks up` sets one)."
+    )
+    traffic_poll_s: float = Field(
+        0.5, gt=0, description="How often a scheduler checks Redis for policies another scheduler changed."
+    )
+    traffic_key_prefix: str = Field(
+        "aiworks:scheduler:traffic:", description="Prefix of the Redis keys holding the traffic policies."
+    )
+    traffic_seed: dict[str, dict[str, int]] = Field(
+        default_factory=dict,
+        description=(
+            "Version weights per model put in force at start for models with no stored policy, "
+            'e.g. {"iris": {"1": 90, "2": 10}} (the chart sets it from the pools\' canary weights).'
+        ),
+    )
+
     # ---- audit (docs/security.md) ----
     audit_log: Path | None = Field(
         None, description="Append every traffic-policy change and ejection to this hash-chained audit log."
