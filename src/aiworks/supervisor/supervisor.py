@@ -528,7 +528,7 @@ class Supervisor:
         defaults = {
             "AIWORKS_MONITOR_PLATFORM": "local",
             "AIWORKS_MONITOR_SUPERVISOR_URL": self.control.url,
-            "AIWORKS_MONITOR_SCHEDULER_ADDRESS": self.scheduler_address,  # one address: see docs/deployment.md
+            "AIWORKS_MONITOR_SCHEDULER_ADDRESS": self.scheduler_address,  # the first: docs/deployment.md
             "AIWORKS_MONITOR_MIN_REPLICAS": str(c.replicas),
             "AIWORKS_MONITOR_MAX_REPLICAS": str(max(c.replicas, c.max_replicas)),
             "AIWORKS_MONITOR_EVENTS_FILE": str(c.log_dir / "monitor-events.jsonl"),
