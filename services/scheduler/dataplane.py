@@ -81,6 +81,7 @@ class Scheduler:
                  clock: Callable[[], float] = time.monotonic, store: TrafficStore | None = None):  # fmt: skip
         self.settings = settings
         self.store = store  # where traffic policies outlive this process (aiworks.scheduler.traffic_store)
+        self.started_s = clock()
         self.registry = registry
         self.clock = clock
         self.policy = RoutingPolicy.from_settings(settings)
@@ -119,6 +120,16 @@ class Scheduler:
             known=sorted(registry.known),
             policy=self.policy,
         )
+
+    async def warmed_up(self, poll_s: float = 0.05) -> None:
+        """Return once a runtime is live or ``startup_grace_s`` passed since start (before the first table).
+
+        A scheduler that just (re)started knows no replica yet; the runtimes register again within a
+        heartbeat. A gateway failing over to it meanwhile keeps routing by the table it has rather than
+        take an empty one.
+        """
+        while not self.registry.live() and self.clock() - self.started_s < self.settings.startup_grace_s:
+            await asyncio.sleep(poll_s)
 
     def _published(self, key: Key) -> bool:
         before = self._loading.get(key[0])

@@ -73,6 +73,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
         reader = asyncio.get_running_loop().create_task(read_reports())
         try:
+            await scheduler.warmed_up()  # just started: no empty table for a gateway failing over to us
             generation = -1
             while not context.done():
                 table = scheduler.routing_table()

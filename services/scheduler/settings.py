@@ -27,6 +27,14 @@ class SchedulerSettings(ServiceSettings):
     metrics_port: int = Field(8011, description="Port of the Prometheus /metrics endpoint; 0 picks a free one.")
     heartbeat_interval_s: float = Field(1.0, description="Interval replicas are told to heartbeat at.")
     heartbeat_timeout_s: float = Field(3.5, description="A replica silent this long is removed.")
+    startup_grace_s: float = Field(
+        2.0,
+        ge=0,
+        description=(
+            "After start, gateways get no routing table until a runtime registered or this long passed, so a "
+            "restarted scheduler never hands them an empty one (runtimes re-register within a heartbeat)."
+        ),
+    )
     max_retries: int = Field(
         2, description="Times a gateway re-sends a request to another replica after a transport failure."
     )

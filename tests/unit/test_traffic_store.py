@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -74,3 +75,21 @@ async def test_a_stored_policy_steers_the_gateways_table():
     assert suite.scheduler.apply_stored({}) == 1  # cleared elsewhere: cleared here
     suite.sync()
     assert suite.dispatcher.resolve("m", "").version == "2"  # the latest, with no policy
+
+
+async def test_a_fresh_scheduler_holds_the_first_table_until_a_runtime_registers_or_the_grace_ends():
+    now = [100.0]
+    registry = ReplicaRegistry(lambda a: FakeReplica(a), clock=lambda: now[0])
+    scheduler = Scheduler(SchedulerSettings(startup_grace_s=2.0), registry, clock=lambda: now[0])
+    waiting = asyncio.ensure_future(scheduler.warmed_up(poll_s=0.001))
+    await asyncio.sleep(0.01)
+    assert not waiting.done()  # no replica yet, within the grace
+    registry.register("r", "r", "cpu", {}, [spec("1")])
+    await asyncio.wait_for(waiting, 1)  # a runtime registered: tables flow
+    empty = Scheduler(SchedulerSettings(startup_grace_s=2.0), ReplicaRegistry(lambda a: FakeReplica(a)),
+                      clock=lambda: now[0])  # fmt: skip
+    waiting = asyncio.ensure_future(empty.warmed_up(poll_s=0.001))
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    now[0] += 2.5  # the grace is over: an empty cluster gets its (empty) table
+    await asyncio.wait_for(waiting, 1)
