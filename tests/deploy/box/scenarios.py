@@ -260,8 +260,10 @@ def values_install_serves(box: Box, ctx: dict) -> dict:
     return out
 
 
-def _digits_load(gateway: Gateway, clients: int, duration_s: float, during: Callable[[], None] | None = None) -> dict:
-    """Closed-loop tritonclient gRPC load on digits naming no version: answers, failures, longest gap, versions."""
+def _digits_load(gateway: Gateway, clients: int, duration_s: float, during: Callable[[], None] | None = None,
+                 rate: float = 60.0) -> dict:
+    """tritonclient gRPC load on digits naming no version, ``rate`` requests/s in all (under the default
+    tenant's 100/s limit, so every failure is the control plane's): answers, failures, longest gap, versions."""
     import tritonclient.grpc.aio as grpcclient
 
     data = np.random.default_rng(1).random((1, 64), dtype=np.float32)
@@ -274,7 +276,10 @@ def _digits_load(gateway: Gateway, clients: int, duration_s: float, during: Call
 
         async def caller() -> None:
             nonlocal last_ok
+            next_at = time.monotonic()
             while time.monotonic() < stop_at:
+                next_at += clients / rate
+                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
                 x = grpcclient.InferInput("input", [1, 64], "FP32")
                 x.set_data_from_numpy(data)
                 try:
