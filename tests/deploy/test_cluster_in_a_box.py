@@ -9,7 +9,6 @@ what an operator would. Only the Kubernetes API server is a stand-in (box/apiser
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -93,44 +92,3 @@ def test_an_operators_own_stores_and_jwt(tmp_path: Path) -> None:
     assert {"iris_after_s", "iris-s3_after_s"} <= set(found), found
     assert "401" in found["anonymous"], found["anonymous"]
     assert found["helm_test"]["passed"], found["helm_test"]["log"]
-
-
-# Two schedulers (a StatefulSet sharing the bundled Redis) and digits' canary on version 2 at 10 %.
-HA_CANARY = {
-    **SHARED_MACHINE,
-    "scheduler": {"replicas": 2},
-    "runtime": {"pools": {"digits": {"stable": {"version": "1"},
-                                     "canary": {"enabled": True, "version": "2", "weight": 10}}}},
-}
-
-
-@pytest.fixture(scope="module")
-def ha_install(tmp_path_factory) -> dict:
-    return run_box(tmp_path_factory.mktemp("box-ha"), HA_CANARY, ["scheduler_failover_and_canary"], timeout_s=900)
-
-
-def _share_of_canary(load: dict) -> float:
-    return load["versions"].get("2", 0) / max(1, load["ok"])
-
-
-def test_the_charts_canary_weight_shows_in_the_split(ha_install: dict) -> None:
-    found = scenario(ha_install, "scheduler_failover_and_canary")
-    print(json.dumps(found))
-    split = found["split"]
-    print(f"canary split {split['versions']} of {split['ok']}")
-    assert split["failed"] == [] and split["ok"] >= 100
-    assert 0.05 <= _share_of_canary(split) <= 0.15, split
-
-
-def test_killing_a_scheduler_under_load_loses_nothing_and_the_restarted_one_keeps_the_weights(ha_install: dict) -> None:
-    found = scenario(ha_install, "scheduler_failover_and_canary")
-    assert len(found["schedulers"]) == 2
-    for phase in ("kill_first", "kill_second"):
-        load = found[phase]
-        print(f"{phase}: {load['ok']} answered, {len(load['failed'])} failed, longest gap {load['gap_s']} s, "
-              f"versions {load['versions']}")  # fmt: skip
-        assert load["failed"] == [], load["failed"]
-        assert load["gap_s"] < 5.0
-    assert found["first_back"], "the killed scheduler's container came back"
-    # After the second kill the gateways route by the restarted first scheduler's table and weights.
-    assert 0.05 <= _share_of_canary(found["kill_second"]) <= 0.15, found["kill_second"]

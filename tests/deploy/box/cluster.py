@@ -199,11 +199,6 @@ class Box:
             else:
                 for ip in sorted({ip for ip, _ in self.endpoints(service["spec"], service["spec"]["ports"][0])}):
                     lines.append(f"{ip} {self._host_names(name)}")
-                # A StatefulSet governed by this headless Service: each pod by its own name under it.
-                governed = {w for w, o in self.workloads.items()
-                            if o["kind"] == "StatefulSet" and o["spec"].get("serviceName") == name}  # fmt: skip
-                for member in [p for p in list(self.pods) if not p.deleted and p.owner in governed]:
-                    lines.append(f"{member.ip} {self._host_names(f'{member.name}.{name}')}")
         text = "\n".join(lines) + "\n"
         if not path.exists() or path.read_text() != text:
             with path.open("r+" if path.exists() else "w") as out:  # in place: the bind mount keeps the inode

@@ -260,82 +260,9 @@ def values_install_serves(box: Box, ctx: dict) -> dict:
     return out
 
 
-def _digits_load(gateway: Gateway, clients: int, duration_s: float, during: Callable[[], None] | None = None,
-                 rate: float = 60.0) -> dict:
-    """tritonclient gRPC load on digits naming no version, ``rate`` requests/s in all (under the default
-    tenant's 100/s limit, so every failure is the control plane's): answers, failures, longest gap, versions."""
-    import tritonclient.grpc.aio as grpcclient
-
-    data = np.random.default_rng(1).random((1, 64), dtype=np.float32)
-    stats: dict[str, Any] = {"ok": 0, "failed": [], "gap_s": 0.0, "versions": {}}
-
-    async def run() -> None:
-        client = gateway.grpc_aio()
-        last_ok = time.monotonic()
-        stop_at = time.monotonic() + duration_s
-
-        async def caller() -> None:
-            nonlocal last_ok
-            next_at = time.monotonic()
-            while time.monotonic() < stop_at:
-                next_at += clients / rate
-                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-                x = grpcclient.InferInput("input", [1, 64], "FP32")
-                x.set_data_from_numpy(data)
-                try:
-                    result = await client.infer("digits", [x], headers=gateway.headers, client_timeout=30)
-                except Exception as exc:
-                    stats["failed"].append(str(exc)[:200])
-                    continue
-                now = time.monotonic()
-                stats["gap_s"] = max(stats["gap_s"], now - last_ok)
-                last_ok = now
-                stats["ok"] += 1
-                version = result.get_response().model_version
-                stats["versions"][version] = stats["versions"].get(version, 0) + 1
-
-        try:
-            tasks = [asyncio.create_task(caller()) for _ in range(clients)]
-            if during is not None:
-                await asyncio.sleep(duration_s / 4)
-                await asyncio.get_running_loop().run_in_executor(None, during)
-            await asyncio.gather(*tasks)
-        finally:
-            await client.close()
-
-    asyncio.run(run())
-    stats["gap_s"] = round(stats["gap_s"], 3)
-    failed = stats["failed"]
-    stats["failed"] = failed[:10] + ([f"... {len(failed)} in all"] if len(failed) > 10 else [])
-    return stats
-
-
-def scheduler_failover_and_canary(box: Box, ctx: dict) -> dict:
-    """Two schedulers and digits' canary weight from the values: the split shows the weight; SIGKILL the
-    scheduler the gateways watch under load (nothing lost); once it is back, SIGKILL the other one, so the
-    gateways watch the restarted one: the split still holds (it reloaded the weights)."""
-    values = ctx["values"]
-    gateway = Gateway(box, values)
-    box.wait_ready(420)
-    wait_for_inference(gateway, "digits", 240)
-    schedulers = sorted(box.pods_of("scheduler"), key=lambda p: p.name)
-    out: dict[str, Any] = {"schedulers": [p.name for p in schedulers]}
-    out["split"] = _digits_load(gateway, 4, 6)
-    first, second = schedulers
-    out["kill_first"] = _digits_load(gateway, 6, 12, during=first.kill)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not first.ready:
-        time.sleep(0.2)
-    out["first_back"] = first.ready
-    time.sleep(3)  # its runtimes register again (heartbeats every second)
-    out["kill_second"] = _digits_load(gateway, 6, 12, during=second.kill)
-    return out
-
-
 SCENARIOS: dict[str, Callable[[Box, dict], dict]] = {
     "values_install_serves": values_install_serves,
     "default_install_serves": default_install_serves,
     "shared_limits": shared_limits,
     "helm_test_fails_without_model": helm_test_fails_without_model,
-    "scheduler_failover_and_canary": scheduler_failover_and_canary,
 }
