@@ -61,8 +61,10 @@ class Registrar:
         interval_s: float,
         gpus: Callable[[], list] | None = None,
         watch_s: float = 0.2,
+        scheduler_address: str = "",
     ):
         self._scheduler = scheduler
+        self.scheduler = scheduler_address  # for the logs (one registrar per scheduler)
         self._dataplane = dataplane
         self._info = dict(replica_id=replica_id, address=address, device=device, labels=labels)
         self._gpus = gpus
@@ -91,7 +93,8 @@ class Registrar:
         if reply.heartbeat_interval_s > 0:
             self.interval_s = reply.heartbeat_interval_s
         if not self.registered.is_set():
-            log.info("registered with the scheduler as %s at %s", self._info["replica_id"], self._info["address"])
+            log.info("registered with the scheduler %s as %s at %s", self.scheduler, self._info["replica_id"],
+                     self._info["address"])  # fmt: skip
         self.registered.set()
 
     async def _beat(self) -> None:
@@ -110,7 +113,7 @@ class Registrar:
                 timeout_s=max(self.interval_s * 3, 1.0),
             )
             if not reply.known:
-                log.warning("the scheduler no longer knows this replica; registering again")
+                log.warning("the scheduler %s no longer knows this replica; registering again", self.scheduler)
                 self.registered.clear()
                 await self.register()
 
@@ -119,7 +122,7 @@ class Registrar:
         try:
             await asyncio.wait_for(self._beat(), timeout_s)
         except (TimeoutError, AIWorksError) as exc:
-            log.warning("immediate heartbeat failed: %s", exc)
+            log.warning("immediate heartbeat to the scheduler %s failed: %s", self.scheduler, exc)
 
     def _changed(self) -> bool:
         return self._health() != self._sent_states
@@ -134,7 +137,8 @@ class Registrar:
                 warned = False
             except AIWorksError as exc:
                 if not warned:
-                    log.warning("cannot reach the scheduler (%s): %s; retrying", exc.status.name, exc.message)
+                    log.warning("cannot reach the scheduler %s (%s): %s; retrying", self.scheduler, exc.status.name,
+                                exc.message)  # fmt: skip
                     warned = True
                 self.registered.clear()
             due = loop.time() + self.interval_s

@@ -198,19 +198,28 @@ async def serve(settings: RuntimeSettings) -> None:
     # probes, Services and `helm test` see a replica that has nothing to serve as not ready.
     await set_serving(health, True, LIVENESS_SERVICE)
 
-    scheduler = SchedulerClient(settings.scheduler_address, settings.max_message_bytes, tls=tls)
-    registrar = Registrar(
-        scheduler,
-        dataplane,
-        replica_id=replica_id,
-        address=settings.resolved_advertise_address(port),
-        device=settings.device,
-        labels=settings.labels,
-        interval_s=settings.heartbeat_interval_s,
-        gpus=nvml.read if nvml is not None else None,
-    )
-    dataplane.on_backend_down = registrar.beat_now
-    beats = asyncio.create_task(registrar.run())
+    # One registrar per scheduler: with several (high availability) each knows this replica independently.
+    schedulers, registrars = [], []
+    for scheduler_address in settings.scheduler_addresses():
+        scheduler = SchedulerClient(scheduler_address, settings.max_message_bytes, tls=tls)
+        schedulers.append(scheduler)
+        registrars.append(Registrar(
+            scheduler,
+            dataplane,
+            replica_id=replica_id,
+            address=settings.resolved_advertise_address(port),
+            device=settings.device,
+            labels=settings.labels,
+            interval_s=settings.heartbeat_interval_s,
+            gpus=nvml.read if nvml is not None else None,
+            scheduler_address=scheduler_address,
+        ))  # fmt: skip
+
+    async def beat_all_now(timeout_s: float = 1.0) -> None:
+        await asyncio.gather(*(r.beat_now(timeout_s) for r in registrars))
+
+    dataplane.on_backend_down = beat_all_now
+    beats = [asyncio.create_task(r.run()) for r in registrars]
     # Models named in the settings must all load; of "every model in the repository", at least one.
     missing = [name for name in failed if name in (settings.models or ())]
     follower = None
@@ -230,11 +239,13 @@ async def serve(settings: RuntimeSettings) -> None:
     log.info("runtime %s stopping", replica_id)
     await set_serving(health, False)
     await set_serving(health, False, LIVENESS_SERVICE)
-    beats.cancel()
+    for beat in beats:
+        beat.cancel()
     if follower is not None:
         follower.cancel()
     await server.stop(grace=5)
-    await scheduler.close()
+    for scheduler in schedulers:
+        await scheduler.close()
     await dataplane.close()
     triton_backend.shutdown()
     lag.stop()

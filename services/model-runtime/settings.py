@@ -23,7 +23,17 @@ class RuntimeSettings(ServiceSettings):
     metrics_port: int = Field(8021, description="Port of the Prometheus /metrics endpoint; 0 picks a free one.")
     advertise_address: str | None = Field(None, description="host:port the scheduler dials; default host:port.")
     replica_id: str | None = Field(None, description="Unique replica name; default <hostname>-<port>.")
-    scheduler_address: str = Field(..., description="host:port of the scheduler to register with (required).")
+    scheduler_address: str = Field(
+        ...,
+        description=(
+            "host:port of the scheduler to register with (required); several, comma-separated: "
+            "the replica registers with and heartbeats to every one (scheduler high availability)."
+        ),
+    )
+
+    def scheduler_addresses(self) -> list[str]:
+        """Every scheduler this replica registers with, in the order given."""
+        return [a.strip() for a in self.scheduler_address.split(",") if a.strip()]
     model_repository: Path = Field(Path("model-repository"), description="Triton-layout model repository.")
     models: list[str] | None = Field(
         None, description="Models to load at start; default every model in the repository."

@@ -93,6 +93,29 @@ def from_supervisor(doc: dict[str, Any]) -> Inventory:
     return Inventory(tuple(services), (Pool(LOCAL_POOL, desired),))
 
 
+def from_static(terms: Iterable[str]) -> Inventory:
+    """A fixed inventory from ``NAME=KIND@HOST:PORT`` terms (HOST:PORT: its /metrics), as docker-compose lists it.
+
+    Nothing here can be restarted or scaled (there is no supervisor to ask), so there are no pools;
+    a runtime's replica id is its name. Every service counts as running: the scrape shows a dead one.
+    """
+    services = []
+    for term in terms:
+        name, sep, rest = term.strip().partition("=")
+        kind, at, address = rest.partition("@")
+        host, colon, port = address.rpartition(":")
+        if not (sep and at and colon and name and host and port.isdigit()):
+            raise ValueError(f"'{term}' is not NAME=KIND@HOST:PORT (for example runtime-1=runtime@runtime-1:8021)")
+        if kind not in KINDS:
+            raise ValueError(f"'{term}': kind '{kind}' is not one of {', '.join(KINDS)}")
+        services.append(
+            Service(name=name, kind=kind, metrics_address=address, replica_id=name if kind == "runtime" else None)
+        )
+    if len({s.name for s in services}) != len(services):
+        raise ValueError("a static service is listed twice")
+    return Inventory(tuple(services))
+
+
 def _labels(obj) -> dict[str, str]:
     return dict(obj.metadata.labels or {})
 

@@ -99,8 +99,9 @@ _STATUS_BY_HTTP = {s.http: s for s in reversed(Status)}
 class LocalPlatform(Platform):
     """The processes of ``aiworks up``, through the supervisor's control API.
 
-    Without a supervisor URL (a monitor started on its own) it discovers
-    nothing and refuses restarts and scaling; ejection still works.
+    Without a supervisor URL (a monitor started on its own, docker-compose) it
+    watches the ``static`` inventory it was given (or nothing) and refuses
+    restarts and scaling; ejection still works.
     """
 
     name = "local"
@@ -111,8 +112,10 @@ class LocalPlatform(Platform):
         ejector: SchedulerEjector,
         timeout_s: float = 5.0,
         caller: ClientCaller | None = None,
+        static: Inventory | None = None,
     ):
         self.url = supervisor_url.rstrip("/") if supervisor_url else None
+        self.static = static
         self.ejector = ejector
         # The control API wants a bearer token (the monitor's, from its token file) and JSON bodies.
         self._headers = {"Authorization": caller.bearer()} if caller else {}
@@ -141,7 +144,7 @@ class LocalPlatform(Platform):
 
     async def inventory(self) -> Inventory:
         if self.url is None:
-            return Inventory()
+            return self.static or Inventory()
         return from_supervisor(await self._call("GET", "/v1/services"))
 
     async def restart(self, service: Service) -> str:

@@ -18,6 +18,7 @@ from aiworks.monitor.collect import Collector, PrometheusCollector, Scraper
 from aiworks.monitor.controller import Controller
 from aiworks.monitor.events import EventLog
 from aiworks.monitor.metrics import MonitorMetrics
+from aiworks.monitor.discovery import from_static
 from aiworks.monitor.platform import LocalPlatform, Platform, SchedulerEjector
 from aiworks.monitor.rollout import RolloutController, RolloutPolicy, parse_steps
 from aiworks.monitor.rollout_judge import PrometheusSource, ScrapeSource
@@ -42,7 +43,8 @@ def build_platform(settings: MonitorSettings) -> Platform:
         from aiworks.monitor.k8s import KubernetesPlatform
 
         return KubernetesPlatform(settings.namespace, settings.release, ejector)
-    return LocalPlatform(settings.supervisor_url, ejector, caller=own_caller(settings, "monitor"))
+    static = from_static(settings.static_services) if settings.static_services and not settings.supervisor_url else None
+    return LocalPlatform(settings.supervisor_url, ejector, caller=own_caller(settings, "monitor"), static=static)
 
 
 def build_collector(settings: MonitorSettings) -> Collector:
@@ -211,14 +213,19 @@ async def serve(settings: MonitorSettings) -> None:
     if platform.name == "kubernetes":
         where = f" (release {settings.release} in {settings.namespace})"
     else:
-        where = f" through {settings.supervisor_url}" if settings.supervisor_url else " (no supervisor: observing only)"
+        where = (
+            f" through {settings.supervisor_url}" if settings.supervisor_url
+            else f" ({len(settings.static_services)} static service(s), no supervisor: observing only)"
+        )  # fmt: skip
     events.record(
         ev.STARTED, "monitor", "started",
         f"watching the {platform.name} platform{where} every {settings.interval_s:g} s, reading {source}",
         platform=platform.name, scheduler=settings.scheduler_address,
     )  # fmt: skip
-    if platform.name == "local" and not settings.supervisor_url:
+    if platform.name == "local" and not settings.supervisor_url and not settings.static_services:
         log.warning("no supervisor URL: nothing is discovered, restarted or scaled (AIWORKS_MONITOR_SUPERVISOR_URL)")
+    elif platform.name == "local" and not settings.supervisor_url:
+        log.info("no supervisor: watching the static services, restarting and scaling none")
     if auth is not None and auth.insecure:
         log.warning("INSECURE: the monitor's POST routes accept every caller (AIWORKS_MONITOR_INSECURE=true)")
     log.info(

@@ -33,6 +33,13 @@ class MonitorSettings(ServiceSettings):
     supervisor_url: str | None = Field(
         None, description="Control API of `aiworks up` (local platform); unset: observe only, no restarts or scaling."
     )
+    static_services: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Services to watch when there is no supervisor and no Kubernetes API (docker-compose), as "
+            "NAME=KIND@HOST:PORT terms, HOST:PORT being the /metrics endpoint; observe and eject only."
+        ),
+    )
     prometheus_url: str | None = Field(
         None, description="Prometheus to query instead of scraping every /metrics endpoint itself; unset: scrape."
     )
@@ -107,6 +114,14 @@ class MonitorSettings(ServiceSettings):
     @classmethod
     def _empty_is_unset(cls, value):
         return value or None
+
+    @field_validator("static_services")
+    @classmethod
+    def _static_terms(cls, value: list[str]) -> list[str]:
+        from aiworks.monitor.discovery import from_static
+
+        from_static(value)  # ValueError naming the bad term
+        return value
 
     @model_validator(mode="after")
     def _bounds(self) -> MonitorSettings:

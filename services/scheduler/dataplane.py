@@ -39,6 +39,7 @@ from aiworks.scheduler.retry_state import RetryBudget
 from aiworks.scheduler.settings import SchedulerSettings
 from aiworks.scheduler.shadow import ShadowView
 from aiworks.scheduler.traffic_state import TrafficPolicy, TrafficState
+from aiworks.scheduler.traffic_store import TrafficStore
 from aiworks.scheduler.views import (
     DrainingVersion,
     EjectionOrder,
@@ -78,8 +79,10 @@ class Scheduler:
     """
 
     def __init__(self, settings: SchedulerSettings, registry: ReplicaRegistry, *,
-                 clock: Callable[[], float] = time.monotonic):  # fmt: skip
+                 clock: Callable[[], float] = time.monotonic, store: TrafficStore | None = None):  # fmt: skip
         self.settings = settings
+        self.store = store  # where traffic policies outlive this process (aiworks.scheduler.traffic_store)
+        self.started_s = clock()
         self.registry = registry
         self.clock = clock
         self.policy = RoutingPolicy.from_settings(settings)
@@ -119,6 +122,16 @@ class Scheduler:
             policy=self.policy,
         )
 
+    async def warmed_up(self, poll_s: float = 0.05) -> None:
+        """Return once a runtime is live or ``startup_grace_s`` passed since start (before the first table).
+
+        A scheduler that just (re)started knows no replica yet; the runtimes register again within a
+        heartbeat. A gateway failing over to it meanwhile keeps routing by the table it has rather than
+        take an empty one.
+        """
+        while not self.registry.live() and self.clock() - self.started_s < self.settings.startup_grace_s:
+            await asyncio.sleep(poll_s)
+
     def _published(self, key: Key) -> bool:
         before = self._loading.get(key[0])
         return before is None or key in before
@@ -141,6 +154,19 @@ class Scheduler:
 
     def set_traffic(self, policy: TrafficPolicy, *, keep_shadow: bool = False) -> TrafficPolicy:
         """Put ``policy`` in force; ``keep_shadow``: its shadow is ignored and the one in force stays."""
+        policy = self._checked_traffic(policy, keep_shadow)
+        self._put_traffic(policy)
+        return policy
+
+    async def store_traffic(self, policy: TrafficPolicy, *, keep_shadow: bool = False) -> TrafficPolicy:
+        """As :meth:`set_traffic`, stored first where policies outlive this process (Unavailable if it cannot be)."""
+        policy = self._checked_traffic(policy, keep_shadow)
+        if self.store is not None:  # the seed it was reconciled with stays: a restart must not re-apply it
+            await self.store.save(policy, self.store.seeds.get(policy.model))
+        self._put_traffic(policy)
+        return policy
+
+    def _checked_traffic(self, policy: TrafficPolicy, keep_shadow: bool) -> TrafficPolicy:
         known = {k[1] for k in self.registry.known if k[0] == policy.model}
         if not known:
             raise NotFound(f"unknown model '{policy.model}'")
@@ -157,15 +183,65 @@ class Scheduler:
                 )
             if any(is_pipeline(s) for k, s in self.registry.known.items() if k[0] == policy.model and s):
                 raise InvalidArgument(f"model '{policy.model}' is a pipeline; shadow its stage models instead")
+        return policy
+
+    def _put_traffic(self, policy: TrafficPolicy, how: str = "") -> None:
         self.traffic.set(policy)
         self.registry.notify()
+        shadow = policy.shadow
         log.info(
-            "traffic policy of %s: %s%s",
+            "traffic policy of %s%s: %s%s",
             policy.model,
+            how,
             dict(policy.weights) or "latest version",
             f", shadow v{shadow.version} ({shadow.fraction:.0%} of requests, {shadow.compare})" if shadow else "",
         )
-        return policy
+
+    def apply_stored(self, policies: dict[str, TrafficPolicy], how: str = " (stored)") -> int:
+        """Make the policies in force those ``policies`` (from the store): the rest are cleared; returns changes.
+
+        Stored policies are taken as they are: their versions may not be registered yet (a scheduler
+        that just started); versions without a live replica simply get no traffic (see TrafficState).
+        """
+        changed = 0
+        for current in self.traffic.policies():
+            if current.model not in policies:
+                self._put_traffic(TrafficPolicy(current.model), how)
+                changed += 1
+        for model, policy in sorted(policies.items()):
+            if self.traffic.get(model) != policy:
+                self._put_traffic(policy, how)
+                changed += 1
+        return changed
+
+    async def restore_traffic(self, seed: list[TrafficPolicy] = ()) -> None:
+        """At start: the stored policies in force, then the deployment's ``seed`` (the chart's canary weights).
+
+        A seed is put in force (and stored) when the model has no stored policy, or when the seed
+        differs from the one its stored policy was last reconciled with: a new value in the chart is
+        a deliberate change. The same seed again (a restart, a rollout of another setting) leaves
+        the stored policy alone, whatever ``aiworks traffic`` or the monitor made of it since.
+        """
+        stored = await self.store.load() if self.store is not None else {}
+        self.apply_stored(stored)
+        seeds = self.store.seeds if self.store is not None else {}
+        for policy in seed:
+            weights = dict(policy.weights)
+            if policy.empty or (policy.model in stored and seeds.get(policy.model) == weights):
+                continue
+            if self.store is not None:
+                try:
+                    await self.store.save(policy, weights)
+                except AIWorksError as exc:
+                    log.warning("seed traffic policy of %s not stored: %s", policy.model, exc.message)
+            self._put_traffic(policy, " (seeded)")
+        if stored:
+            log.info("restored %d traffic policy(ies) from the %s", len(stored), self.store.describe)
+
+    async def follow_store(self) -> None:
+        """Keep the policies in force equal to the store's (another scheduler changed them); until cancelled."""
+        if self.store is not None:
+            await self.store.watch(self.apply_stored)
 
     def get_traffic(self, model: str) -> TrafficPolicy:
         return self.traffic.get(model) or TrafficPolicy(model)
@@ -429,6 +505,8 @@ class Scheduler:
     async def close(self) -> None:
         for task in list(self._background):
             task.cancel()
+        if self.store is not None:
+            await self.store.close()
 
 
 def _routable(spec: ModelSpec) -> bool:

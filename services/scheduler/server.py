@@ -17,9 +17,16 @@ from aiworks.scheduler.dataplane import Scheduler
 from aiworks.scheduler.registry import ReplicaRegistry
 from aiworks.scheduler.servicer import CALLERS_BY_METHOD, SchedulerServicer
 from aiworks.scheduler.settings import SchedulerSettings
+from aiworks.scheduler.traffic_state import TrafficPolicy
+from aiworks.scheduler.traffic_store import open_store
 from aiworks.security.callers import own_caller, server_check
 
 log = logging.getLogger("aiworks.scheduler")
+
+
+def seed_policies(seed: dict[str, dict[str, int]]) -> list[TrafficPolicy]:
+    """The deployment's seed weights as policies; a seed with every weight 0 (no canary yet) is none."""
+    return [TrafficPolicy(model, weights) for model, weights in sorted(seed.items()) if any(weights.values())]
 
 
 async def serve(settings: SchedulerSettings) -> None:
@@ -32,7 +39,10 @@ async def serve(settings: SchedulerSettings) -> None:
     registry = ReplicaRegistry(
         lambda address: RuntimeClient(address, settings.max_message_bytes, settings.runtime_timeout_s, tls)
     )
-    scheduler = Scheduler(settings, registry)
+    store = open_store(settings.redis_url, settings.state_file, poll_s=settings.traffic_poll_s,
+                       prefix=settings.traffic_key_prefix)  # fmt: skip
+    scheduler = Scheduler(settings, registry, store=store)
+    await scheduler.restore_traffic(seed_policies(settings.traffic_seed))
     audit = None
     if settings.audit_log:
         from aiworks.security.audit import AuditLog
@@ -45,23 +55,26 @@ async def serve(settings: SchedulerSettings) -> None:
     port = add_port(server, f"{settings.host}:{settings.port}", tls)
     await server.start()
     expiry = asyncio.create_task(scheduler.expire_loop())
+    follow = asyncio.create_task(scheduler.follow_store())
     collector = SchedulerCollector(on_loop(asyncio.get_running_loop(), scheduler.status)).register()
     metrics, metrics_port = serve_metrics_or_warn(settings.metrics_port, settings.host)
     await set_serving(health, True)
     lag = start_loop_lag_probe("scheduler")
     log.info(
-        "scheduler serving gRPC%s on %s:%d (callers checked by %s; metrics %s)",
+        "scheduler serving gRPC%s on %s:%d (callers checked by %s; metrics %s; traffic policies in %s)",
         " with mutual TLS" if tls else "",
         settings.host,
         port,
         callers.auth.describe,
         metrics_port or "off",
+        store.describe if store is not None else "memory only",
     )
     settle_memory()  # started: what exists now lives as long as the process
     await stop.wait()
     log.info("scheduler stopping")
     await set_serving(health, False)
     expiry.cancel()
+    follow.cancel()
     await server.stop(grace=5)
     await scheduler.close()
     if audit is not None:

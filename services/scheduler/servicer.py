@@ -74,6 +74,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
         reader = asyncio.get_running_loop().create_task(read_reports())
         try:
+            await scheduler.warmed_up()  # just started: no empty table for a gateway failing over to us
             generation = -1
             while not context.done():
                 table = scheduler.routing_table()
@@ -168,7 +169,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         shadow = shadow_from_pb(message.shadow) if has_shadow else None
         policy = TrafficPolicy(message.model, dict(message.weights), shadow)
         try:
-            applied = self.scheduler.set_traffic(policy, keep_shadow=not has_shadow)
+            applied = await self.scheduler.store_traffic(policy, keep_shadow=not has_shadow)
         except AIWorksError as exc:
             self._audit(context, "traffic_policy", message.model, exc.status.name.lower(), error=exc.message)
             raise

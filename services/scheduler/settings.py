@@ -27,6 +27,14 @@ class SchedulerSettings(ServiceSettings):
     metrics_port: int = Field(8011, description="Port of the Prometheus /metrics endpoint; 0 picks a free one.")
     heartbeat_interval_s: float = Field(1.0, description="Interval replicas are told to heartbeat at.")
     heartbeat_timeout_s: float = Field(3.5, description="A replica silent this long is removed.")
+    startup_grace_s: float = Field(
+        2.0,
+        ge=0,
+        description=(
+            "After start, gateways get no routing table until a runtime registered or this long passed, so a "
+            "restarted scheduler never hands them an empty one (runtimes re-register within a heartbeat)."
+        ),
+    )
     max_retries: int = Field(
         2, description="Times a gateway re-sends a request to another replica after a transport failure."
     )
@@ -80,6 +88,31 @@ class SchedulerSettings(ServiceSettings):
         description=(
             "Rows per micro-batch of a pipeline request whose config sets no micro_batch_rows; "
             "0: a request flows through the stages whole."
+        ),
+    )
+
+    # ---- durable traffic policies and high availability (docs/deployment.md) ----
+    redis_url: str | None = Field(
+        None,
+        description=(
+            "Redis holding the traffic policies (version weights, shadows) that every scheduler replica "
+            "shares and reloads at start; unset: the state file, else memory only."
+        ),
+    )
+    state_file: Path | None = Field(
+        None, description="JSON file holding the traffic policies when there is no Redis (`aiworks up` sets one)."
+    )
+    traffic_poll_s: float = Field(
+        0.5, gt=0, description="How often a scheduler checks Redis for policies another scheduler changed."
+    )
+    traffic_key_prefix: str = Field(
+        "aiworks:scheduler:traffic:", description="Prefix of the Redis keys holding the traffic policies."
+    )
+    traffic_seed: dict[str, dict[str, int]] = Field(
+        default_factory=dict,
+        description=(
+            "Version weights per model put in force at start for models with no stored policy, "
+            'e.g. {"iris": {"1": 90, "2": 10}} (the chart sets it from the pools\' canary weights).'
         ),
     )
 

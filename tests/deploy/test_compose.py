@@ -217,3 +217,21 @@ def test_grafana_is_provisioned(compose_project: dict[str, Any]) -> None:
     assert [p["options"]["path"] for p in providers] == [dashboards_target]
     for kind in ("datasources", "dashboards"):
         assert mount_target(grafana, provisioning / kind) == f"/etc/grafana/provisioning/{kind}"
+
+
+def test_the_monitor_watches_every_suite_service_where_prometheus_scrapes_it(compose_project: dict[str, Any]) -> None:
+    import json
+
+    from aiworks.monitor.discovery import from_static
+
+    env = services(compose_project)["monitor"]["environment"]
+    inventory = from_static(json.loads(env["AIWORKS_MONITOR_STATIC_SERVICES"]))
+    watched = {s.name: s for s in inventory.services}
+    assert set(watched) == set(SUITE) - {"monitor"}
+    scraped = yaml.safe_load((REPO / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    targets = {t for job in scraped["scrape_configs"] for c in job.get("static_configs", []) for t in c["targets"]}
+    for name, service in watched.items():
+        assert service.kind == SUITE[name]
+        port = next(v for k, v in services(compose_project)[name]["environment"].items() if k.endswith("METRICS_PORT"))
+        assert service.metrics_address == f"{name}:{port}" and service.metrics_address in targets
+    assert watched["runtime-1"].replica_id == "runtime-1"  # what the runtime registers as, so ejection finds it

@@ -62,7 +62,7 @@ CALL_GRAPH = {
     ("admin", "monitor"): {"/v1/*", "/healthz"},
 }
 # Plain TCP callers (no paths): (caller, callee) -> ports.
-TCP_GRAPH = {("gateway", "redis"): {"6379"}, ("cache", "redis"): {"6379"}}
+TCP_GRAPH = {("gateway", "redis"): {"6379"}, ("cache", "redis"): {"6379"}, ("scheduler", "redis"): {"6379"}}
 GRPC_PATH = re.compile(r"^/[a-z][a-z0-9_]*(\.[a-z0-9_]+)*\.[A-Z][A-Za-z0-9]*/([A-Z][A-Za-z0-9]*|\*)$")
 
 

@@ -39,11 +39,15 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.slow)
 
 
-def _suite(model_repository: Path, log_dir: Path, env: dict[str, str]) -> Suite:
+def _suite_overrides(env: dict[str, str]) -> dict:
     overrides = {"extra_env": env, "log_level": "WARNING"}
     if "cache" in SuiteConfig.__dataclass_fields__:
         overrides["cache"] = False  # identical test inputs must reach the scheduler, not a result cache
-    return start_suite(model_repository, log_dir, **overrides)
+    return overrides
+
+
+def _suite(model_repository: Path, log_dir: Path, env: dict[str, str]) -> Suite:
+    return start_suite(model_repository, log_dir, **_suite_overrides(env))
 
 
 @pytest.fixture(scope="module")

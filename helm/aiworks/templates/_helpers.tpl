@@ -366,3 +366,34 @@ startupProbe:
 {{- define "aiworks.adminName" -}}
 {{- printf "%s-admin" (include "aiworks.fullname" .) }}
 {{- end }}
+
+{{/* Every scheduler, as runtimes and gateways dial them: the Service with one replica; with more, each pod of
+the scheduler StatefulSet by its DNS name (runtimes register with all of them, gateways fail over between them). */}}
+{{- define "aiworks.schedulerAddresses" -}}
+{{- $name := include "aiworks.componentName" (dict "root" . "component" "scheduler") -}}
+{{- $port := (include "aiworks.ports" . | fromYaml).scheduler.grpc -}}
+{{- if gt (int .Values.scheduler.replicas) 1 -}}
+{{- $pods := list -}}
+{{- range $i := until (int .Values.scheduler.replicas) -}}
+{{- $pods = append $pods (printf "%s-%d.%s-headless.%s.svc:%v" $name $i $name $.Release.Namespace $port) -}}
+{{- end -}}
+{{- join "," $pods -}}
+{{- else -}}
+{{- printf "%s:%v" $name $port -}}
+{{- end -}}
+{{- end }}
+
+{{/* The scheduler's seed weights (AIWORKS_SCHEDULER_TRAFFIC_SEED): per pool with an enabled canary whose stable
+and canary versions are set, {stable version: 100 - weight, canary version: weight}. */}}
+{{- define "aiworks.trafficSeed" -}}
+{{- $seed := dict -}}
+{{- range $model, $pool := .Values.runtime.pools -}}
+{{- if and $pool.canary.enabled $pool.canary.version $pool.stable.version -}}
+{{- if eq (toString $pool.canary.version) (toString $pool.stable.version) -}}
+{{- fail (printf "runtime.pools.%s: stable and canary serve the same version %v; a canary weight needs two versions" $model $pool.canary.version) -}}
+{{- end -}}
+{{- $_ := set $seed $model (dict (toString $pool.stable.version) (sub 100 (int $pool.canary.weight)) (toString $pool.canary.version) (int $pool.canary.weight)) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $seed -}}
+{{- end }}

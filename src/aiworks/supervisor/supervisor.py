@@ -148,6 +148,12 @@ class SuiteConfig:
     tls_dir: Path | None = None
     # The installation's secret (docs/security.md): created when missing; default <log_dir>/../internal-token.
     token_file: Path | None = None
+    # Where the scheduler keeps its traffic policies (version weights) across restarts when there is no
+    # Redis (with redis_url they live in Redis); default <log_dir>/../scheduler-traffic.json.
+    scheduler_state_file: Path | None = None
+    # Scheduler replicas (high availability, docs/deployment.md): every runtime registers with all of them,
+    # the gateway and the monitor fail over between them. More than one needs redis_url (shared policies).
+    schedulers: int = 1
     # Most runtime replicas the control API starts on request (POST /v1/runtime/scale).
     max_scale_replicas: int = DEFAULT_MAX_REPLICAS
 
@@ -229,6 +235,15 @@ class Supervisor:
         if config.scheduler_port == 0:
             config.scheduler_port = free_port(config.host)
         self.scheduler_address = f"{self.reach_host}:{config.scheduler_port}"
+        if config.schedulers < 1:
+            raise ValueError("schedulers must be 1 or more")
+        if config.schedulers > 1 and not config.redis_url:
+            raise ValueError("more than one scheduler needs redis_url: they share their traffic policies there")
+        # Every scheduler; the first is the one the supervisor asks. Runtimes, gateway and monitor get them all.
+        self.scheduler_addresses = [self.scheduler_address] + [
+            f"{self.reach_host}:{free_port(config.host)}" for _ in range(config.schedulers - 1)
+        ]
+        self.scheduler_targets = ",".join(self.scheduler_addresses)
         self.cache_address: str | None = None
         if config.cache:
             if config.cache_port == 0:
@@ -438,7 +453,7 @@ class Supervisor:
                 "--replica-id", name,
                 "--host", c.host,
                 "--port", str(port),
-                "--scheduler-address", self.scheduler_address,
+                "--scheduler-address", self.scheduler_targets,
                 "--model-repository", str(model_repository or c.model_repository),
                 "--log-level", c.log_level,
             ]  # fmt: skip
@@ -472,8 +487,17 @@ class Supervisor:
         auth = CallerAuth(secret=self._secret)
         self.control = ControlServer(self, "127.0.0.1", c.control_port, auth=auth, max_replicas=c.max_scale_replicas)
         self.control.start()
-        scheduler = ["scheduler", "--host", c.host, "--port", str(c.scheduler_port), *level]
-        self._spawn("scheduler", "scheduler", scheduler, grpc_address=self.scheduler_address)
+        # Traffic policies outlive a scheduler restart: in Redis when there is one, else in a state file.
+        state_file = Path(c.scheduler_state_file or c.log_dir.parent / "scheduler-traffic.json").resolve()
+        scheduler_env = {"AIWORKS_SCHEDULER_STATE_FILE": str(state_file)}
+        if c.redis_url:
+            scheduler_env["AIWORKS_SCHEDULER_REDIS_URL"] = c.redis_url
+        for i, address in enumerate(self.scheduler_addresses):
+            port = address.rsplit(":", 1)[1]
+            scheduler = ["scheduler", "--host", c.host, "--port", port, *level]
+            extra = {} if i == 0 else {"metrics_port": free_port(c.host)}
+            self._spawn("scheduler" if i == 0 else f"scheduler-{i}", "scheduler", scheduler, env=scheduler_env,
+                        grpc_address=address, **extra)  # fmt: skip
         if self.cache_address:  # starts alongside the scheduler; the gateway needs it
             cache = ["cache", "--host", c.host, "--port", str(c.cache_port), *level]
             # The URL may hold a password: the environment, never argv (ps shows argv to every user).
@@ -481,7 +505,8 @@ class Supervisor:
             self._spawn("cache", "cache", cache, env=secret_env, grpc_address=self.cache_address)
             if c.redis_url:
                 log.info("cache store: Redis at %s", redact_url(c.redis_url))
-        self._wait(lambda: self._grpc_serving(self.scheduler_address, "scheduler"), "scheduler")
+        for address in self.scheduler_addresses:
+            self._wait(lambda a=address: self._grpc_serving(a, "scheduler"), f"scheduler {address}")
         for _ in range(c.replicas):
             self.start_runtime()
         self._wait(lambda: self._live_replicas() >= c.replicas, f"{c.replicas} runtime replica(s)")
@@ -496,7 +521,7 @@ class Supervisor:
                 "--host", c.host,
                 "--http-port", str(c.http_port),
                 "--grpc-port", str(c.grpc_port),
-                "--scheduler-address", self.scheduler_address,
+                "--scheduler-address", self.scheduler_targets,
                 *level,
             ],
             env=gateway_env,
@@ -515,7 +540,7 @@ class Supervisor:
         defaults = {
             "AIWORKS_MONITOR_PLATFORM": "local",
             "AIWORKS_MONITOR_SUPERVISOR_URL": self.control.url,
-            "AIWORKS_MONITOR_SCHEDULER_ADDRESS": self.scheduler_address,
+            "AIWORKS_MONITOR_SCHEDULER_ADDRESS": self.scheduler_address,  # the first: docs/deployment.md
             "AIWORKS_MONITOR_MIN_REPLICAS": str(c.replicas),
             "AIWORKS_MONITOR_MAX_REPLICAS": str(max(c.replicas, c.max_replicas)),
             "AIWORKS_MONITOR_EVENTS_FILE": str(c.log_dir / "monitor-events.jsonl"),
