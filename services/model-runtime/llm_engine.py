@@ -1,0 +1,327 @@
+"""Continuous (iteration-level) batching of text generations over a KV-cache decoder.
+
+:class:`Engine` is the scheduler, with no asyncio in it: each :meth:`Engine.step`
+
+1. drops cancelled sequences (their cache slot and KV budget come back at once);
+2. admits waiting sequences, first come first served, while a cache slot is
+   free and their reservation (prompt + ``max_tokens`` tokens) fits the
+   replica's KV budget: a sequence that does not fit waits;
+3. runs one prefill chunk (at most ``prefill_chunk`` prompt tokens of the
+   oldest sequence still reading its prompt), so a long prompt costs the
+   others one chunk's time per step, not its whole length;
+4. runs one decode step for every sequence past its prompt, in one batch:
+   rows with different histories share it, each with its own positions and
+   an attention mask over its own cache slots;
+5. samples each row's next token, applies stop strings, and returns the text
+   pieces made (:class:`Event`); finished sequences leave the batch there.
+
+The cache is one array ``[2 * layers, max_sequences, heads, context, head_dim]``
+(a sequence owns one slot row). :class:`AsyncEngine` drives it from asyncio:
+steps run in one worker thread, never on the event loop, and each generation
+is an async iterator whose closing cancels its sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from aiworks.core.errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How one generation picks tokens: greedy when ``temperature`` is 0."""
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
+    """One token id from a row of logits per ``s``."""
+    if s.temperature <= 0.0:
+        return int(np.argmax(logits))
+    z = logits.astype(np.float64) / s.temperature
+    if 0 < s.top_k < z.shape[0]:
+        cut = np.partition(z, -s.top_k)[-s.top_k]
+        z = np.where(z >= cut, z, -np.inf)
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    if s.top_p < 1.0:
+        order = np.argsort(-p)
+        keep = np.cumsum(p[order]) - p[order] < s.top_p  # the smallest prefix reaching top_p
+        mask = np.zeros_like(p, dtype=bool)
+        mask[order[keep]] = True
+        p = np.where(mask, p, 0.0)
+        p /= p.sum()
+    return int(rng.choice(p.shape[0], p=p))
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One generation's state; the engine owns it once added."""
+
+    prompt: np.ndarray  # int64 token ids
+    sampling: Sampling
+    reserve: int  # KV tokens held while admitted
+    rng: np.random.Generator
+    slot: int = -1
+    length: int = 0  # tokens in its cache slot
+    next_id: int = -1  # the sampled token not yet in the cache
+    generated: list[int] = field(default_factory=list)
+    emitted: int = 0  # characters of the generated text handed out
+    state: str = "waiting"  # waiting, prefill, decode, done
+    cancelled: bool = False
+    finish_reason: str = ""
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Event:
+    """Text a step made for a sequence; ``finished`` with its reason on its last one."""
+
+    seq: Sequence
+    text: str
+    finished: bool = False
+
+
+class Engine:
+    """See the module docstring. ``runner(feeds) -> outputs`` runs the ONNX decoder (:func:`io_names` order)."""
+
+    def __init__(
+        self, runner, tokenizer, *, layers: int, heads: int, head_dim: int, context: int,
+        kv_budget_tokens: int, max_sequences: int, prefill_chunk: int = 64, eos_id: int | None = None,
+    ):  # fmt: skip
+        self.runner, self.tokenizer = runner, tokenizer
+        self.layers, self.context = layers, context
+        self.kv_budget_tokens, self.max_sequences = kv_budget_tokens, max_sequences
+        self.prefill_chunk = max(1, prefill_chunk)
+        self.eos_id = eos_id
+        self.cache = np.zeros((2 * layers, max_sequences, heads, context, head_dim), np.float32)
+        self._free = list(range(max_sequences - 1, -1, -1))
+        self._lock = threading.Lock()
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.used_tokens = 0
+        self.steps = 0
+
+    # ---- the caller's side (any thread) ----
+
+    def encode(self, text: str) -> np.ndarray:
+        ids = self.tokenizer.encode(text).ids
+        if not ids:
+            ids = [self.eos_id if self.eos_id is not None else 0]
+        return np.asarray(ids, dtype=np.int64)
+
+    def add(self, prompt: np.ndarray, sampling: Sampling) -> Sequence:
+        n = int(prompt.shape[0])
+        if n >= self.context:
+            raise InvalidArgument(f"the prompt is {n} tokens; the context window is {self.context} tokens")
+        reserve = min(self.context, n + sampling.max_tokens)
+        if reserve > self.kv_budget_tokens:
+            raise InvalidArgument(
+                f"prompt ({n} tokens) + max_tokens ({sampling.max_tokens}) exceed the KV budget of "
+                f"{self.kv_budget_tokens} tokens"
+            )
+        seq = Sequence(prompt, sampling, reserve, np.random.default_rng(sampling.seed))
+        with self._lock:
+            self.waiting.append(seq)
+        return seq
+
+    def cancel(self, seq: Sequence) -> None:
+        """Stop ``seq``; a waiting one leaves now, a running one before the next step."""
+        with self._lock:
+            seq.cancelled = True
+            if seq.state == "waiting":
+                try:
+                    self.waiting.remove(seq)
+                except ValueError:
+                    pass
+                seq.state, seq.finish_reason = "done", "cancelled"
+
+    def fail_all(self, reason: str) -> list[Event]:
+        """End every sequence (after a failed step): their last events, with ``reason``."""
+        with self._lock:
+            seqs = list(self.running) + list(self.waiting)
+            self.running.clear()
+            self.waiting.clear()
+            for seq in seqs:
+                self._release(seq, "error")
+                seq.error = reason
+        return [Event(seq, "", True) for seq in seqs]
+
+    def busy(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- the step (one thread) ----
+
+    def _release(self, seq: Sequence, reason: str) -> None:
+        if seq.slot >= 0:
+            self._free.append(seq.slot)
+            self.used_tokens -= seq.reserve
+            seq.slot = -1
+        seq.state, seq.finish_reason = "done", reason
+
+    def _admit(self) -> None:
+        with self._lock:
+            for seq in [s for s in self.running if s.cancelled]:
+                self.running.remove(seq)
+                self._release(seq, "cancelled")
+            while self.waiting and self._free and self.used_tokens + self.waiting[0].reserve <= self.kv_budget_tokens:
+                seq = self.waiting.popleft()
+                seq.slot, seq.state = self._free.pop(), "prefill"
+                self.used_tokens += seq.reserve
+                self.running.append(seq)
+
+    def _run(self, ids, mask, positions, past) -> tuple[np.ndarray, list[np.ndarray]]:
+        out = self.runner({"input_ids": ids, "attention_mask": mask, "position_ids": positions, "past": past})
+        return out[0], out[1:]
+
+    def _prefill(self, seq: Sequence) -> int | None:
+        """Feed the next chunk of ``seq``'s prompt; the first token's id once the prompt is in."""
+        start = seq.length
+        chunk = seq.prompt[start : start + self.prefill_chunk]
+        n = chunk.shape[0]
+        past = [self.cache[j, seq.slot, :, :start][None] for j in range(2 * self.layers)]
+        mask = np.ones((1, start + n), np.int64)
+        positions = np.arange(start, start + n, dtype=np.int64)[None]
+        logits, present = self._run(chunk[None], mask, positions, past)
+        for j, kv in enumerate(present):
+            self.cache[j, seq.slot, :, start : start + n] = kv[0, :, start:]
+        seq.length = start + n
+        if seq.length < seq.prompt.shape[0]:
+            return None
+        seq.state = "decode"
+        return sample(logits[0, -1], seq.sampling, seq.rng)
+
+    def _decode(self, batch: list[Sequence]) -> list[int]:
+        slots = np.asarray([s.slot for s in batch])
+        lengths = np.asarray([s.length for s in batch])
+        width = int(lengths.max())
+        past = [self.cache[j, slots, :, :width] for j in range(2 * self.layers)]
+        mask = np.zeros((len(batch), width + 1), np.int64)
+        mask[:, :width][np.arange(width)[None, :] < lengths[:, None]] = 1
+        mask[:, width] = 1
+        ids = np.asarray([[s.next_id] for s in batch], np.int64)
+        logits, present = self._run(ids, mask, lengths[:, None].astype(np.int64), past)
+        for j, kv in enumerate(present):
+            self.cache[j, slots, :, lengths] = kv[:, :, width]
+        for s in batch:
+            s.length += 1
+        return [sample(logits[i, -1], s.sampling, s.rng) for i, s in enumerate(batch)]
+
+    def _accept(self, seq: Sequence, token: int) -> Event | None:
+        """Take ``token`` into ``seq``: the text it releases, and whether the sequence is done."""
+        s = seq.sampling
+        reason = ""
+        if token == self.eos_id and not s.ignore_eos:
+            reason = "stop"
+        else:
+            seq.generated.append(token)
+            seq.next_id = token
+            if len(seq.generated) >= s.max_tokens:
+                reason = "length"
+            elif seq.length + 1 >= self.context:
+                reason = "length"
+        text = self.tokenizer.decode(seq.generated, skip_special_tokens=True)
+        end = len(text)
+        for stop in s.stop:
+            at = text.find(stop, max(0, seq.emitted - len(stop) + 1))
+            if at >= 0 and at < end:
+                end, reason = at, "stop"
+        if not reason:
+            end = len(text.rstrip("\ufffd"))  # an incomplete UTF-8 character waits for its next bytes
+            for stop in s.stop:  # so does text that may be the start of a stop string
+                for k in range(min(len(stop) - 1, end), 0, -1):
+                    if text[:end].endswith(stop[:k]):
+                        end = min(end, len(text[:end]) - k)
+                        break
+        piece = text[seq.emitted : max(end, seq.emitted)]
+        seq.emitted = max(end, seq.emitted)
+        if reason:
+            with self._lock:
+                self.running.remove(seq)
+                self._release(seq, reason)
+            return Event(seq, piece, True)
+        return Event(seq, piece) if piece else None
+
+    def step(self) -> list[Event]:
+        """One iteration (see the module docstring): the text pieces it made."""
+        self._admit()
+        events: list[Event] = []
+        decoding = [s for s in self.running if s.state == "decode"]
+        filling = next((s for s in self.running if s.state == "prefill"), None)
+        if filling is not None:
+            token = self._prefill(filling)
+            if token is not None:
+                events.append(self._accept(filling, token))
+        if decoding:
+            for seq, token in zip(decoding, self._decode(decoding)):
+                events.append(self._accept(seq, token))
+        self.steps += 1
+        return [e for e in events if e is not None]
+
+
+class AsyncEngine:
+    """An :class:`Engine` driven from asyncio: steps in one worker thread, generations as async iterators."""
+
+    def __init__(self, engine: Engine, on_step=None):
+        self.engine = engine
+        self.on_step = on_step  # called on the event loop after each step (gauges)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-step")
+        self._queues: dict[int, asyncio.Queue] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self.engine.busy():
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            try:
+                events = await loop.run_in_executor(self._pool, self.engine.step)
+            except Exception as exc:  # the decoder failed: every generation running or waiting ends with it
+                events = self.engine.fail_all(f"generation failed: {type(exc).__name__}")
+            if self.on_step is not None:
+                self.on_step()
+            for event in events:
+                queue = self._queues.get(id(event.seq))
+                if queue is not None:
+                    queue.put_nowait(event)
+
+    async def generate(self, prompt: np.ndarray, sampling: Sampling):
+        """The :class:`Event` s of one generation; leaving the iteration early cancels it."""
+        seq = self.engine.add(prompt, sampling)
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[id(seq)] = queue
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+        self._wake.set()
+        try:
+            while True:
+                event = await queue.get()
+                yield event
+                if event.finished:
+                    return
+        finally:
+            self._queues.pop(id(seq), None)
+            if seq.state != "done":
+                self.engine.cancel(seq)
+                self._wake.set()
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        self._pool.shutdown(wait=False, cancel_futures=True)
