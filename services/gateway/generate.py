@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Mapping
 
 import orjson
 from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
+from aiworks.gateway.filters import read_body
 from aiworks.gateway.telemetry import REQUEST_ID_HEADER
 
 from aiworks.core.datatypes import Tensor, deserialize_bytes, serialize_items
@@ -116,8 +117,6 @@ class Generation:
 async def start(dataplane: GatewayDataPlane, max_request_bytes: int, model: str, version: str,
                 headers: Mapping[str, str], body_stream) -> Generation:  # fmt: skip
     """Authenticate, authorize, read and parse: a running :class:`Generation`."""
-    from aiworks.gateway.http_app import read_body
-
     principal = dataplane.authenticate(headers)  # before a byte of the body is read
     dataplane.authorize(principal, model, version)
     limit = request_limit(principal, max_request_bytes)

@@ -25,8 +25,9 @@ import time
 from collections.abc import AsyncIterator, Mapping
 
 import orjson
+from aiworks.gateway import generate
 from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
-from aiworks.gateway.filters import check_body_size
+from aiworks.gateway.filters import read_body
 from aiworks.gateway.http_codec import (
     HEADER_LENGTH,
     INFER_REQUEST_SCHEMA,
@@ -40,7 +41,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from aiworks.core.errors import AIWorksError, InvalidArgument, PayloadTooLarge, Status
 from aiworks.core.names import NAME_RULE
@@ -65,28 +66,6 @@ def error_headers(exc: AIWorksError) -> dict | None:
     if exc.status is Status.UNAUTHENTICATED:
         return {"WWW-Authenticate": _CHALLENGE}
     return None
-
-
-async def read_body(stream: AsyncIterator[bytes], declared: str | None, limit: int, tenant_id: str = "") -> bytes:
-    """The request body, refusing more than ``limit`` bytes before reading them all.
-
-    ``declared`` is the Content-Length header, when there is one.
-    """
-    if declared is not None:
-        try:
-            size = int(declared)
-        except ValueError:
-            raise InvalidArgument(f"Content-Length '{declared}' is not an integer") from None
-        check_body_size(size, limit, tenant_id)
-    chunks = []
-    total = 0
-    async for chunk in stream:
-        total += len(chunk)
-        if total > limit:
-            whose = f" for tenant '{tenant_id}'" if tenant_id else ""
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes{whose} (rule max_request_bytes)")
-        chunks.append(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 async def _infer(
@@ -272,6 +251,21 @@ def create_app(dataplane: GatewayDataPlane, *, max_request_bytes: int) -> InferF
             media_type="application/octet-stream",
             headers={"Inference-Header-Content-Length": str(header_length)},
         )
+
+    # ---- generation (Triton's generate extension; aiworks.gateway.generate) --------------------
+
+    @app.post("/v2/models/{model}/generate")
+    @app.post("/v2/models/{model}/versions/{version}/generate")
+    async def generate_once(model: str, request: Request, version: str = ""):
+        running = await generate.start(dataplane, max_request_bytes, model, version, request.headers, request.stream())
+        return _json(await generate.generate_once(running))
+
+    @app.post("/v2/models/{model}/generate_stream")
+    @app.post("/v2/models/{model}/versions/{version}/generate_stream")
+    async def generate_stream(model: str, request: Request, version: str = ""):
+        running = await generate.start(dataplane, max_request_bytes, model, version, request.headers, request.stream())
+        first, rest = await generate.first_and_rest(running)  # an error before the first piece: a JSON error
+        return StreamingResponse(generate.sse_events(first, rest), media_type="text/event-stream; charset=utf-8")
 
     # ---- model repository -----------------------------------------------------------------
 

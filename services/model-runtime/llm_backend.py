@@ -12,7 +12,7 @@ step made (usually one token's). Sampling comes from request parameters:
 - ``stop``: a string, or a JSON list of strings, that ends the generation (not returned),
 - ``ignore_eos``: keep going past the end-of-text token.
 
-Any other parameter is refused (``INVALID_ARGUMENT``). Config parameters:
+Any other parameter is refused (``INVALID_ARGUMENT``) but Triton's own (``triton_*``). Config parameters:
 ``context_tokens``, ``kv_budget_tokens`` (the replica's KV-cache budget in
 tokens; admission waits while it is full), ``max_sequences`` (cache slots),
 ``prefill_chunk_tokens`` and ``max_tokens_cap``. The scheduling itself is
@@ -84,7 +84,8 @@ def _stops(value) -> tuple[str, ...]:
 
 def parse_sampling(params: dict, *, default_max_tokens: int, max_tokens_cap: int) -> Sampling:
     """The :class:`Sampling` a request's parameters ask for; unknown or out-of-range ones are refused."""
-    unknown = sorted(set(params) - SAMPLING_PARAMETERS)
+    # Triton's own request parameters (triton_enable_empty_final_response, ...) are the transport's.
+    unknown = sorted(n for n in set(params) - SAMPLING_PARAMETERS if not n.startswith("triton_"))
     if unknown:
         raise InvalidArgument(
             f"unknown sampling parameter(s) {unknown[:4]}; accepted: {sorted(SAMPLING_PARAMETERS)}"

@@ -53,7 +53,8 @@ def test_sequences_join_and_leave_the_batch_without_changing_their_text(parts):
     solo = [alone(parts, p, Sampling(max_tokens=n)) for p, n in zip(prompts, lengths)]
     engine = make_engine(parts)
     # They join at steps 0, 0, 3 and 7 and leave after 12, 5, 20 and 9 tokens.
-    texts, seqs, per_step = run_all(engine, [(s, p, Sampling(max_tokens=n)) for s, p, n in zip([0, 0, 3, 7], prompts, lengths)])
+    joins = [(s, p, Sampling(max_tokens=n)) for s, p, n in zip([0, 0, 3, 7], prompts, lengths)]
+    texts, seqs, per_step = run_all(engine, joins)
     assert texts == solo
     assert [len(s.generated) for s in seqs] == lengths and all(s.finish_reason == "length" for s in seqs)
     assert max(len({id(e.seq) for e in events}) for events in per_step) >= 3  # several decoded in one step
@@ -159,7 +160,8 @@ async def test_an_abandoned_async_generation_releases_its_kv(parts):
     engine = make_engine(parts, kv_budget_tokens=1000)
     driver = AsyncEngine(engine)
     try:
-        gens = [driver.generate(engine.encode(f"def f{i}():"), Sampling(max_tokens=200, ignore_eos=True)) for i in range(20)]
+        long = Sampling(max_tokens=200, ignore_eos=True)
+        gens = [driver.generate(engine.encode(f"def f{i}():"), long) for i in range(20)]
         for gen in gens:
             await anext(gen)  # each has started (the budget holds 4 at once: the rest waited their turn)
             await gen.aclose()

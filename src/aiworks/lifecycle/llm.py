@@ -52,10 +52,10 @@ class LlmSpec:
     dim: int = 256
     context: int = 256
     vocab: int = 4096
-    steps: int = 300
-    batch: int = 16
-    window: int = 128
-    lr: float = 2e-3
+    steps: int = 200
+    batch: int = 8
+    window: int = 64
+    lr: float = 3e-3
     corpus_mb: float = 4.0
     seed: int = 0
     random: bool = False
