@@ -86,6 +86,9 @@ class Generation:
                 stream = dataplane.infer_stream(request, principal, None, request_id=call.request_id)
                 async with contextlib.aclosing(stream) as answers:
                     async for response in answers:
+                        if response.final and not response.outputs:
+                            call.response = response
+                            continue  # the stream's bare final flag: the routes end on their own
                         call.streamed(response)
                         self._out.put_nowait(response)
             self._out.put_nowait(None)

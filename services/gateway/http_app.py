@@ -34,6 +34,7 @@ from aiworks.gateway.http_codec import (
     encode_infer_response,
     parse_infer_header,
 )
+from aiworks.gateway.openai_routes import add_openai_routes
 from aiworks.gateway.metering import DEFAULT_USAGE_SPAN_S, parse_time
 from aiworks.gateway.telemetry import REQUEST_ID_HEADER
 from fastapi import FastAPI, Request
@@ -266,6 +267,8 @@ def create_app(dataplane: GatewayDataPlane, *, max_request_bytes: int) -> InferF
         running = await generate.start(dataplane, max_request_bytes, model, version, request.headers, request.stream())
         first, rest = await generate.first_and_rest(running)  # an error before the first piece: a JSON error
         return StreamingResponse(generate.sse_events(first, rest), media_type="text/event-stream; charset=utf-8")
+
+    add_openai_routes(app, dataplane, max_request_bytes)  # /v1/models, /v1/completions, /v1/chat/completions
 
     # ---- model repository -----------------------------------------------------------------
 

@@ -139,3 +139,71 @@ def test_abandoned_streams_leave_the_kv_cache_as_it_was(suite):
     # The model still answers.
     r = requests.post(url(suite, "/v2/models/codegen/generate"), json={"text_input": "x", "max_tokens": 3})
     assert r.status_code == 200
+
+
+# ---- OpenAI-compatible routes, with the official client unchanged ----------------------------------
+
+
+@pytest.fixture
+def openai_client(suite):
+    import openai
+
+    return openai.OpenAI(base_url=f"http://{suite.http_url}/v1", api_key="demo-mode-takes-any-key", max_retries=0)
+
+
+def test_openai_completions_streaming_and_not(suite, openai_client):
+    assert "codegen" in [m.id for m in openai_client.models.list()]
+    once = requests.post(url(suite, "/v2/models/codegen/generate"),
+                         json={"text_input": "import ", "max_tokens": 8, "ignore_eos": True}).json()  # fmt: skip
+    more = {"ignore_eos": True}  # a random model may end at once; vLLM's extension keeps it going
+    done = openai_client.completions.create(model="codegen", prompt="import ", max_tokens=8, temperature=0,
+                                            extra_body=more)  # fmt: skip
+    assert done.object == "text_completion" and done.model == "codegen"
+    assert done.choices[0].text == once["text_output"][: len(done.choices[0].text)]
+    assert done.choices[0].finish_reason in ("length", "stop")
+    assert done.usage.prompt_tokens >= 1 and done.usage.completion_tokens == 8
+    assert done.usage.total_tokens == done.usage.prompt_tokens + done.usage.completion_tokens
+    chunks = list(openai_client.completions.create(model="codegen", prompt="import ", max_tokens=8, temperature=0,
+                                                   stream=True, stream_options={"include_usage": True},
+                                                   extra_body=more))  # fmt: skip
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == done.choices[0].text and len(chunks) >= 3
+    assert chunks[-1].usage.completion_tokens == done.usage.completion_tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == done.choices[0].finish_reason
+    with requests.post(url(suite, "/v1/completions"), stream=True,
+                       json={"model": "codegen", "prompt": "x", "max_tokens": 3, "stream": True}) as r:  # fmt: skip
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == b"data: [DONE]"
+
+
+def test_openai_chat_completions(openai_client):
+    messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def add(a, b):"}]
+    done = openai_client.chat.completions.create(model="codegen", messages=messages, max_tokens=10, seed=3,
+                                                 extra_body={"ignore_eos": True})  # fmt: skip
+    assert done.object == "chat.completion" and done.choices[0].message.role == "assistant"
+    assert done.usage.prompt_tokens > 10 and done.usage.completion_tokens >= 1
+    again = openai_client.chat.completions.create(model="codegen", messages=messages, max_tokens=10, seed=3,
+                                                  extra_body={"ignore_eos": True})  # fmt: skip
+    assert again.choices[0].message.content == done.choices[0].message.content  # the seed repeats
+    stream = openai_client.chat.completions.create(model="codegen", messages=messages, max_tokens=10, seed=3,
+                                                   stream=True, extra_body={"ignore_eos": True})  # fmt: skip
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == done.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == done.choices[0].finish_reason
+
+
+def test_openai_errors_come_in_openais_format(suite, openai_client):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as bad:
+        openai_client.completions.create(model="codegen", prompt="x", max_tokens=0)
+    assert bad.value.status_code == 400 and "max_tokens" in bad.value.message
+    assert bad.value.body["type"] == "invalid_request_error"
+    with pytest.raises(openai.NotFoundError):
+        openai_client.completions.create(model="no-such-model", prompt="x")
+    with pytest.raises(openai.BadRequestError) as long_prompt:
+        openai_client.completions.create(model="codegen", prompt="def f(x): return x\n" * 60, stream=True)
+    assert "context window" in long_prompt.value.message
+    r = requests.post(url(suite, "/v1/completions"), json={"model": "codegen", "prompt": "x", "best_of": 3})
+    assert r.status_code == 400 and "best_of" in r.json()["error"]["message"]
