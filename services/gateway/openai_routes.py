@@ -6,9 +6,10 @@ arrives as ``Authorization: Bearer``, which the gateway's tenancy checks as
 on every other inference route.
 
 - Sampling fields map onto the backend's parameters (``max_tokens``,
-  ``temperature`` (OpenAI's default 1), ``top_p``, ``stop``, ``seed``, and
-  ``top_k`` and ``ignore_eos`` as extensions, vLLM's names, sent with the client's ``extra_body``). ``n`` above 1, ``logprobs``, ``echo`` and
-  non-zero penalties are refused, as is any field this route does not know.
+  ``temperature`` (OpenAI's default 1), ``top_p``, ``stop``, ``seed``; and
+  ``top_k`` and ``ignore_eos``, vLLM's extensions, which the client sends in
+  ``extra_body``). ``n`` above 1, ``logprobs``, ``echo`` and non-zero
+  penalties are refused, as is any field this route does not know.
 - ``stream: true`` answers as server-sent events of ``text_completion`` /
   ``chat.completion.chunk`` objects ending in ``data: [DONE]``;
   ``stream_options: {"include_usage": true}`` adds the usage chunk.
