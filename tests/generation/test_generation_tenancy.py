@@ -17,9 +17,9 @@ pytestmark = pytest.mark.e2e
 def tenancy(tiny_llm_repo, tmp_path_factory):
     work = tmp_path_factory.mktemp("tenancy")
     keys, tenants = {}, []
-    for tenant_id, models in (("coder", ["codegen"]), ("other", ["minilm"])):
+    for tenant_id, fields in (("coder", {"models": ["codegen"], "max_tokens": 8}), ("other", {"models": ["minilm"]})):
         keys[tenant_id], digest = generate_api_key()
-        tenants.append({"id": tenant_id, "models": models, "api_keys": [digest]})
+        tenants.append({"id": tenant_id, **fields, "api_keys": [digest]})
     (work / "tenants.yaml").write_text(yaml.safe_dump({"tenants": tenants}))
     s = start_suite(tiny_llm_repo, work / "logs", replicas=1, cache=False,
                     extra_env={"AIWORKS_GATEWAY_TENANTS_FILE": str(work / "tenants.yaml")})  # fmt: skip
@@ -55,3 +55,15 @@ def test_openai_routes_answer_auth_errors_in_openais_format(tenancy):
     assert done.usage.completion_tokens == 4
     r = requests.get(f"{base}/models")
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+
+
+def test_a_tenants_max_tokens_cap_holds_on_every_front_end(tenancy):
+    suite, keys = tenancy
+    auth = {"authorization": f"Bearer {keys['coder']}"}
+    u = f"http://{suite.http_url}/v2/models/codegen/generate"
+    over = requests.post(u, json={"text_input": "x", "max_tokens": 9}, headers=auth)
+    assert over.status_code == 400 and "cap of 8 (rule max_tokens)" in over.json()["error"]
+    assert requests.post(u, json={"text_input": "x", "max_tokens": 8}, headers=auth).status_code == 200
+    coder = openai.OpenAI(base_url=f"http://{suite.http_url}/v1", api_key=keys["coder"], max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="rule max_tokens"):
+        coder.chat.completions.create(model="codegen", messages=[{"role": "user", "content": "hi"}], max_tokens=50)
