@@ -6,9 +6,10 @@
 2. admits waiting sequences, first come first served, while a cache slot is
    free and their reservation (prompt + ``max_tokens`` tokens) fits the
    replica's KV budget: a sequence that does not fit waits;
-3. runs one prefill chunk (at most ``prefill_chunk`` prompt tokens of the
-   oldest sequence still reading its prompt), so a long prompt costs the
-   others one chunk's time per step, not its whole length;
+3. runs one prefill batch: at most ``prefill_chunk`` prompt tokens in all,
+   taken from the oldest sequences still reading their prompts, so a long
+   prompt costs the others one chunk's time per step, not its whole length,
+   and many short ones are read together;
 4. runs one decode step for every sequence past its prompt, in one batch:
    rows with different histories share it, each with its own positions and
    an attention mask over its own cache slots;
@@ -187,38 +188,71 @@ class Engine:
         out = self.runner({"input_ids": ids, "attention_mask": mask, "position_ids": positions, "past": past})
         return out[0], out[1:]
 
-    def _prefill(self, seq: Sequence) -> int | None:
-        """Feed the next chunk of ``seq``'s prompt; the first token's id once the prompt is in."""
-        start = seq.length
-        chunk = seq.prompt[start : start + self.prefill_chunk]
-        n = chunk.shape[0]
-        past = [self.cache[j, seq.slot, :, :start][None] for j in range(2 * self.layers)]
-        mask = np.ones((1, start + n), np.int64)
-        positions = np.arange(start, start + n, dtype=np.int64)[None]
-        logits, present = self._run(chunk[None], mask, positions, past)
-        for j, kv in enumerate(present):
-            self.cache[j, seq.slot, :, start : start + n] = kv[0, :, start:]
-        seq.length = start + n
-        if seq.length < seq.prompt.shape[0]:
-            return None
-        seq.state = "decode"
-        return sample(logits[0, -1], seq.sampling, seq.rng)
+    def _forward(self, rows: list[tuple[Sequence, np.ndarray]]) -> np.ndarray:
+        """Run new tokens of several sequences in one batch; each row's logits at its last new token.
+
+        Rows differ in history (``length``) and in how many tokens they bring:
+        the cache is read up to the longest history, new tokens are padded on
+        the right to the most any row brings, and the attention mask admits
+        each row's own cache slots and real new tokens only (padding comes
+        after a row's real tokens, so the causal order hides it from them).
+        """
+        seqs = [s for s, _ in rows]
+        slots = np.asarray([s.slot for s in seqs])
+        starts = np.asarray([s.length for s in seqs])
+        counts = np.asarray([t.shape[0] for _, t in rows])
+        width, new = int(starts.max()), int(counts.max())
+        past = [self.cache[j, slots, :, :width] for j in range(2 * self.layers)]
+        mask = np.zeros((len(rows), width + new), np.int64)
+        mask[:, :width] = np.arange(width)[None, :] < starts[:, None]
+        if new == 1:
+            ids = np.stack([t for _, t in rows])
+            positions = starts[:, None].astype(np.int64)
+            mask[:, width] = 1
+        else:
+            ids = np.zeros((len(rows), new), np.int64)
+            positions = np.zeros((len(rows), new), np.int64)
+            for i, (_, t) in enumerate(rows):
+                n = t.shape[0]
+                ids[i, :n] = t
+                positions[i] = starts[i] + np.minimum(np.arange(new), n - 1)  # padding repeats the last position
+                mask[i, width : width + n] = 1
+        logits, present = self._run(ids, mask, positions, past)
+        if new == 1:
+            for j, kv in enumerate(present):
+                self.cache[j, slots, :, starts] = kv[:, :, width]
+        else:
+            for i, s in enumerate(seqs):
+                n = int(counts[i])
+                for j, kv in enumerate(present):
+                    self.cache[j, s.slot, :, s.length : s.length + n] = kv[i, :, width : width + n]
+        for s, n in zip(seqs, counts.tolist()):
+            s.length += n
+        return logits[np.arange(len(rows)), counts - 1]
+
+    def _prefill(self, filling: list[Sequence]) -> list[tuple[Sequence, int]]:
+        """Feed prompt chunks, at most ``prefill_chunk`` tokens in all, oldest first: (sequence, first token)
+        for each whose prompt is now in."""
+        rows, budget = [], self.prefill_chunk
+        for seq in filling:
+            if budget <= 0:
+                break
+            chunk = seq.prompt[seq.length : seq.length + budget]
+            rows.append((seq, chunk))
+            budget -= chunk.shape[0]
+        if not rows:
+            return []
+        logits = self._forward(rows)
+        firsts = []
+        for (seq, _), row in zip(rows, logits):
+            if seq.length >= seq.prompt.shape[0]:
+                seq.state = "decode"
+                firsts.append((seq, sample(row, seq.sampling, seq.rng)))
+        return firsts
 
     def _decode(self, batch: list[Sequence]) -> list[int]:
-        slots = np.asarray([s.slot for s in batch])
-        lengths = np.asarray([s.length for s in batch])
-        width = int(lengths.max())
-        past = [self.cache[j, slots, :, :width] for j in range(2 * self.layers)]
-        mask = np.zeros((len(batch), width + 1), np.int64)
-        mask[:, :width][np.arange(width)[None, :] < lengths[:, None]] = 1
-        mask[:, width] = 1
-        ids = np.asarray([[s.next_id] for s in batch], np.int64)
-        logits, present = self._run(ids, mask, lengths[:, None].astype(np.int64), past)
-        for j, kv in enumerate(present):
-            self.cache[j, slots, :, lengths] = kv[:, :, width]
-        for s in batch:
-            s.length += 1
-        return [sample(logits[i, -1], s.sampling, s.rng) for i, s in enumerate(batch)]
+        logits = self._forward([(s, np.asarray([s.next_id], np.int64)) for s in batch])
+        return [sample(row, s.sampling, s.rng) for row, s in zip(logits, batch)]
 
     def _accept(self, seq: Sequence, token: int) -> Event | None:
         """Take ``token`` into ``seq``: the text it releases, and whether the sequence is done."""
@@ -260,11 +294,9 @@ class Engine:
         self._admit()
         events: list[Event] = []
         decoding = [s for s in self.running if s.state == "decode"]
-        filling = next((s for s in self.running if s.state == "prefill"), None)
-        if filling is not None:
-            token = self._prefill(filling)
-            if token is not None:
-                events.append(self._accept(filling, token))
+        filling = [s for s in self.running if s.state == "prefill"]
+        for seq, token in self._prefill(filling):
+            events.append(self._accept(seq, token))
         if decoding:
             for seq, token in zip(decoding, self._decode(decoding)):
                 events.append(self._accept(seq, token))

@@ -291,7 +291,7 @@ instance_group [ {{ kind: KIND_CPU count: 1 }} ]
 parameters {{ key: "context_tokens" value: {{ string_value: "{spec.context}" }} }}
 parameters {{ key: "kv_budget_tokens" value: {{ string_value: "{kv_budget_tokens}" }} }}
 parameters {{ key: "max_sequences" value: {{ string_value: "{max_sequences}" }} }}
-parameters {{ key: "prefill_chunk_tokens" value: {{ string_value: "64" }} }}
+parameters {{ key: "prefill_chunk_tokens" value: {{ string_value: "256" }} }}
 parameters {{ key: "max_tokens_cap" value: {{ string_value: "{spec.context}" }} }}
 parameters {{ key: "default_max_tokens" value: {{ string_value: "16" }} }}
 """
