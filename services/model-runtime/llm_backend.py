@@ -176,7 +176,7 @@ class LlmModel:
     def run(self, feeds, outputs):
         raise InvalidArgument(f"model '{self.name}' is decoupled: it answers on a stream only")
 
-    def prompt_ids(self, request: InferRequest) -> np.ndarray:
+    def prompt_ids(self, request: InferRequest) -> tuple[np.ndarray, bool]:
         tensors = {t.name: t for t in request.inputs}
         text = tensors.get("text_input")
         if text is None or text.datatype != "BYTES" or int(np.prod(text.shape)) != 1:
@@ -186,20 +186,20 @@ class LlmModel:
             prompt = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
         except UnicodeDecodeError:
             raise InvalidArgument("input 'text_input' is not UTF-8 text") from None
-        return self.engine.encode(prompt)
+        return self.engine.prepare(prompt)
 
     async def stream(self, request: InferRequest, options: RequestOptions):
         """One response per step that made text; the last carries the token counts and finish reason."""
         sampling = parse_sampling(
             request.parameters, default_max_tokens=self.default_max_tokens, max_tokens_cap=self.max_tokens_cap
         )
-        prompt = self.prompt_ids(request)
+        prompt, heal = self.prompt_ids(request)
         if self._async is None:
             self._async = AsyncEngine(self.engine, on_step=self._gauges)
         first = True
         last_s = time.perf_counter()
         self._tokens[0].inc(int(prompt.shape[0]))
-        async for event in self._async.generate(prompt, sampling):
+        async for event in self._async.generate(prompt, sampling, heal):
             if event.seq.error:
                 raise Internal(f"model '{self.name}': {event.seq.error}")
             now_s = time.perf_counter()

@@ -85,6 +85,7 @@ class Sequence:
     cancelled: bool = False
     finish_reason: str = ""
     error: str = ""
+    heal: bool = False  # the prompt's trailing space was taken off (Engine.prepare)
 
 
 @dataclass(frozen=True)
@@ -115,8 +116,30 @@ class Engine:
         self.running: list[Sequence] = []
         self.used_tokens = 0
         self.steps = 0
+        self._spaced: np.ndarray | None = None
 
     # ---- the caller's side (any thread) ----
+
+    def prepare(self, text: str) -> tuple[np.ndarray, bool]:
+        """A prompt's token ids, and whether its trailing space was taken off to be healed.
+
+        Byte-level BPE glues a space to the word after it, so a prompt ending
+        in one space ("def ") would leave the model a lone space token it
+        rarely saw. The space is dropped from the prompt instead and the first
+        token is drawn among those that start with a space, which is left out
+        of the text handed back.
+        """
+        if len(text) >= 2 and text.endswith(" ") and not text[-2].isspace():
+            return self.encode(text[:-1]), True
+        return self.encode(text), False
+
+    def _space_tokens(self) -> np.ndarray:
+        if self._spaced is None:
+            vocab = self.tokenizer.get_vocab_size()
+            self._spaced = np.asarray(
+                [self.tokenizer.decode([i], skip_special_tokens=False).startswith(" ") for i in range(vocab)]
+            )
+        return self._spaced
 
     def encode(self, text: str) -> np.ndarray:
         ids = self.tokenizer.encode(text).ids
@@ -124,7 +147,7 @@ class Engine:
             ids = [self.eos_id if self.eos_id is not None else 0]
         return np.asarray(ids, dtype=np.int64)
 
-    def add(self, prompt: np.ndarray, sampling: Sampling) -> Sequence:
+    def add(self, prompt: np.ndarray, sampling: Sampling, heal: bool = False) -> Sequence:
         n = int(prompt.shape[0])
         if n >= self.context:
             raise InvalidArgument(f"the prompt is {n} tokens; the context window is {self.context} tokens")
@@ -135,6 +158,9 @@ class Engine:
                 f"{self.kv_budget_tokens} tokens"
             )
         seq = Sequence(prompt, sampling, reserve, np.random.default_rng(sampling.seed))
+        if heal:
+            seq.heal, seq.emitted = True, 1  # the first token's leading space is the prompt's
+            self._space_tokens()
         with self._lock:
             self.waiting.append(seq)
         return seq
@@ -247,6 +273,8 @@ class Engine:
         for (seq, _), row in zip(rows, logits):
             if seq.length >= seq.prompt.shape[0]:
                 seq.state = "decode"
+                if seq.heal:
+                    row = np.where(self._space_tokens(), row, -np.inf)
                 firsts.append((seq, sample(row, seq.sampling, seq.rng)))
         return firsts
 
@@ -333,9 +361,9 @@ class AsyncEngine:
                 if queue is not None:
                     queue.put_nowait(event)
 
-    async def generate(self, prompt: np.ndarray, sampling: Sampling):
+    async def generate(self, prompt: np.ndarray, sampling: Sampling, heal: bool = False):
         """The :class:`Event` s of one generation; leaving the iteration early cancels it."""
-        seq = self.engine.add(prompt, sampling)
+        seq = self.engine.add(prompt, sampling, heal)
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[id(seq)] = queue
         if self._task is None or self._task.done():

@@ -174,3 +174,16 @@ async def test_an_abandoned_async_generation_releases_its_kv(parts):
         assert full[-1].finished and len(full[-1].seq.generated) == 5
     finally:
         driver.close()
+
+
+def test_a_trailing_space_is_healed_into_the_first_token(parts):
+    engine = make_engine(parts)
+    ids, heal = engine.prepare("def ")
+    assert heal and ids.tolist() == engine.encode("def").tolist()
+    assert engine.prepare("def  ")[1] is False and engine.prepare("x\n")[1] is False
+    seq = engine.add(ids, Sampling(max_tokens=6, temperature=1.0, seed=1), heal)
+    text = ""
+    while seq.state != "done":
+        text += "".join(e.text for e in engine.step() if e.seq is seq)
+    whole = engine.tokenizer.decode(seq.generated)
+    assert whole.startswith(" ") and text == whole[1:]
