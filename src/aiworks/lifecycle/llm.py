@@ -49,13 +49,13 @@ class LlmSpec:
 
     layers: int = 4
     heads: int = 4
-    dim: int = 256
+    dim: int = 128
     context: int = 256
-    vocab: int = 4096
+    vocab: int = 2048
     steps: int = 200
-    batch: int = 8
+    batch: int = 32
     window: int = 64
-    lr: float = 3e-3
+    lr: float = 5e-3
     corpus_mb: float = 4.0
     corpus: str = "stdlib-code-v2"  # bumped when corpus() changes, so the cache key does
     seed: int = 0
