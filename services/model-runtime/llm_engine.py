@@ -298,7 +298,7 @@ class Engine:
         text = self.tokenizer.decode(seq.generated, skip_special_tokens=True)
         end = len(text)
         for stop in s.stop:
-            at = text.find(stop, max(0, seq.emitted - len(stop) + 1))
+            at = text.find(stop, max(int(seq.heal), seq.emitted - len(stop) + 1))  # not in a healed space
             if at >= 0 and at < end:
                 end, reason = at, "stop"
         if not reason:

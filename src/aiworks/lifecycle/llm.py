@@ -5,7 +5,7 @@ No model hub is reachable, so ``aiworks llm build`` makes the weights itself:
 1. a byte-level BPE (``tokenizers``) trained on a few MB of the standard
    library's ``.py`` files (every 20th file, by a stable hash of its path,
    is held out for evaluation);
-2. a GPT-2 (``transformers``' ``GPT2LMHeadModel``, ~5 M parameters with the
+2. a GPT-2 (``transformers``' ``GPT2LMHeadModel``, ~1.1 M parameters with the
    defaults) trained for ``steps`` AdamW steps on random windows of that
    text, on the CPU; the weights and tokenizer are cached under
    ``.aiworks/cache/llm/<key>`` so a second build only exports;
