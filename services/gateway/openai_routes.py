@@ -1,4 +1,9 @@
-"""OpenAI-compatible routes over the ``llm`` backend: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``.
+"""OpenAI-compatible routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``, ``/v1/embeddings``.
+
+Completions run on the ``llm`` backend; embeddings on a text-embedding model
+(one BYTES input, one FP32 output: ``minilm``), ``encoding_format`` float or
+base64, at most 64 strings a request, usage not counted (0: the model
+tokenizes inside its graph).
 
 The official ``openai`` client works unchanged with ``base_url=<gateway>/v1``
 and ``api_key`` a tenant's API key (any string in demo mode): the key
@@ -23,11 +28,13 @@ The chat template is plain: ``"<role>: <content>\\n"`` per message, then
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
 
+import numpy as np
 import orjson
 from aiworks.gateway import generate
 from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
@@ -43,6 +50,8 @@ _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed
            "user", "presence_penalty", "frequency_penalty", "logprobs", "ignore_eos"}  # fmt: skip
 COMPLETION_FIELDS = frozenset(_COMMON | {"prompt", "echo"})
 CHAT_FIELDS = frozenset(_COMMON | {"messages", "max_completion_tokens", "top_logprobs"})
+EMBEDDING_FIELDS = frozenset({"model", "input", "encoding_format", "user"})
+MAX_EMBEDDING_INPUTS = 64
 CHAT_ROLES = ("system", "user", "assistant")
 CHAT_STOP = ["\nuser:", "\nsystem:", "\nassistant:"]
 
@@ -64,7 +73,7 @@ def _refuse(doc: dict, allowed: frozenset) -> None:
     unknown = sorted(set(doc) - allowed)
     if unknown:
         raise InvalidArgument(f"unrecognized request argument(s): {', '.join(unknown[:4])}")
-    if doc.get("n", 1) != 1:
+    if doc.get("n") not in (None, 1):
         raise InvalidArgument("only n = 1 is supported")
     if doc.get("logprobs") or doc.get("echo") or doc.get("top_logprobs"):
         raise InvalidArgument("logprobs and echo are not supported")
@@ -216,6 +225,41 @@ def add_openai_routes(app: FastAPI, dataplane: GatewayDataPlane, max_request_byt
             return Response(orjson.dumps({"object": "list", "data": data}), media_type="application/json")
 
         return await guarded(listing)
+
+    async def embed(request: Request) -> Response:
+        principal, doc = await parse(request, EMBEDDING_FIELDS)
+        texts = doc.get("input")
+        texts = [texts] if isinstance(texts, str) else texts
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise InvalidArgument("'input' must be a string or a non-empty list of strings")
+        if len(texts) > MAX_EMBEDDING_INPUTS:
+            raise InvalidArgument(f"'input' has {len(texts)} strings; at most {MAX_EMBEDDING_INPUTS} at once")
+        fmt = doc.get("encoding_format") or "float"
+        if fmt not in ("float", "base64"):
+            raise InvalidArgument("'encoding_format' must be 'float' or 'base64'")
+        meta = await dataplane.model_metadata(doc["model"], "", request.headers)
+        if len(meta["inputs"]) != 1 or meta["inputs"][0]["datatype"] != "BYTES" or len(meta["outputs"]) != 1:
+            raise InvalidArgument(f"model '{doc['model']}' is not a text-embedding model (one BYTES input, one output)")
+        raw = serialize_items([t.encode("utf-8") for t in texts])
+        infer = InferRequest(doc["model"], "", [Tensor(meta["inputs"][0]["name"], "BYTES", (len(texts), 1), raw)])
+        response = await dataplane.infer(infer, principal, None, api="/v1/embeddings")
+        out = response.outputs[0]
+        if out.datatype != "FP32":
+            raise InvalidArgument(f"model '{doc['model']}' does not answer FP32 embeddings")
+        vectors = np.frombuffer(out.raw, dtype="<f4").reshape(len(texts), -1)
+        data = [
+            {"object": "embedding", "index": i,
+             "embedding": base64.b64encode(v.tobytes()).decode() if fmt == "base64" else v.tolist()}
+            for i, v in enumerate(vectors)
+        ]  # fmt: skip
+        # The model tokenizes inside its graph: the gateway does not know its token counts.
+        usage = {"prompt_tokens": 0, "total_tokens": 0}
+        body = {"object": "list", "data": data, "model": doc["model"], "usage": usage}
+        return Response(orjson.dumps(body), media_type="application/json")
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request):
+        return await guarded(lambda: embed(request))
 
     @app.post("/v1/completions")
     async def completions(request: Request):
