@@ -154,6 +154,20 @@ class Tenancy:
             await self.audit.close()
 
 
+def check_max_tokens(tenant, parameters: dict) -> None:
+    """A generation asking for more new tokens than its tenant's ``max_tokens`` cap is refused (400)."""
+    cap = tenant.max_tokens
+    asked = parameters.get("max_tokens")
+    if cap is None or asked is None or isinstance(asked, bool):
+        return
+    try:
+        asked = int(asked)
+    except (TypeError, ValueError):
+        return  # the model says what is wrong with it
+    if asked > cap:
+        raise InvalidArgument(f"max_tokens {asked} exceeds tenant '{tenant.id}''s cap of {cap} (rule max_tokens)")
+
+
 def request_limit(principal: Principal, gateway_limit: int) -> int:
     """The largest request body ``principal`` may send: the gateway's limit, or its tenant's lower one."""
     own = principal.tenant.max_request_bytes
@@ -386,6 +400,7 @@ class GatewayDataPlane:
         check_version(request.version)
         tenancy.auth.authorize(principal, request.model)
         tenancy.filters.check_bounds(request)  # caps on what the header declares: nothing decoded yet
+        check_max_tokens(tenant, request.parameters)
         try:
             spec = self.routing.resolve(request.model, request.version)
         except AIWorksError as exc:

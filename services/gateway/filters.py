@@ -37,7 +37,7 @@ gateway's check here only lets a bad request fail before it is admitted.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -228,3 +228,25 @@ class InputFilter:
                         raise InvalidArgument(
                             f"input '{name}' element {index} matches deny-list pattern '{pattern_name}'"
                         )
+
+
+async def read_body(stream: AsyncIterator[bytes], declared: str | None, limit: int, tenant_id: str = "") -> bytes:
+    """The request body, refusing more than ``limit`` bytes before reading them all.
+
+    ``declared`` is the Content-Length header, when there is one.
+    """
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError:
+            raise InvalidArgument(f"Content-Length '{declared}' is not an integer") from None
+        check_body_size(size, limit, tenant_id)
+    chunks = []
+    total = 0
+    async for chunk in stream:
+        total += len(chunk)
+        if total > limit:
+            whose = f" for tenant '{tenant_id}'" if tenant_id else ""
+            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes{whose} (rule max_request_bytes)")
+        chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)

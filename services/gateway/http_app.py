@@ -25,17 +25,19 @@ import time
 from collections.abc import AsyncIterator, Mapping
 
 import orjson
+from aiworks.gateway import generate
 from aiworks.gateway.async_routes import AsyncInferFront
 from aiworks.gateway.batch_routes import add_batch_routes
 from aiworks.gateway.compression import compress, inflate, request_encoding, response_encoding
 from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
-from aiworks.gateway.filters import check_body_size
+from aiworks.gateway.filters import read_body
 from aiworks.gateway.http_codec import (
     HEADER_LENGTH,
     INFER_REQUEST_SCHEMA,
     encode_infer_response,
     parse_infer_header,
 )
+from aiworks.gateway.openai_routes import add_openai_routes
 from aiworks.gateway.shared_memory import store_outputs
 from aiworks.gateway.metering import DEFAULT_USAGE_SPAN_S, parse_time
 from aiworks.gateway.telemetry import REQUEST_ID_HEADER
@@ -44,7 +46,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from aiworks.core.errors import AIWorksError, InvalidArgument, PayloadTooLarge, Status
 from aiworks.core.load_overrides import LoadOverrides, overrides_from_parameters
@@ -73,28 +75,6 @@ def error_headers(exc: AIWorksError) -> dict | None:
     if exc.status is Status.UNAUTHENTICATED:
         return {"WWW-Authenticate": _CHALLENGE}
     return None
-
-
-async def read_body(stream: AsyncIterator[bytes], declared: str | None, limit: int, tenant_id: str = "") -> bytes:
-    """The request body, refusing more than ``limit`` bytes before reading them all.
-
-    ``declared`` is the Content-Length header, when there is one.
-    """
-    if declared is not None:
-        try:
-            size = int(declared)
-        except ValueError:
-            raise InvalidArgument(f"Content-Length '{declared}' is not an integer") from None
-        check_body_size(size, limit, tenant_id)
-    chunks = []
-    total = 0
-    async for chunk in stream:
-        total += len(chunk)
-        if total > limit:
-            whose = f" for tenant '{tenant_id}'" if tenant_id else ""
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes{whose} (rule max_request_bytes)")
-        chunks.append(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 async def _infer(
@@ -357,6 +337,23 @@ def create_app(
             return Response(payload, media_type="application/json", headers=headers)
         headers["Inference-Header-Content-Length"] = str(header_length)
         return Response(payload, media_type="application/octet-stream", headers=headers)
+
+    # ---- generation (Triton's generate extension; aiworks.gateway.generate) --------------------
+
+    @app.post("/v2/models/{model}/generate")
+    @app.post("/v2/models/{model}/versions/{version}/generate")
+    async def generate_once(model: str, request: Request, version: str = ""):
+        running = await generate.start(dataplane, max_request_bytes, model, version, request.headers, request.stream())
+        return _json(await generate.generate_once(running))
+
+    @app.post("/v2/models/{model}/generate_stream")
+    @app.post("/v2/models/{model}/versions/{version}/generate_stream")
+    async def generate_stream(model: str, request: Request, version: str = ""):
+        running = await generate.start(dataplane, max_request_bytes, model, version, request.headers, request.stream())
+        first, rest = await generate.first_and_rest(running)  # an error before the first piece: a JSON error
+        return StreamingResponse(generate.sse_events(first, rest), media_type="text/event-stream; charset=utf-8")
+
+    add_openai_routes(app, dataplane, max_request_bytes)  # /v1/models, /v1/completions, /v1/chat/completions
 
     # ---- model repository -----------------------------------------------------------------
 

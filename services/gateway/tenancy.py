@@ -81,6 +81,9 @@ class Tenant(_Section):
     burst: int | None = Field(None, ge=1, description="Token-bucket size; default: requests_per_second rounded up.")
     max_concurrent_requests: int | None = Field(None, ge=1, description="Requests in flight at once, all replicas.")
     max_request_bytes: int | None = Field(None, ge=1, description="Largest body, when lower than the gateway's.")
+    max_tokens: int | None = Field(
+        None, ge=1, description="Most new tokens one generation may ask for (its max_tokens); unset: the model's cap."
+    )
     default_priority: Priority | None = Field(None, description="Class of requests that name none.")
     max_priority: Priority | None = Field(
         None, description="Most urgent class it may ask for; unset: its default_priority (or any, without one)."

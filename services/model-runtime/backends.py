@@ -33,6 +33,7 @@ A config without ``backend`` gets one from its platform (``pytorch_libtorch``:
 
 from __future__ import annotations
 
+from aiworks.runtime.llm_backend import LlmModel
 from aiworks.runtime.onnxruntime_backend import OnnxRuntimeModel
 from aiworks.runtime.repeat_backend import RepeatModel
 from aiworks.runtime.torch_backend import TorchModel
@@ -43,4 +44,5 @@ BACKENDS = {
     "pytorch": TorchModel,  # TorchScript / torch.export on the CPU or a CUDA GPU; docs/torch.md
     "triton": TritonModel,  # a Triton Inference Server (GPU) over gRPC; docs/triton.md
     "repeat": RepeatModel,  # Triton's repeat backend: a decoupled model for streaming (repeat_int32)
+    "llm": LlmModel,  # text generation, continuous batching over a KV-cache decoder; docs/generation.md
 }

@@ -197,6 +197,26 @@ RUNTIME_COMPUTE_DURATION = Histogram(
 RUNTIME_INFLIGHT = Gauge(
     "aiworks_runtime_inflight_batches", "Batches this runtime replica is executing now.", ["replica"]
 )
+# Generation on the llm backend (services/model-runtime/llm_engine.py; docs/generation.md).
+RUNTIME_LLM_KV_TOKENS = Gauge(
+    "aiworks_runtime_llm_kv_tokens", "KV-cache tokens reserved by running generations, and the budget.",
+    ["model", "version", "kind"],  # kind: used, budget
+)
+RUNTIME_LLM_SEQUENCES = Gauge(
+    "aiworks_runtime_llm_sequences", "Generations in the running batch and waiting for KV room.",
+    ["model", "version", "state"],  # state: running, waiting
+)
+RUNTIME_LLM_TOKENS = Counter(
+    "aiworks_runtime_llm_tokens", "Tokens processed, by kind (prompt, completion).", ["model", "version", "kind"]
+)
+RUNTIME_LLM_TTFT = Histogram(
+    "aiworks_runtime_llm_time_to_first_token_seconds", "From a generation's arrival to its first token.",
+    ["model", "version"], buckets=LATENCY_BUCKETS_S,
+)
+RUNTIME_LLM_INTER_TOKEN = Histogram(
+    "aiworks_runtime_llm_inter_token_seconds", "Between a generation's consecutive tokens.",
+    ["model", "version"], buckets=LATENCY_BUCKETS_S,
+)
 # Read at scrape time from the backend (Triton's nv_gpu_* metrics), where it reports them.
 RUNTIME_GPU_UTILIZATION = "aiworks_runtime_gpu_utilization_ratio"  # {replica, gpu}: 0..1
 RUNTIME_GPU_MEMORY_USED = "aiworks_runtime_gpu_memory_used_bytes"  # {replica, gpu}

@@ -1,4 +1,4 @@
-"""The lifecycle subcommands: ``convert``, ``optimize``, ``split`` and ``minilm``.
+"""The lifecycle subcommands: ``convert``, ``optimize``, ``split``, ``minilm`` and ``llm``.
 
 ``add_lifecycle_parsers(sub)`` registers them on the ``aiworks`` parser.
 Imports happen inside each command, so ``aiworks --help`` stays instant and
@@ -237,6 +237,22 @@ def cmd_minilm_embed(args) -> None:
         print(json.dumps(np.round(vectors, 6).tolist()))
 
 
+# ---- llm -------------------------------------------------------------------------------------
+
+
+def cmd_llm_build(args) -> None:
+    from aiworks.lifecycle import llm
+
+    spec = llm.LlmSpec(layers=args.layers, steps=args.steps, random=args.random, seed=args.seed)
+    cache = None if args.no_cache else Path(args.cache_dir)
+    folder, report = llm.build(
+        Path(args.out), spec, name=args.name, cache_dir=cache, progress=not args.quiet,
+        kv_budget_tokens=args.kv_budget_tokens, max_sequences=args.max_sequences,
+    )  # fmt: skip
+    print(f"wrote {folder} (text_input BYTES [1] in, text_output BYTES [1] per token out; decoupled)")
+    print(json.dumps(report))
+
+
 # ---- parsers ---------------------------------------------------------------------------------
 
 
@@ -359,6 +375,26 @@ def add_lifecycle_parsers(sub) -> None:
     )
     mb.add_argument("--no-progress", action="store_true", help="no step lines on stderr")
     mb.set_defaults(func=cmd_minilm_build)
+    ll = sub.add_parser("llm", help="the codegen decoder: a small GPT-2 trained on the Python standard library")
+    ll_sub = ll.add_subparsers(dest="llm_command", metavar="ACTION", required=True)
+    lb = ll_sub.add_parser(
+        "build", help="train (cached) and export the codegen model for the runtime's llm backend",
+        description="Trains a byte-level BPE and a GPT-2 decoder on the standard library's source on the CPU\n"
+        "(cached under --cache-dir), exports it to ONNX with its KV cache, and writes <out>/<name>.",
+        formatter_class=fmt,
+    )  # fmt: skip
+    lb.add_argument("--out", default="model-repository", help="model repository to write the model folder into")
+    lb.add_argument("--name", default="codegen", help="model name (default: codegen)")
+    lb.add_argument("--steps", type=int, default=200, help="training steps (default 200: ~2-3 min on 2 idle cores)")
+    lb.add_argument("--layers", type=int, default=4, help="decoder layers (default 4)")
+    lb.add_argument("--seed", type=int, default=0)
+    lb.add_argument("--random", action="store_true", help="random weights, no training (tests and benchmarks)")
+    lb.add_argument("--cache-dir", default=".aiworks/cache/llm", help="where trained weights are kept between builds")
+    lb.add_argument("--no-cache", action="store_true", help="neither read nor keep the trained weights")
+    lb.add_argument("--kv-budget-tokens", type=int, default=16384, help="the replica's KV-cache budget in tokens")
+    lb.add_argument("--max-sequences", type=int, default=32, help="sequences decoded together at most")
+    lb.add_argument("--quiet", action="store_true", help="no progress bar")
+    lb.set_defaults(func=cmd_llm_build)
     me = ml_sub.add_parser("embed", help="embed sentences with a built model, in-process, and show similarities")
     me.add_argument("text", nargs="+")
     me.add_argument("--model", default="model-repository/minilm", help="the minilm model folder or an .onnx")

@@ -1,0 +1,177 @@
+"""Generation throughput and latency: in-process baselines against the suite (issue 18's targets).
+
+One random-weight ``codegen`` (the default architecture of ``aiworks llm build``:
+4 layers, width 256; random weights are fine for timing) is served three ways,
+each with ``--clients`` requests of ``--prompt-tokens`` prompt tokens and
+``--new-tokens`` new tokens (``ignore_eos``, greedy):
+
+- (a) one request at a time, in process, through the same ONNX model with its
+  KV cache (the engine with one sequence slot);
+- (b) static batching, in process: wait for a batch of 8, run it until its
+  longest member is done, then the next;
+- (c) the suite (scheduler, one runtime replica, gateway): ``--clients``
+  concurrent clients on ``/v2/models/codegen/generate_stream`` (SSE).
+
+All requests arrive at once; TTFT is measured from then (a, b) or from each
+client's send (c). Also the cost of streaming: a lone generation through
+``/generate`` against ``/generate_stream`` (mean of ``--repeats``).
+
+Usage: python bench/generation.py [--clients 32] [--prompt-tokens 64] [--new-tokens 128] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+from tokenizers import Tokenizer
+
+from aiworks.lifecycle.llm import LlmSpec, build
+from aiworks.runtime.llm_backend import OnnxDecoder
+from aiworks.runtime.llm_engine import Engine, Sampling
+from aiworks.supervisor.supervisor import SuiteConfig, Supervisor
+
+
+def pct(values, q) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def prompts(tokenizer: Tokenizer, n: int, length: int) -> list[str]:
+    text = (Path(sysconfig.get_paths()["stdlib"]) / "argparse.py").read_text()
+    ids = tokenizer.encode(text).ids
+    return [tokenizer.decode(ids[i * 97 : i * 97 + length]) for i in range(n)]
+
+
+def in_process(version: Path, texts: list[str], new_tokens: int, batch: int) -> dict:
+    """(a) with batch 1, (b) with batch 8: each batch runs to its end before the next is admitted."""
+    decoder = OnnxDecoder(version / "model.onnx", threads=int(os.environ.get("BENCH_THREADS", "2")))
+    tokenizer = Tokenizer.from_file(str(version / "tokenizer.json"))
+    engine = Engine(decoder, tokenizer, layers=decoder.layers, heads=decoder.heads, head_dim=decoder.head_dim,
+                    context=256, kv_budget_tokens=1 << 20, max_sequences=batch, prefill_chunk=256)  # fmt: skip
+    sampling = Sampling(max_tokens=new_tokens, ignore_eos=True)
+    ttft, gaps, tokens = [], [], 0
+    started = time.perf_counter()
+    for i in range(0, len(texts), batch):
+        seqs = [engine.add(engine.encode(t), sampling) for t in texts[i : i + batch]]
+        last = {id(s): None for s in seqs}
+        while engine.busy():
+            engine.step()
+            now = time.perf_counter()
+            for s in seqs:
+                if s.generated and last[id(s)] is None:
+                    ttft.append(now - started)
+                    last[id(s)] = (now, len(s.generated))
+                elif last[id(s)] is not None and len(s.generated) > last[id(s)][1]:
+                    gaps.append(now - last[id(s)][0])
+                    last[id(s)] = (now, len(s.generated))
+        tokens += sum(len(s.generated) for s in seqs)
+    elapsed = time.perf_counter() - started
+    return summary(ttft, gaps, tokens, elapsed)
+
+
+def summary(ttft, gaps, tokens, elapsed) -> dict:
+    return {
+        "tokens_per_s": round(tokens / elapsed, 1),
+        "ttft_p50_ms": round(pct(ttft, 50) * 1e3, 1), "ttft_p99_ms": round(pct(ttft, 99) * 1e3, 1),
+        "itl_p50_ms": round(pct(gaps, 50) * 1e3, 2), "itl_p99_ms": round(pct(gaps, 99) * 1e3, 2),
+        "tokens": tokens, "elapsed_s": round(elapsed, 2),
+    }  # fmt: skip
+
+
+async def one_stream(session, url: str, text: str, new_tokens: int, ttft: list, gaps: list) -> int:
+    body = {"text_input": text, "max_tokens": new_tokens, "ignore_eos": True}
+    sent = time.perf_counter()
+    last, pieces = None, 0
+    async with session.post(f"{url}/v2/models/codegen/generate_stream", json=body) as r:
+        assert r.status == 200, await r.text()
+        async for line in r.content:
+            if not line.startswith(b"data: "):
+                continue
+            now = time.perf_counter()
+            if last is None:
+                ttft.append(now - sent)
+            else:
+                gaps.append(now - last)
+            last, pieces = now, pieces + 1
+    return pieces
+
+
+async def suite_run(url: str, texts: list[str], new_tokens: int) -> dict:
+    ttft, gaps = [], []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        await one_stream(session, url, texts[0], 4, [], [])  # warm
+        lone: list[float] = []
+        for _ in range(5):  # a lone request's TTFT through the suite, the reference for TTFT under load
+            await one_stream(session, url, texts[0], 8, lone, [])
+        started = time.perf_counter()
+        await asyncio.gather(*(one_stream(session, url, t, new_tokens, ttft, gaps) for t in texts))
+        elapsed = time.perf_counter() - started
+    return {**summary(ttft, gaps, len(texts) * new_tokens, elapsed), "lone_ttft_ms": round(pct(lone, 50) * 1e3, 1)}
+
+
+async def streaming_cost(url: str, text: str, new_tokens: int, repeats: int) -> dict:
+    body = {"text_input": text, "max_tokens": new_tokens, "ignore_eos": True}
+    times = {"generate": [], "generate_stream": []}
+    async with aiohttp.ClientSession() as session:
+        for _ in range(repeats):
+            for route in times:
+                t0 = time.perf_counter()
+                async with session.post(f"{url}/v2/models/codegen/{route}", json=body) as r:
+                    await r.read()
+                times[route].append(time.perf_counter() - t0)
+    once, stream = statistics.mean(times["generate"]), statistics.mean(times["generate_stream"])
+    lone = {"generate_s": round(once, 3), "generate_stream_s": round(stream, 3)}
+    return {**lone, "streaming_overhead_pct": round(100 * (stream / once - 1), 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", help="write the results as JSON here too")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = Path(tmp) / "repo"
+        build(repo, LlmSpec(random=True), cache_dir=None, progress=False, kv_budget_tokens=1 << 16, max_sequences=64)
+        version = repo / "codegen" / "1"
+        texts = prompts(Tokenizer.from_file(str(version / "tokenizer.json")), args.clients, args.prompt_tokens)
+        results = {"setup": vars(args) | {"cpus": os.cpu_count()}}
+        lone = in_process(version, texts[:1], args.new_tokens, 1)
+        results["lone_request_ttft_ms_in_process"] = lone["ttft_p50_ms"]
+        results["a_one_at_a_time"] = in_process(version, texts, args.new_tokens, 1)
+        results["b_static_batch_8"] = in_process(version, texts, args.new_tokens, 8)
+        config = SuiteConfig.on_free_ports(model_repository=repo, log_dir=Path(tmp) / "logs", replicas=1, cache=False)
+        supervisor = Supervisor(config)
+        supervisor.start()
+        try:
+            url = f"http://127.0.0.1:{config.http_port}"
+            results["c_suite"] = asyncio.run(suite_run(url, texts, args.new_tokens))
+            results["streaming"] = asyncio.run(streaming_cost(url, texts[0], args.new_tokens, args.repeats))
+        finally:
+            supervisor.stop()
+    a, b, c = (results[k]["tokens_per_s"] for k in ("a_one_at_a_time", "b_static_batch_8", "c_suite"))
+    results["ratios"] = {
+        "c_over_a": round(c / a, 2), "c_over_b": round(c / b, 2),
+        "c_ttft_p50_over_lone_in_suite": round(
+            results["c_suite"]["ttft_p50_ms"] / results["c_suite"]["lone_ttft_ms"], 2
+        ),
+    }  # fmt: skip
+    text = json.dumps(results, indent=1)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

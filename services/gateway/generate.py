@@ -1,0 +1,168 @@
+"""Triton's generate extension: ``POST /v2/models/{m}[/versions/{v}]/generate`` and ``/generate_stream``.
+
+The request is ``{"text_input": "...", "parameters": {...}}``; any other
+top-level field is a parameter too (as the extension allows). Parameters are
+the model's (the ``llm`` backend's sampling settings: ``max_tokens``,
+``temperature``, ``top_k``, ``top_p``, ``seed``, ``stop``, ``ignore_eos``)
+besides the gateway's own (``priority``, ``timeout``); ``stream`` is
+accepted and ignored, the route decides. A ``stop`` list travels as JSON.
+
+``/generate`` answers once: ``{"model_name", "model_version", "text_output"}``
+with the whole text. ``/generate_stream`` answers as server-sent events, one
+``data:`` object of that shape per piece of text, as it is made. An error
+before the first piece is a plain JSON error with its status (400 for bad
+input); one after it is a last ``data: {"error": ...}`` event.
+
+The generation runs in a task of its own (:class:`Generation`), which owns
+the request's telemetry; closing the event stream (the client went away)
+cancels the task, which cancels the sequence at its replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+
+import orjson
+from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
+from aiworks.gateway.filters import read_body
+from aiworks.gateway.telemetry import REQUEST_ID_HEADER
+
+from aiworks.core.datatypes import Tensor, deserialize_bytes, serialize_items
+from aiworks.core.errors import AIWorksError, InvalidArgument
+from aiworks.core.inference import InferRequest, InferResponse
+
+TEXT_INPUT, TEXT_OUTPUT = "text_input", "text_output"
+ROUTE_PARAMETERS = frozenset({"stream"})  # the route says whether it streams
+
+
+def parse_generate(body: bytes, model: str, version: str) -> InferRequest:
+    """A generate request body as an inference request with one BYTES input."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgument(f"the generate request is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidArgument("the generate request must be a JSON object")
+    text = doc.pop(TEXT_INPUT, None)
+    if not isinstance(text, str):
+        raise InvalidArgument(f"the generate request needs '{TEXT_INPUT}', a string")
+    params = doc.pop("parameters", None) or {}
+    if not isinstance(params, dict):
+        raise InvalidArgument("'parameters' must be a JSON object")
+    params = {**doc, **params}
+    for name in ROUTE_PARAMETERS:
+        params.pop(name, None)
+    for name, value in params.items():
+        if name == "stop" and isinstance(value, list):
+            params[name] = orjson.dumps(value).decode()
+        elif not isinstance(value, (str, int, float, bool)):
+            raise InvalidArgument(f"parameter '{name}' must be a string, number or boolean")
+    raw = serialize_items([text.encode("utf-8")])
+    return InferRequest(model, version, [Tensor(TEXT_INPUT, "BYTES", (1,), raw)], parameters=params)
+
+
+def text_of(response: InferResponse) -> str:
+    for t in response.outputs:
+        if t.name == TEXT_OUTPUT and t.datatype == "BYTES":
+            return b"".join(deserialize_bytes(t.raw, 1, name=TEXT_OUTPUT).tolist()).decode("utf-8", "replace")
+    return ""
+
+
+class Generation:
+    """One generation running in its own task; its responses come out of :meth:`responses`."""
+
+    def __init__(self, dataplane: GatewayDataPlane, principal, request: InferRequest, headers: Mapping[str, str]):
+        self._out: asyncio.Queue = asyncio.Queue()
+        self._task = asyncio.get_running_loop().create_task(self._run(dataplane, principal, request, headers))
+
+    async def _run(self, dataplane, principal, request, headers) -> None:
+        try:
+            with dataplane.telemetry.infer("http", request.model, request.version, headers) as call:
+                call.request_id = headers.get(REQUEST_ID_HEADER, "")
+                call.tenant = principal.tenant_id
+                call.request = request
+                stream = dataplane.infer_stream(request, principal, None, request_id=call.request_id)
+                async with contextlib.aclosing(stream) as answers:
+                    async for response in answers:
+                        if response.final and not response.outputs:
+                            call.response = response
+                            continue  # the stream's bare final flag: the routes end on their own
+                        call.streamed(response)
+                        self._out.put_nowait(response)
+            self._out.put_nowait(None)
+        except AIWorksError as exc:
+            self._out.put_nowait(exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a failure the table does not know: a 500 without details
+            self._out.put_nowait(AIWorksError(f"generation failed: {type(exc).__name__}"))
+
+    async def responses(self) -> AsyncIterator[InferResponse]:
+        """The responses as they come; an error raises here. Closing it cancels the generation."""
+        try:
+            while True:
+                item = await self._out.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            self.cancel()
+
+    def cancel(self) -> None:
+        if not self._task.done():
+            self._task.cancel()
+
+
+async def start(dataplane: GatewayDataPlane, max_request_bytes: int, model: str, version: str,
+                headers: Mapping[str, str], body_stream) -> Generation:  # fmt: skip
+    """Authenticate, authorize, read and parse: a running :class:`Generation`."""
+    principal = dataplane.authenticate(headers)  # before a byte of the body is read
+    dataplane.authorize(principal, model, version)
+    limit = request_limit(principal, max_request_bytes)
+    body = await read_body(body_stream, headers.get("content-length"), limit, principal.tenant_id)
+    return Generation(dataplane, principal, parse_generate(body, model, version), headers)
+
+
+async def generate_once(generation: Generation) -> dict:
+    """The whole text as one generate response."""
+    pieces, last = [], None
+    async with contextlib.aclosing(generation.responses()) as responses:
+        async for response in responses:
+            pieces.append(text_of(response))
+            last = response
+    if last is None:
+        raise AIWorksError("the model sent no response")
+    return {"model_name": last.model, "model_version": last.version, TEXT_OUTPUT: "".join(pieces)}
+
+
+async def first_and_rest(generation: Generation):
+    """(the first response or None, the iterator of the rest): errors before the first raise here."""
+    responses = generation.responses()
+    try:
+        first = await anext(responses)
+    except StopAsyncIteration:
+        first = None
+    except BaseException:
+        await responses.aclose()
+        raise
+    return first, responses
+
+
+async def sse_events(first: InferResponse | None, rest) -> AsyncIterator[bytes]:
+    """``data:`` events of generate responses; a failure after the first is a last error event."""
+
+    def event(doc: dict) -> bytes:
+        return b"data: " + orjson.dumps(doc) + b"\n\n"
+
+    async with contextlib.aclosing(rest) as responses:
+        try:
+            if first is not None:
+                yield event({"model_name": first.model, "model_version": first.version, TEXT_OUTPUT: text_of(first)})
+            async for r in responses:
+                yield event({"model_name": r.model, "model_version": r.version, TEXT_OUTPUT: text_of(r)})
+        except AIWorksError as exc:
+            yield event({"error": exc.message})

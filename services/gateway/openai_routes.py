@@ -1,0 +1,271 @@
+"""OpenAI-compatible routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``, ``/v1/embeddings``.
+
+Completions run on the ``llm`` backend; embeddings on a text-embedding model
+(one BYTES input, one FP32 output: ``minilm``), ``encoding_format`` float or
+base64, at most 64 strings a request, usage not counted (0: the model
+tokenizes inside its graph).
+
+The official ``openai`` client works unchanged with ``base_url=<gateway>/v1``
+and ``api_key`` a tenant's API key (any string in demo mode): the key
+arrives as ``Authorization: Bearer``, which the gateway's tenancy checks as
+on every other inference route.
+
+- Sampling fields map onto the backend's parameters (``max_tokens``,
+  ``temperature`` (OpenAI's default 1), ``top_p``, ``stop``, ``seed``; and
+  ``top_k`` and ``ignore_eos``, vLLM's extensions, which the client sends in
+  ``extra_body``). ``n`` above 1, ``logprobs``, ``echo`` and non-zero
+  penalties are refused, as is any field this route does not know.
+- ``stream: true`` answers as server-sent events of ``text_completion`` /
+  ``chat.completion.chunk`` objects ending in ``data: [DONE]``;
+  ``stream_options: {"include_usage": true}`` adds the usage chunk.
+- ``usage`` counts prompt and completion tokens as the model counted them.
+- Errors come as OpenAI's ``{"error": {"message", "type", "param", "code"}}``
+  with the status from the one error table.
+
+The chat template is plain: ``"<role>: <content>\\n"`` per message, then
+``"assistant:"``; generation stops at a new line that starts another turn.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import numpy as np
+import orjson
+from aiworks.gateway import generate
+from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
+from aiworks.gateway.filters import read_body
+from fastapi import FastAPI, Request
+from starlette.responses import Response, StreamingResponse
+
+from aiworks.core.datatypes import Tensor, serialize_items
+from aiworks.core.errors import AIWorksError, InvalidArgument
+from aiworks.core.inference import InferRequest
+
+_COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream", "stream_options", "n",
+           "user", "presence_penalty", "frequency_penalty", "logprobs", "ignore_eos"}  # fmt: skip
+COMPLETION_FIELDS = frozenset(_COMMON | {"prompt", "echo"})
+CHAT_FIELDS = frozenset(_COMMON | {"messages", "max_completion_tokens", "top_logprobs"})
+EMBEDDING_FIELDS = frozenset({"model", "input", "encoding_format", "user"})
+MAX_EMBEDDING_INPUTS = 64
+CHAT_ROLES = ("system", "user", "assistant")
+CHAT_STOP = ["\nuser:", "\nsystem:", "\nassistant:"]
+
+_ERROR_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+    413: "invalid_request_error", 429: "rate_limit_error", 501: "invalid_request_error",
+}  # fmt: skip
+
+
+def error_response(exc: AIWorksError) -> Response:
+    status = exc.status.http
+    body = {"error": {"message": exc.message, "type": _ERROR_TYPES.get(status, "server_error"), "param": None,
+                      "code": exc.status.name.lower()}}  # fmt: skip
+    headers = {"Retry-After": str(max(1, round(exc.retry_after_s)))} if exc.retry_after_s else None
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
+
+
+def _refuse(doc: dict, allowed: frozenset) -> None:
+    unknown = sorted(set(doc) - allowed)
+    if unknown:
+        raise InvalidArgument(f"unrecognized request argument(s): {', '.join(unknown[:4])}")
+    if doc.get("n") not in (None, 1):
+        raise InvalidArgument("only n = 1 is supported")
+    if doc.get("logprobs") or doc.get("echo") or doc.get("top_logprobs"):
+        raise InvalidArgument("logprobs and echo are not supported")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if doc.get(name):
+            raise InvalidArgument(f"'{name}' is not supported (only 0)")
+
+
+def sampling_parameters(doc: dict, extra_stop: list[str] | None = None) -> dict:
+    """The backend's parameters from an OpenAI request's fields."""
+    params: dict = {"temperature": doc["temperature"] if doc.get("temperature") is not None else 1.0}
+    max_tokens = doc.get("max_completion_tokens", doc.get("max_tokens"))
+    if max_tokens is not None:
+        params["max_tokens"] = max_tokens
+    for name in ("top_p", "top_k", "seed", "ignore_eos"):
+        if doc.get(name) is not None:
+            params[name] = doc[name]
+    stop = doc.get("stop")
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    stops += extra_stop or []
+    if stops:
+        params["stop"] = orjson.dumps(stops).decode()
+    for name, value in params.items():
+        if isinstance(value, (list, dict)) or value is None:
+            raise InvalidArgument(f"'{name}' must be a number")
+    return params
+
+
+def chat_prompt(messages) -> str:
+    if not isinstance(messages, list) or not messages:
+        raise InvalidArgument("'messages' must be a non-empty list")
+    lines = []
+    for m in messages:
+        if not isinstance(m, dict) or m.get("role") not in CHAT_ROLES or not isinstance(m.get("content"), str):
+            raise InvalidArgument(f"each message needs a role in {list(CHAT_ROLES)} and a string content")
+        lines.append(f"{m['role']}: {m['content']}\n")
+    return "".join(lines) + "assistant:"
+
+
+def _request(model: str, prompt: str, params: dict) -> InferRequest:
+    raw = serialize_items([prompt.encode("utf-8")])
+    return InferRequest(model, "", [Tensor(generate.TEXT_INPUT, "BYTES", (1,), raw)], parameters=params)
+
+
+def _usage(first, last) -> dict:
+    prompt = int(first.parameters.get("prompt_tokens", 0)) if first is not None else 0
+    completion = int(last.parameters.get("completion_tokens", 0)) if last is not None else 0
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def add_openai_routes(app: FastAPI, dataplane: GatewayDataPlane, max_request_bytes: int) -> None:
+    """Register the ``/v1`` routes on the gateway's FastAPI app."""
+
+    async def parse(request: Request, allowed: frozenset):
+        principal = dataplane.authenticate(request.headers)  # before a byte of the body is read
+        limit = request_limit(principal, max_request_bytes)
+        body = await read_body(request.stream(), request.headers.get("content-length"), limit, principal.tenant_id)
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidArgument(f"the request is not valid JSON: {exc}") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("model"), str):
+            raise InvalidArgument("the request must be a JSON object with 'model', a string")
+        _refuse(doc, allowed)
+        dataplane.authorize(principal, doc["model"])
+        return principal, doc
+
+    async def run(request: Request, chat: bool) -> Response:
+        principal, doc = await parse(request, CHAT_FIELDS if chat else COMPLETION_FIELDS)
+        if chat:
+            prompt, extra = chat_prompt(doc.get("messages")), CHAT_STOP
+        else:
+            prompt = doc.get("prompt", "")
+            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+                prompt = prompt[0]
+            if not isinstance(prompt, str):
+                raise InvalidArgument("'prompt' must be a string (or a list of one)")
+            extra = None
+        infer = _request(doc["model"], prompt, sampling_parameters(doc, extra))
+        running = generate.Generation(dataplane, principal, infer, request.headers)
+        ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        created = int(time.time())
+        if doc.get("stream"):
+            first, rest = await generate.first_and_rest(running)
+            include_usage = bool((doc.get("stream_options") or {}).get("include_usage"))
+            events = _stream(ident, created, doc["model"], chat, first, rest, include_usage)
+            return StreamingResponse(events, media_type="text/event-stream; charset=utf-8")
+        pieces, first, last = [], None, None
+        async with contextlib.aclosing(running.responses()) as responses:
+            async for r in responses:
+                first = first or r
+                last = r
+                pieces.append(generate.text_of(r))
+        text = "".join(pieces)
+        reason = str(last.parameters.get("finish_reason", "stop")) if last is not None else "stop"
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        doc_out = {"id": ident, "object": "chat.completion" if chat else "text_completion", "created": created,
+                   "model": doc["model"], "choices": [choice], "usage": _usage(first, last)}  # fmt: skip
+        return Response(orjson.dumps(doc_out), media_type="application/json")
+
+    async def _stream(ident, created, model, chat, first, rest, include_usage) -> AsyncIterator[bytes]:
+        kind = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(text: str | None, reason: str | None, role: bool = False) -> bytes:
+            if chat:
+                delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+                choice = {"index": 0, "delta": delta, "finish_reason": reason}
+            else:
+                choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
+            doc = {"id": ident, "object": kind, "created": created, "model": model, "choices": [choice]}
+            return b"data: " + orjson.dumps(doc) + b"\n\n"
+
+        last = first
+        async with contextlib.aclosing(rest) as responses:
+            try:
+                if chat:
+                    yield chunk(None, None, role=True)
+                if first is not None:
+                    yield chunk(generate.text_of(first), None)
+                async for r in responses:
+                    last = r
+                    yield chunk(generate.text_of(r), None)
+            except AIWorksError as exc:
+                yield b"data: " + error_response(exc).body + b"\n\n"
+                return
+        reason = str(last.parameters.get("finish_reason", "stop")) if last is not None else "stop"
+        yield chunk(None, reason)
+        if include_usage:
+            doc = {"id": ident, "object": kind, "created": created, "model": model, "choices": [],
+                   "usage": _usage(first, last)}  # fmt: skip
+            yield b"data: " + orjson.dumps(doc) + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+    async def guarded(call) -> Response:
+        try:
+            return await call()
+        except AIWorksError as exc:
+            return error_response(exc)
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        async def listing():
+            index = await dataplane.repository_index(True, request.headers)
+            names = dict.fromkeys(m["name"] for m in index)  # one entry per model, not per version
+            data = [{"id": name, "object": "model", "created": 0, "owned_by": "aiworks"} for name in names]
+            return Response(orjson.dumps({"object": "list", "data": data}), media_type="application/json")
+
+        return await guarded(listing)
+
+    async def embed(request: Request) -> Response:
+        principal, doc = await parse(request, EMBEDDING_FIELDS)
+        texts = doc.get("input")
+        texts = [texts] if isinstance(texts, str) else texts
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise InvalidArgument("'input' must be a string or a non-empty list of strings")
+        if len(texts) > MAX_EMBEDDING_INPUTS:
+            raise InvalidArgument(f"'input' has {len(texts)} strings; at most {MAX_EMBEDDING_INPUTS} at once")
+        fmt = doc.get("encoding_format") or "float"
+        if fmt not in ("float", "base64"):
+            raise InvalidArgument("'encoding_format' must be 'float' or 'base64'")
+        meta = await dataplane.model_metadata(doc["model"], "", request.headers)
+        if len(meta["inputs"]) != 1 or meta["inputs"][0]["datatype"] != "BYTES" or len(meta["outputs"]) != 1:
+            raise InvalidArgument(f"model '{doc['model']}' is not a text-embedding model (one BYTES input, one output)")
+        raw = serialize_items([t.encode("utf-8") for t in texts])
+        infer = InferRequest(doc["model"], "", [Tensor(meta["inputs"][0]["name"], "BYTES", (len(texts), 1), raw)])
+        response = await dataplane.infer(infer, principal, None, api="/v1/embeddings")
+        out = response.outputs[0]
+        if out.datatype != "FP32":
+            raise InvalidArgument(f"model '{doc['model']}' does not answer FP32 embeddings")
+        vectors = np.frombuffer(out.raw, dtype="<f4").reshape(len(texts), -1)
+        data = [
+            {"object": "embedding", "index": i,
+             "embedding": base64.b64encode(v.tobytes()).decode() if fmt == "base64" else v.tolist()}
+            for i, v in enumerate(vectors)
+        ]  # fmt: skip
+        # The model tokenizes inside its graph: the gateway does not know its token counts.
+        usage = {"prompt_tokens": 0, "total_tokens": 0}
+        body = {"object": "list", "data": data, "model": doc["model"], "usage": usage}
+        return Response(orjson.dumps(body), media_type="application/json")
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request):
+        return await guarded(lambda: embed(request))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await guarded(lambda: run(request, chat=False))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await guarded(lambda: run(request, chat=True))
+

@@ -1,0 +1,225 @@
+"""The ``llm`` backend: text generation with continuous batching over a KV-cache decoder (``aiworks llm build``).
+
+A version folder holds ``model.onnx`` (the decoder with ``past_key_values`` /
+``present``, see src/aiworks/lifecycle/llm.py) and ``tokenizer.json``. The
+config is decoupled (``model_transaction_policy { decoupled: true }``) with
+``text_input`` (BYTES [1]) in and ``text_output`` (BYTES [1]) out, as
+Triton's generate convention names them; each response carries the text one
+step made (usually one token's). Sampling comes from request parameters:
+
+- ``max_tokens`` (default: the config's ``default_max_tokens``; 1..``max_tokens_cap``),
+- ``temperature`` (0: greedy), ``top_k`` (0: off), ``top_p`` (1: off), ``seed``,
+- ``stop``: a string, or a JSON list of strings, that ends the generation (not returned),
+- ``ignore_eos``: keep going past the end-of-text token.
+
+Any other parameter is refused (``INVALID_ARGUMENT``) but Triton's own (``triton_*``). Config parameters:
+``context_tokens``, ``kv_budget_tokens`` (the replica's KV-cache budget in
+tokens; admission waits while it is full), ``max_sequences`` (cache slots),
+``prefill_chunk_tokens`` and ``max_tokens_cap``. The scheduling itself is
+:mod:`aiworks.runtime.llm_engine`; ONNX Runtime runs in its worker thread.
+Response parameters: ``prompt_tokens`` on the first, ``completion_tokens``
+and ``finish_reason`` (``stop`` or ``length``) on the last.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from aiworks.core.datatypes import Tensor, deserialize_bytes, serialize_items
+from aiworks.core import metrics
+from aiworks.core.errors import Internal, InvalidArgument
+from aiworks.core.inference import Answer, InferRequest
+from aiworks.core.model_config import ModelConfig, TensorSpec
+from aiworks.core.options import RequestOptions
+from aiworks.runtime.llm_engine import AsyncEngine, Engine, Sampling
+
+EOS = "<|endoftext|>"
+SAMPLING_PARAMETERS = frozenset({"max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "ignore_eos"})
+MAX_STOP_STRINGS, MAX_STOP_CHARS = 8, 64
+
+
+def _int(config: ModelConfig, key: str, default: int) -> int:
+    try:
+        value = int(config.parameters.get(key, default))
+    except ValueError:
+        raise InvalidArgument(f"model '{config.name}': parameter {key} must be an integer") from None
+    if value < 1:
+        raise InvalidArgument(f"model '{config.name}': parameter {key} must be at least 1")
+    return value
+
+
+def _number(params: dict, name: str, kind, default, low, high):
+    value = params.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise InvalidArgument(f"parameter '{name}' must be a number")
+    try:
+        value = kind(value) if kind is float or float(value) == int(float(value)) else None
+    except (TypeError, ValueError):
+        value = None
+    if value is None or not (low <= value <= high):
+        raise InvalidArgument(f"parameter '{name}' is {str(params.get(name))[:32]!r}; it must lie in [{low}, {high}]")
+    return value
+
+
+def _stops(value) -> tuple[str, ...]:
+    if value is None or value == "":
+        return ()
+    if isinstance(value, str) and value.startswith("["):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise InvalidArgument("parameter 'stop' is not a valid JSON list of strings") from None
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise InvalidArgument("parameter 'stop' must be a non-empty string or a list of them")
+    if len(stops) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise InvalidArgument(f"parameter 'stop': at most {MAX_STOP_STRINGS} strings of {MAX_STOP_CHARS} characters")
+    return tuple(stops)
+
+
+def parse_sampling(params: dict, *, default_max_tokens: int, max_tokens_cap: int) -> Sampling:
+    """The :class:`Sampling` a request's parameters ask for; unknown or out-of-range ones are refused."""
+    # Triton's own request parameters (triton_enable_empty_final_response, ...) are the transport's.
+    unknown = sorted(n for n in set(params) - SAMPLING_PARAMETERS if not n.startswith("triton_"))
+    if unknown:
+        raise InvalidArgument(
+            f"unknown sampling parameter(s) {unknown[:4]}; accepted: {sorted(SAMPLING_PARAMETERS)}"
+        )
+    seed = params.get("seed")
+    ignore_eos = params.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise InvalidArgument("parameter 'ignore_eos' must be a boolean")
+    return Sampling(
+        max_tokens=_number(params, "max_tokens", int, default_max_tokens, 1, max_tokens_cap),
+        temperature=_number(params, "temperature", float, 0.0, 0.0, 100.0),
+        top_k=_number(params, "top_k", int, 0, 0, 1 << 20),
+        top_p=_number(params, "top_p", float, 1.0, 1e-6, 1.0),
+        seed=None if seed is None else _number(params, "seed", int, 0, 0, 2**63 - 1),
+        stop=_stops(params.get("stop")),
+        ignore_eos=ignore_eos,
+    )
+
+
+class OnnxDecoder:
+    """The decoder's ONNX Runtime session as an :class:`Engine` runner."""
+
+    def __init__(self, path: Path, threads: int):
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        names = [i.name for i in self.session.get_inputs()]
+        self.past_names = [n for n in names if n.startswith("past_key_values.")]
+        self.layers = len(self.past_names) // 2
+        key = self.session.get_inputs()[names.index(self.past_names[0])]
+        self.heads, self.head_dim = int(key.shape[1]), int(key.shape[3])
+
+    def __call__(self, feeds: dict) -> list[np.ndarray]:
+        run_feeds = {k: feeds[k] for k in ("input_ids", "attention_mask", "position_ids")}
+        run_feeds.update(zip(self.past_names, feeds["past"]))
+        return self.session.run(None, run_feeds)
+
+
+class LlmModel:
+    """One loaded version of an ``llm`` model; see the module docstring."""
+
+    decoupled = True
+    inline_ok = False
+
+    def __init__(self, path: Path, config: ModelConfig, default_intra_op_threads: int):
+        from tokenizers import Tokenizer
+
+        where = f"model '{config.name}' (llm backend)"
+        if not config.decoupled:
+            raise InvalidArgument(f"{where}: needs model_transaction_policy {{ decoupled: true }}")
+        folder = Path(path).parent
+        if not (folder / "tokenizer.json").is_file():
+            raise InvalidArgument(f"{where}: the version folder has no tokenizer.json")
+        self.name = config.name
+        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self.decoder = OnnxDecoder(path, int(config.parameters.get("intra_op_thread_count", default_intra_op_threads)))
+        self.context = _int(config, "context_tokens", 256)
+        self.max_tokens_cap = min(_int(config, "max_tokens_cap", self.context), self.context)
+        self.default_max_tokens = min(_int(config, "default_max_tokens", 16), self.max_tokens_cap)
+        self.engine = Engine(
+            self.decoder, self.tokenizer, layers=self.decoder.layers, heads=self.decoder.heads,
+            head_dim=self.decoder.head_dim, context=self.context,
+            kv_budget_tokens=_int(config, "kv_budget_tokens", 16384),
+            max_sequences=_int(config, "max_sequences", 32),
+            prefill_chunk=_int(config, "prefill_chunk_tokens", 64), eos_id=self.tokenizer.token_to_id(EOS),
+        )  # fmt: skip
+        self._async: AsyncEngine | None = None
+        version = Path(path).parent.name
+        self._kv = [metrics.RUNTIME_LLM_KV_TOKENS.labels(self.name, version, k) for k in ("used", "budget")]
+        self._seqs = [metrics.RUNTIME_LLM_SEQUENCES.labels(self.name, version, k) for k in ("running", "waiting")]
+        self._tokens = [metrics.RUNTIME_LLM_TOKENS.labels(self.name, version, k) for k in ("prompt", "completion")]
+        self._ttft = metrics.RUNTIME_LLM_TTFT.labels(self.name, version)
+        self._itl = metrics.RUNTIME_LLM_INTER_TOKEN.labels(self.name, version)
+        self._gauges()
+
+    def _gauges(self) -> None:
+        engine = self.engine
+        self._kv[0].set(engine.used_tokens)
+        self._kv[1].set(engine.kv_budget_tokens)
+        self._seqs[0].set(len(engine.running))
+        self._seqs[1].set(len(engine.waiting))
+
+    def io_specs(self, batched: bool) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+        return (TensorSpec("text_input", "BYTES", (1,)),), (TensorSpec("text_output", "BYTES", (1,)),)
+
+    def run(self, feeds, outputs):
+        raise InvalidArgument(f"model '{self.name}' is decoupled: it answers on a stream only")
+
+    def prompt_ids(self, request: InferRequest) -> tuple[np.ndarray, bool]:
+        tensors = {t.name: t for t in request.inputs}
+        text = tensors.get("text_input")
+        if text is None or text.datatype != "BYTES" or int(np.prod(text.shape)) != 1:
+            raise InvalidArgument("expected one BYTES element in input 'text_input'")
+        raw = deserialize_bytes(text.raw, 1, name="text_input")[0]
+        try:
+            prompt = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
+        except UnicodeDecodeError:
+            raise InvalidArgument("input 'text_input' is not UTF-8 text") from None
+        return self.engine.prepare(prompt)
+
+    async def stream(self, request: InferRequest, options: RequestOptions):
+        """One response per step that made text; the last carries the token counts and finish reason."""
+        sampling = parse_sampling(
+            request.parameters, default_max_tokens=self.default_max_tokens, max_tokens_cap=self.max_tokens_cap
+        )
+        prompt, heal = self.prompt_ids(request)
+        if self._async is None:
+            self._async = AsyncEngine(self.engine, on_step=self._gauges)
+        first = True
+        last_s = time.perf_counter()
+        self._tokens[0].inc(int(prompt.shape[0]))
+        async for event in self._async.generate(prompt, sampling, heal):
+            if event.seq.error:
+                raise Internal(f"model '{self.name}': {event.seq.error}")
+            now_s = time.perf_counter()
+            (self._ttft if first else self._itl).observe(now_s - last_s)
+            last_s = now_s
+            params = {"prompt_tokens": int(prompt.shape[0])} if first else {}
+            first = False
+            if event.finished:
+                self._tokens[1].inc(len(event.seq.generated))
+                params.update(completion_tokens=len(event.seq.generated), finish_reason=event.seq.finish_reason)
+            yield Answer(
+                [Tensor("text_output", "BYTES", (1,), serialize_items([event.text.encode("utf-8")]))],
+                parameters=params,
+                final=False,
+            )
+
+    def kv_use(self) -> tuple[int, int]:
+        """(KV tokens reserved, the budget)."""
+        return self.engine.used_tokens, self.engine.kv_budget_tokens
+
+    def close(self) -> None:
+        if self._async is not None:
+            self._async.close()

@@ -1,0 +1,387 @@
+"""Continuous (iteration-level) batching of text generations over a KV-cache decoder.
+
+:class:`Engine` is the scheduler, with no asyncio in it: each :meth:`Engine.step`
+
+1. drops cancelled sequences (their cache slot and KV budget come back at once);
+2. admits waiting sequences, first come first served, while a cache slot is
+   free and their reservation (prompt + ``max_tokens`` tokens) fits the
+   replica's KV budget: a sequence that does not fit waits;
+3. runs one prefill batch: at most ``prefill_chunk`` prompt tokens in all,
+   taken from the oldest sequences still reading their prompts, so a long
+   prompt costs the others one chunk's time per step, not its whole length,
+   and many short ones are read together;
+4. runs one decode step for every sequence past its prompt, in one batch:
+   rows with different histories share it, each with its own positions and
+   an attention mask over its own cache slots;
+5. samples each row's next token, applies stop strings, and returns the text
+   pieces made (:class:`Event`); finished sequences leave the batch there.
+
+The cache is one array ``[2 * layers, max_sequences, heads, context, head_dim]``
+(a sequence owns one slot row). :class:`AsyncEngine` drives it from asyncio:
+steps run in one worker thread, never on the event loop, and each generation
+is an async iterator whose closing cancels its sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from aiworks.core.errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How one generation picks tokens: greedy when ``temperature`` is 0."""
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
+    """One token id from a row of logits per ``s``."""
+    if s.temperature <= 0.0:
+        return int(np.argmax(logits))
+    z = logits.astype(np.float64) / s.temperature
+    if 0 < s.top_k < z.shape[0]:
+        cut = np.partition(z, -s.top_k)[-s.top_k]
+        z = np.where(z >= cut, z, -np.inf)
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    if s.top_p < 1.0:
+        order = np.argsort(-p)
+        keep = np.cumsum(p[order]) - p[order] < s.top_p  # the smallest prefix reaching top_p
+        mask = np.zeros_like(p, dtype=bool)
+        mask[order[keep]] = True
+        p = np.where(mask, p, 0.0)
+        p /= p.sum()
+    return int(rng.choice(p.shape[0], p=p))
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One generation's state; the engine owns it once added."""
+
+    prompt: np.ndarray  # int64 token ids
+    sampling: Sampling
+    reserve: int  # KV tokens held while admitted
+    rng: np.random.Generator
+    slot: int = -1
+    length: int = 0  # tokens in its cache slot
+    next_id: int = -1  # the sampled token not yet in the cache
+    generated: list[int] = field(default_factory=list)
+    emitted: int = 0  # characters of the generated text handed out
+    state: str = "waiting"  # waiting, prefill, decode, done
+    cancelled: bool = False
+    finish_reason: str = ""
+    error: str = ""
+    heal: bool = False  # the prompt's trailing space was taken off (Engine.prepare)
+
+
+@dataclass(frozen=True)
+class Event:
+    """Text a step made for a sequence; ``finished`` with its reason on its last one."""
+
+    seq: Sequence
+    text: str
+    finished: bool = False
+
+
+class Engine:
+    """See the module docstring. ``runner(feeds) -> outputs`` runs the ONNX decoder (:func:`io_names` order)."""
+
+    def __init__(
+        self, runner, tokenizer, *, layers: int, heads: int, head_dim: int, context: int,
+        kv_budget_tokens: int, max_sequences: int, prefill_chunk: int = 64, eos_id: int | None = None,
+    ):  # fmt: skip
+        self.runner, self.tokenizer = runner, tokenizer
+        self.layers, self.context = layers, context
+        self.kv_budget_tokens, self.max_sequences = kv_budget_tokens, max_sequences
+        self.prefill_chunk = max(1, prefill_chunk)
+        self.eos_id = eos_id
+        self.cache = np.zeros((2 * layers, max_sequences, heads, context, head_dim), np.float32)
+        self._free = list(range(max_sequences - 1, -1, -1))
+        self._lock = threading.Lock()
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.used_tokens = 0
+        self.steps = 0
+        self._spaced: np.ndarray | None = None
+
+    # ---- the caller's side (any thread) ----
+
+    def prepare(self, text: str) -> tuple[np.ndarray, bool]:
+        """A prompt's token ids, and whether its trailing space was taken off to be healed.
+
+        Byte-level BPE glues a space to the word after it, so a prompt ending
+        in one space ("def ") would leave the model a lone space token it
+        rarely saw. The space is dropped from the prompt instead and the first
+        token is drawn among those that start with a space, which is left out
+        of the text handed back.
+        """
+        if len(text) >= 2 and text.endswith(" ") and not text[-2].isspace():
+            return self.encode(text[:-1]), True
+        return self.encode(text), False
+
+    def _space_tokens(self) -> np.ndarray:
+        if self._spaced is None:
+            vocab = self.tokenizer.get_vocab_size()
+            self._spaced = np.asarray(
+                [self.tokenizer.decode([i], skip_special_tokens=False).startswith(" ") for i in range(vocab)]
+            )
+        return self._spaced
+
+    def encode(self, text: str) -> np.ndarray:
+        ids = self.tokenizer.encode(text).ids
+        if not ids:
+            ids = [self.eos_id if self.eos_id is not None else 0]
+        return np.asarray(ids, dtype=np.int64)
+
+    def add(self, prompt: np.ndarray, sampling: Sampling, heal: bool = False) -> Sequence:
+        n = int(prompt.shape[0])
+        if n >= self.context:
+            raise InvalidArgument(f"the prompt is {n} tokens; the context window is {self.context} tokens")
+        reserve = min(self.context, n + sampling.max_tokens)
+        if reserve > self.kv_budget_tokens:
+            raise InvalidArgument(
+                f"prompt ({n} tokens) + max_tokens ({sampling.max_tokens}) exceed the KV budget of "
+                f"{self.kv_budget_tokens} tokens"
+            )
+        seq = Sequence(prompt, sampling, reserve, np.random.default_rng(sampling.seed))
+        if heal:
+            seq.heal, seq.emitted = True, 1  # the first token's leading space is the prompt's
+            self._space_tokens()
+        with self._lock:
+            self.waiting.append(seq)
+        return seq
+
+    def cancel(self, seq: Sequence) -> None:
+        """Stop ``seq``; a waiting one leaves now, a running one before the next step."""
+        with self._lock:
+            seq.cancelled = True
+            if seq.state == "waiting":
+                try:
+                    self.waiting.remove(seq)
+                except ValueError:
+                    pass
+                seq.state, seq.finish_reason = "done", "cancelled"
+
+    def fail_all(self, reason: str) -> list[Event]:
+        """End every sequence (after a failed step): their last events, with ``reason``."""
+        with self._lock:
+            seqs = list(self.running) + list(self.waiting)
+            self.running.clear()
+            self.waiting.clear()
+            for seq in seqs:
+                self._release(seq, "error")
+                seq.error = reason
+        return [Event(seq, "", True) for seq in seqs]
+
+    def busy(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- the step (one thread) ----
+
+    def _release(self, seq: Sequence, reason: str) -> None:
+        if seq.slot >= 0:
+            self._free.append(seq.slot)
+            self.used_tokens -= seq.reserve
+            seq.slot = -1
+        seq.state, seq.finish_reason = "done", reason
+
+    def _admit(self) -> None:
+        with self._lock:
+            for seq in [s for s in self.running if s.cancelled]:
+                self.running.remove(seq)
+                self._release(seq, "cancelled")
+            while self.waiting and self._free and self.used_tokens + self.waiting[0].reserve <= self.kv_budget_tokens:
+                seq = self.waiting.popleft()
+                seq.slot, seq.state = self._free.pop(), "prefill"
+                self.used_tokens += seq.reserve
+                self.running.append(seq)
+
+    def _run(self, ids, mask, positions, past) -> tuple[np.ndarray, list[np.ndarray]]:
+        out = self.runner({"input_ids": ids, "attention_mask": mask, "position_ids": positions, "past": past})
+        return out[0], out[1:]
+
+    def _forward(self, rows: list[tuple[Sequence, np.ndarray]]) -> np.ndarray:
+        """Run new tokens of several sequences in one batch; each row's logits at its last new token.
+
+        Rows differ in history (``length``) and in how many tokens they bring:
+        the cache is read up to the longest history, new tokens are padded on
+        the right to the most any row brings, and the attention mask admits
+        each row's own cache slots and real new tokens only (padding comes
+        after a row's real tokens, so the causal order hides it from them).
+        """
+        seqs = [s for s, _ in rows]
+        slots = np.asarray([s.slot for s in seqs])
+        starts = np.asarray([s.length for s in seqs])
+        counts = np.asarray([t.shape[0] for _, t in rows])
+        width, new = int(starts.max()), int(counts.max())
+        past = [self.cache[j, slots, :, :width] for j in range(2 * self.layers)]
+        mask = np.zeros((len(rows), width + new), np.int64)
+        mask[:, :width] = np.arange(width)[None, :] < starts[:, None]
+        if new == 1:
+            ids = np.stack([t for _, t in rows])
+            positions = starts[:, None].astype(np.int64)
+            mask[:, width] = 1
+        else:
+            ids = np.zeros((len(rows), new), np.int64)
+            positions = np.zeros((len(rows), new), np.int64)
+            for i, (_, t) in enumerate(rows):
+                n = t.shape[0]
+                ids[i, :n] = t
+                positions[i] = starts[i] + np.minimum(np.arange(new), n - 1)  # padding repeats the last position
+                mask[i, width : width + n] = 1
+        logits, present = self._run(ids, mask, positions, past)
+        if new == 1:
+            for j, kv in enumerate(present):
+                self.cache[j, slots, :, starts] = kv[:, :, width]
+        else:
+            for i, s in enumerate(seqs):
+                n = int(counts[i])
+                for j, kv in enumerate(present):
+                    self.cache[j, s.slot, :, s.length : s.length + n] = kv[i, :, width : width + n]
+        for s, n in zip(seqs, counts.tolist()):
+            s.length += n
+        return logits[np.arange(len(rows)), counts - 1]
+
+    def _prefill(self, filling: list[Sequence]) -> list[tuple[Sequence, int]]:
+        """Feed prompt chunks, at most ``prefill_chunk`` tokens in all, oldest first: (sequence, first token)
+        for each whose prompt is now in."""
+        rows, budget = [], self.prefill_chunk
+        for seq in filling:
+            if budget <= 0:
+                break
+            chunk = seq.prompt[seq.length : seq.length + budget]
+            rows.append((seq, chunk))
+            budget -= chunk.shape[0]
+        if not rows:
+            return []
+        logits = self._forward(rows)
+        firsts = []
+        for (seq, _), row in zip(rows, logits):
+            if seq.length >= seq.prompt.shape[0]:
+                seq.state = "decode"
+                if seq.heal:
+                    row = np.where(self._space_tokens(), row, -np.inf)
+                firsts.append((seq, sample(row, seq.sampling, seq.rng)))
+        return firsts
+
+    def _decode(self, batch: list[Sequence]) -> list[int]:
+        logits = self._forward([(s, np.asarray([s.next_id], np.int64)) for s in batch])
+        return [sample(row, s.sampling, s.rng) for row, s in zip(logits, batch)]
+
+    def _accept(self, seq: Sequence, token: int) -> Event | None:
+        """Take ``token`` into ``seq``: the text it releases, and whether the sequence is done."""
+        s = seq.sampling
+        reason = ""
+        if token == self.eos_id and not s.ignore_eos:
+            reason = "stop"
+        else:
+            seq.generated.append(token)
+            seq.next_id = token
+            if len(seq.generated) >= s.max_tokens:
+                reason = "length"
+            elif seq.length + 1 >= self.context:
+                reason = "length"
+        text = self.tokenizer.decode(seq.generated, skip_special_tokens=True)
+        end = len(text)
+        for stop in s.stop:
+            at = text.find(stop, max(int(seq.heal), seq.emitted - len(stop) + 1))  # not in a healed space
+            if at >= 0 and at < end:
+                end, reason = at, "stop"
+        if not reason:
+            end = len(text.rstrip("\ufffd"))  # an incomplete UTF-8 character waits for its next bytes
+            for stop in s.stop:  # so does text that may be the start of a stop string
+                for k in range(min(len(stop) - 1, end), 0, -1):
+                    if text[:end].endswith(stop[:k]):
+                        end = min(end, len(text[:end]) - k)
+                        break
+        piece = text[seq.emitted : max(end, seq.emitted)]
+        seq.emitted = max(end, seq.emitted)
+        if reason:
+            with self._lock:
+                self.running.remove(seq)
+                self._release(seq, reason)
+            return Event(seq, piece, True)
+        return Event(seq, piece) if piece else None
+
+    def step(self) -> list[Event]:
+        """One iteration (see the module docstring): the text pieces it made."""
+        self._admit()
+        events: list[Event] = []
+        decoding = [s for s in self.running if s.state == "decode"]
+        filling = [s for s in self.running if s.state == "prefill"]
+        for seq, token in self._prefill(filling):
+            events.append(self._accept(seq, token))
+        if decoding:
+            for seq, token in zip(decoding, self._decode(decoding)):
+                events.append(self._accept(seq, token))
+        self.steps += 1
+        return [e for e in events if e is not None]
+
+
+class AsyncEngine:
+    """An :class:`Engine` driven from asyncio: steps in one worker thread, generations as async iterators."""
+
+    def __init__(self, engine: Engine, on_step=None):
+        self.engine = engine
+        self.on_step = on_step  # called on the event loop after each step (gauges)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-step")
+        self._queues: dict[int, asyncio.Queue] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self.engine.busy():
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            try:
+                events = await loop.run_in_executor(self._pool, self.engine.step)
+            except Exception as exc:  # the decoder failed: every generation running or waiting ends with it
+                events = self.engine.fail_all(f"generation failed: {type(exc).__name__}")
+            if self.on_step is not None:
+                self.on_step()
+            for event in events:
+                queue = self._queues.get(id(event.seq))
+                if queue is not None:
+                    queue.put_nowait(event)
+
+    async def generate(self, prompt: np.ndarray, sampling: Sampling, heal: bool = False):
+        """The :class:`Event` s of one generation; leaving the iteration early cancels it."""
+        seq = self.engine.add(prompt, sampling, heal)
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[id(seq)] = queue
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+        self._wake.set()
+        try:
+            while True:
+                event = await queue.get()
+                yield event
+                if event.finished:
+                    return
+        finally:
+            self._queues.pop(id(seq), None)
+            if seq.state != "done":
+                self.engine.cancel(seq)
+                self._wake.set()
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        self._pool.shutdown(wait=False, cancel_futures=True)

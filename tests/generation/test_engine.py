@@ -1,0 +1,189 @@
+"""The continuous-batching engine on the real ONNX decoder (random weights): join/leave, budget, cancel, sampling."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from aiworks.core.errors import InvalidArgument
+from aiworks.runtime.llm_backend import OnnxDecoder, parse_sampling
+from aiworks.runtime.llm_engine import AsyncEngine, Engine, Sampling, sample
+
+
+@pytest.fixture(scope="module")
+def parts(tiny_llm_repo):
+    version = tiny_llm_repo / "codegen" / "1"
+    return OnnxDecoder(version / "model.onnx", 1), Tokenizer.from_file(str(version / "tokenizer.json"))
+
+
+def make_engine(parts, **kw) -> Engine:
+    decoder, tokenizer = parts
+    args = dict(context=256, kv_budget_tokens=4096, max_sequences=8, prefill_chunk=64, eos_id=None)
+    args.update(kw)
+    return Engine(decoder, tokenizer, layers=decoder.layers, heads=decoder.heads, head_dim=decoder.head_dim, **args)
+
+
+def run_all(engine: Engine, adds=(), max_steps=500):
+    """Step until idle; ``adds`` is [(step, prompt, sampling)]: sequences that join at that step."""
+    adds = sorted(adds, key=lambda a: a[0])
+    seqs, texts, per_step = [], {}, []
+    for step in range(max_steps):
+        while adds and adds[0][0] <= step:
+            _, prompt, sampling = adds.pop(0)
+            seqs.append(engine.add(engine.encode(prompt), sampling))
+        if not adds and not engine.busy():
+            break
+        events = engine.step()
+        per_step.append(events)
+        for e in events:
+            texts[id(e.seq)] = texts.get(id(e.seq), "") + e.text
+    return [texts.get(id(s), "") for s in seqs], seqs, per_step
+
+
+def alone(parts, prompt, sampling, **kw):
+    return run_all(make_engine(parts, **kw), [(0, prompt, sampling)])[0][0]
+
+
+def test_sequences_join_and_leave_the_batch_without_changing_their_text(parts):
+    prompts = ["def main(args):\n", "import os\nimport sys\n", "class Foo(object):\n    def __init__(self", "x = 1"]
+    lengths = [12, 5, 20, 9]
+    solo = [alone(parts, p, Sampling(max_tokens=n)) for p, n in zip(prompts, lengths)]
+    engine = make_engine(parts)
+    # They join at steps 0, 0, 3 and 7 and leave after 12, 5, 20 and 9 tokens.
+    joins = [(s, p, Sampling(max_tokens=n)) for s, p, n in zip([0, 0, 3, 7], prompts, lengths)]
+    texts, seqs, per_step = run_all(engine, joins)
+    assert texts == solo
+    assert [len(s.generated) for s in seqs] == lengths and all(s.finish_reason == "length" for s in seqs)
+    assert max(len({id(e.seq) for e in events}) for events in per_step) >= 3  # several decoded in one step
+    assert engine.used_tokens == 0 and not engine.running and len(engine._free) == 8
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_while_others_keep_decoding(parts):
+    long_prompt = "def f(a, b):\n    return a + b\n" * 12
+    engine = make_engine(parts, prefill_chunk=16)
+    short = engine.add(engine.encode("import os\n"), Sampling(max_tokens=60, ignore_eos=True))
+    engine.step()
+    engine.step()
+    long = engine.add(engine.encode(long_prompt), Sampling(max_tokens=4))
+    chunks = -(-long.prompt.shape[0] // 16)
+    assert chunks >= 4
+    before = len(short.generated)
+    for i in range(chunks):
+        engine.step()
+        # One chunk of the long prompt a step, and the short sequence's next token in the same step.
+        assert long.length == min(16 * (i + 1), long.prompt.shape[0])
+        assert len(short.generated) == before + i + 1
+    assert long.state == "decode" and len(long.generated) == 1
+    while long.state != "done":
+        engine.step()
+    # Chunked prefill gives the same tokens as one prefill.
+    one = make_engine(parts, prefill_chunk=1024)
+    same = one.add(one.encode(long_prompt), Sampling(max_tokens=4))
+    while same.state != "done":
+        one.step()
+    assert long.generated == same.generated
+
+
+def test_admission_waits_for_the_kv_budget_and_gets_it_back(parts):
+    engine = make_engine(parts, kv_budget_tokens=40)
+    first = engine.add(engine.encode("import os"), Sampling(max_tokens=30))
+    second = engine.add(engine.encode("import sys"), Sampling(max_tokens=30))
+    engine.step()
+    assert first.state in ("decode", "done") and second.state == "waiting"
+    assert engine.used_tokens == first.reserve <= 40
+    while first.state != "done":
+        engine.step()
+    engine.step()
+    assert second.state in ("prefill", "decode")
+    assert engine.used_tokens == second.reserve
+    with pytest.raises(InvalidArgument, match="KV budget"):
+        engine.add(engine.encode("x"), Sampling(max_tokens=60))
+
+
+def test_cancelling_frees_the_cache_before_the_next_step(parts):
+    engine = make_engine(parts, kv_budget_tokens=200)
+    running = engine.add(engine.encode("def f():"), Sampling(max_tokens=100))
+    waiting = engine.add(engine.encode("def g():"), Sampling(max_tokens=100))
+    for _ in range(3):
+        engine.step()
+    assert running.state == "decode" and waiting.state == "waiting" and engine.used_tokens == running.reserve
+    engine.cancel(waiting)
+    assert waiting.state == "done" and not engine.waiting
+    engine.cancel(running)
+    assert engine.step() == []
+    assert engine.used_tokens == 0 and not engine.busy() and len(engine._free) == 8
+    assert running.finish_reason == "cancelled"
+
+
+def test_stop_strings_end_the_text_before_them(parts):
+    free = alone(parts, "def main():\n", Sampling(max_tokens=24))
+    stop = free[len(free) // 2 : len(free) // 2 + 3]
+    assert len(stop) == 3
+    cut = alone(parts, "def main():\n", Sampling(max_tokens=24, stop=("@@never@@", stop)))
+    assert cut == free[: free.find(stop)]
+
+
+def test_a_seed_makes_sampling_repeatable(parts):
+    s = Sampling(max_tokens=16, temperature=1.0, top_k=50, top_p=0.95, seed=7)
+    a, b = alone(parts, "import ", s), alone(parts, "import ", s)
+    c = alone(parts, "import ", Sampling(max_tokens=16, temperature=1.0, top_k=50, top_p=0.95, seed=8))
+    assert a == b and a != c
+
+
+def test_sampling_filters():
+    rng = np.random.default_rng(0)
+    logits = np.asarray([0.0, 3.0, 2.9, -1.0], np.float32)
+    assert sample(logits, Sampling(), rng) == 1
+    assert {sample(logits, Sampling(temperature=5.0, top_k=2), rng) for _ in range(200)} == {1, 2}
+    assert {sample(logits, Sampling(temperature=1.0, top_p=0.01), rng) for _ in range(50)} == {1}
+
+
+def test_bad_requests_are_refused_with_their_reason(parts):
+    engine = make_engine(parts, context=64)
+    with pytest.raises(InvalidArgument, match=r"prompt is \d+ tokens; the context window is 64"):
+        engine.add(engine.encode("def f(x): return x\n" * 30), Sampling())
+    for params, words in (
+        ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": 10_000}, "max_tokens"), ({"top_p": 0}, "top_p"),
+        ({"frequency_penalty": 1.0}, "unknown sampling parameter"), ({"stop": ["ok", 3]}, "stop"),
+    ):  # fmt: skip
+        with pytest.raises(InvalidArgument, match=words):
+            parse_sampling(params, default_max_tokens=16, max_tokens_cap=256)
+    s = parse_sampling({"max_tokens": 5, "temperature": 0.5, "stop": '["\\n\\n", "def"]', "seed": 3},
+                       default_max_tokens=16, max_tokens_cap=256)  # fmt: skip
+    assert s == Sampling(max_tokens=5, temperature=0.5, seed=3, stop=("\n\n", "def"))
+
+
+async def test_an_abandoned_async_generation_releases_its_kv(parts):
+    engine = make_engine(parts, kv_budget_tokens=1000)
+    driver = AsyncEngine(engine)
+    try:
+        long = Sampling(max_tokens=200, ignore_eos=True)
+        gens = [driver.generate(engine.encode(f"def f{i}():"), long) for i in range(20)]
+        for gen in gens:
+            await anext(gen)  # each has started (the budget holds 4 at once: the rest waited their turn)
+            await gen.aclose()
+        for _ in range(100):
+            if not engine.busy():
+                break
+            await asyncio.sleep(0.01)
+        assert engine.used_tokens == 0 and not engine.busy() and len(engine._free) == 8
+        full = [e async for e in driver.generate(engine.encode("import os"), Sampling(max_tokens=5, ignore_eos=True))]
+        assert full[-1].finished and len(full[-1].seq.generated) == 5
+    finally:
+        driver.close()
+
+
+def test_a_trailing_space_is_healed_into_the_first_token(parts):
+    engine = make_engine(parts)
+    ids, heal = engine.prepare("def ")
+    assert heal and ids.tolist() == engine.encode("def").tolist()
+    assert engine.prepare("def  ")[1] is False and engine.prepare("x\n")[1] is False
+    seq = engine.add(ids, Sampling(max_tokens=6, temperature=1.0, seed=1), heal)
+    text = ""
+    while seq.state != "done":
+        text += "".join(e.text for e in engine.step() if e.seq is seq)
+    whole = engine.tokenizer.decode(seq.generated)
+    assert whole.startswith(" ") and text == whole[1:]

@@ -1,0 +1,209 @@
+"""Generation through the whole suite: gRPC ModelStreamInfer with tritonclient, Triton's generate extension.
+
+One suite of its own (scheduler, two runtime replicas, gateway) over the tiny
+random-weight ``codegen`` model: texts are gibberish but deterministic
+(greedy), which is what these tests compare.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+
+import numpy as np
+import orjson
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+from e2e.e2e_support import start_suite
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def suite(tiny_llm_repo, tmp_path_factory):
+    s = start_suite(tiny_llm_repo, tmp_path_factory.mktemp("logs"), cache=False)
+    yield s
+    s.supervisor.stop()
+
+
+def url(suite, path: str) -> str:
+    return f"http://{suite.http_url}{path}"
+
+
+def sse(response) -> list[dict]:
+    return [orjson.loads(line[6:]) for line in response.iter_lines() if line.startswith(b"data: ")]
+
+
+def llm_gauges(suite) -> dict[tuple[str, str], float]:
+    """Summed over the runtime replicas: (metric, kind/state) -> value."""
+    out: dict[tuple[str, str], float] = {}
+    for target in suite.supervisor.metrics_targets()["runtime"]:
+        text = requests.get(f"http://{target}/metrics", timeout=5).text
+        for family in text_string_to_metric_families(text):
+            if family.name in ("aiworks_runtime_llm_kv_tokens", "aiworks_runtime_llm_sequences"):
+                for s in family.samples:
+                    key = (family.name, s.labels.get("kind") or s.labels.get("state"))
+                    out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def test_model_stream_infer_sends_a_response_per_token_then_the_final_flag(suite):
+    body = {"text_input": "def main(", "parameters": {"max_tokens": 12, "ignore_eos": True}}
+    whole = requests.post(url(suite, "/v2/models/codegen/generate"), json=body)
+    assert whole.status_code == 200, whole.text
+    got: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(suite.grpc_url)
+    try:
+        client.start_stream(callback=lambda result, error: got.put((result, error)))
+        text = grpcclient.InferInput("text_input", [1], "BYTES")
+        text.set_data_from_numpy(np.asarray([b"def main("], dtype=object))
+        client.async_stream_infer("codegen", [text], request_id="g1", parameters={"max_tokens": 12, "ignore_eos": True},
+                                  enable_empty_final_response=True)  # fmt: skip
+        results = []
+        while True:
+            result, error = got.get(timeout=60)
+            assert error is None, error.message()
+            results.append(result)
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+        client.stop_stream()
+    finally:
+        client.close()
+    pieces = [r.as_numpy("text_output")[0].decode() for r in results[:-1]]
+    assert len(pieces) >= 2 and results[-1].as_numpy("text_output") is None  # the bare final flag
+    assert all(r.get_response().id == "g1" for r in results)
+    assert "".join(pieces) == whole.json()["text_output"]
+    last = results[-2].get_response().parameters
+    assert last["completion_tokens"].int64_param == 12 and last["finish_reason"].string_param == "length"
+    assert whole.json()["model_name"] == "codegen" and whole.json()["model_version"] == "1"
+
+
+def test_generate_stream_sends_server_sent_events_as_they_are_made(suite):
+    body = {"text_input": "import ", "max_tokens": 10, "ignore_eos": True, "stream": True}
+    once = requests.post(url(suite, "/v2/models/codegen/generate"), json=body).json()
+    with requests.post(url(suite, "/v2/models/codegen/generate_stream"), json=body, stream=True) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = sse(r)
+    assert len(events) >= 2 and all(e["model_name"] == "codegen" and "text_output" in e for e in events)
+    assert "".join(e["text_output"] for e in events) == once["text_output"]
+    # Sampling with a seed repeats; a stop string ends the text before it.
+    seeded = {"text_input": "class ", "parameters": {"max_tokens": 16, "temperature": 1.0, "top_k": 40, "seed": 5}}
+    a, b = (requests.post(url(suite, "/v2/models/codegen/generate"), json=seeded).json()["text_output"] for _ in "ab")
+    assert a == b
+    stop = once["text_output"][3:6]
+    cut = requests.post(url(suite, "/v2/models/codegen/generate"), json={**body, "stop": [stop]}).json()
+    assert cut["text_output"] == once["text_output"][: once["text_output"].find(stop)]
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ({"text_input": "def f(x): return x\n" * 60}, r"the prompt is \d+ tokens; the context window is 256"),
+        ({"text_input": "x", "parameters": {"max_tokens": 0}}, "max_tokens"),
+        ({"text_input": "x", "parameters": {"max_tokens": 100000}}, "max_tokens"),
+        ({"text_input": "x", "parameters": {"presence_penalty": 1}}, "unknown sampling parameter"),
+        ({"prompt": "x"}, "text_input"),
+        ({"text_input": "x", "parameters": {"temperature": [1]}}, "temperature"),
+    ],
+)
+def test_bad_generate_requests_get_a_400_that_says_why(suite, body, words):
+    import re
+
+    for route in ("generate", "generate_stream"):
+        r = requests.post(url(suite, f"/v2/models/codegen/{route}"), json=body)
+        assert r.status_code == 400, (route, r.status_code, r.text)
+        assert r.headers["content-type"].startswith("application/json")
+        assert re.search(words, r.json()["error"]), r.json()
+
+
+def test_abandoned_streams_leave_the_kv_cache_as_it_was(suite):
+    before = llm_gauges(suite)
+    assert before[("aiworks_runtime_llm_kv_tokens", "used")] == 0
+    body = {"text_input": "def ", "parameters": {"max_tokens": 200, "ignore_eos": True}}
+    for _ in range(50):
+        with requests.post(url(suite, "/v2/models/codegen/generate_stream"), json=body, stream=True, timeout=30) as r:
+            assert r.status_code == 200
+            next(r.iter_lines())  # the first token came; the client goes away mid-stream
+    kv, seqs = "aiworks_runtime_llm_kv_tokens", "aiworks_runtime_llm_sequences"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        now = llm_gauges(suite)
+        if now[(kv, "used")] == 0 and now[(seqs, "running")] == 0:
+            break
+        time.sleep(0.2)
+    assert now[(kv, "used")] == 0, now
+    assert now[(seqs, "running")] == 0 and now[(seqs, "waiting")] == 0
+    assert now[(kv, "budget")] == before[(kv, "budget")]
+    # The model still answers.
+    r = requests.post(url(suite, "/v2/models/codegen/generate"), json={"text_input": "x", "max_tokens": 3})
+    assert r.status_code == 200
+
+
+# ---- OpenAI-compatible routes, with the official client unchanged ----------------------------------
+
+
+@pytest.fixture
+def openai_client(suite):
+    import openai
+
+    return openai.OpenAI(base_url=f"http://{suite.http_url}/v1", api_key="demo-mode-takes-any-key", max_retries=0)
+
+
+def test_openai_completions_streaming_and_not(suite, openai_client):
+    assert "codegen" in [m.id for m in openai_client.models.list()]
+    once = requests.post(url(suite, "/v2/models/codegen/generate"),
+                         json={"text_input": "import ", "max_tokens": 8, "ignore_eos": True}).json()  # fmt: skip
+    more = {"ignore_eos": True}  # a random model may end at once; vLLM's extension keeps it going
+    done = openai_client.completions.create(model="codegen", prompt="import ", max_tokens=8, temperature=0,
+                                            extra_body=more)  # fmt: skip
+    assert done.object == "text_completion" and done.model == "codegen"
+    assert done.choices[0].text == once["text_output"][: len(done.choices[0].text)]
+    assert done.choices[0].finish_reason in ("length", "stop")
+    assert done.usage.prompt_tokens >= 1 and done.usage.completion_tokens == 8
+    assert done.usage.total_tokens == done.usage.prompt_tokens + done.usage.completion_tokens
+    chunks = list(openai_client.completions.create(model="codegen", prompt="import ", max_tokens=8, temperature=0,
+                                                   stream=True, stream_options={"include_usage": True},
+                                                   extra_body=more))  # fmt: skip
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == done.choices[0].text and len(chunks) >= 3
+    assert chunks[-1].usage.completion_tokens == done.usage.completion_tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == done.choices[0].finish_reason
+    with requests.post(url(suite, "/v1/completions"), stream=True,
+                       json={"model": "codegen", "prompt": "x", "max_tokens": 3, "stream": True}) as r:  # fmt: skip
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == b"data: [DONE]"
+
+
+def test_openai_chat_completions(openai_client):
+    messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def add(a, b):"}]
+    done = openai_client.chat.completions.create(model="codegen", messages=messages, max_tokens=10, seed=3,
+                                                 extra_body={"ignore_eos": True})  # fmt: skip
+    assert done.object == "chat.completion" and done.choices[0].message.role == "assistant"
+    assert done.usage.prompt_tokens > 10 and done.usage.completion_tokens >= 1
+    again = openai_client.chat.completions.create(model="codegen", messages=messages, max_tokens=10, seed=3,
+                                                  extra_body={"ignore_eos": True})  # fmt: skip
+    assert again.choices[0].message.content == done.choices[0].message.content  # the seed repeats
+    stream = openai_client.chat.completions.create(model="codegen", messages=messages, max_tokens=10, seed=3,
+                                                   stream=True, extra_body={"ignore_eos": True})  # fmt: skip
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == done.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == done.choices[0].finish_reason
+
+
+def test_openai_errors_come_in_openais_format(suite, openai_client):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as bad:
+        openai_client.completions.create(model="codegen", prompt="x", max_tokens=0)
+    assert bad.value.status_code == 400 and "max_tokens" in bad.value.message
+    assert bad.value.body["type"] == "invalid_request_error"
+    with pytest.raises(openai.NotFoundError):
+        openai_client.completions.create(model="no-such-model", prompt="x")
+    with pytest.raises(openai.BadRequestError) as long_prompt:
+        openai_client.completions.create(model="codegen", prompt="def f(x): return x\n" * 60, stream=True)
+    assert "context window" in long_prompt.value.message
+    r = requests.post(url(suite, "/v1/completions"), json={"model": "codegen", "prompt": "x", "best_of": 3})
+    assert r.status_code == 400 and "best_of" in r.json()["error"]["message"]

@@ -1,0 +1,97 @@
+"""``aiworks llm build``: the KV-cache ONNX export matches GPT-2, the CLI writes a servable folder, training works."""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from conftest import TINY
+
+from aiworks.core.model_config import read_config
+from aiworks.lifecycle import llm
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def feeds(cfg, ids, mask, positions, past):
+    names, _ = llm.io_names(cfg.n_layer)
+    return dict(zip(names, [ids, mask, positions, *past]))
+
+
+def test_the_exported_kv_decoder_matches_gpt2(tmp_path):
+    import torch
+
+    model = llm.hf_model(TINY, 1024).eval()
+    path = llm.export_onnx(model, tmp_path / "model.onnx")
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    cfg = model.config
+    ids = np.random.default_rng(0).integers(0, 1024, (2, 12)).astype(np.int64)
+    with torch.no_grad():
+        want = model(input_ids=torch.from_numpy(ids)).logits.numpy()
+    empty = [np.zeros((2, cfg.n_head, 0, cfg.n_embd // cfg.n_head), np.float32) for _ in range(2 * cfg.n_layer)]
+    positions = np.tile(np.arange(12), (2, 1))
+    out = session.run(None, feeds(cfg, ids, np.ones((2, 12), np.int64), positions, empty))
+    np.testing.assert_allclose(out[0], want, atol=2e-4)
+    # The first 9 tokens, then the last 3 over the cache: the same logits.
+    head = session.run(None, feeds(cfg, ids[:, :9], np.ones((2, 9), np.int64), positions[:, :9], empty))
+    tail = session.run(None, feeds(cfg, ids[:, 9:], np.ones((2, 12), np.int64), positions[:, 9:], head[1:]))
+    np.testing.assert_allclose(tail[0], want[:, 9:], atol=2e-4)
+    assert tail[1].shape == (2, cfg.n_head, 12, cfg.n_embd // cfg.n_head)
+
+
+def test_the_cli_writes_a_decoupled_llm_model_folder(tmp_path):
+    cmd = [sys.executable, "-m", "aiworks", "llm", "build", "--random", "--layers", "2", "--out", str(tmp_path),
+           "--no-cache", "--quiet"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "wrote" in done.stdout and '"parameters"' in done.stdout
+    folder = tmp_path / "codegen"
+    assert (folder / "1" / "model.onnx").is_file() and (folder / "1" / "tokenizer.json").is_file()
+    config = read_config(folder)
+    assert config.backend == "llm" and config.decoupled and config.max_batch_size == 0
+    assert [t.name for t in config.inputs] == ["text_input"] and [t.name for t in config.outputs] == ["text_output"]
+    assert not (tmp_path / ".aiworks").exists()  # --no-cache keeps nothing
+
+
+@pytest.mark.slow
+def test_the_trained_model_has_learnt_python_context(tmp_path):
+    """Trains once (~2-3 min on 2 idle cores; 5-6 min on a loaded one), cached in .aiworks/cache/llm.
+
+    200 CPU steps teach it token frequencies and some context, not yet plausible completions: its held-out
+    loss must be well below uniform and below a unigram model's (frequencies from the training text).
+    """
+    from tokenizers import Tokenizer
+
+    from aiworks.runtime.llm_backend import OnnxDecoder
+    from aiworks.runtime.llm_engine import Engine, Sampling
+
+    spec, cache = llm.LlmSpec(), ROOT / ".aiworks" / "cache" / "llm"
+    tokenizer_json, model, report = llm.trained(spec, cache_dir=cache, progress=False)
+    tokenizer = Tokenizer.from_file(str(tokenizer_json))
+    uniform = math.log(tokenizer.get_vocab_size())
+    loss = llm.held_out_loss(tokenizer, model, spec)
+    counts = np.bincount(llm.token_stream(tokenizer, llm.corpus(spec.corpus_mb)), minlength=tokenizer.get_vocab_size())
+    unigram = (counts + 1.0) / (counts + 1.0).sum()
+    held_out = llm.token_stream(tokenizer, llm.corpus(0.5, held_out=True))
+    unigram_loss = float(-np.log(unigram[held_out]).mean())
+    assert loss < uniform - 1.5 and loss < unigram_loss - 0.5, (loss, unigram_loss, uniform, report)
+    # The served path (the exported ONNX model, the engine) agrees with the torch model on the first token.
+    folder, _ = llm.build(tmp_path, spec, cache_dir=cache, progress=False)
+    decoder = OnnxDecoder(folder / "1" / "model.onnx", 2)
+    engine = Engine(decoder, tokenizer, layers=decoder.layers, heads=decoder.heads, head_dim=decoder.head_dim,
+                    context=spec.context, kv_budget_tokens=4096, max_sequences=4)
+    import torch
+
+    ids = engine.encode("import os\nimport")
+    seq = engine.add(ids, Sampling(max_tokens=1))
+    while seq.state != "done":
+        engine.step()
+    with torch.no_grad():
+        want = int(model(input_ids=torch.from_numpy(ids)[None]).logits[0, -1].argmax())
+    assert seq.generated == [want]
