@@ -60,6 +60,7 @@ def test_the_cli_writes_a_decoupled_llm_model_folder(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # a clean clone trains first: 2-3 min on 2 idle cores, over the 300 s default when loaded
 def test_the_trained_model_has_learnt_python_context(tmp_path):
     """Trains once (~2-3 min on 2 idle cores; 5-6 min on a loaded one), cached in .aiworks/cache/llm.
 
