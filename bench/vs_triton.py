@@ -354,6 +354,32 @@ async def run(args, servers: Servers) -> list[CaseResult]:
     return results
 
 
+def in_process_minilm(repo: Path, version: str, batches=(16, 32, 64), seconds: float = 4.0,
+                      threads: int = 2) -> dict[int, float]:
+    """Sentences/s of onnxruntime alone on ``minilm`` ``version`` (``threads`` intra-op threads), per batch size:
+    the issue's yardstick for the suite's minilm at concurrency 64."""
+    import onnxruntime as ort
+    from onnxruntime_extensions import get_library_path
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.register_custom_ops_library(get_library_path())
+    session = ort.InferenceSession(str(repo / "minilm" / version / "model.onnx"), options,
+                                   providers=["CPUExecutionProvider"])  # fmt: skip
+    name = session.get_inputs()[0].name
+    text = MODELS["minilm"].inputs()[0][2][0, 0]
+    rates = {}
+    for batch in batches:
+        feed = {name: np.array([[text]] * batch, dtype=object)}
+        session.run(None, feed)
+        done, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            session.run(None, feed)
+            done += batch
+        rates[batch] = done / (time.perf_counter() - started)
+    return rates
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="iris,digits,minilm", help="comma-separated: iris, digits, minilm")
@@ -382,10 +408,22 @@ def main() -> None:
               f"warm-up, {args.rounds} round(s), medians")  # fmt: skip
     table = summarize(results)
     print(f"\n{header}\n\n{table}")
+    in_process = {}
+    if "minilm" in args.models:  # the suite's servers are stopped: onnxruntime has the machine to itself
+        in_process = in_process_minilm(build_suite_repository(args.models), MODELS["minilm"].version)
+        best = max(in_process.values())
+        suite = [r.throughput_rps for r in results if (r.server, r.model, r.concurrency) == ("suite", "minilm", 64)
+                 and r.protocol == "grpc"]  # fmt: skip
+        rates = ", ".join(f"batch {b}: {v:,.0f}/s" for b, v in in_process.items())
+        print(f"\nminilm in-process onnxruntime (2 threads): {rates}")
+        if suite:
+            print(f"suite minilm grpc c=64: {statistics.median(suite):,.0f} req/s = "
+                  f"{statistics.median(suite) / best:.2f}x in-process at its best batch size")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"machine": header, "args": sys.argv[1:],
-                                        "results": [asdict(r) for r in results]}, indent=1))  # fmt: skip
+                                        "results": [asdict(r) for r in results],
+                                        "minilm_in_process_sentences_per_s": in_process}, indent=1))  # fmt: skip
 
 
 if __name__ == "__main__":
