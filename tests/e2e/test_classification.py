@@ -17,11 +17,27 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from aiworks.demo.triton_qa import build_triton_qa_models
 
+# An ensemble of one step over ``simple``: the gateway runs it, so its outputs cannot be classified.
+ENSEMBLE = """
+name: "simple_ensemble"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "A" data_type: TYPE_INT32 dims: [ 16 ] }, { name: "B" data_type: TYPE_INT32 dims: [ 16 ] } ]
+output [ { name: "SUM" data_type: TYPE_INT32 dims: [ 16 ] } ]
+ensemble_scheduling { step [ {
+  model_name: "simple" model_version: -1
+  input_map { key: "INPUT0" value: "A" } input_map { key: "INPUT1" value: "B" }
+  output_map { key: "OUTPUT0" value: "SUM" }
+} ] }
+"""
+
 
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory):
     repo = tmp_path_factory.mktemp("classify") / "repo"
     build_triton_qa_models(repo, ["densenet_onnx", "simple", "simple_string"])
+    (repo / "simple_ensemble" / "1").mkdir(parents=True)
+    (repo / "simple_ensemble" / "config.pbtxt").write_text(ENSEMBLE)
     s = start_suite(repo, tmp_path_factory.mktemp("logs"), cache=False)
     yield s
     s.supervisor.stop()
@@ -113,3 +129,11 @@ def test_http_classification_must_be_a_positive_integer(suite, count):
     r = requests.post(f"http://{suite.http_url}/v2/models/simple/infer", json=body, timeout=30)
     assert r.status_code == 400, r.text
     assert "OUTPUT1" in r.json()["error"] and "classification" in r.json()["error"]
+
+
+def test_classifying_an_ensemble_output_is_refused(client):
+    x = np.arange(16, dtype=np.int32)[None]
+    np.testing.assert_array_equal(_infer(client, "simple_ensemble", {"A": x, "B": x}, "SUM"), x + x)
+    with pytest.raises(InferenceServerException) as err:
+        _infer(client, "simple_ensemble", {"A": x, "B": x}, "SUM", class_count=2)
+    assert "ensemble" in err.value.message() and "SUM" in err.value.message()
