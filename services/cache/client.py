@@ -131,7 +131,7 @@ class CacheClient:
         with tracing.child_span("cache lookup", {"aiworks.model": request.model}) as span:
             key = request_key(
                 request.model, spec.version, request.inputs, request.outputs, request.parameters, policy,
-                tenant=request.tenant,
+                tenant=request.tenant, classification=request.classification,
             )  # fmt: skip
             found, result = await self._lookup(request.model, key)
             response = None

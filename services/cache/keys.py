@@ -74,6 +74,7 @@ def request_key(
     parameters: dict,
     policy: CachePolicy,
     tenant: str | None = None,
+    classification: dict[str, int] | None = None,
 ) -> bytes:
     """The cache key of one request to ``model`` at its resolved ``version``, within ``tenant``'s entries.
 
@@ -100,4 +101,6 @@ def request_key(
         _field(h, name.encode())
     relevant = {k: v for k, v in parameters.items() if k not in NEUTRAL_PARAMETERS}
     _field(h, orjson.dumps(relevant, option=orjson.OPT_SORT_KEYS, default=str) if relevant else b"")
+    if classification:  # an output answered as its top classes is another answer than the tensor
+        _field(h, orjson.dumps(classification, option=orjson.OPT_SORT_KEYS))
     return h.digest()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
-from aiworks.gateway.filters import MAX_PARAMETERS, InputLimits
+from aiworks.gateway.filters import MAX_PARAMETERS, InputLimits, class_count
 from aiworks.gateway.shared_memory import ShmRef, shm_ref
 
 from aiworks.core.datatypes import (
@@ -130,6 +130,11 @@ def to_infer_request_header(
         outputs=[o.name for o in msg.outputs],
         id=msg.id,
         parameters=to_parameters(msg.parameters),
+        classification={
+            o.name: class_count(_param_value(o.parameters["classification"]), o.name)
+            for o in msg.outputs
+            if "classification" in o.parameters
+        },
     )
 
     def decode() -> None:

@@ -656,6 +656,8 @@ def spec_to_triton_config(spec: ModelSpec) -> dict:
                 entry["reshape"] = {"shape": list(t.reshape)}
             if t.format:
                 entry["format"] = t.format
+            if t.label_filename:
+                entry["label_filename"] = t.label_filename
             out.append(entry)
         return out
 

@@ -62,6 +62,15 @@ DEFAULT_MAX_REQUEST_TENSORS = 1024
 MAX_PARAMETERS = 256  # request parameters; the protocol's clients send a handful
 
 
+def class_count(value, output: str) -> int:
+    """A requested output's ``classification`` parameter (Triton's class count): an integer N > 0."""
+    if type(value) is not int or value <= 0:
+        raise InvalidArgument(
+            f"output '{output[:64]}': parameter 'classification' must be a positive integer, not {str(value)[:40]!r}"
+        )
+    return value
+
+
 def _shown(shape) -> list:
     return list(shape) if len(shape) <= 8 else [*shape[:8], "..."]
 

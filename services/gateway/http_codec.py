@@ -25,7 +25,7 @@ from itertools import chain
 
 import numpy as np
 import orjson
-from aiworks.gateway.filters import MAX_PARAMETERS, InputLimits
+from aiworks.gateway.filters import MAX_PARAMETERS, InputLimits, class_count
 from aiworks.gateway.shared_memory import BYTE_SIZE, REGION, ShmRef, shm_ref
 
 from aiworks.core.datatypes import (
@@ -307,10 +307,13 @@ def parse_infer_header(
 
     fmt = OutputFormat(default_binary=bool(params.get("binary_data_output", False)))
     outputs = []
+    classification = {}
     for i, item in enumerate(requested):
         _require(type(item) is dict and type(item.get("name")) is str, f"outputs[{i}] needs a 'name'")
         outputs.append(item["name"])
         oparams = _parameters(item.get("parameters"), f"outputs[{i}]: ")
+        if "classification" in oparams:
+            classification[item["name"]] = class_count(oparams["classification"], item["name"])
         ref = shm_ref(oparams, f"output '{item['name'][:64]}'")
         if ref is not None:
             _require(not oparams.get("binary_data"), f"output '{item['name'][:64]}': shared memory and binary_data")
@@ -319,7 +322,9 @@ def parse_infer_header(
             fmt.binary[item["name"]] = bool(oparams["binary_data"])
     request_id = doc.get("id", "")
     _require(type(request_id) is str, "'id' must be a string")
-    request = InferRequest(model, version, tensors, outputs, id=request_id, parameters=params)
+    request = InferRequest(
+        model, version, tensors, outputs, id=request_id, parameters=params, classification=classification
+    )
 
     def decode() -> None:
         for tensor, fill in zip(tensors, decoders):

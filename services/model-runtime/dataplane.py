@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 from aiworks.runtime.backends import BACKENDS
 from aiworks.runtime.batcher import QueueLimits
+from aiworks.runtime.classification import read_labels
 from aiworks.runtime.queues import RequestQueues
 from aiworks.runtime.repository import ModelRepository
 from aiworks.runtime.residency import (
@@ -87,6 +88,8 @@ class LoadedVersion:
     pipeline: bool = False
     # Inputs (dims -> reshape) and outputs (reshape -> dims) the config reshapes: made on first use.
     plans: tuple[dict, dict] | None = None
+    # Class labels of the outputs with a label_filename, by output name (the classification extension).
+    labels: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self):
         self.idle.set()
@@ -205,6 +208,14 @@ class RuntimeDataPlane:
             if not wanted:
                 raise NotFound(f"model '{name}' has no version folder that its version policy selects")
             loop = asyncio.get_running_loop()
+            folder = self.repository.folder(name)
+            try:  # the outputs' label files, for classification: off the event loop
+                labels = await loop.run_in_executor(
+                    self._pool, read_labels, folder, self.repository.root, name, config.outputs
+                )
+            except AIWorksError as exc:
+                self._failed[name] = exc.message
+                raise
             loaded: dict[str, LoadedVersion] = {}
             for version in wanted:
                 path = self.repository.model_file(config, version)
@@ -236,6 +247,7 @@ class RuntimeDataPlane:
                     path=path,
                     size_bytes=size,
                     load_requested_ns=requested_ns,
+                    labels=labels,
                 )
                 await self._warm_up_or_fail(version_loaded, completed, str(version), requested_ns)
                 stats.resident, stats.resident_bytes = True, size

@@ -21,6 +21,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from aiworks.runtime import classification
 from aiworks.runtime.batcher import ModelQueue, QueueLimits
 from aiworks.runtime.sequence_batcher import SequenceBatcher
 
@@ -99,7 +100,7 @@ class RequestQueues:
             labels = (loaded.spec.name, loaded.spec.version)
             self._check(loaded, request)
             async for answer in self.dataplane.stream(loaded, request, options):
-                yield answer
+                yield self._classified(loaded, request, answer)
         except BaseException as exc:
             # A consumer that stops early closes the generator: its caller went away, as a cancellation.
             status = "unavailable" if isinstance(exc, GeneratorExit) else metrics.status_label(exc)
@@ -118,14 +119,26 @@ class RequestQueues:
             for name in request.outputs:
                 if name not in declared:
                     raise InvalidArgument(f"model '{spec.name}' has no output '{name}'; it has {sorted(declared)}")
+        if request.classification:
+            classification.check(spec, request.classification)
         return rows
+
+    @staticmethod
+    def _classified(loaded, request: InferRequest, answer: Answer) -> Answer:
+        """``answer`` with the outputs the request classifies as their top classes (Triton's extension)."""
+        if request.classification:
+            batched = loaded.spec.max_batch_size > 0
+            answer.outputs = classification.apply(answer.outputs, request.classification, loaded.labels, batched)
+        return answer
 
     async def _infer(self, loaded, request: InferRequest, options: RequestOptions) -> Answer:
         rows = self._check(loaded, request)
         queue = self._queue(loaded)
         if loaded.spec.sequence is not None:  # a stateful model: its sequences and their batches
-            return await queue.submit(request, rows, options)
-        return await queue.submit(request, rows, options.priority, options.deadline_s)
+            answer = await queue.submit(request, rows, options)
+        else:
+            answer = await queue.submit(request, rows, options.priority, options.deadline_s)
+        return self._classified(loaded, request, answer)
 
     def _queue(self, loaded) -> ModelQueue | SequenceBatcher:
         spec = loaded.spec

@@ -39,7 +39,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
 from aiworks.core import metrics
-from aiworks.core.errors import AIWorksError, DeadlineExceeded, Status, StreamLost, Unavailable
+from aiworks.core.errors import AIWorksError, DeadlineExceeded, InvalidArgument, Status, StreamLost, Unavailable
 from aiworks.core.inference import InferRequest
 from aiworks.core.model_config import ModelSpec, check_inputs
 from aiworks.core.options import Priority, RequestOptions
@@ -243,6 +243,9 @@ class Dispatcher:
 
     async def _pipeline(self, spec: ModelSpec, request: InferRequest, options: RequestOptions,
                         work: Work | None) -> Answer:  # fmt: skip
+        if request.classification:  # the runtime classifies; no replica sees the pipeline's own outputs
+            names = sorted(request.classification)
+            raise InvalidArgument(f"model '{spec.name}' is an ensemble: classification of {names} is not supported")
         rows = check_inputs(spec, request.inputs)  # no replica sees the pipeline's own request
 
         async def stage(model, version, inputs, outputs, stage_options):

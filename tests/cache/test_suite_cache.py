@@ -201,3 +201,16 @@ def test_killing_redis_mid_traffic_fails_no_request_and_caching_recovers(suite, 
     recovered = [hit for t, hit in outcomes if t > restarted + 1.0]
     assert recovered and any(recovered), "caching did not resume after Redis came back"
     assert suite.cache_stats().store_available
+
+
+def test_a_classified_output_is_cached_apart_from_the_raw_tensor(suite):
+    x = np.array([[0.5, 3.0, -1.0, 2.0]], dtype=np.float32)
+    # The same request but for the class count: the raw tensor is cached now.
+    y_raw, _ = until_hit(suite.http_url, "scale", x, outputs=[httpclient.InferRequestedOutput("y")])
+    wanted = [httpclient.InferRequestedOutput("y", class_count=2)]
+    top, response, hit = infer(suite.http_url, "scale", x, outputs=wanted)
+    assert hit is False  # another answer than the cached tensor: its own key
+    assert response["outputs"][0]["datatype"] == "BYTES"
+    assert [s.decode() for s in top.ravel().tolist()] == [f"{y_raw[0, 1]:f}:1", f"{y_raw[0, 3]:f}:3"]
+    top_hit, _ = until_hit(suite.http_url, "scale", x, outputs=wanted)
+    np.testing.assert_array_equal(top_hit, top)

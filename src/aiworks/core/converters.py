@@ -45,7 +45,9 @@ def add_tensors(field, tensors) -> None:
 
 def _to_specs(msgs) -> tuple[TensorSpec, ...]:
     return tuple(
-        TensorSpec(m.name, m.datatype, tuple(m.dims), tuple(m.reshape) if m.has_reshape else None, m.format)
+        TensorSpec(
+            m.name, m.datatype, tuple(m.dims), tuple(m.reshape) if m.has_reshape else None, m.format, m.label_filename
+        )
         for m in msgs
     )
 
@@ -59,6 +61,7 @@ def _from_specs(specs) -> list[rpb.TensorSpec]:
             reshape=s.reshape or (),
             has_reshape=s.reshape is not None,
             format=s.format,
+            label_filename=s.label_filename,
         )
         for s in specs
     ]
@@ -185,6 +188,7 @@ def to_infer_request(msg: rpb.InferRequest) -> InferRequest:
         id=msg.id,
         parameters=to_parameters(msg.parameters) if msg.parameters else {},
         tenant=msg.options.tenant,
+        classification=dict(msg.classification),
     )
 
 
@@ -196,6 +200,7 @@ def from_infer_request(req: InferRequest, options: RequestOptions) -> rpb.InferR
         version=req.version,
         outputs=req.outputs,
         options=from_options(options),
+        classification=req.classification,
     )
     add_tensors(msg.inputs, req.inputs)
     if req.parameters:

@@ -21,6 +21,8 @@ class InferRequest:
     parameters: dict = field(default_factory=dict)
     # The authenticated tenant, set at the gateway by the tenancy layer; "" when tenancy is off.
     tenant: str = ""
+    # Triton's classification extension: output name -> N, for outputs to answer with their top N classes.
+    classification: dict[str, int] = field(default_factory=dict)
     # True once ``version`` is the one routing chose (the gateway's metrics label failures with it then).
     resolved: bool = False
 

@@ -63,6 +63,8 @@ class TensorSpec:
     reshape: tuple[int, ...] | None = None
     # An input's Triton format (FORMAT_NCHW or FORMAT_NHWC; "" for FORMAT_NONE): image clients read it.
     format: str = ""
+    # An output's Triton label_filename: a file in the model's folder, one class label per line (classification).
+    label_filename: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +195,8 @@ def _tensor_specs(entries, where: str) -> tuple[TensorSpec, ...]:
             if reshape == dims:
                 reshape = None
         fmt = model_config_pb2.ModelInput.Format.Name(e.format) if getattr(e, "format", 0) else ""  # inputs only
-        specs.append(TensorSpec(e.name, _datatype(e.data_type, f"{where} '{e.name}'"), dims, reshape, fmt))
+        labels = getattr(e, "label_filename", "")  # outputs only
+        specs.append(TensorSpec(e.name, _datatype(e.data_type, f"{where} '{e.name}'"), dims, reshape, fmt, labels))
     return tuple(specs)
 
 

@@ -31,20 +31,22 @@ class Tensor(_message.Message):
     def __init__(self, name: _Optional[str] = ..., datatype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., raw: _Optional[bytes] = ...) -> None: ...
 
 class TensorSpec(_message.Message):
-    __slots__ = ("name", "datatype", "dims", "reshape", "has_reshape", "format")
+    __slots__ = ("name", "datatype", "dims", "reshape", "has_reshape", "format", "label_filename")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DATATYPE_FIELD_NUMBER: _ClassVar[int]
     DIMS_FIELD_NUMBER: _ClassVar[int]
     RESHAPE_FIELD_NUMBER: _ClassVar[int]
     HAS_RESHAPE_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FILENAME_FIELD_NUMBER: _ClassVar[int]
     name: str
     datatype: str
     dims: _containers.RepeatedScalarFieldContainer[int]
     reshape: _containers.RepeatedScalarFieldContainer[int]
     has_reshape: bool
     format: str
-    def __init__(self, name: _Optional[str] = ..., datatype: _Optional[str] = ..., dims: _Optional[_Iterable[int]] = ..., reshape: _Optional[_Iterable[int]] = ..., has_reshape: _Optional[bool] = ..., format: _Optional[str] = ...) -> None: ...
+    label_filename: str
+    def __init__(self, name: _Optional[str] = ..., datatype: _Optional[str] = ..., dims: _Optional[_Iterable[int]] = ..., reshape: _Optional[_Iterable[int]] = ..., has_reshape: _Optional[bool] = ..., format: _Optional[str] = ..., label_filename: _Optional[str] = ...) -> None: ...
 
 class BatchingSpec(_message.Message):
     __slots__ = ("enabled", "max_queue_delay_us", "preferred_batch_sizes")
@@ -151,7 +153,7 @@ class RequestOptions(_message.Message):
     def __init__(self, priority: _Optional[int] = ..., timeout_us: _Optional[int] = ..., tenant: _Optional[str] = ..., request_id: _Optional[str] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., sequence: _Optional[_Union[SequenceRef, _Mapping]] = ...) -> None: ...
 
 class InferRequest(_message.Message):
-    __slots__ = ("stream_id", "model", "version", "inputs", "outputs", "id", "options", "parameters")
+    __slots__ = ("stream_id", "model", "version", "inputs", "outputs", "id", "options", "parameters", "classification")
     class ParametersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -159,6 +161,13 @@ class InferRequest(_message.Message):
         key: str
         value: Parameter
         def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Parameter, _Mapping]] = ...) -> None: ...
+    class ClassificationEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -167,6 +176,7 @@ class InferRequest(_message.Message):
     ID_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    CLASSIFICATION_FIELD_NUMBER: _ClassVar[int]
     stream_id: int
     model: str
     version: str
@@ -175,7 +185,8 @@ class InferRequest(_message.Message):
     id: str
     options: RequestOptions
     parameters: _containers.MessageMap[str, Parameter]
-    def __init__(self, stream_id: _Optional[int] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., outputs: _Optional[_Iterable[str]] = ..., id: _Optional[str] = ..., options: _Optional[_Union[RequestOptions, _Mapping]] = ..., parameters: _Optional[_Mapping[str, Parameter]] = ...) -> None: ...
+    classification: _containers.ScalarMap[str, int]
+    def __init__(self, stream_id: _Optional[int] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., outputs: _Optional[_Iterable[str]] = ..., id: _Optional[str] = ..., options: _Optional[_Union[RequestOptions, _Mapping]] = ..., parameters: _Optional[_Mapping[str, Parameter]] = ..., classification: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class InferResponse(_message.Message):
     __slots__ = ("stream_id", "outputs", "error_code", "error_message", "retry_after_s", "compute_us", "queue_us", "more", "parameters")
