@@ -381,10 +381,9 @@ def _redis(store: str):
 
 async def cold_start(demo: Path, repeats: int) -> dict:
     """Load each demo model in a fresh runtime data plane: load, warm-up, first and second request."""
+    from aiworks.core.datatypes import Tensor
     from aiworks.runtime.dataplane import RuntimeDataPlane
     from aiworks.runtime.repository import ModelRepository
-
-    from aiworks.core.datatypes import Tensor
 
     rows: dict = {}
     cases = [("iris", "1", 4), ("digits", "1", 64), ("digits", "2", 64)]

@@ -45,8 +45,8 @@ from pathlib import Path
 import numpy as np
 import requests
 import yaml
-from aiworks.gateway.auth import generate_api_key, hash_api_key
 
+from aiworks.gateway.auth import generate_api_key, hash_api_key
 from aiworks.supervisor.supervisor import SuiteConfig, Supervisor, free_port
 
 ROOT = Path(__file__).resolve().parent.parent

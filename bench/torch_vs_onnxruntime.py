@@ -53,10 +53,9 @@ def feeds(tokens: int, rows: int) -> dict[str, np.ndarray]:
 
 def in_process(repo: Path, tokens: int, seconds: float) -> list[tuple[int, float, float]]:
     """Median ms per batch of each backend's own run(), batch sizes 1 and 8, alternating."""
+    from aiworks.core.model_config import read_config
     from aiworks.runtime.backends import BACKENDS
     from aiworks.runtime.repository import ModelRepository
-
-    from aiworks.core.model_config import read_config
 
     repository = ModelRepository(repo)
     models = {}

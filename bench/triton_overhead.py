@@ -251,13 +251,12 @@ def call_styles(repo: Path, rounds: int = 3, requests: int = 300) -> str:
     import statistics
     import time
 
+    from aiworks.core.datatypes import Tensor
     from aiworks.runtime import triton_backend
     from aiworks.runtime.dataplane import RuntimeDataPlane
     from aiworks.runtime.repository import ModelRepository
     from aiworks.runtime.settings import RuntimeSettings
     from aiworks.runtime.triton_backend import TritonModel
-
-    from aiworks.core.datatypes import Tensor
 
     x = np.random.default_rng(0).random((1, MODELS["small"][0])).astype(np.float32)
     inputs = [Tensor("input", "FP32", x.shape, x.tobytes())]

@@ -91,9 +91,8 @@ def build_repository(target: Path) -> None:
 
 
 def make_image(path: Path) -> Path:
-    from PIL import Image
-
     import numpy as np
+    from PIL import Image
 
     pixels = (np.random.default_rng(0).random((224, 224, 3)) * 255).astype(np.uint8)
     Image.fromarray(pixels, "RGB").save(path, "JPEG")

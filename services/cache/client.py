@@ -29,14 +29,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
-from typing import Awaitable, Callable
 
-from aiworks.core.breaker import CircuitBreaker
 from aiworks.cache.converters import decode_response, encode_response
 from aiworks.cache.keys import request_key
 from aiworks.cache.policy import CachePolicy, skip_reason
 from aiworks.core import metrics, tracing
+from aiworks.core.breaker import CircuitBreaker
 from aiworks.core.errors import AIWorksError
 from aiworks.core.inference import InferRequest, InferResponse
 from aiworks.core.model_config import ModelSpec

@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
-from typing import Awaitable, Callable, TypeVar
+from typing import TypeVar
 
-from aiworks.core.breaker import CircuitBreaker
 from aiworks.cache.store import STORED, TOO_LARGE, Store, StoreError
+from aiworks.core.breaker import CircuitBreaker
 from aiworks.core.errors import Unavailable
 
 log = logging.getLogger(__name__)

@@ -68,7 +68,7 @@ class CachePolicy:
         return EXACT if self.mode == EXACT else f"{SIMILAR}:{self.round_decimals}"
 
     @classmethod
-    def from_parameters(cls, parameters: dict[str, str], model: str = "") -> "CachePolicy":
+    def from_parameters(cls, parameters: dict[str, str], model: str = "") -> CachePolicy:
         """The policy a model's config parameters ask for; a bad value disables caching (and says why)."""
         if not _truthy(parameters.get("response_cache", "false")):
             return cls()

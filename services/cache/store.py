@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 # What one entry costs besides the bytes of its key and value: the OrderedDict node, the
 # tuple key, the entry object, the per-model index and two bytes headers (measured with

@@ -19,13 +19,13 @@ import logging
 import re
 
 import orjson
+from starlette.datastructures import Headers
+
+from aiworks.core.errors import AIWorksError, NotFound, PayloadTooLarge, ResourceExhausted, Status
 from aiworks.gateway.batch_routes import caller_credential
 from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
 from aiworks.gateway.filters import check_body_size
 from aiworks.gateway.http_codec import HEADER_LENGTH, parse_infer_header
-from starlette.datastructures import Headers
-
-from aiworks.core.errors import AIWorksError, NotFound, PayloadTooLarge, ResourceExhausted, Status
 from aiworks.nearline.queue import AsyncQueue
 
 log = logging.getLogger(__name__)

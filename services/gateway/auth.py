@@ -46,6 +46,11 @@ from pathlib import Path
 
 import jwt
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
+from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+from aiworks.core.errors import InvalidArgument, PermissionDenied, Unauthenticated
 from aiworks.gateway.tenancy import (
     ANONYMOUS,
     HMAC_ALGORITHMS,
@@ -54,11 +59,6 @@ from aiworks.gateway.tenancy import (
     Tenant,
     load_tenancy,
 )
-from cryptography import x509
-from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
-from cryptography.hazmat.primitives.serialization import load_pem_public_key
-
-from aiworks.core.errors import InvalidArgument, PermissionDenied, Unauthenticated
 
 log = logging.getLogger(__name__)
 

@@ -18,14 +18,12 @@ import email.parser
 import email.policy
 
 import orjson
-from aiworks.gateway.dataplane import GatewayDataPlane
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
 from aiworks.batch.service import BatchService, batch_object, parse_endpoint
 from aiworks.core.errors import InvalidArgument, PayloadTooLarge
-
-
+from aiworks.gateway.dataplane import GatewayDataPlane
 
 _MAX_BATCH_BODY_BYTES = 64 * 1024
 

@@ -5,9 +5,6 @@ from __future__ import annotations
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
-from aiworks.gateway.filters import MAX_PARAMETERS, InputLimits, class_count
-from aiworks.gateway.shared_memory import ShmRef, shm_ref
-
 from aiworks.core.datatypes import (
     NUMPY_DTYPES,
     Tensor,
@@ -21,6 +18,8 @@ from aiworks.core.datatypes import (
 from aiworks.core.errors import InvalidArgument, PayloadTooLarge
 from aiworks.core.inference import InferRequest, InferResponse, PendingInputs
 from aiworks.core.load_overrides import LoadOverrides, overrides_from_parameters
+from aiworks.gateway.filters import MAX_PARAMETERS, InputLimits, class_count
+from aiworks.gateway.shared_memory import ShmRef, shm_ref
 
 _DEFAULT_LIMITS = InputLimits()
 

@@ -29,19 +29,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiworks.gateway.auth import Authenticator, Headers, Principal
-from aiworks.cache.client import CacheClient
-from aiworks.gateway.diagnostics import Diagnostics, LogSettings, TraceSettings
-from aiworks.gateway.filters import InputFilter, InputLimits
-from aiworks.gateway.limits import Admission, TenantLimiter
-from aiworks.gateway.masking import MaskingPolicies
-from aiworks.gateway.metering import UsageMeter
-from aiworks.gateway.settings import GatewaySettings
-from aiworks.gateway.shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegistry
-from aiworks.gateway.telemetry import GatewayTelemetry, short
-from aiworks.gateway.tenancy import PRIORITY_CLAMPED, demo_config, load_tenancy, tenant_classes
-
 from aiworks import __version__
+from aiworks.cache.client import CacheClient
 from aiworks.core import metrics
 from aiworks.core.datatypes import element_count
 from aiworks.core.errors import (
@@ -59,6 +48,16 @@ from aiworks.core.looplag import offload
 from aiworks.core.model_config import ModelSpec
 from aiworks.core.names import check_model_name, check_version
 from aiworks.core.options import read_options
+from aiworks.gateway.auth import Authenticator, Headers, Principal
+from aiworks.gateway.diagnostics import Diagnostics, LogSettings, TraceSettings
+from aiworks.gateway.filters import InputFilter, InputLimits
+from aiworks.gateway.limits import Admission, TenantLimiter
+from aiworks.gateway.masking import MaskingPolicies
+from aiworks.gateway.metering import UsageMeter
+from aiworks.gateway.settings import GatewaySettings
+from aiworks.gateway.shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegistry
+from aiworks.gateway.telemetry import GatewayTelemetry, short
+from aiworks.gateway.tenancy import PRIORITY_CLAMPED, demo_config, load_tenancy, tenant_classes
 from aiworks.runtime.client import Work, outstanding_compute_s
 from aiworks.scheduler.client import Routing, SchedulerClient
 from aiworks.security.audit import AuditLog

@@ -41,12 +41,12 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
-from aiworks.gateway.masking import BUILTIN_PATTERNS, TextPattern, builtin_pattern, compile_pattern
 
 from aiworks.core.datatypes import NUMPY_DTYPES, bytes_offsets, element_count, nominal_count
 from aiworks.core.errors import InvalidArgument, PayloadTooLarge
 from aiworks.core.inference import InferRequest
 from aiworks.core.model_config import ModelSpec, check_inputs
+from aiworks.gateway.masking import BUILTIN_PATTERNS, TextPattern, builtin_pattern, compile_pattern
 
 PARAM_REJECT_NONFINITE = "reject_nonfinite"
 _FLOAT_TYPES = frozenset({"FP16", "FP32", "FP64"})

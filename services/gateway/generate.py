@@ -25,13 +25,13 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping
 
 import orjson
-from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
-from aiworks.gateway.filters import read_body
-from aiworks.gateway.telemetry import REQUEST_ID_HEADER
 
 from aiworks.core.datatypes import Tensor, deserialize_bytes, serialize_items
 from aiworks.core.errors import AIWorksError, InvalidArgument
 from aiworks.core.inference import InferRequest, InferResponse
+from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
+from aiworks.gateway.filters import read_body
+from aiworks.gateway.telemetry import REQUEST_ID_HEADER
 
 TEXT_INPUT, TEXT_OUTPUT = "text_input", "text_output"
 ROUTE_PARAMETERS = frozenset({"stream"})  # the route says whether it streams

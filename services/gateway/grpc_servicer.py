@@ -9,6 +9,14 @@ Credentials travel as metadata (``authorization: Bearer <key or JWT>`` or
 
 from __future__ import annotations
 
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2 as pb
+
+from aiworks.core.load_overrides import LoadOverrides
+from aiworks.core.rpc import handle_errors
+from aiworks.core.settings import DEFAULT_MAX_MESSAGE_BYTES
+from aiworks.core.tracing import carrier_from_metadata
 from aiworks.gateway.converters import (
     from_infer_response,
     output_refs,
@@ -20,14 +28,6 @@ from aiworks.gateway.filters import check_body_size
 from aiworks.gateway.grpc_stream import StreamInfer
 from aiworks.gateway.shared_memory import store_outputs
 from aiworks.gateway.telemetry import REQUEST_ID_HEADER
-from google.protobuf import json_format
-from tritonclient.grpc import model_config_pb2, service_pb2_grpc
-from tritonclient.grpc import service_pb2 as pb
-
-from aiworks.core.load_overrides import LoadOverrides
-from aiworks.core.rpc import handle_errors
-from aiworks.core.settings import DEFAULT_MAX_MESSAGE_BYTES
-from aiworks.core.tracing import carrier_from_metadata
 
 
 def _request_id(metadata) -> str:

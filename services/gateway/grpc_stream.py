@@ -34,16 +34,16 @@ import contextlib
 import logging
 from collections import deque
 
-from aiworks.gateway.converters import from_infer_response, output_refs, to_infer_request_header
-from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
-from aiworks.gateway.filters import check_body_size
-from aiworks.gateway.shared_memory import store_outputs
-from aiworks.gateway.telemetry import REQUEST_ID_HEADER
 from tritonclient.grpc import service_pb2 as pb
 
 from aiworks.core.errors import AIWorksError, InvalidArgument
 from aiworks.core.inference import InferResponse
 from aiworks.core.tracing import carrier_from_metadata
+from aiworks.gateway.converters import from_infer_response, output_refs, to_infer_request_header
+from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
+from aiworks.gateway.filters import check_body_size
+from aiworks.gateway.shared_memory import store_outputs
+from aiworks.gateway.telemetry import REQUEST_ID_HEADER
 
 log = logging.getLogger(__name__)
 

@@ -25,6 +25,17 @@ import time
 from collections.abc import AsyncIterator, Mapping
 
 import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response, StreamingResponse
+
+from aiworks.core.errors import AIWorksError, InvalidArgument, Status
+from aiworks.core.load_overrides import LoadOverrides, overrides_from_parameters
+from aiworks.core.looplag import offload
+from aiworks.core.names import NAME_RULE
 from aiworks.gateway import generate
 from aiworks.gateway.async_routes import AsyncInferFront
 from aiworks.gateway.batch_routes import add_batch_routes
@@ -37,21 +48,10 @@ from aiworks.gateway.http_codec import (
     encode_infer_response,
     parse_infer_header,
 )
+from aiworks.gateway.metering import DEFAULT_USAGE_SPAN_S, parse_time
 from aiworks.gateway.openai_routes import add_openai_routes
 from aiworks.gateway.shared_memory import store_outputs
-from aiworks.gateway.metering import DEFAULT_USAGE_SPAN_S, parse_time
 from aiworks.gateway.telemetry import REQUEST_ID_HEADER
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from starlette.datastructures import Headers
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
-from starlette.responses import Response, StreamingResponse
-
-from aiworks.core.errors import AIWorksError, InvalidArgument, PayloadTooLarge, Status
-from aiworks.core.load_overrides import LoadOverrides, overrides_from_parameters
-from aiworks.core.looplag import offload
-from aiworks.core.names import NAME_RULE
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,6 @@ from itertools import chain
 
 import numpy as np
 import orjson
-from aiworks.gateway.filters import MAX_PARAMETERS, InputLimits, class_count
-from aiworks.gateway.shared_memory import BYTE_SIZE, REGION, ShmRef, shm_ref
 
 from aiworks.core.datatypes import (
     DATATYPES,
@@ -41,6 +39,8 @@ from aiworks.core.datatypes import (
 )
 from aiworks.core.errors import InvalidArgument
 from aiworks.core.inference import InferRequest, InferResponse, PendingInputs
+from aiworks.gateway.filters import MAX_PARAMETERS, InputLimits, class_count
+from aiworks.gateway.shared_memory import BYTE_SIZE, REGION, ShmRef, shm_ref
 
 HEADER_LENGTH = "inference-header-content-length"
 # The bytes a shared memory reference names, for the input it is named by (shared_memory.py).

@@ -55,14 +55,14 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import redis.asyncio as redis
-from aiworks.core.breaker import CircuitBreaker
-from aiworks.gateway.redis_pipe import RedisPipe
-from aiworks.gateway.tenancy import Tenant
 from redis.exceptions import NoScriptError, RedisError
 
+from aiworks.core.breaker import CircuitBreaker
 from aiworks.core.errors import ResourceExhausted
 from aiworks.core.logging import redact_url
 from aiworks.core.redis_client import fail_fast_redis
+from aiworks.gateway.redis_pipe import RedisPipe
+from aiworks.gateway.tenancy import Tenant
 
 log = logging.getLogger(__name__)
 

@@ -36,15 +36,15 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 import orjson
-from aiworks.gateway import generate
-from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
-from aiworks.gateway.filters import read_body
 from fastapi import FastAPI, Request
 from starlette.responses import Response, StreamingResponse
 
 from aiworks.core.datatypes import Tensor, serialize_items
-from aiworks.core.errors import AIWorksError, InvalidArgument
+from aiworks.core.errors import AIWorksError, InvalidArgument, UnknownModel
 from aiworks.core.inference import InferRequest
+from aiworks.gateway import generate
+from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
+from aiworks.gateway.filters import read_body
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream", "stream_options", "n",
            "user", "presence_penalty", "frequency_penalty", "logprobs", "ignore_eos"}  # fmt: skip
@@ -63,8 +63,11 @@ _ERROR_TYPES = {
 
 def error_response(exc: AIWorksError) -> Response:
     status = exc.status.http
+    code = exc.status.name.lower()
+    if isinstance(exc, UnknownModel):  # OpenAI answers an unknown model with 404 (Triton's APIs with 400)
+        status, code = 404, "model_not_found"
     body = {"error": {"message": exc.message, "type": _ERROR_TYPES.get(status, "server_error"), "param": None,
-                      "code": exc.status.name.lower()}}  # fmt: skip
+                      "code": code}}  # fmt: skip
     headers = {"Retry-After": str(max(1, round(exc.retry_after_s)))} if exc.retry_after_s else None
     return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
 

@@ -9,23 +9,23 @@ import logging
 import uvicorn
 from tritonclient.grpc import service_pb2_grpc
 
+from aiworks.batch.jobs import JobStore
+from aiworks.batch.service import BatchService
+from aiworks.cache.client import CacheClient
 from aiworks.core.errors import AIWorksError
 from aiworks.core.lifecycle import settle_memory, stop_event
 from aiworks.core.looplag import start_loop_lag_probe
 from aiworks.core.metrics import serve_metrics_or_warn, stop_metrics
 from aiworks.core.rpc import add_port, create_server, set_serving, use_process_caller
 from aiworks.core.tracing import setup_tracing, shutdown_tracing
-from aiworks.cache.client import CacheClient
-from aiworks.gateway.diagnostics import Diagnostics
 from aiworks.gateway.dataplane import GatewayDataPlane, Tenancy
+from aiworks.gateway.diagnostics import Diagnostics
 from aiworks.gateway.grpc_servicer import InferenceServicer
 from aiworks.gateway.http_app import create_app
-from aiworks.batch.jobs import JobStore
-from aiworks.batch.service import BatchService
-from aiworks.nearline.queue import AsyncQueue
 from aiworks.gateway.http_protocol import bounded_protocol
 from aiworks.gateway.settings import GatewaySettings
 from aiworks.gateway.shared_memory import SharedMemoryRegistry
+from aiworks.nearline.queue import AsyncQueue
 from aiworks.scheduler.client import Routing, SchedulerClient
 from aiworks.security.callers import own_caller
 from aiworks.security.tls import uvicorn_ssl_options

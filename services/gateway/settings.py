@@ -8,7 +8,6 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from aiworks.core.settings import ServiceSettings
-from aiworks.gateway.masking import DEFAULT_MAX_SCAN_BYTES
 from aiworks.gateway.filters import (
     DEFAULT_MAX_LISTED_VALUES,
     DEFAULT_MAX_REQUEST_ELEMENTS,
@@ -16,6 +15,7 @@ from aiworks.gateway.filters import (
     DEFAULT_MAX_STRING_ELEMENTS,
     DEFAULT_MAX_TENSOR_ELEMENTS,
 )
+from aiworks.gateway.masking import DEFAULT_MAX_SCAN_BYTES
 
 
 class GatewaySettings(ServiceSettings):

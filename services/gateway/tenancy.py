@@ -35,12 +35,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from aiworks.gateway.filters import compile_deny_list
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from aiworks.core.errors import InvalidArgument
 from aiworks.core.options import Priority as OptionPriority
+from aiworks.gateway.filters import compile_deny_list
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,6 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from aiworks.runtime.queue_state import Entry, QueueState
 from opentelemetry.trace import SpanContext
 
 from aiworks.core import metrics, tracing
@@ -49,6 +48,7 @@ from aiworks.core.errors import AIWorksError, DeadlineExceeded, Internal, Payloa
 from aiworks.core.inference import Answer, InferRequest
 from aiworks.core.model_config import ModelSpec
 from aiworks.core.options import Priority
+from aiworks.runtime.queue_state import Entry, QueueState
 
 log = logging.getLogger(__name__)
 

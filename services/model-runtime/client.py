@@ -35,6 +35,7 @@ from aiworks.pb.runtime.v1 import runtime_pb2_grpc
 from aiworks.security.callers import ClientCaller
 from aiworks.security.tls import TLSFiles
 
+
 @dataclass(slots=True, eq=False)
 class Work:
     """What one request cost on the replicas: compute seconds, and an answer still to come, if any."""

@@ -24,19 +24,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
-from aiworks.runtime.backends import BACKENDS
-from aiworks.runtime.batcher import QueueLimits
-from aiworks.runtime.classification import read_labels
-from aiworks.runtime.queues import RequestQueues
-from aiworks.runtime.repository import ModelRepository
-from aiworks.runtime.residency import (
-    ResidencyLRU,
-    RuntimeModelStatistics,
-    configured_warmup,
-    estimate_bytes,
-    response_cache_enabled,
-    warmup_batches,
-)
 
 from aiworks.core import metrics
 from aiworks.core.datatypes import Tensor, decode, encode
@@ -54,6 +41,19 @@ from aiworks.core.load_overrides import LoadOverrides
 from aiworks.core.model_config import ModelConfig, ModelSpec, ModelState, reshaped
 from aiworks.core.names import check_model_name
 from aiworks.core.options import RequestOptions
+from aiworks.runtime.backends import BACKENDS
+from aiworks.runtime.batcher import QueueLimits
+from aiworks.runtime.classification import read_labels
+from aiworks.runtime.queues import RequestQueues
+from aiworks.runtime.repository import ModelRepository
+from aiworks.runtime.residency import (
+    ResidencyLRU,
+    RuntimeModelStatistics,
+    configured_warmup,
+    estimate_bytes,
+    response_cache_enabled,
+    warmup_batches,
+)
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from aiworks.core.datatypes import Tensor, deserialize_bytes, serialize_items
 from aiworks.core import metrics
+from aiworks.core.datatypes import Tensor, deserialize_bytes, serialize_items
 from aiworks.core.errors import Internal, InvalidArgument
 from aiworks.core.inference import Answer, InferRequest
 from aiworks.core.model_config import ModelConfig, TensorSpec

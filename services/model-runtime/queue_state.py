@@ -23,8 +23,8 @@ classes when that makes room; otherwise it is refused.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from collections.abc import Hashable
+from dataclasses import dataclass
 
 from aiworks.core.options import Priority
 

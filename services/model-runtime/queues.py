@@ -21,15 +21,14 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from aiworks.runtime import classification
-from aiworks.runtime.batcher import ModelQueue, QueueLimits
-from aiworks.runtime.sequence_batcher import SequenceBatcher
-
 from aiworks.core import metrics, tracing
 from aiworks.core.errors import AIWorksError, InvalidArgument, Unavailable
 from aiworks.core.inference import Answer, InferRequest
 from aiworks.core.model_config import check_inputs
 from aiworks.core.options import Priority, RequestOptions
+from aiworks.runtime import classification
+from aiworks.runtime.batcher import ModelQueue, QueueLimits
+from aiworks.runtime.sequence_batcher import SequenceBatcher
 
 log = logging.getLogger(__name__)
 

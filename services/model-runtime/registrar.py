@@ -14,12 +14,11 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from aiworks.runtime.dataplane import RuntimeDataPlane
-from aiworks.scheduler.client import SchedulerClient
-
 from aiworks.core.converters import from_model_spec
 from aiworks.core.errors import AIWorksError
 from aiworks.pb.scheduler.v1 import scheduler_pb2 as spb
+from aiworks.runtime.dataplane import RuntimeDataPlane
+from aiworks.scheduler.client import SchedulerClient
 
 log = logging.getLogger(__name__)
 

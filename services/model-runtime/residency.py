@@ -29,7 +29,7 @@ import numpy as np
 from aiworks.core.datatypes import NUMPY_DTYPES, Tensor, element_count, encode, serialize_bytes
 from aiworks.core.errors import InvalidArgument
 from aiworks.core.inference import ModelStatistics
-from aiworks.core.model_config import ModelConfig, TensorSpec
+from aiworks.core.model_config import ModelConfig
 from aiworks.core.names import inside
 
 Key = tuple[str, str]  # (model, version)

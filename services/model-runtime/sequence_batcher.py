@@ -40,15 +40,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from aiworks.runtime.batcher import RunBatch
-from aiworks.runtime.sequence_state import Sequence, SequenceTable
 
 from aiworks.core import metrics
 from aiworks.core.datatypes import NUMPY_DTYPES, Tensor, element_count, encode, itemsize, split_rows
-from aiworks.core.errors import AIWorksError, DeadlineExceeded, Internal, InvalidArgument, ResourceExhausted, Unavailable
+from aiworks.core.errors import (
+    AIWorksError,
+    DeadlineExceeded,
+    Internal,
+    InvalidArgument,
+    ResourceExhausted,
+    Unavailable,
+)
 from aiworks.core.inference import Answer, InferRequest
 from aiworks.core.model_config import ModelSpec
 from aiworks.core.options import Priority, RequestOptions, SequenceRef
+from aiworks.runtime.batcher import RunBatch
+from aiworks.runtime.sequence_state import Sequence, SequenceTable
 
 log = logging.getLogger(__name__)
 

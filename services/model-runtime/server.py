@@ -6,6 +6,13 @@ import asyncio
 import logging
 import time
 
+from aiworks.core.errors import AIWorksError
+from aiworks.core.lifecycle import settle_memory, stop_event
+from aiworks.core.looplag import start_loop_lag_probe
+from aiworks.core.metrics import on_loop, serve_metrics_or_warn, stop_metrics
+from aiworks.core.rpc import add_port, create_server, set_serving, use_process_caller
+from aiworks.core.tracing import setup_tracing, shutdown_tracing
+from aiworks.pb.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from aiworks.runtime import onnxruntime_backend, torch_backend, triton_backend
 from aiworks.runtime.batcher import QueueLimits
 from aiworks.runtime.collector import RuntimeCollector
@@ -16,14 +23,6 @@ from aiworks.runtime.residency import startup_models
 from aiworks.runtime.servicer import CALLERS_BY_METHOD, RuntimeServicer
 from aiworks.runtime.settings import RuntimeSettings
 from aiworks.scheduler.client import SchedulerClient
-
-from aiworks.core.errors import AIWorksError
-from aiworks.core.lifecycle import settle_memory, stop_event
-from aiworks.core.looplag import start_loop_lag_probe
-from aiworks.core.metrics import on_loop, serve_metrics_or_warn, stop_metrics
-from aiworks.core.rpc import add_port, create_server, set_serving, use_process_caller
-from aiworks.core.tracing import setup_tracing, shutdown_tracing
-from aiworks.pb.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from aiworks.security.audit import AuditLog
 from aiworks.security.callers import own_caller, server_check
 from aiworks.security.model_guard import ModelGuard

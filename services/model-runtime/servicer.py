@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import time
 
-from aiworks.runtime.dataplane import RuntimeDataPlane
-
 from aiworks.core.converters import (
     add_tensors,
     fill_parameters,
@@ -21,8 +19,8 @@ from aiworks.core.stream import error_fields, serve_stream
 from aiworks.core.tracing import remote_scope
 from aiworks.pb.runtime.v1 import runtime_pb2 as pb
 from aiworks.pb.runtime.v1 import runtime_pb2_grpc
+from aiworks.runtime.dataplane import RuntimeDataPlane
 from aiworks.security.callers import ANY_CALLER
-
 
 # Who may call each method (docs/security.md), checked once per call or stream by CallerCheck.
 CALLERS_BY_METHOD = {

@@ -41,10 +41,10 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
-from aiworks.runtime.torch_io import InputPlan, graph_plan, plan_inputs, plan_outputs, select_outputs
 
 from aiworks.core.errors import AIWorksError, Internal, InvalidArgument, Status
 from aiworks.core.model_config import ModelConfig, TensorSpec
+from aiworks.runtime.torch_io import InputPlan, graph_plan, plan_inputs, plan_outputs, select_outputs
 from aiworks.security.model_guard import ModelGuard
 
 log = logging.getLogger(__name__)

@@ -24,6 +24,7 @@ import queue
 import time
 
 import numpy as np
+
 from aiworks.runtime.torch_io import Signature, padded_size
 
 log = logging.getLogger(__name__)

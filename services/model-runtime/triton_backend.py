@@ -35,12 +35,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from aiworks.runtime.triton_connection import TritonConnection
-from aiworks.runtime.triton_protocol import BACKEND_PARAMETER, parse_device_metrics, triton_config
-from aiworks.runtime.tritonserver import TritonDistribution, TritonServer, TritonServerError
 
 from aiworks.core.errors import InvalidArgument, Unavailable
 from aiworks.core.model_config import ModelConfig, TensorSpec
+from aiworks.runtime.triton_connection import TritonConnection
+from aiworks.runtime.triton_protocol import BACKEND_PARAMETER, parse_device_metrics, triton_config
+from aiworks.runtime.tritonserver import TritonDistribution, TritonServer, TritonServerError
 
 if TYPE_CHECKING:
     from aiworks.runtime.settings import RuntimeSettings

@@ -40,6 +40,10 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+
+from aiworks.core.datatypes import datatype_of
+from aiworks.core.errors import AIWorksError, Unavailable
+from aiworks.core.model_config import ModelConfig
 from aiworks.runtime.triton_protocol import (
     TRANSPORT_CODES,
     as_error,
@@ -51,10 +55,6 @@ from aiworks.runtime.triton_protocol import (
     triton_config,
 )
 from aiworks.runtime.tritonserver import TritonServer
-
-from aiworks.core.datatypes import datatype_of
-from aiworks.core.errors import AIWorksError, Unavailable
-from aiworks.core.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 

@@ -57,12 +57,11 @@ examples:
 
 
 def cmd_monitor(args: argparse.Namespace) -> None:
-    from aiworks.monitor.server import main
-    from aiworks.monitor.settings import MonitorSettings
-
     from aiworks.cli import _settings_from
     from aiworks.core.logging import setup_logging
     from aiworks.core.rpc import use_process_caller, use_process_tls
+    from aiworks.monitor.server import main
+    from aiworks.monitor.settings import MonitorSettings
     from aiworks.security.callers import own_caller
 
     settings = _settings_from(MonitorSettings, args, FLAGS)

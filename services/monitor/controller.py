@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from aiworks.core.errors import AIWorksError
 from aiworks.monitor import events as ev
 from aiworks.monitor.anomaly import AnomalyDetector, ErrorWindow
 from aiworks.monitor.collect import Collector
@@ -36,8 +37,6 @@ from aiworks.monitor.platform import Platform
 from aiworks.monitor.scaling_state import PoolScalingState
 from aiworks.monitor.settings import MonitorSettings
 from aiworks.monitor.signals import Observation, Observer
-
-from aiworks.core.errors import AIWorksError
 
 log = logging.getLogger(__name__)
 

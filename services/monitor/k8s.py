@@ -13,10 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from aiworks.core.errors import AIWorksError, Status, Unavailable
 from aiworks.monitor.discovery import COMPONENT_LABEL, INSTANCE_LABEL, Inventory, Service, from_kubernetes
 from aiworks.monitor.platform import EjectResult, Platform, SchedulerEjector
-
-from aiworks.core.errors import AIWorksError, Status, Unavailable
 
 log = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import aiohttp
 import grpc
-from aiworks.monitor.discovery import Inventory, Service, from_supervisor
 
 from aiworks.core.errors import AIWorksError, Status, Unavailable, from_rpc_error
 from aiworks.core.rpc import client_channel, process_tls
+from aiworks.monitor.discovery import Inventory, Service, from_supervisor
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from aiworks.security.callers import ClientCaller
 from aiworks.security.tls import TLSFiles

@@ -53,10 +53,9 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from aiworks.core.errors import AIWorksError, InvalidArgument, NotFound, Status
 from aiworks.monitor.rollout_judge import SLO, Judgement, MetricSource, VersionStats, judge
 from aiworks.monitor.rollout_targets import TrafficTarget, split_weights
-
-from aiworks.core.errors import AIWorksError, InvalidArgument, NotFound, Status
 
 log = logging.getLogger(__name__)
 

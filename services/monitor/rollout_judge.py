@@ -40,11 +40,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import aiohttp
-from aiworks.monitor import signals
-from aiworks.monitor.collect import MetricsReader
 from prometheus_client.parser import text_string_to_metric_families
 
 from aiworks.core.errors import Unavailable
+from aiworks.monitor import signals
+from aiworks.monitor.collect import MetricsReader
 
 log = logging.getLogger(__name__)
 

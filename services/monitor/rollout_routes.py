@@ -25,9 +25,9 @@ import functools
 import json
 
 from aiohttp import web
-from aiworks.monitor.rollout import RolloutController
 
 from aiworks.core.errors import AIWorksError, InvalidArgument
+from aiworks.monitor.rollout import RolloutController
 
 _ALIASES = {"to": "canary", "from": "stable"}
 

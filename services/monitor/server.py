@@ -13,23 +13,23 @@ import asyncio
 import logging
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from aiworks.core.errors import AIWorksError, InvalidArgument
+from aiworks.core.lifecycle import settle_memory, stop_event
+from aiworks.core.looplag import start_loop_lag_probe
 from aiworks.monitor import events as ev
 from aiworks.monitor.collect import Collector, PrometheusCollector, Scraper
 from aiworks.monitor.controller import Controller
+from aiworks.monitor.discovery import from_static
 from aiworks.monitor.events import EventLog
 from aiworks.monitor.metrics import MonitorMetrics
-from aiworks.monitor.discovery import from_static
 from aiworks.monitor.platform import LocalPlatform, Platform, SchedulerEjector
 from aiworks.monitor.rollout import RolloutController, RolloutPolicy, parse_steps
 from aiworks.monitor.rollout_judge import PrometheusSource, ScrapeSource
 from aiworks.monitor.rollout_routes import add_rollout_routes
 from aiworks.monitor.rollout_targets import KubernetesTraffic, LocalTraffic
 from aiworks.monitor.settings import MonitorSettings
-from prometheus_client import CONTENT_TYPE_LATEST
-
-from aiworks.core.errors import AIWorksError, InvalidArgument
-from aiworks.core.looplag import start_loop_lag_probe
-from aiworks.core.lifecycle import settle_memory, stop_event
 from aiworks.security.callers import CallerAuth, check_control_request, own_caller, read_secret
 
 log = logging.getLogger("aiworks.monitor")

@@ -18,10 +18,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from aiworks.scheduler.views import StatusView
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from aiworks.core import metrics
+from aiworks.scheduler.views import StatusView
 
 log = logging.getLogger(__name__)
 

@@ -33,12 +33,11 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from aiworks.core.options import RequestOptions
-
 from aiworks.core.datatypes import Tensor, split_rows
 from aiworks.core.errors import InvalidArgument
 from aiworks.core.inference import InferRequest
 from aiworks.core.model_config import ModelSpec
+from aiworks.core.options import RequestOptions
 
 PIPELINE_PLATFORMS = ("ensemble", "pipeline")
 STEPS_PARAMETER = "ensemble_scheduling"

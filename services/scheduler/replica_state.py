@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 

@@ -41,11 +41,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-from aiworks.scheduler.traffic_state import ShadowPolicy
 
 from aiworks.core.datatypes import Tensor, decode
 from aiworks.core.errors import AIWorksError, Status
 from aiworks.core.inference import InferRequest
+from aiworks.scheduler.traffic_state import ShadowPolicy
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ what gets rendered to VirtualService weights (and a shadow to Istio's
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 
 from aiworks.core.errors import InvalidArgument
 

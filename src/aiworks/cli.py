@@ -373,12 +373,12 @@ def build_parser(command: str = "") -> argparse.ArgumentParser:
 
     from aiworks.bench.options import add_bench_parser
     from aiworks.cache.cli import add_cache_parser
+    from aiworks.kube.cli import add_kube_parser
     from aiworks.lifecycle.cli import add_lifecycle_parsers
     from aiworks.monitor.cli import add_monitor_parsers
     from aiworks.rollout_cli import add_rollout_parser
     from aiworks.security.cli import add_security_parsers
     from aiworks.storage.cli import add_storage_parser
-    from aiworks.kube.cli import add_kube_parser
     from aiworks.traffic_cli import add_traffic_parser
 
     add_bench_parser(sub).set_defaults(func=cmd_bench)

@@ -7,12 +7,12 @@ import time
 
 import numpy as np
 import pytest
-from aiworks.core.breaker import CircuitBreaker
+
+from aiworks.cache.client import CacheClient
 from aiworks.cache.dataplane import CacheDataPlane
 from aiworks.cache.servicer import CacheServicer
 from aiworks.cache.store import MemoryStore
-from aiworks.cache.client import CacheClient
-
+from aiworks.core.breaker import CircuitBreaker
 from aiworks.core.datatypes import Tensor
 from aiworks.core.inference import InferRequest, InferResponse
 from aiworks.core.model_config import ModelSpec

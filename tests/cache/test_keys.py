@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from aiworks.cache.keys import normalize_text, request_key
 from aiworks.cache.policy import CachePolicy, skip_reason
-
 from aiworks.core.datatypes import Tensor
 
 EXACT = CachePolicy(enabled=True)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from aiworks.runtime.dataplane import RuntimeDataPlane
-from aiworks.runtime.repository import ModelRepository
-from aiworks.runtime.residency import ResidencyLRU, estimate_bytes, startup_models, warmup_batches
 
 from aiworks.core.datatypes import Tensor
 from aiworks.core.errors import InvalidArgument
 from aiworks.core.model_config import parse_config
+from aiworks.runtime.dataplane import RuntimeDataPlane
+from aiworks.runtime.repository import ModelRepository
+from aiworks.runtime.residency import ResidencyLRU, estimate_bytes, startup_models, warmup_batches
 
 from .support import CACHED, SCALE_IO, params, write_config, write_echo, write_scale
 

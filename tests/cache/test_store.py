@@ -8,6 +8,7 @@ import time
 import tracemalloc
 
 import pytest
+
 from aiworks.cache.dataplane import CacheDataPlane
 from aiworks.cache.redis_store import RedisStore
 from aiworks.cache.store import STALE_EPOCH, STORED, TOO_LARGE, MemoryStore

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import requests
 import yaml
-from aiworks.gateway.auth import generate_api_key
 
+from aiworks.gateway.auth import generate_api_key
 from aiworks.supervisor.supervisor import SuiteConfig, Supervisor
 
 from .support import SCALE_IO, TEST_ENV, params, write_config, write_scale

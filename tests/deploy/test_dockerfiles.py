@@ -6,11 +6,11 @@ from __future__ import annotations
 import fnmatch
 import re
 import subprocess
+import tomllib
 from pathlib import Path
 
 import dockerfile
 import pytest
-import tomllib
 
 from .support import CONTRACT_PORTS, REPO, SERVICE_FOLDERS, venv_tool
 
@@ -32,7 +32,7 @@ def test_multi_stage_from_a_pinned_slim_base(component: str) -> None:
     args = dict(c.value[0].split("=", 1) for c in parsed if c.cmd == "ARG" and "=" in c.value[0])
     stages = [c.value for c in parsed if c.cmd == "FROM"]
     assert len(stages) >= 2
-    for image, *alias in stages:
+    for image, *_alias in stages:
         resolved = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], image)
         assert PINNED_BASE.match(resolved), resolved
     copies = [c for c in final_stage(parsed) if c.cmd == "COPY"]

@@ -13,9 +13,9 @@ import json
 import re
 import subprocess
 import sys
+import tomllib
 
 import pytest
-import tomllib
 from packaging.requirements import Requirement
 
 from .support import REPO, SERVICE_FOLDERS

@@ -73,7 +73,7 @@ def podman_compose_file(bases: dict[str, str], out: Path) -> Path:
     project = json.loads(done.stdout)
     services = {k: v for k, v in project["services"].items() if k not in UNAVAILABLE}
     names = sorted(services)
-    for name, service in services.items():
+    for service in services.values():
         service.pop("build", None)
         service.pop("ports", None)
         service.pop("networks", None)

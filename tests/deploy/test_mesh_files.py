@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import copy
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .support import MESH, NAMESPACE, Rendered
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from .support import REPO, RELEASE
+from .support import RELEASE, REPO
 
 
 def alerts() -> list[dict[str, Any]]:

@@ -21,12 +21,11 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import yaml
-from aiworks.gateway.auth import generate_api_key
+from e2e_support import Suite, internal_channel, start_suite
 from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
-from e2e_support import Suite, internal_channel, start_suite
-
+from aiworks.gateway.auth import generate_api_key
 from aiworks.pb.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 

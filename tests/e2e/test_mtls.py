@@ -23,11 +23,11 @@ import grpc
 import numpy as np
 import pytest
 import requests
-from aiworks.monitor.platform import SchedulerEjector
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from aiworks.core.errors import NotFound, Unavailable
 from aiworks.core.rpc import blocking_channel, use_process_tls
+from aiworks.monitor.platform import SchedulerEjector
 from aiworks.pb.cache.v1 import cache_pb2, cache_pb2_grpc
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from aiworks.security.certs import write_certificates

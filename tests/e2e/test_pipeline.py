@@ -7,13 +7,11 @@ that chains them. Both modes must answer what the unsplit model answers.
 
 from __future__ import annotations
 
-import time
-
 import asyncio
 import shutil
+import time
 from concurrent.futures import ThreadPoolExecutor
 
-import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient

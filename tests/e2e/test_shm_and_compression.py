@@ -24,12 +24,12 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 import yaml
-from aiworks.gateway.auth import generate_api_key
+from e2e_support import start_suite
 from onnx import TensorProto, helper
 from security.test_hostile_input import LIVE_BUDGET_S, LiveProbe, rss_mb
 from tritonclient.utils import InferenceServerException
 
-from e2e_support import start_suite
+from aiworks.gateway.auth import generate_api_key
 
 MAX_REGIONS = 4
 CUDA = "CUDA shared memory is not supported by this server"

@@ -36,13 +36,12 @@ import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import yaml
-from aiworks.gateway.auth import generate_api_key
+from e2e_support import Suite
 from onnx import TensorProto, helper
+from qos.qos_support import ExtraRuntime
 from tritonclient.utils import InferenceServerException
 
-from e2e_support import Suite
-from qos.qos_support import ExtraRuntime
-
+from aiworks.gateway.auth import generate_api_key
 from aiworks.security.audit import verify_audit_log
 from aiworks.supervisor.supervisor import SuiteConfig, Supervisor, free_port
 

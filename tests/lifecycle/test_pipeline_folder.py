@@ -6,15 +6,15 @@ import json
 
 import numpy as np
 import pytest
-from aiworks.runtime.dataplane import RuntimeDataPlane
-from aiworks.runtime.repository import ModelRepository
-from aiworks.scheduler.pipeline import is_pipeline, micro_batch_rows, parse_steps
 
 from aiworks.core.datatypes import Tensor
 from aiworks.core.errors import InvalidArgument
 from aiworks.core.model_config import read_config
 from aiworks.lifecycle.pipeline import write_pipeline
 from aiworks.lifecycle.split import split_model
+from aiworks.runtime.dataplane import RuntimeDataPlane
+from aiworks.runtime.repository import ModelRepository
+from aiworks.scheduler.pipeline import is_pipeline, micro_batch_rows, parse_steps
 
 
 def test_three_stages_make_one_pipeline_the_scheduler_can_run(digits_v2, tmp_path):

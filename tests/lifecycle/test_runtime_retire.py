@@ -7,11 +7,11 @@ import shutil
 
 import numpy as np
 import pytest
-from aiworks.runtime.dataplane import RuntimeDataPlane
-from aiworks.runtime.repository import ModelRepository
 
 from aiworks.core.datatypes import Tensor
 from aiworks.core.errors import NotFound
+from aiworks.runtime.dataplane import RuntimeDataPlane
+from aiworks.runtime.repository import ModelRepository
 
 
 @pytest.fixture

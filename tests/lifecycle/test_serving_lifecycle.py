@@ -14,19 +14,18 @@ import json
 
 import numpy as np
 import pytest
-from aiworks.runtime.client import Answer
-from aiworks.scheduler.drain import Drainer
-from aiworks.scheduler.pipeline import PipelineRunner, parse_steps
-from aiworks.scheduler.shadow import ShadowMirror, answers_agree
-from aiworks.scheduler.traffic_state import ShadowPolicy, TrafficPolicy
 from routing_support import make as make_suite
-from aiworks.core.options import read_options
 
 from aiworks.core.datatypes import Tensor
 from aiworks.core.errors import AIWorksError, InvalidArgument, Status, Unavailable
 from aiworks.core.inference import InferRequest
 from aiworks.core.model_config import ModelSpec, TensorSpec, check_inputs
-from aiworks.core.options import RequestOptions
+from aiworks.core.options import RequestOptions, read_options
+from aiworks.runtime.client import Answer
+from aiworks.scheduler.drain import Drainer
+from aiworks.scheduler.pipeline import PipelineRunner, parse_steps
+from aiworks.scheduler.shadow import ShadowMirror, answers_agree
+from aiworks.scheduler.traffic_state import ShadowPolicy, TrafficPolicy
 
 
 class FakeReplica:

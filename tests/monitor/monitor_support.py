@@ -12,14 +12,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from aiworks.core.errors import AIWorksError
+from aiworks.core.metrics import LATENCY_BUCKETS_S
 from aiworks.monitor import collect as c
 from aiworks.monitor.collect import Sample
 from aiworks.monitor.discovery import DEAD, LOCAL_POOL, RUNNING, Inventory, Pool, Service
 from aiworks.monitor.platform import EjectResult, Platform
 from aiworks.monitor.settings import MonitorSettings
-
-from aiworks.core.errors import AIWorksError
-from aiworks.core.metrics import LATENCY_BUCKETS_S
 
 SCHEDULER = "127.0.0.1:9001"
 GATEWAY = "127.0.0.1:9002"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from monitor_support import make_settings
+
 from aiworks.monitor.anomaly import (
     ERROR_SURGE,
     LATENCY_SPIKE,
@@ -17,7 +19,6 @@ from aiworks.monitor.anomaly import (
 from aiworks.monitor.discovery import DEAD, STARTING
 from aiworks.monitor.health import health_score
 from aiworks.monitor.signals import ReplicaView
-from monitor_support import make_settings
 
 MIB = 2**20
 

@@ -8,14 +8,14 @@ import json
 import pytest
 import yaml
 from aiohttp.test_utils import TestClient, TestServer
+from monitor_support import FakeClock, FakeCollector, FakePlatform, make_settings
+
+from aiworks.cli import build_parser
 from aiworks.monitor import cli as monitor_cli
 from aiworks.monitor.controller import Controller
 from aiworks.monitor.events import Event, EventLog
 from aiworks.monitor.metrics import MonitorMetrics
 from aiworks.monitor.server import create_app
-from monitor_support import FakeClock, FakeCollector, FakePlatform, make_settings
-
-from aiworks.cli import build_parser
 
 
 def test_event_log_is_a_bounded_ring_paged_by_id(tmp_path):

@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from monitor_support import FakeClock, FakeCollector, FakePlatform, make_settings, runtime_target
+
+from aiworks.core.errors import Unavailable
 from aiworks.monitor import events as ev
 from aiworks.monitor.controller import Controller
 from aiworks.monitor.events import EventLog
 from aiworks.monitor.platform import EjectResult
-from monitor_support import FakeClock, FakeCollector, FakePlatform, make_settings, runtime_target
-
-from aiworks.core.errors import Unavailable
 
 
 class Loop:

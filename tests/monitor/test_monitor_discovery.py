@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from aiworks.monitor.discovery import DEAD, LOCAL_POOL, RUNNING, STARTING, from_kubernetes, from_supervisor
-from aiworks.monitor.k8s import KubernetesPlatform
-from aiworks.monitor.platform import EjectResult
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from aiworks.core.errors import AIWorksError, Status
+from aiworks.monitor.discovery import DEAD, LOCAL_POOL, RUNNING, STARTING, from_kubernetes, from_supervisor
+from aiworks.monitor.k8s import KubernetesPlatform
+from aiworks.monitor.platform import EjectResult
 
 
 def test_from_supervisor():

@@ -14,10 +14,10 @@ import urllib.error
 import urllib.request
 
 import pytest
-from aiworks.monitor.discovery import DEAD, LOCAL_POOL, RUNNING
-from aiworks.monitor.platform import LocalPlatform, SchedulerEjector
 
 from aiworks.core.errors import AIWorksError, NotFound, Status
+from aiworks.monitor.discovery import DEAD, LOCAL_POOL, RUNNING
+from aiworks.monitor.platform import LocalPlatform, SchedulerEjector
 from aiworks.security.callers import CallerAuth, ClientCaller
 from aiworks.supervisor.control import ControlServer
 

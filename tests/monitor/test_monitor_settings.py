@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from aiworks.monitor.settings import MonitorSettings
 from pydantic import ValidationError
 
 from aiworks.cli import build_parser
+from aiworks.monitor.settings import MonitorSettings
 
 
 def test_environment_and_defaults(monkeypatch):

@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 
 import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from aiworks.core.metrics import LATENCY_BUCKETS_S
 from aiworks.monitor import collect as c
 from aiworks.monitor.collect import PrometheusCollector, Sample, group_by_instance, parse_exposition
 from aiworks.monitor.discovery import LOCAL_POOL, RUNNING, Inventory, Pool, Service
 from aiworks.monitor.signals import Observer, histogram_quantile
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-
-from aiworks.core.metrics import LATENCY_BUCKETS_S
 
 
 def runtime_exposition(ok: int, failed: int, invalid: int = 0, rss: float = 1e8) -> str:

@@ -96,9 +96,9 @@ def catalogue() -> set[str]:
     """Every series name the suite can export, from aiworks.core.metrics and the cache's counters."""
     from dataclasses import fields
 
-    from aiworks.cache.dataplane import CacheCounters
     from prometheus_client import Counter, Gauge, Histogram
 
+    from aiworks.cache.dataplane import CacheCounters
     from aiworks.core import metrics
 
     names = set()

@@ -13,10 +13,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiworks.core.errors import InvalidArgument, Unavailable
 from aiworks.monitor.rollout import RolloutController, RolloutPolicy
 from aiworks.monitor.rollout_judge import VersionStats
-
-from aiworks.core.errors import InvalidArgument, Unavailable
 
 
 class FakeClock:

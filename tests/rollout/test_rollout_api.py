@@ -13,10 +13,10 @@ import json
 import pytest
 import yaml
 from aiohttp import web
-from aiworks.monitor.rollout_routes import add_rollout_routes
-from aiworks.monitor.server import control_guard
 from rollout_support import Behaviour, make_rig
 
+from aiworks.monitor.rollout_routes import add_rollout_routes
+from aiworks.monitor.server import control_guard
 from aiworks.rollout_cli import add_rollout_parser, parse_duration_s, parse_rate
 from aiworks.security.callers import TOKEN_FILE_ENV, CallerAuth, ClientCaller, ensure_secret_file
 

@@ -23,13 +23,13 @@ from collections import Counter
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from aiworks.monitor.rollout import RolloutController, RolloutPolicy
-from aiworks.monitor.rollout_judge import MetricSource, PrometheusSource, ScrapeSource
-from aiworks.monitor.rollout_targets import LocalTraffic
 from rollout_models import MODEL, TRIGGER, build_repository
 from tritonclient.utils import InferenceServerException
 
 from aiworks.core.rpc import use_process_caller
+from aiworks.monitor.rollout import RolloutController, RolloutPolicy
+from aiworks.monitor.rollout_judge import MetricSource, PrometheusSource, ScrapeSource
+from aiworks.monitor.rollout_targets import LocalTraffic
 from aiworks.supervisor.supervisor import SuiteConfig, Supervisor
 
 log = logging.getLogger(__name__)

@@ -6,6 +6,10 @@ import math
 
 import pytest
 from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+from aiworks.core import metrics as m
+from aiworks.core.errors import Unavailable
 from aiworks.monitor.rollout_judge import (
     LATENCY_BUCKET,
     REQUESTS,
@@ -16,10 +20,6 @@ from aiworks.monitor.rollout_judge import (
     histogram_quantile,
     judge,
 )
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-
-from aiworks.core import metrics as m
-from aiworks.core.errors import Unavailable
 
 
 def test_histogram_quantile_interpolates_like_prometheus():

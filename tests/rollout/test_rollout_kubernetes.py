@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from aiworks.monitor.rollout_targets import KubernetesTraffic, chart_fullname, set_route_weights
 from kubernetes.client.exceptions import ApiException
 from rollout_support import RecordingTarget
 
 from aiworks.core.errors import AIWorksError, NotFound, Status
+from aiworks.monitor.rollout_targets import KubernetesTraffic, chart_fullname, set_route_weights
 
 MESH = Path(__file__).resolve().parents[2] / "mesh"
 NAME = "aiworks-runtime-iris"

@@ -16,8 +16,6 @@ import threading
 
 import grpc
 import pytest
-from aiworks.scheduler.servicer import CALLERS_BY_METHOD
-from aiworks.scheduler.settings import SchedulerSettings
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from aiworks.core.errors import InvalidArgument, PermissionDenied, Unauthenticated
@@ -25,6 +23,8 @@ from aiworks.core.logging import redact_url
 from aiworks.core.rpc import add_port, client_channel, create_server, set_serving
 from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
 from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
+from aiworks.scheduler.servicer import CALLERS_BY_METHOD
+from aiworks.scheduler.settings import SchedulerSettings
 from aiworks.security.callers import (
     CALLER_HEADER,
     TOKEN_HEADER,
@@ -64,7 +64,7 @@ class Scheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
         return pb.RegisterReplicaResponse()
 
     async def WatchRouting(self, request_iterator, context):
-        async for report in request_iterator:
+        async for _report in request_iterator:
             self.stream_messages += 1
             await context.write(pb.RoutingTable(generation=self.stream_messages))
 

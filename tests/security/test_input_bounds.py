@@ -10,12 +10,6 @@ from dataclasses import replace
 import numpy as np
 import orjson
 import pytest
-from aiworks.gateway.converters import to_infer_request, to_infer_request_header
-from aiworks.gateway.filters import InputLimits, compile_deny_list
-from aiworks.gateway.http_codec import parse_infer_header, parse_infer_request
-from aiworks.gateway.masking import Masker, MaskingPolicies, MaskRule, builtin_pattern, compile_pattern
-from aiworks.gateway.metering import parse_time
-from aiworks.core.options import parse_priority, parse_timeout_us
 from tritonclient.grpc import service_pb2 as pb
 
 from aiworks.core import metrics
@@ -24,6 +18,12 @@ from aiworks.core.errors import AIWorksError, InvalidArgument, PayloadTooLarge
 from aiworks.core.inference import InferResponse
 from aiworks.core.looplag import LoopLagProbe, offload
 from aiworks.core.model_config import ModelSpec, TensorSpec
+from aiworks.core.options import parse_priority, parse_timeout_us
+from aiworks.gateway.converters import to_infer_request, to_infer_request_header
+from aiworks.gateway.filters import InputLimits, compile_deny_list
+from aiworks.gateway.http_codec import parse_infer_header, parse_infer_request
+from aiworks.gateway.masking import Masker, MaskingPolicies, MaskRule, builtin_pattern, compile_pattern
+from aiworks.gateway.metering import parse_time
 
 
 def body(data, shape, datatype="FP32") -> bytes:

@@ -169,8 +169,9 @@ def test_key_files_inside_the_repository_are_refused(repo, keys):
 
 
 def test_runtime_settings_take_key_lists_from_variables(monkeypatch, keys):
-    from aiworks.runtime.settings import RuntimeSettings
     from pydantic import ValidationError
+
+    from aiworks.runtime.settings import RuntimeSettings
 
     monkeypatch.setenv("AIWORKS_RUNTIME_MODEL_KEY_FILES", f"{keys / 'model.key'}, {keys / 'other.key'}")
     monkeypatch.setenv("AIWORKS_RUNTIME_MODEL_KEYS", (keys / "owner.key").read_text().strip())

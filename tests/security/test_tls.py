@@ -234,8 +234,9 @@ async def test_a_replica_dialled_by_a_name_of_its_own_verifies_as_its_service(pk
 
 
 def test_service_settings_name_the_missing_tls_variable(monkeypatch, pki):
-    from aiworks.scheduler.settings import SchedulerSettings
     from pydantic import ValidationError
+
+    from aiworks.scheduler.settings import SchedulerSettings
 
     for key in ("CERT", "KEY", "CA"):
         monkeypatch.delenv(f"AIWORKS_SCHEDULER_TLS_{key}", raising=False)

@@ -12,13 +12,13 @@ import grpc.aio
 import jwt
 import pytest
 import yaml
-from aiworks.gateway.auth import Authenticator, add_api_key, generate_api_key, hash_api_key, load_jwt_key
-from aiworks.gateway.tenancy import load_tenancy
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from starlette.datastructures import Headers
 
 from aiworks.core.errors import AIWorksError, InvalidArgument, Status
+from aiworks.gateway.auth import Authenticator, add_api_key, generate_api_key, hash_api_key, load_jwt_key
+from aiworks.gateway.tenancy import load_tenancy
 
 KEY_ACME, HASH_ACME = generate_api_key()
 KEY_LAB, HASH_LAB = generate_api_key()

@@ -6,11 +6,11 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from aiworks.gateway.filters import InputFilter, check_body_size, compile_deny_list
 
 from aiworks.core.datatypes import Tensor, serialize_bytes
 from aiworks.core.errors import AIWorksError, InvalidArgument, PayloadTooLarge, Status
 from aiworks.core.inference import InferRequest
+from aiworks.gateway.filters import InputFilter, check_body_size, compile_deny_list
 
 
 def floats(rows: int = 2, value: float = 1.0, name: str = "x") -> Tensor:

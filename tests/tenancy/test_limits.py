@@ -12,10 +12,10 @@ import time
 
 import pytest
 import redis
-from aiworks.gateway.limits import LocalLimits, TenantLimiter
-from aiworks.gateway.tenancy import ComputeQuota, Tenant
 
 from aiworks.core.errors import AIWorksError, Status
+from aiworks.gateway.limits import LocalLimits, TenantLimiter
+from aiworks.gateway.tenancy import ComputeQuota, Tenant
 
 # Generous for a shared 2-core machine: these tests are about behaviour, not the production 5 ms budget.
 TIMEOUT_S = 0.25

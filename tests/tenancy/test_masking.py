@@ -6,11 +6,11 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from aiworks.gateway.masking import Masker, MaskingPolicies
 
 from aiworks.core.datatypes import Tensor, serialize_bytes
 from aiworks.core.errors import Internal, InvalidArgument
 from aiworks.core.inference import InferResponse
+from aiworks.gateway.masking import Masker, MaskingPolicies
 
 
 def texts(*items: str, name: str = "echo") -> Tensor:

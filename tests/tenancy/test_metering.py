@@ -6,10 +6,10 @@ import asyncio
 import logging
 
 import pytest
-from aiworks.gateway.metering import UsageMeter
 from prometheus_client import REGISTRY
 
 from aiworks.core.errors import InvalidArgument
+from aiworks.gateway.metering import UsageMeter
 
 WINDOW_S = 3600
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z, a window boundary

@@ -14,18 +14,17 @@ from collections import Counter
 
 import numpy as np
 import pytest
+
+from aiworks.core.datatypes import Tensor, serialize_bytes
+from aiworks.core.errors import AIWorksError, Status
+from aiworks.core.inference import InferRequest, InferResponse
+from aiworks.core.options import Priority, read_options
 from aiworks.gateway.auth import Authenticator, generate_api_key
 from aiworks.gateway.filters import InputFilter, check_body_size
 from aiworks.gateway.limits import TenantLimiter
 from aiworks.gateway.masking import MaskingPolicies
 from aiworks.gateway.metering import UsageMeter
 from aiworks.gateway.tenancy import load_tenancy, tenant_classes
-
-from aiworks.core.options import Priority, read_options
-
-from aiworks.core.datatypes import Tensor, serialize_bytes
-from aiworks.core.errors import AIWorksError, Status
-from aiworks.core.inference import InferRequest, InferResponse
 
 GATEWAY_MAX_BYTES = 1 << 20
 KEY_ACME, HASH_ACME = generate_api_key()

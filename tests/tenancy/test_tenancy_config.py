@@ -6,13 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-from aiworks.gateway.auth import hash_api_key
-from aiworks.gateway.tenancy import ANONYMOUS, load_tenancy, tenant_classes
-
-from aiworks.core.options import Priority, read_options
 
 from aiworks.core.errors import InvalidArgument
-from aiworks.core.inference import InferRequest
+from aiworks.core.options import Priority, read_options
+from aiworks.gateway.auth import hash_api_key
+from aiworks.gateway.tenancy import ANONYMOUS, load_tenancy, tenant_classes
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "tenants.yaml"

@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
-from aiworks.gateway.auth import generate_api_key
 from cache.support import RedisServer
 from e2e.e2e_support import Suite, start_suite
+
+from aiworks.gateway.auth import generate_api_key
 
 TENANTS = ("alice", "bob", "carol")
 

@@ -10,7 +10,6 @@ that finished chunks were not sent again.
 from __future__ import annotations
 
 import json
-
 import time
 
 import numpy as np
@@ -18,6 +17,7 @@ import orjson
 import pytest
 import requests
 import tritonclient.http as httpclient
+
 from aiworks.demo.models import digits_split
 
 from .conftest import wait_batch

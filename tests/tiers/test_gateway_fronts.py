@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
+from aiworks.core.errors import InvalidArgument
 from aiworks.gateway.async_routes import AsyncInferFront
 from aiworks.gateway.batch_routes import parse_upload
 from aiworks.gateway.http_app import create_app
-
-from aiworks.core.errors import InvalidArgument
 
 
 def test_a_gateway_without_a_batch_store_has_no_batch_routes():

@@ -91,7 +91,7 @@ def test_a_burst_is_absorbed_and_survives_a_killed_worker(batch_suite, workers):
     first.kill()
     workers("second", "--claim-idle-s", "1")
     latencies, statuses = [], []
-    for (sent_at, reply), row in zip(submitted, rows):
+    for (sent_at, reply), _row in zip(submitted, rows):
         answer = _result(batch_suite, "bob", reply.json()["id"])
         latencies.append(time.monotonic() - sent_at)
         statuses.append(answer.status_code)

@@ -12,13 +12,13 @@ import threading
 import numpy as np
 import pytest
 import torch
-from aiworks.runtime.dataplane import RuntimeDataPlane
-from aiworks.runtime.repository import ModelRepository
-from aiworks.runtime.torch_backend import TorchModel
 from torch_support import MLP_TS_CONFIG, reference, rows
 
 from aiworks.core.datatypes import Tensor, decode
 from aiworks.core.model_config import parse_config
+from aiworks.runtime.dataplane import RuntimeDataPlane
+from aiworks.runtime.repository import ModelRepository
+from aiworks.runtime.torch_backend import TorchModel
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from aiworks.runtime.torch_io import graph_plan, padded_size, plan_inputs, plan_outputs, select_outputs
 
 from aiworks.core.errors import InvalidArgument
 from aiworks.core.model_config import parse_config
+from aiworks.runtime.torch_io import graph_plan, padded_size, plan_inputs, plan_outputs, select_outputs
 
 
 def test_inputs_named_after_forward_arguments_map_by_name_whatever_their_order():

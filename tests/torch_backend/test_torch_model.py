@@ -8,15 +8,15 @@ import zipfile
 import numpy as np
 import pytest
 import torch
-from aiworks.runtime.backends import BACKENDS
-from aiworks.runtime.dataplane import RuntimeDataPlane
-from aiworks.runtime.repository import ModelRepository, model_filename
-from aiworks.runtime.torch_backend import TorchModel, archive_kind, device_for
 from torch_support import MLP_TS_CONFIG, reference, rows
 
 from aiworks.core.datatypes import Tensor, decode
 from aiworks.core.errors import InvalidArgument
 from aiworks.core.model_config import parse_config, read_config
+from aiworks.runtime.backends import BACKENDS
+from aiworks.runtime.dataplane import RuntimeDataPlane
+from aiworks.runtime.repository import ModelRepository, model_filename
+from aiworks.runtime.torch_backend import TorchModel, archive_kind, device_for
 
 
 def load(repository, name: str, text: str | None = None) -> TorchModel:

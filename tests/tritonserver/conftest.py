@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from aiworks.runtime.tritonserver import TritonDistribution, TritonServer, TritonServerError
 from triton_support import write_repository
+
+from aiworks.runtime.tritonserver import TritonDistribution, TritonServer, TritonServerError
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from aiworks.lifecycle.tensorrt_build import TensorRTUnavailable, build_engine
 
 HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None

@@ -7,14 +7,14 @@ import time
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from aiworks.runtime import triton_backend
-from aiworks.runtime.repository import ModelRepository
-from aiworks.runtime.settings import RuntimeSettings
-from aiworks.runtime.triton_backend import TritonModel
 from triton_support import IRIS_ROWS, ort_reference
 
 from aiworks.core.errors import AIWorksError, Unavailable
 from aiworks.core.model_config import read_config
+from aiworks.runtime import triton_backend
+from aiworks.runtime.repository import ModelRepository
+from aiworks.runtime.settings import RuntimeSettings
+from aiworks.runtime.triton_backend import TritonModel
 
 
 @pytest.fixture

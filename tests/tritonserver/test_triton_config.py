@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from aiworks.runtime.triton_protocol import as_error, parse_device_metrics, triton_config
-from aiworks.runtime.tritonserver import TritonDistribution, TritonServerError
 from google.protobuf import text_format
 from triton_support import IRIS_TRITON_CONFIG, TESTDATA
 from tritonclient.grpc import model_config_pb2
@@ -12,6 +10,8 @@ from tritonclient.utils import InferenceServerException
 
 from aiworks.core.errors import DeadlineExceeded, Internal, InvalidArgument, Unavailable
 from aiworks.core.model_config import parse_config
+from aiworks.runtime.triton_protocol import as_error, parse_device_metrics, triton_config
+from aiworks.runtime.tritonserver import TritonDistribution, TritonServerError
 
 GPU_ONNX = """\
 backend: "triton"
@@ -104,7 +104,6 @@ def test_a_missing_tritonserver_binary_is_reported(tmp_path):
 def test_a_triton_at_a_url_gets_its_metrics_url_from_the_metrics_port(tmp_path):
     from aiworks.runtime import triton_backend
     from aiworks.runtime.settings import RuntimeSettings
-
     from aiworks.supervisor.supervisor import free_port
 
     settings = RuntimeSettings(scheduler_address="", triton_url=f"127.0.0.1:{free_port()}",

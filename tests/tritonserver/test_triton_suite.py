@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-
 import os
 import signal
 import threading
@@ -22,8 +21,8 @@ from aiworks.core.datatypes import Tensor
 from aiworks.core.errors import AIWorksError, Status
 from aiworks.core.inference import InferRequest
 from aiworks.core.options import RequestOptions
-from aiworks.runtime.client import RuntimeClient
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from aiworks.runtime.client import RuntimeClient
 from aiworks.supervisor.supervisor import SuiteConfig, Supervisor, free_port
 
 pytestmark = pytest.mark.e2e

@@ -11,12 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
-from aiworks.runtime.triton_backend import TritonConnection
-from aiworks.runtime.tritonserver import TritonServer
 from triton_support import IRIS_ROWS
 
 from aiworks.core.errors import Unavailable
 from aiworks.core.model_config import read_config
+from aiworks.runtime.triton_backend import TritonConnection
+from aiworks.runtime.tritonserver import TritonServer
 
 
 def gone(pid: int) -> bool:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 
 import pytest
-from aiworks.gateway.diagnostics import Diagnostics
 from opentelemetry.sdk.trace.sampling import Decision
 
 from aiworks.core import tracing
 from aiworks.core.errors import InvalidArgument
+from aiworks.gateway.diagnostics import Diagnostics
 
 
 @pytest.fixture

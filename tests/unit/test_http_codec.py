@@ -2,11 +2,11 @@ import json
 
 import numpy as np
 import pytest
-from aiworks.gateway.http_codec import OutputFormat, encode_infer_response, parse_infer_request
 
 from aiworks.core.datatypes import Tensor, serialize_bytes
 from aiworks.core.errors import InvalidArgument
 from aiworks.core.inference import InferResponse
+from aiworks.gateway.http_codec import OutputFormat, encode_infer_response, parse_infer_request
 
 
 def binary_body(header: dict, *chunks: bytes) -> tuple[bytes, str]:

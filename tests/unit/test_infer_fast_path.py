@@ -11,10 +11,10 @@ import asyncio
 
 import orjson
 import pytest
-from aiworks.gateway import http_app
-from aiworks.gateway.http_app import InferFastPath
 
 from aiworks.core.errors import NotFound, ResourceExhausted, Unauthenticated
+from aiworks.gateway import http_app
+from aiworks.gateway.http_app import InferFastPath
 
 
 class Recorder:

@@ -10,26 +10,26 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from aiworks.cache.dataplane import CacheDataPlane
-from aiworks.cache.server import CacheCollector
-from aiworks.cache.store import MemoryStore
-from aiworks.gateway.telemetry import GatewayTelemetry
-from aiworks.runtime.collector import RuntimeCollector
-from aiworks.runtime.dataplane import RuntimeDataPlane
-from aiworks.runtime.repository import ModelRepository
-from aiworks.runtime.triton_backend import parse_device_metrics
-from aiworks.runtime.batcher import QueueLimits
-from aiworks.scheduler.collector import SchedulerCollector
 from onnx import TensorProto, helper
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from routing_support import FakeReplica, make
 
+from aiworks.cache.dataplane import CacheDataPlane
+from aiworks.cache.server import CacheCollector
+from aiworks.cache.store import MemoryStore
 from aiworks.core import metrics
 from aiworks.core.datatypes import Tensor
 from aiworks.core.errors import DeadlineExceeded, InvalidArgument, NotFound, Status
 from aiworks.core.inference import InferRequest, InferResponse
 from aiworks.core.options import Priority, RequestOptions
-from routing_support import FakeReplica, make
+from aiworks.gateway.telemetry import GatewayTelemetry
+from aiworks.runtime.batcher import QueueLimits
+from aiworks.runtime.collector import RuntimeCollector
+from aiworks.runtime.dataplane import RuntimeDataPlane
+from aiworks.runtime.repository import ModelRepository
+from aiworks.runtime.triton_backend import parse_device_metrics
+from aiworks.scheduler.collector import SchedulerCollector
 
 TRITON_METRICS = Path(__file__).parent.parent / "tritonserver" / "testdata" / "gpu_metrics.txt"
 

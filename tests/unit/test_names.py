@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 
 import pytest
-from aiworks.runtime.repository import ModelRepository
 
 from aiworks.core.errors import InvalidArgument, NotFound
 from aiworks.core.names import check_model_name, check_version, inside, valid_model_name
+from aiworks.runtime.repository import ModelRepository
 
 
 @pytest.mark.parametrize("name", ["echo", "digits_v2", "minilm-l6.int8", "A" * 128, "..a", "a..b"])

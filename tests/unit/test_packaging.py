@@ -44,8 +44,7 @@ def test_the_otlp_exporter_and_envoys_protos_share_one_opentelemetry_proto():
     Without that the OTLP exporter fails to import in a clean install (no InstrumentationScope), which
     only shows when a service starts with tracing on.
     """
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter  # noqa: F401
-    from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope  # noqa: F401
-
     # Envoy's OpenTelemetry tracer config, which imports that proto, still loads.
     from envoy.config.trace.v3 import opentelemetry_pb2  # noqa: F401
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter  # noqa: F401
+    from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope  # noqa: F401

@@ -273,7 +273,11 @@ async def test_realtime_sheds_queued_batch_requests_when_full():
     blocker = asyncio.ensure_future(submit(q, -1))
     await asyncio.sleep(0.01)
     batch = [asyncio.ensure_future(submit(q, 3.0, Priority.BATCH)) for _ in range(3)]
-    await asyncio.sleep(0.005)
+    for _ in range(200):  # all three queued behind the blocker (not a fixed sleep: a loaded machine is slower)
+        if q.depth == 3:
+            break
+        await asyncio.sleep(0.001)
+    assert q.depth == 3
     urgent = await submit(q, 1.0, Priority.REALTIME)
     assert urgent.outputs[0].to_numpy()[0, 0] == 1.0
     results = await asyncio.gather(blocker, *batch, return_exceptions=True)

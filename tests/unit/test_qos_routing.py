@@ -15,7 +15,6 @@ from aiworks.scheduler.replica_state import OutlierDetector, OutlierPolicy, Repl
 from aiworks.scheduler.retry_state import RetryBudget
 from aiworks.scheduler.traffic_state import TrafficPolicy, TrafficState
 
-
 # ---- latency-aware routing -------------------------------------------------------------------
 
 

@@ -5,15 +5,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-
-from aiworks.core.inference import InferRequest
-from aiworks.core.options import RequestOptions
-from aiworks.runtime.dataplane import RuntimeDataPlane
-from aiworks.runtime.repository import ModelRepository
 from onnx import TensorProto, helper
 
 from aiworks.core.datatypes import Tensor
 from aiworks.core.errors import InvalidArgument, NotFound
+from aiworks.core.inference import InferRequest
+from aiworks.core.options import RequestOptions
+from aiworks.runtime.dataplane import RuntimeDataPlane
+from aiworks.runtime.repository import ModelRepository
 
 
 def write_model(folder: Path, factor: float) -> None:

@@ -8,11 +8,11 @@ import os
 import zlib
 
 import pytest
-from aiworks.gateway.compression import inflate, request_encoding, response_encoding
-from aiworks.gateway.shared_memory import SharedMemoryRegistry, ShmRef, shm_ref, write_outputs
 
 from aiworks.core.datatypes import Tensor
 from aiworks.core.errors import AIWorksError, InvalidArgument, PayloadTooLarge, ResourceExhausted
+from aiworks.gateway.compression import inflate, request_encoding, response_encoding
+from aiworks.gateway.shared_memory import SharedMemoryRegistry, ShmRef, shm_ref, write_outputs
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import logging
 
 import numpy as np
 import pytest
-from aiworks.runtime.batcher import ModelQueue
 
 from aiworks.core import tracing
 from aiworks.core.datatypes import Tensor
@@ -17,6 +16,7 @@ from aiworks.core.inference import InferRequest
 from aiworks.core.logging import TraceIdFilter
 from aiworks.core.model_config import BatchingConfig, ModelSpec, TensorSpec
 from aiworks.core.settings import ServiceSettings
+from aiworks.runtime.batcher import ModelQueue
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 CLIENT_SPAN = "b7ad6b7169203331"

@@ -10,7 +10,7 @@ and its success closes the breaker: caching resumes on its own.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
 class CircuitBreaker:

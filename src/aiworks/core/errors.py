@@ -169,9 +169,13 @@ def _with_detail(text: str, detail: str | None) -> str:
     return f"{text}; {detail}" if detail else text
 
 
+class UnknownModel(InvalidArgument):
+    """A model name the server does not know: 400 on Triton's APIs, 404 ``model_not_found`` on OpenAI's."""
+
+
 def unknown_model(name: str, detail: str | None = None) -> InvalidArgument:
     """``Request for unknown model: 'NAME' is not found`` (HTTP 400 / INVALID_ARGUMENT, as Triton answers)."""
-    return InvalidArgument(_with_detail(f"Request for unknown model: '{name}' is not found", detail))
+    return UnknownModel(_with_detail(f"Request for unknown model: '{name}' is not found", detail))
 
 
 def unknown_version(name: str, version: str, detail: str | None = None) -> NotFound:

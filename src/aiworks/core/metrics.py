@@ -28,12 +28,19 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
-from prometheus_client import gc_collector, platform_collector, process_collector
+from prometheus_client import (
+    REGISTRY,
+    Counter,
+    Gauge,
+    Histogram,
+    gc_collector,
+    platform_collector,
+    process_collector,
+    start_http_server,
+)
 
 log = logging.getLogger(__name__)
 

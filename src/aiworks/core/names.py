@@ -26,9 +26,9 @@ from pathlib import Path
 from aiworks.core.errors import InvalidArgument
 
 MAX_NAME_CHARS = 128
-_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,%d}" % MAX_NAME_CHARS)
+_NAME_RE = re.compile(rf"[A-Za-z0-9_.\-]{{1,{MAX_NAME_CHARS}}}")
 _VERSION_RE = re.compile(r"[0-9]{1,19}")
-NAME_RULE = "letters, digits, '_', '.' and '-' (not '.' or '..' alone), at most %d characters" % MAX_NAME_CHARS
+NAME_RULE = f"letters, digits, '_', '.' and '-' (not '.' or '..' alone), at most {MAX_NAME_CHARS} characters"
 
 
 def shown(value: str, limit: int = 40) -> str:

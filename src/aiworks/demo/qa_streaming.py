@@ -174,8 +174,8 @@ def _int32(name: str):
 
 def simple_sequence_onnx(dyna: bool = False) -> bytes:
     """``READY ? INPUT + START (+ END * CORRID) : 0`` over a batch of [N, 1] tensors."""
-    from onnx import TensorProto, helper, numpy_helper
     import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
 
     zero = numpy_helper.from_array(np.zeros((1, 1), dtype=np.int32), "zero")
     nodes = [helper.make_node("Add", ["INPUT", "START"], ["sum"])]
@@ -198,8 +198,8 @@ def simple_sequence_onnx(dyna: bool = False) -> bytes:
 
 def accumulator_onnx() -> bytes:
     """``ACC_OUT = (START ? 0 : ACC) + INPUT``; ``OUTPUT = ACC_OUT``."""
-    from onnx import helper, numpy_helper
     import numpy as np
+    from onnx import helper, numpy_helper
 
     zero = numpy_helper.from_array(np.zeros((1, 1), dtype=np.int32), "zero")
     nodes = [
@@ -214,8 +214,8 @@ def accumulator_onnx() -> bytes:
 
 def string_dyna_onnx() -> bytes:
     """``ACC_OUT = (START ? 0 : ACC) + INPUT + END * int(CORRID)``; ``OUTPUT = ACC_OUT``."""
-    from onnx import TensorProto, helper, numpy_helper
     import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
 
     zero = numpy_helper.from_array(np.zeros((1, 1), dtype=np.int32), "zero")
     nodes = [

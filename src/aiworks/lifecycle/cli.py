@@ -70,8 +70,8 @@ def _eval_data(spec: str, model_path: Path, calibration: str | None):
 
 def cmd_optimize_tensorrt(args) -> None:
     from aiworks.lifecycle.layout import find_onnx
-    from aiworks.lifecycle.tensorrt_plan import build_plan_folder, parse_profile
     from aiworks.lifecycle.tensorrt_build import TensorRTUnavailable
+    from aiworks.lifecycle.tensorrt_plan import build_plan_folder, parse_profile
 
     try:
         src = find_onnx(Path(args.model))
