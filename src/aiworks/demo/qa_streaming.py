@@ -232,12 +232,25 @@ def string_dyna_onnx() -> bytes:
     return _graph("simple_string_dyna_sequence", inputs, [_int32("OUTPUT"), _int32("ACC_OUT")], nodes, [zero])
 
 
-def _write(target: Path, name: str, config: str, files: dict[str, bytes]) -> None:
+def _write(
+    target: Path, name: str, config: str, files: dict[str, bytes], beside: dict[str, str] | None = None
+) -> None:
+    """Model ``name``: its config, ``files`` in version 1, and ``beside`` (text files such as labels) next to the config."""
     version = target / name / "1"
     version.mkdir(parents=True, exist_ok=True)
     (target / name / "config.pbtxt").write_text(config)
     for filename, data in files.items():
         (version / filename).write_bytes(data)
+    for filename, text in (beside or {}).items():
+        (target / name / filename).write_text(text)
+
+
+def build_models(builders: dict, target: Path, names) -> list[Path]:
+    """Write the models ``names`` (keys of ``builders``) into the repository at ``target``; returns their folders."""
+    target = Path(target)
+    for name in names:
+        builders[name](target)
+    return [target / name for name in names]
 
 
 BUILDERS = {
@@ -258,7 +271,4 @@ QA_STREAMING_MODELS = tuple(BUILDERS)
 
 def build_qa_streaming_models(target: Path, names=QA_STREAMING_MODELS) -> list[Path]:
     """Write the models ``names`` into the repository at ``target``; returns their folders."""
-    target = Path(target)
-    for name in names:
-        BUILDERS[name](target)
-    return [target / name for name in names]
+    return build_models(BUILDERS, target, names)

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from aiworks.demo.qa_streaming import _graph
+from aiworks.demo.qa_streaming import _graph, build_models
+from aiworks.demo.qa_streaming import _write as write_model
 
 SEED = 0
 
@@ -153,12 +154,7 @@ def densenet_labels() -> str:
 
 
 def _write(target: Path, name: str, config: str, model: bytes, extra: dict[str, str] | None = None) -> None:
-    version = target / name / "1"
-    version.mkdir(parents=True, exist_ok=True)
-    (target / name / "config.pbtxt").write_text(config)
-    (version / "model.onnx").write_bytes(model)
-    for filename, text in (extra or {}).items():
-        (target / name / filename).write_text(text)
+    write_model(target, name, config, {"model.onnx": model}, extra)
 
 
 BUILDERS = {
@@ -175,7 +171,4 @@ TRITON_QA_MODELS = tuple(BUILDERS)
 
 def build_triton_qa_models(target: Path, names=TRITON_QA_MODELS) -> list[Path]:
     """Write the models ``names`` into the repository at ``target``; returns their folders."""
-    target = Path(target)
-    for name in names:
-        BUILDERS[name](target)
-    return [target / name for name in names]
+    return build_models(BUILDERS, target, names)
