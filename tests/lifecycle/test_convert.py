@@ -76,7 +76,8 @@ def test_sklearn_pipeline_converts_and_matches(tmp_path):
     np.testing.assert_array_equal(labels, model.predict(x))
     np.testing.assert_allclose(probabilities, model.predict_proba(x), atol=1e-5)
     config = read_config(result.folder)
-    assert {t.name: t.dims for t in config.outputs} == {"label": (), "probabilities": (3,)}
+    # Triton's meaning of reshape: clients see dims ([1] a row), the model makes reshape.shape ([] a row).
+    assert {t.name: (t.dims, t.reshape) for t in config.outputs} == {"label": ((1,), ()), "probabilities": ((3,), None)}
 
 
 def test_onnx_passthrough_checks_and_infers_shapes(digits_v1, tmp_path):
@@ -86,9 +87,9 @@ def test_onnx_passthrough_checks_and_infers_shapes(digits_v1, tmp_path):
     assert len(written.graph.value_info) > 0  # shape inference ran
     config = read_config(result.folder)
     assert [(t.name, t.dims) for t in config.inputs] == [("input", (64,))]
-    assert {t.name: (t.datatype, t.dims) for t in config.outputs} == {
-        "label": ("INT64", ()),
-        "probabilities": ("FP32", (10,)),
+    assert {t.name: (t.datatype, t.dims, t.reshape) for t in config.outputs} == {
+        "label": ("INT64", (1,), ()),
+        "probabilities": ("FP32", (10,), None),
     }
 
 
