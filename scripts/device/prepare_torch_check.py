@@ -73,7 +73,7 @@ WHEELS = [
 # pyproject.toml's dependencies that do not travel: the image has them (KINDS.md's package list),
 # or the check never imports them.
 IMAGE_PROVIDES = {"numpy", "onnx", "onnxruntime", "scikit-learn", "prometheus-client", "aiohttp", "nvidia-ml-py",
-                  "pyyaml"}  # fmt: skip
+                  "pyyaml", "tokenizers"}  # fmt: skip
 NOT_IMPORTED = {
     "kubernetes": "the monitor's Kubernetes platform only",
     "skl2onnx": "building the demo repository only",

@@ -137,7 +137,7 @@ def test_up_tls_starts_with_certificates_and_prints_how_to_call_it(repo, tmp_pat
     assert f"HTTP (KServe v2): https://127.0.0.1:{http_port}/v2" in out
     assert "curl --cacert .aiworks/certs/ca.crt https://127.0.0.1:" in out
     assert 'ssl=True, root_certificates=".aiworks/certs/ca.crt"' in out
-    assert "AIWORKS_TLS_DIR=.aiworks/certs/admin aiworks status" in out
+    assert "aiworks status --tls-dir .aiworks/certs/admin --scheduler-address 127.0.0.1:" in out
     for svc in ("gateway", "scheduler", "runtime", "cache", "monitor", "supervisor", "admin"):
         assert (certs / svc / "tls.crt").is_file() and (certs / svc / "tls.key").stat().st_mode & 0o077 == 0
     monitor_log = (tmp_path / ".aiworks" / "logs" / "monitor.log").read_text()
@@ -172,7 +172,7 @@ def test_inference_over_https_and_grpc_tls_with_tritonclient(suite):
         rpc.close()
     assert via_http.shape == (2, 3)
     np.testing.assert_array_equal(via_http, via_grpc)
-    assert labels.tolist() == [0, 2]  # setosa, virginica
+    assert labels.ravel().tolist() == [0, 2]  # setosa, virginica (Triton answers [N, 1]: dims [1] reshaped to [])
 
 
 def test_gateway_reaches_the_cache_over_mutual_tls(suite):

@@ -101,6 +101,16 @@ def with_tokenizer(tokenizer: onnx.ModelProto, encoder: onnx.ModelProto) -> onnx
     """One graph: text in, the encoder's outputs out (the encoder takes ``input_ids`` and ``attention_mask``)."""
     tokenizer = onnx.ModelProto.FromString(tokenizer.SerializeToString())
     tokenizer.ir_version = encoder.ir_version
+    # An exporter may list domains the encoder never uses (torch lists every custom domain registered in the
+    # process, e.g. ai.onnx.contrib at version 1000 once onnxruntime-extensions' ops were registered), and
+    # merge_models refuses two versions of one domain: keep only the domains the encoder's nodes use.
+    used = {node.domain for node in encoder.graph.node} | {""}
+    if any(entry.domain not in used for entry in encoder.opset_import):
+        encoder = onnx.ModelProto.FromString(encoder.SerializeToString())
+        kept = [onnx.OperatorSetIdProto(domain=e.domain, version=e.version) for e in encoder.opset_import
+                if e.domain in used]  # fmt: skip
+        del encoder.opset_import[:]
+        encoder.opset_import.extend(kept)
     merged = onnx.compose.merge_models(
         tokenizer,
         encoder,
