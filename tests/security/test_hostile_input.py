@@ -99,6 +99,16 @@ def protobuf_parse_s(raw: bytes, rounds: int = 3) -> float:
     return best
 
 
+def gateway_stall_s(suite) -> float:
+    """The gateway's longest event-loop stall since start (``aiworks_event_loop_stall_max_seconds``)."""
+    port = suite.supervisor.child("gateway").metrics_port
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    for line in text.splitlines():
+        if line.startswith("aiworks_event_loop_stall_max_seconds") and 'service="gateway"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("the gateway exports no aiworks_event_loop_stall_max_seconds")
+
+
 def rss_mb(pid: int) -> tuple[float, float]:
     """(resident now, peak resident) of ``pid`` in MB."""
     fields = {}
@@ -204,6 +214,7 @@ def test_two_million_empty_strings_over_grpc(suite):
     tensor.contents.bytes_contents.extend([b""] * count)
     request = service_pb2.ModelInferRequest(model_name="iris", inputs=[tensor])
     parse_s = protobuf_parse_s(request.SerializeToString())
+    stall_before = gateway_stall_s(suite)
     with grpc.insecure_channel(suite.grpc_url) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         with LiveProbe(suite.base) as probe:
@@ -211,17 +222,24 @@ def test_two_million_empty_strings_over_grpc(suite):
             with pytest.raises(grpc.RpcError) as err:
                 stub.ModelInfer(request, timeout=60)
             elapsed = time.perf_counter() - started
+    stall_after = gateway_stall_s(suite)
     print(
         f"\ngRPC 2M empty strings: {err.value.code()} in {elapsed * 1e3:.1f} ms; live worst {probe.worst_s * 1e3:.1f} ms; "
-        f"protobuf parses the message in {parse_s * 1e3:.1f} ms here"
+        f"protobuf parses the message in {parse_s * 1e3:.1f} ms here; gateway loop stall max {stall_before * 1e3:.1f} -> "
+        f"{stall_after * 1e3:.1f} ms"
     )
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.value.details()
     assert "typed contents holds 2000000 values" in err.value.details() and "(rule max_listed_values)" in err.value.details()
     # protobuf parses the 4 MB message (2 M entries) on the event loop before any handler runs, holding the GIL: about
     # 35 ms on an idle machine, much more on a loaded one; only max_request_bytes bounds it (docs/security.md, "Hostile
-    # input"). The gateway must add nothing per element to that parse: the stall stays within a few parses' time as
-    # measured here and now, and never over half a second on a machine where one parse is quick.
-    assert probe.worst_s < max(GRPC_PARSE_BUDGET_S, 8 * parse_s), f"liveness took {probe.worst_s * 1e3:.0f} ms"
+    # input"). The gateway must add nothing per element to that parse: its event loop stalls no longer than a few
+    # parses' time as measured here and now, and never over half a second on a machine where one parse is quick. The
+    # stall is the gateway's own measure (aiworks.core.looplag: the loop's lag less the time its thread waited for a
+    # CPU, the most since start, which the earlier attacks kept under 100 ms). The probe's worst answer is printed, not
+    # asserted, here: run late in the whole suite, it has read 1.3 s while this module alone reads 50-450 ms, and a
+    # probe's answer also holds what the machine's other processes cost it.
+    budget = max(GRPC_PARSE_BUDGET_S, 8 * parse_s)
+    assert stall_after < budget, f"the gateway's loop stalled {stall_after * 1e3:.0f} ms (budget {budget * 1e3:.0f} ms)"
 
 
 def test_forty_kilobytes_of_a_are_masked_quickly_while_the_gateway_stays_live(suite):
