@@ -186,6 +186,7 @@ def test_a_request_without_traceparent_starts_its_own_trace(traced):
         roots = [
             s for s in map(json.loads, (traces / "gateway.jsonl").read_text().splitlines())
             if s["name"] == "gateway infer" and s["parent_span_id"] is None
+            and s["attributes"]["aiworks.model"] == "iris"  # the first test's untraced warm-up was for iris_cached
         ]  # fmt: skip
         if roots:
             break
