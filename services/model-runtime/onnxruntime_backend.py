@@ -48,9 +48,9 @@ class OnnxRuntimeModel:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if config.parameters.get("onnxruntime_extensions", "").lower() == "true":
             # Graphs with in-graph pre-processing (the minilm tokenizer) use its custom ops.
-            import onnxruntime_extensions
+            from aiworks.core.lifecycle import import_onnxruntime_extensions
 
-            options.register_custom_ops_library(onnxruntime_extensions.get_library_path())
+            options.register_custom_ops_library(import_onnxruntime_extensions().get_library_path())
         guarded = _guard.open_all(
             path,
             model=config.name,

@@ -78,3 +78,22 @@ def terminate(process: subprocess.Popen, name: str, timeout_s: float = 10.0) -> 
         log.warning("%s did not stop in %.0f s; killing it", name, timeout_s)
         process.kill()
         process.wait()
+
+
+def import_onnxruntime_extensions():
+    """``onnxruntime_extensions``, imported without its side effect on the environment.
+
+    Its converter module sets ``PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python`` in ``os.environ`` when the
+    package is imported; every process started afterwards (a suite's services, a tritonserver) would parse
+    protobuf in pure Python. The value this process started with is put back
+    (``aiworks.PROTOBUF_IMPLEMENTATION_AT_START``).
+    """
+    import onnxruntime_extensions
+
+    from aiworks import PROTOBUF_IMPLEMENTATION_AT_START
+
+    if PROTOBUF_IMPLEMENTATION_AT_START is None:
+        os.environ.pop("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", None)
+    else:
+        os.environ["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"] = PROTOBUF_IMPLEMENTATION_AT_START
+    return onnxruntime_extensions

@@ -144,8 +144,10 @@ def _first_input_param(op: str, domain: str, opset: int) -> str:
 
 def _check_ort(domain, op, opset, first_input_types) -> tuple[bool, str]:
     if domain == EXTENSIONS_DOMAIN:
+        from aiworks.core.lifecycle import import_onnxruntime_extensions
+
         try:
-            import onnxruntime_extensions  # noqa: F401
+            import_onnxruntime_extensions()
         except ImportError:
             return False, "custom op: onnxruntime-extensions is not installed"
         return True, "custom op: the session must register onnxruntime-extensions"

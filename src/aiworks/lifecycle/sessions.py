@@ -19,8 +19,10 @@ def uses_extensions(model: onnx.ModelProto) -> bool:
 
 def extensions_library() -> str:
     """Path of onnxruntime-extensions' custom-op library (raises if the package is missing)."""
+    from aiworks.core.lifecycle import import_onnxruntime_extensions
+
     try:
-        import onnxruntime_extensions
+        onnxruntime_extensions = import_onnxruntime_extensions()
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise RuntimeError(
             "this model uses onnxruntime-extensions custom ops: pip install -r requirements-lifecycle.txt"

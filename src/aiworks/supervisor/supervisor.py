@@ -55,6 +55,7 @@ from typing import Any
 
 import grpc
 
+from aiworks import PROTOBUF_IMPLEMENTATION_AT_START
 from aiworks.core.errors import AIWorksError, NotFound, Status
 from aiworks.core.lifecycle import orphan_proof, terminate
 from aiworks.core.logging import redact_url
@@ -65,6 +66,7 @@ from aiworks.security.certs import CA_CERT, DEFAULT_HOSTNAMES, TLS_CERT, TLS_KEY
 from aiworks.security.tls import TLSFiles, client_ssl_context
 from aiworks.supervisor.control import DEFAULT_MAX_REPLICAS, ControlServer
 
+PROTOBUF_ENV = "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"
 log = logging.getLogger(__name__)
 
 # glibc malloc settings for the processes that move tensors (docs/benchmarks.md, "System shared memory
@@ -388,6 +390,10 @@ class Supervisor:
     def _launch(self, child: Child) -> None:
         """Fork ``child`` (on the spawner thread: see the module docstring)."""
         env = {**os.environ, **self.config.extra_env, **child.env, "PYTHONUNBUFFERED": "1"}
+        if not {PROTOBUF_ENV} & {*self.config.extra_env, *child.env}:  # not what an import of ours left behind
+            env.pop(PROTOBUF_ENV, None)
+            if PROTOBUF_IMPLEMENTATION_AT_START is not None:
+                env[PROTOBUF_ENV] = PROTOBUF_IMPLEMENTATION_AT_START
         with open(child.log_path, "ab") as logfile:
             child.process = subprocess.Popen(
                 orphan_proof(child.argv),
