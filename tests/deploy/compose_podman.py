@@ -24,6 +24,45 @@ def sh(*command: str, timeout: float = 600, check: bool = True) -> subprocess.Co
     return done
 
 
+ONE_SHOT = ("certs", "models")
+
+
+def failed_containers(project: str) -> list[str]:
+    """Containers of the project that have exited with an error (one-shot jobs may exit 0)."""
+    ps = sh("podman", "ps", "-a", "--filter", f"label=io.podman.compose.project={project}",
+            "--format", "{{.Names}}\t{{.Status}}", check=False)  # fmt: skip
+    failed = []
+    for line in ps.stdout.splitlines():
+        name, _, status = line.partition("\t")
+        exited_ok = status.startswith("Exited (0)") and any(f"_{job}_" in name for job in ONE_SHOT)
+        if status.startswith("Exited") and not exited_ok:
+            failed.append(name)
+    return failed
+
+
+def up(base: list[str], project: str, timeout_s: float) -> None:
+    """`podman-compose up -d`, failing fast: podman-compose waits on a dependency's condition for ever, so a
+    service that exits at start (a missing module, a bad setting) would otherwise hold it until the timeout."""
+    process = subprocess.Popen([*base, "up", "-d", "--no-build"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)  # fmt: skip
+    deadline = time.monotonic() + timeout_s
+    try:
+        while process.poll() is None:
+            failed = failed_containers(project)
+            if failed:
+                raise RuntimeError(f"exited during start-up: {', '.join(failed)}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"podman-compose up did not finish in {timeout_s:.0f} s")
+            time.sleep(3)
+        output = process.stdout.read() if process.stdout else ""
+        if process.returncode:
+            raise RuntimeError(f"podman-compose up exited {process.returncode}:\n{output[-3000:]}")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 def infer(model: str, ca: str) -> dict:
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
@@ -51,7 +90,7 @@ def main(plan_path: str, result_path: str) -> None:
     started = time.monotonic()
     try:
         sh("ip", "link", "set", "lo", "up")
-        sh(*base, "up", "-d", "--no-build", timeout=900)
+        up(base, project, timeout_s=600)
         result["up_s"] = round(time.monotonic() - started, 1)
         mountpoint = sh("podman", "volume", "inspect", f"{project}_certs", "--format", "{{.Mountpoint}}").stdout.strip()
         ca = f"{mountpoint}/gateway/ca.crt"

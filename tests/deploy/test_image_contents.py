@@ -25,10 +25,14 @@ MODULES = {
     "gateway": ["aiworks.gateway.server", "aiworks.gateway.auth", "aiworks.gateway.limits", "aiworks.gateway.metering",
                 "aiworks.kube.secrets", "aiworks.kube.check", "aiworks.probe", "aiworks.security.certs",
                 "redis.asyncio"],
-    "scheduler": ["aiworks.scheduler.server", "aiworks.probe"],
+    # Imported only when a setting asks for them: traffic policies in Redis (the chart's default with
+    # several schedulers), the LLM backend for `backend: "llm"` models.
+    "scheduler": ["aiworks.scheduler.server", "aiworks.scheduler.traffic_store", "aiworks.core.redis_client",
+                  "aiworks.probe"],
     "runtime": ["aiworks.runtime.server", "aiworks.runtime.onnxruntime_backend", "aiworks.runtime.triton_backend",
                 "aiworks.storage.fetch", "aiworks.storage.s3", "aiworks.storage.gcs", "aiworks.demo.models",
-                "sklearn.linear_model", "sklearn.neural_network", "skl2onnx", "aiworks.probe"],
+                "sklearn.linear_model", "sklearn.neural_network", "skl2onnx", "aiworks.probe",
+                "aiworks.runtime.llm_backend", "tokenizers"],
     "cache": ["aiworks.cache.server", "aiworks.cache.redis_store", "redis.asyncio", "aiworks.probe"],
     "monitor": ["aiworks.monitor.server", "aiworks.monitor.k8s", "kubernetes.client", "kubernetes.config"],
 }
