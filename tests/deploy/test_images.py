@@ -113,8 +113,9 @@ def test_compose_serves_inferences_with_podman(images: dict[str, str], tmp_path:
     assert "error" not in found, json.dumps(found, indent=1)[-8000:]
     for model, classes in (("iris", 3), ("digits", 10)):
         labels = found[model]
+        # The label output is [N, 1], as Triton's classifiers answer (one row per input row).
         assert labels["http"] == labels["grpc"] and len(labels["http"]) == 2, labels
-        assert all(0 <= label < classes for label in labels["http"])
+        assert all(len(row) == 1 and 0 <= row[0] < classes for row in labels["http"]), labels
     for name in ("gateway", "cache", "monitor"):
         assert found[f"{name}_heavy"] == "False False", f"{name}'s image holds onnxruntime or torch"
     print(f"compose up {found['up_s']} s, iris answered at {found['iris_s']} s, digits at {found['digits_s']} s")
