@@ -2,7 +2,7 @@
 # Builds a local base image from Debian's packages (no image registry needed) and loads it into the
 # container engine: what the image tests use as PYTHON_IMAGE, and the Redis and Prometheus images the
 # compose file names. Cached: the root filesystem tarball is kept under .cache/images/, keyed by the
-# suite and package list, so later runs only import it.
+# suite and package list, so later runs only import it, and nothing is built when the engine has the image.
 #
 #   scripts/build-base-image.sh python       -> prints localhost/aiworks-python:<key>
 #   scripts/build-base-image.sh redis        -> localhost/aiworks-redis:<key>
@@ -29,6 +29,11 @@ TARBALL="$CACHE/$KIND-$SUITE-$KEY.tar"
 IMAGE="localhost/aiworks-$KIND:$KEY"
 MIRROR=${AIWORKS_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
+# The engine already has it (the key names its contents): nothing to build.
+if $ENGINE image exists "$IMAGE" 2>/dev/null || $ENGINE image inspect "$IMAGE" >/dev/null 2>&1; then
+    echo "$IMAGE"
+    exit 0
+fi
 mkdir -p "$CACHE"
 if [ ! -s "$TARBALL" ]; then
     echo "building $TARBALL from Debian $SUITE: $PACKAGES" >&2
