@@ -61,6 +61,7 @@ from aiworks.gateway.tenancy import PRIORITY_CLAMPED, demo_config, load_tenancy,
 from aiworks.runtime.client import Work, outstanding_compute_s
 from aiworks.scheduler.client import Routing, SchedulerClient
 from aiworks.security.audit import AuditLog
+from aiworks.security.audit_redis import RedisStreamSink
 
 log = logging.getLogger(__name__)
 
@@ -98,13 +99,19 @@ class Tenancy:
         """Read the tenants, API keys, JWT key and audit key files the settings name; errors name the file."""
         config = load_tenancy(settings.tenants_file, settings.api_keys_file)
         audit = None
-        if settings.audit_log is not None:
+        if settings.audit_log is not None or settings.audit_sink == "redis":
             key = None
             if settings.audit_key_file is not None:
                 key = Path(settings.audit_key_file).read_bytes().strip()
                 if not key:
                     raise InvalidArgument(f"audit key file {settings.audit_key_file} is empty")
-            audit = AuditLog(settings.audit_log, key=key, flush_interval_s=settings.audit_flush_interval_s)
+            sink = None
+            if settings.audit_sink == "redis":
+                if not settings.redis_url:
+                    raise InvalidArgument("audit_sink redis needs redis_url (AIWORKS_GATEWAY_REDIS_URL)")
+                sink = RedisStreamSink(settings.redis_url, writer=settings.audit_writer, stream=settings.audit_stream)
+            audit = AuditLog(None if sink else settings.audit_log, sink=sink, key=key,
+                             flush_interval_s=settings.audit_flush_interval_s)  # fmt: skip
         return cls(
             auth=Authenticator.from_files(config, settings.jwt_key_file),
             filters=InputFilter(

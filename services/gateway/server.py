@@ -52,7 +52,7 @@ async def _start_tenancy(settings: GatewaySettings) -> Tenancy:
         "tenancy: %s; limits and usage %s; audit log %s",
         "demo mode (no tenants file)" if tenancy.demo_mode else f"tenants from {settings.tenants_file}",
         "shared through Redis" if settings.redis_url else "in this process",
-        settings.audit_log or "off",
+        tenancy.audit.name if tenancy.audit else "off",
     )
     return tenancy
 

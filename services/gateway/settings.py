@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
@@ -147,4 +148,13 @@ class GatewaySettings(ServiceSettings):
     )
     audit_flush_interval_s: float = Field(
         0.05, gt=0, description="How often audit lines are written and fsynced; a crash loses at most this much."
+    )
+    audit_sink: Literal["file", "redis"] = Field(
+        "file",
+        description="Where the audit chain goes: `file` (audit_log, one per replica) or `redis` (one Redis Stream "
+        "in redis_url that every replica appends to, a chain per replica; `aiworks audit verify --redis-url`).",
+    )
+    audit_stream: str = Field("aiworks:audit", min_length=1, description="The Redis Stream's key (audit_sink redis).")
+    audit_writer: str | None = Field(
+        None, description="This replica's chain name in the stream (audit_sink redis); unset: the hostname (pod name)."
     )

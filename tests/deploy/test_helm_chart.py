@@ -354,3 +354,20 @@ def test_istio_objects_only_behind_the_flag(render: Any) -> None:
 def test_notes_name_the_entry_points(rendered: Rendered) -> None:
     assert f"svc/{RELEASE}-gateway 8000:8000" in rendered.notes
     assert f"helm test {RELEASE}" in rendered.notes
+
+
+def test_audit_sinks(render: Any) -> None:
+    """File: one file per pod in the audit volume. Redis: the pod's chain, named after it, in the release's Redis."""
+    files = render({"gateway": {"audit": {"enabled": True}}}).get("Deployment", f"{RELEASE}-gateway")
+    env = env_of(containers(files)[0])
+    assert env["AIWORKS_GATEWAY_AUDIT_LOG"] == "/var/log/aiworks/audit/$(POD_NAME).jsonl"
+    assert "audit" in {v["name"] for v in files["spec"]["template"]["spec"]["volumes"]}
+    stream = render({"gateway": {"audit": {"enabled": True, "sink": "redis"}}}).get("Deployment", f"{RELEASE}-gateway")
+    env = env_of(containers(stream)[0])
+    assert (env["AIWORKS_GATEWAY_AUDIT_SINK"], env["AIWORKS_GATEWAY_AUDIT_WRITER"]) == ("redis", "$(POD_NAME)")
+    assert "AIWORKS_GATEWAY_AUDIT_LOG" not in env and "AIWORKS_GATEWAY_REDIS_URL" in env
+    assert "audit" not in {v["name"] for v in stream["spec"]["template"]["spec"]["volumes"]}
+    with pytest.raises(Exception, match="needs a Redis"):
+        render({"gateway": {"audit": {"enabled": True, "sink": "redis"}}, "redis": {"enabled": False}})
+    with pytest.raises(Exception, match="sink"):
+        render({"gateway": {"audit": {"enabled": True, "sink": "kafka"}}})

@@ -32,6 +32,7 @@ import jwt
 import numpy as np
 import onnx
 import pytest
+import redis
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -132,7 +133,7 @@ TENANTS = {
 class Gateway:
     http: str  # host:port
     grpc: str
-    audit: Path
+    audit: Path | None  # None: its audit chain is in the Redis Stream
 
     @property
     def base(self) -> str:
@@ -249,7 +250,8 @@ def tenancy(tmp_path_factory):
         b_http, b_grpc = free_port(), free_port()
         env_b = {
             **os.environ, **supervisor.caller_env("gateway"), **shared,
-            "AIWORKS_GATEWAY_AUDIT_LOG": str(work / "audit-b.jsonl"),
+            # B appends its chain to the Redis Stream the replicas share (audit_sink redis).
+            "AIWORKS_GATEWAY_AUDIT_SINK": "redis", "AIWORKS_GATEWAY_AUDIT_WRITER": "gateway-b",
         }  # fmt: skip
         b_log = work / "logs" / "gateway-b.log"
         with open(b_log, "ab") as out:
@@ -263,7 +265,7 @@ def tenancy(tmp_path_factory):
         yield Tenancy(
             supervisor,
             Gateway(f"127.0.0.1:{config.http_port}", f"127.0.0.1:{config.grpc_port}", work / "audit-a.jsonl"),
-            Gateway(f"127.0.0.1:{b_http}", f"127.0.0.1:{b_grpc}", work / "audit-b.jsonl"),
+            Gateway(f"127.0.0.1:{b_http}", f"127.0.0.1:{b_grpc}", None),
             keys,
             redis_url,
             shared,
@@ -605,15 +607,27 @@ def test_audit_log_records_inferences_and_admin_actions_and_verifies(tenancy):
     assert r.status_code == 403
     r = requests.post(f"{a.base}/v2/repository/models/plain/load", headers=bearer(keys["ops"]), timeout=120)
     assert r.status_code == 200, r.text
+    b = tenancy.b
+    assert infer(b, "echo", text_body("for the stream"), key=keys["alice"], headers={"x-request-id": request_id + "-b"}).ok
     time.sleep(0.3)  # lines reach the disk within 50 ms
 
-    for gateway in (tenancy.a, tenancy.b):
-        result = verify_audit_log(gateway.audit)
-        assert result.ok, result.summary()
-        assert result.records > 0
-        done = subprocess.run([sys.executable, "-m", "aiworks", "audit", "verify", str(gateway.audit)],
-                              capture_output=True, text=True)  # fmt: skip
-        assert done.returncode == 0 and done.stdout.startswith("ok:"), done.stdout + done.stderr
+    result = verify_audit_log(a.audit)
+    assert result.ok, result.summary()
+    assert result.records > 0
+    done = subprocess.run([sys.executable, "-m", "aiworks", "audit", "verify", str(a.audit)],
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.startswith("ok:"), done.stdout + done.stderr
+    # B's chain, in the shared stream, verified by the same command.
+    done = subprocess.run([sys.executable, "-m", "aiworks", "audit", "verify", "-o", "json"],
+                          env={**os.environ, "AIWORKS_AUDIT_REDIS_URL": tenancy.redis_url},
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["ok"] and report["writers"]["gateway-b"]["records"] > 0, report
+    lines = [f[b"line"] for _, f in redis.Redis.from_url(tenancy.redis_url).xrange("aiworks:audit")]
+    [in_stream] = [json.loads(x) for x in lines if json.loads(x)["request_id"] == request_id + "-b"]
+    assert (in_stream["tenant"], in_stream["model"], in_stream["status"]) == ("alice", "echo", "ok")
+    assert not [x for x in lines if b"for the stream" in x]
 
     text = a.audit.read_text()
     assert "secret payload" not in text and "user@example.com" not in text

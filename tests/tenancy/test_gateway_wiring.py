@@ -48,6 +48,17 @@ def test_settings_build_every_piece(write_yaml, tmp_path, monkeypatch):
     assert tenancy.audit is not None and tenancy.audit.path.name == "audit.jsonl"
 
 
+def test_the_redis_audit_sink_needs_redis_and_names_the_writer(monkeypatch):
+    monkeypatch.setenv("AIWORKS_GATEWAY_AUDIT_SINK", "redis")
+    with pytest.raises(InvalidArgument, match="audit_sink redis needs redis_url"):
+        Tenancy.from_settings(GatewaySettings(scheduler_address="127.0.0.1:1"))
+    monkeypatch.setenv("AIWORKS_GATEWAY_REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("AIWORKS_GATEWAY_AUDIT_WRITER", "gateway-7")
+    tenancy = Tenancy.from_settings(GatewaySettings(scheduler_address="127.0.0.1:1"))
+    assert tenancy.audit is not None and tenancy.audit.path is None
+    assert tenancy.audit.name == "redis stream aiworks:audit (writer gateway-7)"
+
+
 def test_a_bad_tenants_file_stops_the_gateway_naming_it(write_yaml):
     bad = write_yaml("tenants.yaml", {"tenants": [{"id": "acme", "requests_per_second": -1}]})
     env = {**os.environ, "AIWORKS_GATEWAY_TENANTS_FILE": str(bad)}

@@ -18,6 +18,10 @@ in memory (microseconds) and a background task writes batches from a worker
 thread, so a slow disk never blocks a request. One process writes one file
 (an exclusive ``flock`` enforces it); a restarted writer continues the chain
 from the file's last line.
+
+Where the lines go is a sink: :class:`FileSink` (above) by default, or a Redis
+Stream shared by several replicas (:mod:`aiworks.security.audit_redis`), one
+chain per writer.
 """
 
 from __future__ import annotations
@@ -162,45 +166,32 @@ def _read_tail(fd: int, path: Path) -> bytes | None:
     return buf
 
 
-class AuditLog:
-    """An append-only, hash-chained audit file, safe to call from the event loop and from threads.
+class AuditWriteError(OSError):
+    """A sink took only the first ``written`` bytes of a batch; the rest is written again later."""
 
-    ``await start()`` opens the file (taking an exclusive lock) and resumes the
-    chain; ``record`` returns the chained line at once; lines reach the disk
-    within ``flush_interval_s``, or at ``await flush()`` / ``await close()``.
-    """
+    def __init__(self, message: str, written: int = 0):
+        super().__init__(message)
+        self.written = written
 
-    def __init__(
-        self, path: Path | str, *, key: bytes | None = None, flush_interval_s: float = 0.05, fsync: bool = True
-    ):
+
+class FileSink:
+    """Lines appended to one file that this process holds an exclusive ``flock`` on."""
+
+    def __init__(self, path: Path | str, *, fsync: bool = True):
         self.path = Path(path)
-        self._key = key
-        self._flush_interval_s = flush_interval_s
+        self.name = str(self.path)
         self._fsync = fsync
-        self._lock = threading.Lock()  # seq, prev and the buffer change together
-        self._buffer: list[bytes] = []
-        self._unwritten = b""  # the tail of a batch a failed write left behind
-        self._seq = 0
-        self._prev = GENESIS
         self._fd: int | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._wake: asyncio.Event | None = None
-        self._write_lock = threading.Lock()  # one batch on its way to the disk at a time, in chain order
-        self._closing = False
-        self._task: asyncio.Task | None = None
 
     @property
-    def head(self) -> tuple[int, str]:
-        """(seq, hash) of the last line chained, written or not."""
-        with self._lock:
-            return self._seq, self._prev
+    def is_open(self) -> bool:
+        return self._fd is not None
 
-    # -- life cycle
-
-    def open(self) -> None:
-        """Open and lock the file, and continue its chain (blocking; :meth:`start` runs it in a thread)."""
+    def open(self, key: bytes | None) -> tuple[int, str]:
+        """Open and lock the file; the (seq, hash) its chain continues from."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o640)
+        head = (0, GENESIS)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -212,30 +203,102 @@ class AuditLog:
                 raise
             tail = _read_tail(fd, self.path)
             if tail is not None:
-                try:
-                    last = json.loads(tail)
-                    seq, stored = int(last["seq"]), str(last["hash"])
-                except (ValueError, KeyError, TypeError) as exc:
-                    raise AuditChainError(
-                        f"the last line of audit log {self.path} is not an audit record ({exc}); "
-                        f"check it with `aiworks audit verify {self.path}`"
-                    ) from None
-                if chain_hash(last, self._key) != stored:
-                    raise AuditChainError(
-                        f"the last line of audit log {self.path} does not match its hash (edited, or written with "
-                        f"another audit key); check it with `aiworks audit verify {self.path}`"
-                    )
-                self._seq, self._prev = seq, stored
+                head = check_head_record(tail, key, where=f"the last line of audit log {self.path}",
+                                         verify_hint=f"aiworks audit verify {self.path}")  # fmt: skip
         except BaseException:
             os.close(fd)
             raise
         self._fd = fd
+        return head
+
+    def write(self, data: bytes) -> None:
+        assert self._fd is not None
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self._fd, view) :]
+            if self._fsync:
+                os.fsync(self._fd)
+        except OSError as exc:
+            raise AuditWriteError(f"writing audit log {self.path}: {exc}", len(data) - len(view)) from exc
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the flock
+            self._fd = None
+
+
+def check_head_record(raw: bytes, key: bytes | None, *, where: str, verify_hint: str) -> tuple[int, str]:
+    """(seq, hash) of the record a chain continues from, after checking it is one and is intact."""
+    try:
+        last = json.loads(raw)
+        seq, stored = int(last["seq"]), str(last["hash"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise AuditChainError(f"{where} is not an audit record ({exc}); check it with `{verify_hint}`") from None
+    if chain_hash(last, key) != stored:
+        raise AuditChainError(
+            f"{where} does not match its hash (edited, or written with another audit key); "
+            f"check it with `{verify_hint}`"
+        )
+    return seq, stored
+
+
+class AuditLog:
+    """An append-only, hash-chained audit file, safe to call from the event loop and from threads.
+
+    ``await start()`` opens the file (taking an exclusive lock) and resumes the
+    chain; ``record`` returns the chained line at once; lines reach the disk
+    within ``flush_interval_s``, or at ``await flush()`` / ``await close()``.
+    """
+
+    def __init__(
+        self,
+        path: Path | str | None = None,
+        *,
+        key: bytes | None = None,
+        flush_interval_s: float = 0.05,
+        fsync: bool = True,
+        sink: FileSink | Any = None,
+    ):
+        if (path is None) == (sink is None):
+            raise ValueError("an audit log needs a path or a sink, not both")
+        self._sink = sink if sink is not None else FileSink(path, fsync=fsync)
+        self.name = self._sink.name
+        self._key = key
+        self._flush_interval_s = flush_interval_s
+        self._lock = threading.Lock()  # seq, prev and the buffer change together
+        self._buffer: list[bytes] = []
+        self._unwritten = b""  # the tail of a batch a failed write left behind
+        self._seq = 0
+        self._prev = GENESIS
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._write_lock = threading.Lock()  # one batch on its way to the disk at a time, in chain order
+        self._closing = False
+        self._task: asyncio.Task | None = None
+
+    @property
+    def path(self) -> Path | None:
+        """The file written, when the sink is a file."""
+        return getattr(self._sink, "path", None)
+
+    @property
+    def head(self) -> tuple[int, str]:
+        """(seq, hash) of the last line chained, written or not."""
+        with self._lock:
+            return self._seq, self._prev
+
+    # -- life cycle
+
+    def open(self) -> None:
+        """Open the sink and continue its chain (blocking; :meth:`start` runs it in a thread)."""
+        self._seq, self._prev = self._sink.open(self._key)
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         await asyncio.to_thread(self.open)
-        self._task = asyncio.create_task(self._flusher(), name=f"audit-flusher:{self.path.name}")
+        self._task = asyncio.create_task(self._flusher(), name="audit-flusher")
 
     async def close(self) -> None:
         """Stop the background writer after a last batch, write what is left, and close the file."""
@@ -250,13 +313,12 @@ class AuditLog:
     def close_sync(self) -> None:
         """Write what is buffered and close, without an event loop."""
         with self._write_lock:
-            if self._fd is None:
+            if not self._sink.is_open:
                 return
             try:
                 self._write(self._take())
             finally:
-                os.close(self._fd)  # releases the flock
-                self._fd = None
+                self._sink.close()
 
     async def __aenter__(self) -> AuditLog:
         await self.start()
@@ -271,8 +333,8 @@ class AuditLog:
         """Chain one event (see :func:`make_event` for the fields) and queue it for writing."""
         event = make_event(kind, **fields)
         with self._lock:
-            if self._fd is None:
-                raise AIWorksError(f"audit log {self.path} is not open; call start() first")
+            if not self._sink.is_open:
+                raise AIWorksError(f"audit log {self.name} is not open; call start() first")
             record = {"seq": self._seq + 1, **event, "prev": self._prev}
             record["hash"] = chain_hash(record, self._key)
             ordered = {k: record[k] for k in FIELDS}
@@ -335,26 +397,26 @@ class AuditLog:
     def _write(self, data: bytes) -> None:
         if not data:
             return
-        view = memoryview(data)
         try:
-            while view:
-                view = view[os.write(self._fd, view) :]
-            if self._fsync:
-                os.fsync(self._fd)
-        except BaseException:
+            self._sink.write(data)
+        except AuditWriteError as exc:
             with self._lock:  # keep the rest, in order, ahead of newer lines
-                self._unwritten = bytes(view) + self._unwritten
+                self._unwritten = data[exc.written :] + self._unwritten
+            raise
+        except BaseException:
+            with self._lock:
+                self._unwritten = data + self._unwritten
             raise
 
     def flush_sync(self) -> None:
         """Write every line recorded so far, blocking (for callers without an event loop)."""
         with self._write_lock:
-            if self._fd is not None:
+            if self._sink.is_open:
                 self._write(self._take())
 
     async def flush(self) -> None:
         """Write every line recorded so far (from a worker thread)."""
-        if self._fd is not None:
+        if self._sink.is_open:
             await asyncio.to_thread(self.flush_sync)
 
     async def _flusher(self) -> None:
@@ -367,7 +429,7 @@ class AuditLog:
             try:
                 await self.flush()
             except OSError:
-                log.exception("writing audit log %s failed; the lines stay buffered", self.path)
+                log.exception("writing audit log %s failed; the lines stay buffered", self.name)
                 if not self._closing:
                     await asyncio.sleep(max(self._flush_interval_s, 1.0))
                     self._wake.set()
@@ -396,7 +458,7 @@ class VerifyResult:
         return f"FAILED: {self.file}, line {self.bad_line}: {self.reason}"
 
 
-def _check_line(raw: bytes, expected_seq: int, expected_prev: str, key: bytes | None) -> tuple[dict | None, str | None]:
+def check_line(raw: bytes, expected_seq: int, expected_prev: str, key: bytes | None) -> tuple[dict | None, str | None]:
     if not raw.strip():
         return None, "blank line inside the log"
     try:
@@ -443,7 +505,7 @@ def verify_audit_log(paths: Path | str | Iterable[Path | str], *, key: bytes | N
             for number, raw in enumerate(handle, start=1):
                 if not raw.endswith(b"\n"):
                     return VerifyResult(False, count, seq, prev, path, number, "incomplete last line (no newline)")
-                record, reason = _check_line(raw, seq + 1, prev, key)
+                record, reason = check_line(raw, seq + 1, prev, key)
                 if reason is not None:
                     return VerifyResult(False, count, seq, prev, path, number, reason)
                 assert record is not None

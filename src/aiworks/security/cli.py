@@ -85,6 +85,14 @@ def cmd_audit_verify(args) -> None:
     from aiworks.core.output import emit, plain
     from aiworks.security.audit import verify_audit_log
 
+    redis_url = args.redis_url or os.environ.get("AIWORKS_AUDIT_REDIS_URL")
+    if redis_url:
+        if args.files or args.expect_head:
+            _fail("give files or --redis-url, not both (the stream's heads replace --expect-head)")
+        _verify_audit_stream(args, redis_url)
+        return
+    if not args.files:
+        _fail("name the audit log file(s), or give --redis-url for the shared stream")
     result = verify_audit_log([Path(f) for f in args.files], key=_audit_key(args))
     lines, doc = [result.summary()], plain(result)
     cut = bool(args.expect_head and result.ok and result.head_hash != args.expect_head)
@@ -97,6 +105,23 @@ def cmd_audit_verify(args) -> None:
         doc.update(ok=False, reason=why, expected_head=args.expect_head)
     emit(doc, args.output, lambda: "\n".join(lines))
     if cut or not result.ok:
+        raise SystemExit(EXIT_FAILED_CHECK)
+
+
+def _verify_audit_stream(args, url: str) -> None:
+    import redis
+
+    from aiworks.core.output import emit, plain
+    from aiworks.security.audit_redis import verify_audit_stream
+
+    try:
+        result = verify_audit_stream(url, stream=args.stream, key=_audit_key(args))
+    except redis.RedisError as exc:
+        _fail(f"cannot read the audit stream {args.stream}: {exc}")
+    doc = {"stream": result.stream, "ok": result.ok, "problems": result.problems,
+           "writers": {w: plain(r) for w, r in result.writers.items()}}  # fmt: skip
+    emit(doc, args.output, result.summary)
+    if not result.ok:
         raise SystemExit(EXIT_FAILED_CHECK)
 
 
@@ -282,9 +307,14 @@ def add_security_parsers(sub, *, model_command: str = "model") -> None:
         formatter_class=fmt,
         description="Walk the hash chain of one audit log, or of rotated files given oldest first.\n"
         "Prints the head (last seq and hash) when intact, else the first bad line and why.\n"
-        "Exit status 0: intact; 1: tampered. Lines cut off the end are only caught with --expect-head.",
+        "Exit status 0: intact; 1: tampered. Lines cut off the end are only caught with --expect-head.\n"
+        "With --redis-url: the shared stream the replicas write to (audit_sink redis), each writer's chain,\n"
+        "and each writer's head, so records cut off the end are caught too.",
     )
-    v.add_argument("files", nargs="+", metavar="FILE", help="audit log file(s), oldest first")
+    v.add_argument("files", nargs="*", metavar="FILE", help="audit log file(s), oldest first")
+    v.add_argument("--redis-url", help="verify the Redis Stream at this URL instead of files (the password from "
+                   "the URL; prefer AIWORKS_AUDIT_REDIS_URL in the environment to keep it out of `ps`)")  # fmt: skip
+    v.add_argument("--stream", default="aiworks:audit", help="the stream's key (default: %(default)s)")
     g = v.add_mutually_exclusive_group()
     g.add_argument("--key-file", help="file holding the audit HMAC key, if the log was written with one")
     g.add_argument("--key-env", help="environment variable holding the audit HMAC key")
