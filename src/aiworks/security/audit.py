@@ -428,7 +428,7 @@ class AuditLog:
                 await asyncio.sleep(self._flush_interval_s)  # gather a batch
             try:
                 await self.flush()
-            except OSError:
+            except (OSError, AIWorksError):  # the disk, Redis away, or a chain another writer moved
                 log.exception("writing audit log %s failed; the lines stay buffered", self.name)
                 if not self._closing:
                     await asyncio.sleep(max(self._flush_interval_s, 1.0))
