@@ -117,3 +117,13 @@ async def test_a_cancelled_waiter_leaves_no_hole():
     assert gate.in_flight == 1
     gate.release()
     assert gate.in_flight == 0
+
+
+def test_after_a_cut_the_average_starts_afresh_so_one_burst_cuts_once():
+    pacer = Pacer(16, initial=16, tolerance=2.0, smoothing=0.2)
+    calm(pacer, 16, 0.010)
+    while pacer.cuts == 0:  # a burst: the average climbs past 20 ms
+        pacer.answered(0.100)
+    assert pacer.allowed == 8
+    calm(pacer, 16, 0.011)  # the load is gone: a stale average (still near 20 ms) would cut again
+    assert pacer.cuts == 1 and pacer.allowed > 8

@@ -13,9 +13,11 @@ so it paces itself on what it sees, as TCP's congestion control does:
   per round of answers while it is calm, up to ``ceiling`` (the runner's
   ``concurrency``).
 
-A cut happens at most once per round (``limit`` answers since the last one):
-the answers of requests sent before a cut describe the load before it. The
-limit never goes under one request in flight, so a job always goes on.
+A cut happens at most once per round (``limit`` answers since the last one),
+and the smoothed latency starts afresh after it: the answers of requests
+sent before a cut describe the load before it, and a stale average would
+cut again and again on one burst. The limit never goes under one request in
+flight, so a job always goes on.
 
 :class:`Pacer` is the arithmetic, with no clock and no I/O;
 :class:`PacedGate` holds requests back to the pacer's limit.
@@ -78,6 +80,7 @@ class Pacer:
             return
         self.limit = max(1.0, self.limit * self.decrease)
         self._since_cut = 0
+        self.smoothed_s = 0.0
         self.cuts += 1
 
 
