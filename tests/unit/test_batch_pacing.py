@@ -14,6 +14,8 @@ def calm(pacer: Pacer, answers: int, latency_s: float = 0.010) -> None:
 
 def test_it_grows_by_about_one_request_per_round_while_calm_up_to_the_ceiling():
     pacer = Pacer(16, initial=2)
+    calm(pacer, 5)  # the average's warm-up: no baseline yet, no change
+    assert pacer.allowed == 2 and pacer.min_latency_s == pytest.approx(0.010)
     calm(pacer, 3)
     assert pacer.allowed == 3  # 2 + 1/2 + 1/2.5 + 1/2.9: about one per round of answers
     calm(pacer, 4)
@@ -58,6 +60,14 @@ def test_a_single_slow_answer_is_smoothed_away():
     assert pacer.cuts == 0
 
 
+def test_one_lucky_answer_does_not_become_the_baseline():
+    pacer = Pacer(16, initial=8, tolerance=2.0, smoothing=0.2)
+    pacer.answered(0.001)  # far below what the suite does: a raw minimum would make every later answer "busy"
+    calm(pacer, 40, 0.010)
+    assert pacer.cuts == 0 and pacer.allowed > 8
+    assert pacer.min_latency_s > 0.005
+
+
 def test_a_fixed_pacer_keeps_the_ceiling():
     pacer = Pacer(16, adaptive=False)
     assert pacer.allowed == 16
@@ -94,7 +104,7 @@ async def test_the_gate_holds_requests_to_the_limit_and_follows_its_changes():
         finally:
             gate.release()
 
-    tasks = [asyncio.ensure_future(request(0.01)) for _ in range(6)]
+    tasks = [asyncio.ensure_future(request(0.01)) for _ in range(12)]
     await started.wait()
     for _ in range(10):
         await asyncio.sleep(0)

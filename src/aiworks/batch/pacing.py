@@ -3,10 +3,12 @@
 The runner is a plain client of the gateway and sees only its own requests,
 so it paces itself on what it sees, as TCP's congestion control does:
 
-- the latency of each answered request, smoothed, against the lowest latency
-  seen so far (the latency of an idle suite). When the smoothed latency goes
-  above ``tolerance`` × that minimum, the suite is busy, with online traffic
-  or with this job: the limit is cut to ``decrease`` × itself;
+- the latency of each answered request, smoothed, against the lowest
+  smoothed latency seen so far (the latency of a quiet suite; the minimum of
+  the average, not of single answers, so one lucky answer does not set a
+  baseline nothing can meet again). When the smoothed latency goes above
+  ``tolerance`` × that minimum, the suite is busy, with online traffic or
+  with this job: the limit is cut to ``decrease`` × itself;
 - a 429 or 503 answer (a full queue, a quota, a replica not ready) cuts it
   the same way;
 - otherwise each answer adds 1 / limit, so the limit grows by one request
@@ -29,6 +31,8 @@ import asyncio
 import math
 from collections import deque
 
+_WARMUP = 5  # answers the average needs (after a start or a cut) before it is compared or kept as the minimum
+
 
 class Pacer:
     """The AIMD limit of requests in flight, fed with each request's outcome."""
@@ -48,6 +52,7 @@ class Pacer:
         self.smoothed_s = 0.0
         self.cuts = 0
         self._since_cut = 0
+        self._averaged = 0  # answers in the smoothed latency since it started afresh
 
     @property
     def allowed(self) -> int:
@@ -58,12 +63,15 @@ class Pacer:
         """A request was answered (200) after ``latency_s``."""
         if not self.adaptive:
             return
-        if latency_s < self.min_latency_s:
-            self.min_latency_s = latency_s
         smoothed = self.smoothed_s
-        self.smoothed_s = latency_s if not smoothed else smoothed + self.smoothing * (latency_s - smoothed)
+        self.smoothed_s = smoothed = latency_s if not smoothed else smoothed + self.smoothing * (latency_s - smoothed)
         self._since_cut += 1
-        if self.smoothed_s > self.tolerance * self.min_latency_s:
+        self._averaged += 1
+        if self._averaged < _WARMUP:
+            return
+        if smoothed < self.min_latency_s:
+            self.min_latency_s = smoothed
+        if smoothed > self.tolerance * self.min_latency_s:
             self._cut()
         elif self.limit < self.ceiling:
             self.limit = min(float(self.ceiling), self.limit + 1.0 / self.limit)
@@ -81,6 +89,7 @@ class Pacer:
         self.limit = max(1.0, self.limit * self.decrease)
         self._since_cut = 0
         self.smoothed_s = 0.0
+        self._averaged = 0
         self.cuts += 1
 
 
