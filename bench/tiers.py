@@ -9,7 +9,15 @@ request):
   job         a ``--rows`` line batch job with nothing else running: rows/s from its submission
               to its end as the client sees it (polling every 0.1 s), against the online loop's
               rows/s at the runner's concurrency (``--job-concurrency`` clients, same duration);
-  both        the online loop again while a job of the same size runs: online p99 against ``online``.
+  both        the online loop again while a job of the same size runs: online p99 against ``online``,
+              and the job's rows/s against ``job``.
+
+Printed as ratios too: ``online_p99_beside_vs_alone`` (the issue's target:
+at most 1.15), ``job_vs_online_throughput`` (target: at least 0.8) and
+``job_beside_vs_alone``. The runner's AIMD limit of requests in flight is
+read from its /metrics at the end of each job phase. ``--unguarded`` runs
+the same with the protection off (``AIWORKS_RUNTIME_BATCH_SHARE_WHEN_ONLINE=1``,
+``AIWORKS_BATCH_ADAPTIVE=false``), for the before/after comparison.
 
 The issue's targets (a 200,000-row job, online p99 within 15 % at half the
 suite's capacity, job ≥ 80 % of online throughput) need a quiet machine and
@@ -17,7 +25,7 @@ an open-loop online load; this script is the measurement they will grow
 from. Prints one JSON object.
 
 Usage: python bench/tiers.py [--rows 5000] [--duration-s 10] [--online-concurrency 2] [--job-concurrency 16]
-       [--replicas 1] [--repository DIR]
+       [--replicas 1] [--repository DIR] [--unguarded]
 """
 
 from __future__ import annotations
@@ -103,6 +111,55 @@ def _job_rate(doc: dict, submitted: float) -> float:
     return round(doc["request_counts"]["completed"] / (time.monotonic() - submitted), 1)
 
 
+def _runner_limit(port: int) -> float | None:
+    """The runner's AIMD limit of requests in flight now, from its /metrics."""
+    try:
+        text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    except requests.RequestException:
+        return None
+    for line in text.splitlines():
+        if line.startswith("aiworks_batch_in_flight_limit "):
+            return float(line.split()[-1])
+    return None
+
+
+def _completed(base: str, key: str, batch_id: str) -> int:
+    headers = {"authorization": f"Bearer {key}"}
+    return requests.get(f"{base}/v1/batches/{batch_id}", headers=headers, timeout=10).json()["request_counts"][
+        "completed"
+    ]
+
+
+def _wait_limit(base: str, key: str, batch_id: str, port: int) -> tuple[dict, list[float], float | None]:
+    """Wait for the job's end as :func:`_wait`, reading the runner's limit about once a second meanwhile.
+
+    Also the job's steady rows/s: from the first progress seen to the last
+    line, so pick-up and the output files are not in it.
+    """
+    limits: list[float] = []
+    last = 0.0
+    first: tuple[float, int] | None = None
+    while True:
+        headers = {"authorization": f"Bearer {key}"}
+        doc = requests.get(f"{base}/v1/batches/{batch_id}", headers=headers, timeout=10).json()
+        completed = doc["request_counts"]["completed"]
+        if first is None and completed:
+            first = (time.monotonic(), completed)
+        if doc["status"] in ("completed", "failed", "cancelled", "expired", "finalizing"):
+            steady = None
+            if first is not None and time.monotonic() > first[0]:
+                steady = round((completed - first[1]) / (time.monotonic() - first[0]), 1)
+            if doc["status"] == "finalizing":
+                doc = _wait(base, key, batch_id)
+            return doc, limits, steady
+        if time.monotonic() - last >= 1.0:
+            last = time.monotonic()
+            limit = _runner_limit(port)
+            if limit is not None:
+                limits.append(limit)
+        time.sleep(0.1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=5000)
@@ -111,6 +168,7 @@ def main() -> None:
     parser.add_argument("--job-concurrency", type=int, default=16)
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--repository", help="a prebuilt demo repository (default: built in a temporary folder)")
+    parser.add_argument("--unguarded", action="store_true", help="no runtime share rule and no runner pacing")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="aiworks-tiers-"))
@@ -127,6 +185,8 @@ def main() -> None:
     env = {"AIWORKS_GATEWAY_TENANTS_FILE": str(tenants), "AIWORKS_GATEWAY_REDIS_URL": redis_url,
            "AIWORKS_GATEWAY_BATCH_FILES_URL": str(work / "files"),
            "AIWORKS_GATEWAY_LIMITS_TIMEOUT_S": "0.5"}  # fmt: skip
+    if args.unguarded:
+        env["AIWORKS_RUNTIME_BATCH_SHARE_WHEN_ONLINE"] = "1"
     config = SuiteConfig.on_free_ports(model_repository=repository, log_dir=work / "logs", replicas=args.replicas,
                                        cache=False, extra_env=env)  # fmt: skip
     supervisor = Supervisor(config)
@@ -134,10 +194,14 @@ def main() -> None:
     try:
         supervisor.start()
         base = f"http://127.0.0.1:{config.http_port}"
+        metrics_port = free_port()
+        runner_env = {**os.environ, "AIWORKS_BATCH_POLL_INTERVAL_S": "0.1"}
+        if args.unguarded:
+            runner_env["AIWORKS_BATCH_ADAPTIVE"] = "false"
         runner = subprocess.Popen(
             [sys.executable, "-m", "aiworks", "batch", "runner", "--redis-url", redis_url, "--gateway-url", base,
-             "--concurrency", str(args.job_concurrency)],
-            env={**os.environ, "AIWORKS_BATCH_POLL_INTERVAL_S": "0.1"}, stdout=subprocess.DEVNULL,
+             "--concurrency", str(args.job_concurrency), "--metrics-port", str(metrics_port)],
+            env=runner_env, stdout=subprocess.DEVNULL,
             stderr=open(work / "runner.log", "ab"),  # noqa: SIM115 - closed with the process
         )  # fmt: skip
         _, x, _, _ = digits_split()
@@ -147,18 +211,30 @@ def main() -> None:
         online = asyncio.run(_loop(base, key, rows, args.online_concurrency, args.duration_s))
         online_best = asyncio.run(_loop(base, key, rows, args.job_concurrency, args.duration_s))
         first_id, first_at = _job(base, key, data)
-        job = _wait(base, key, first_id)
+        job, limits_alone, steady_alone = _wait_limit(base, key, first_id, metrics_port)
         job_rate = _job_rate(job, first_at)
         beside_id, beside_at = _job(base, key, data)
+        while not _completed(base, key, beside_id):  # the job runs: now the online loop beside it
+            time.sleep(0.05)
+        began, done_before = time.monotonic(), _completed(base, key, beside_id)
         both = asyncio.run(_loop(base, key, rows, args.online_concurrency, args.duration_s))
-        job_beside = _wait(base, key, beside_id)
+        steady_beside = round((_completed(base, key, beside_id) - done_before) / (time.monotonic() - began), 1)
+        headers = {"authorization": f"Bearer {key}"}
+        status = requests.get(f"{base}/v1/batches/{beside_id}", headers=headers, timeout=10).json()["status"]
+        overlapped = status == "in_progress"  # False: the job ended inside the loop, use more --rows
+        job_beside, limits_beside, _ = _wait_limit(base, key, beside_id, metrics_port)
         beside_rate = _job_rate(job_beside, beside_at)
         result = {
-            "rows": args.rows, "online_alone": online, "online_at_job_concurrency": online_best,
+            "rows": args.rows, "guarded": not args.unguarded, "load_average": [round(v, 2) for v in os.getloadavg()],
+            "online_alone": online, "online_at_job_concurrency": online_best,
             "job_alone_rows_per_s": job_rate,
             "job_vs_online_throughput": round(job_rate / online_best["rows_per_s"], 3),
             "online_beside_job": both, "job_beside_online_rows_per_s": beside_rate,
+            "online_p99_beside_vs_alone": round(both["p99_ms"] / online["p99_ms"], 3),
             "online_p99_change": round(both["p99_ms"] / online["p99_ms"] - 1, 3),
+            "job_ran_through_online_loop": overlapped, "job_steady_alone_rows_per_s": steady_alone, "job_during_online_rows_per_s": steady_beside,
+            "job_beside_vs_alone": round(steady_beside / steady_alone, 3) if steady_alone else None,
+            "runner_in_flight_limit_alone": limits_alone, "runner_in_flight_limit_beside": limits_beside,
             "job_failed_lines": job["request_counts"]["failed"] + job_beside["request_counts"]["failed"],
         }  # fmt: skip
         print(json.dumps(result, indent=2))

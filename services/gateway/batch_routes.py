@@ -116,7 +116,11 @@ def add_batch_routes(app: FastAPI, dataplane: GatewayDataPlane, batch: BatchServ
             raise InvalidArgument("request body must be a JSON object")
         model, version = parse_endpoint(doc.get("endpoint", ""))
         dataplane.authorize(principal, model, version)
-        job = await service.create_batch(principal.tenant_id, doc, caller_credential(request.headers))
+        tenant = principal.tenant
+        job = await service.create_batch(
+            tenant.id, doc, caller_credential(request.headers),
+            requests_per_second=tenant.requests_per_second, burst=tenant.bucket_size if tenant.requests_per_second else 0,
+        )  # fmt: skip
         return _json(batch_object(job))
 
     @app.get("/v1/batches")

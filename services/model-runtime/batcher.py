@@ -14,7 +14,13 @@ three classes with aging). The loop of one :class:`ModelQueue`:
    round waits up to whole milliseconds, so small delays act as 1 ms;
 4. take whole requests, best rank first, up to ``max_batch_size`` rows and
    with the same non-batch shapes and requested outputs; drop those whose
-   deadline has passed; join the input bytes and run the batch;
+   deadline has passed; join the input bytes and run the batch. While online
+   requests are queued or one arrived within ``QueueLimits.online_window_s``,
+   ``batch``-class requests take at most ``batch_share_when_online`` of the
+   batch's rows, and batches of only ``batch`` requests hold at most that
+   share of the execution slots (at least one, and with two or more slots
+   never the last one): the rest wait, so an online request that arrives
+   finds a slot soon (:mod:`aiworks.runtime.queue_state`, "Online first");
 5. split the outputs back by rows, exactly, to each request, with its share
    of the batch's compute time (by rows), which the gateway charges.
 
@@ -65,6 +71,10 @@ class QueueLimits:
     aging_s: float = 0.1
     # Sequences of a stateful model that may wait for a free slot (aiworks.runtime.sequence_batcher).
     max_sequence_backlog: int = 64
+    # Share of a batch's rows and of the execution slots batch-class work may hold while online traffic is about
+    # (1.0: no bound), and how long after the last online request it counts as about.
+    batch_share_when_online: float = 1.0
+    online_window_s: float = 0.1
 
 
 _DEFAULT_LIMITS = QueueLimits()
@@ -108,10 +118,15 @@ class ModelQueue:
         self._target_rows = max(preferred) if (self._batching and preferred) else spec.max_batch_size
         self._delay_s = spec.batching.max_queue_delay_us / 1e6
         self.slots = max(1, spec.instance_count)
-        self.state = QueueState(max_requests=limits.max_requests, max_bytes=limits.max_bytes, aging_s=limits.aging_s)
+        self.state = QueueState(max_requests=limits.max_requests, max_bytes=limits.max_bytes, aging_s=limits.aging_s,
+                                batch_share=limits.batch_share_when_online, online_window_s=limits.online_window_s)  # fmt: skip
+        self._share = limits.batch_share_when_online < 1.0
+        self.batch_slots = batch_slot_cap(self.slots, limits.batch_share_when_online)
         self._arrived = asyncio.Event()
         self._slot_freed = asyncio.Event()
+        self._wake = asyncio.Event()  # an arrival or a finished batch: what a held-back batch request waits for
         self._tasks: set[asyncio.Task] = set()
+        self._batch_tasks: set[asyncio.Task] = set()  # running batches of only batch-class requests
         self.closing = False
         self.batches = 0
         self.rows_done = 0
@@ -186,6 +201,7 @@ class ModelQueue:
                 victim.future.set_exception(self._full("shed from a full queue for a higher-priority request"))
         pending.span = tracing.start_span("runtime queue", attributes=self._span_attributes)
         self._arrived.set()
+        self._wake.set()
         future = pending.future
         try:
             if deadline_s is not None:
@@ -253,7 +269,11 @@ class ModelQueue:
                     await asyncio.wait_for(self._arrived.wait(), remaining)
                 except TimeoutError:
                     break
-        batch, expired = self.state.take(self._max_rows, self._clock())
+        now = self._clock()
+        cap = self.state.batch_rows_cap(self._max_rows, now) if self._share else None
+        if cap is not None and len(self._batch_tasks) >= self.batch_slots:
+            cap = 0  # batch work holds its share of the slots: only online requests may start now
+        batch, expired = self.state.take(self._max_rows, now, cap)
         for entry in expired:
             self.expired += 1
             if not entry.payload.future.done():
@@ -261,15 +281,27 @@ class ModelQueue:
                     DeadlineExceeded("the request's deadline passed while it was queued")
                 )
         if not batch:
+            if cap == 0 and self.state.requests:  # only batch work is queued, held back while online is about
+                quiet_s = self.state.online_quiet_in(now)
+                if quiet_s > 0:
+                    self._wake.clear()
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), quiet_s)
+                    except TimeoutError:
+                        pass
             return
         rows = sum(e.rows for e in batch)
         task = asyncio.get_running_loop().create_task(self._dispatch(batch, rows))
         self._tasks.add(task)
+        if self._share and all(e.priority is Priority.BATCH for e in batch):
+            self._batch_tasks.add(task)
         task.add_done_callback(self._batch_done)
 
     def _batch_done(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
+        self._batch_tasks.discard(task)
         self._slot_freed.set()
+        self._wake.set()
 
     def _fail_all(self, exc: AIWorksError) -> None:
         for pending in self.state.drain():
@@ -371,6 +403,17 @@ class ModelQueue:
         self.closing = True
         self._loop_task.cancel()
         self._fail_all(error or Unavailable("the runtime replica is shutting down"))
+
+
+def batch_slot_cap(slots: int, share: float) -> int:
+    """Execution slots batches of only batch-class requests may hold while online traffic is about.
+
+    ``share`` of ``slots``, rounded down, but at least one (the job goes on)
+    and, with two or more slots, never all of them (an online request finds one).
+    """
+    if share >= 1.0:
+        return slots
+    return 1 if slots <= 1 else max(1, min(slots - 1, int(share * slots)))
 
 
 def _copy(exc: AIWorksError) -> AIWorksError:

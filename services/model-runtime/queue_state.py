@@ -18,6 +18,15 @@ they reach a head, never run.
 **Bounds.** At most ``max_requests`` requests and ``max_bytes`` input bytes
 are queued. A request that does not fit sheds the youngest requests of lower
 classes when that makes room; otherwise it is refused.
+
+**Online first.** Aging orders the queue, but a batch of ``batch`` requests
+that already runs still holds the model while an online request waits. So
+while online (``realtime`` or ``standard``) requests are queued, or one
+arrived within ``online_window_s``, the batch class gets a bounded share:
+:meth:`QueueState.batch_rows_cap` bounds its rows in one batch, and the
+batcher (:mod:`aiworks.runtime.batcher`) bounds the execution slots its
+batches hold. With no online traffic in the window, batch work uses
+everything.
 """
 
 from __future__ import annotations
@@ -50,10 +59,14 @@ class Entry:
 class QueueState:
     """Bounded three-class queue of one model version."""
 
-    def __init__(self, *, max_requests: int, max_bytes: int, aging_s: float):
+    def __init__(self, *, max_requests: int, max_bytes: int, aging_s: float, batch_share: float = 1.0,
+                 online_window_s: float = 0.0):  # fmt: skip
         self.max_requests = max_requests
         self.max_bytes = max_bytes
         self.aging_s = aging_s
+        self.batch_share = batch_share
+        self.online_window_s = online_window_s
+        self.online_seen_s = float("-inf")  # when the last online request was queued
         self._lanes: dict[Priority, deque[Entry]] = {p: deque() for p in Priority}
         self.counts: dict[Priority, int] = {p: 0 for p in Priority}
         self.requests = 0
@@ -66,6 +79,8 @@ class QueueState:
     def admit(self, entry: Entry) -> list[object] | None:
         """Queue ``entry``; return the payloads shed to make room, or None if refused."""
         entry.rank_s = entry.enqueued_s + int(entry.priority) * self.aging_s
+        if entry.priority is not Priority.BATCH:
+            self.online_seen_s = entry.enqueued_s
         over_requests = self.requests + 1 - self.max_requests
         over_bytes = self.nbytes + entry.nbytes - self.max_bytes
         victims: list[Entry] = []
@@ -106,11 +121,17 @@ class QueueState:
                 best = head
         return best
 
-    def take(self, max_rows: int, now_s: float) -> tuple[list[Entry], list[Entry]]:
-        """The next batch (one request when ``max_rows`` is 0), and the expired requests met on the way."""
+    def take(self, max_rows: int, now_s: float, batch_rows: int | None = None) -> tuple[list[Entry], list[Entry]]:
+        """The next batch (one request when ``max_rows`` is 0), and the expired requests met on the way.
+
+        ``batch_rows`` bounds the rows of ``batch``-class requests in it (None:
+        no bound; 0: none at all). A batch that starts with a ``batch``
+        request takes it whole even when it has more rows.
+        """
         expired: list[Entry] = []
         batch: list[Entry] = []
         rows = 0
+        low_rows = 0  # rows of batch-class requests taken
         signature = None
         while True:
             best = None
@@ -123,16 +144,43 @@ class QueueState:
                     continue
                 if batch and (head.signature != signature or rows + head.rows > max_rows):
                     continue
+                if (
+                    batch_rows is not None and p is Priority.BATCH
+                    and (batch_rows <= 0 or (batch and low_rows + head.rows > batch_rows))
+                ):  # fmt: skip
+                    continue
                 if best is None or head.rank_s < best.rank_s:
                     best = head
             if best is None:
                 break
             batch.append(self._pop(best.priority))
             rows += best.rows
+            if best.priority is Priority.BATCH:
+                low_rows += best.rows
             signature = best.signature
             if max_rows <= 0:
                 break
         return batch, expired
+
+    # ---- the batch class's share while online traffic is about ----------------------------
+
+    def online_active(self, now_s: float) -> bool:
+        """Whether online requests are queued or one arrived within ``online_window_s``."""
+        counts = self.counts
+        return (
+            counts[Priority.REALTIME] > 0 or counts[Priority.STANDARD] > 0
+            or now_s - self.online_seen_s < self.online_window_s
+        )  # fmt: skip
+
+    def online_quiet_in(self, now_s: float) -> float:
+        """Seconds until the online window ends with no new online request (0: it has)."""
+        return max(0.0, self.online_seen_s + self.online_window_s - now_s)
+
+    def batch_rows_cap(self, max_rows: int, now_s: float) -> int | None:
+        """Most batch-class rows in the next batch of ``max_rows`` (None: no bound): the share while online is about."""
+        if self.batch_share >= 1.0 or not self.online_active(now_s):
+            return None
+        return max(1, int(self.batch_share * max_rows))
 
     def drain(self) -> list[object]:
         """Remove everything; return the payloads."""

@@ -144,7 +144,7 @@ async def serve(settings: RuntimeSettings) -> None:
         max_load_file_bytes=settings.max_load_file_bytes,
         queue_limits=QueueLimits(
             settings.max_queue_requests, settings.max_queue_bytes, settings.priority_aging_ms / 1e3,
-            settings.max_sequence_backlog,
+            settings.max_sequence_backlog, settings.batch_share_when_online, settings.online_window_ms / 1e3,
         ),
     )
     triton_backend.use_settings(settings)

@@ -74,6 +74,15 @@ class RuntimeSettings(ServiceSettings):
     drain_timeout_s: float = Field(
         30.0, gt=0, description="Longest an unloaded or retired version's queued and running requests may take."
     )
+    batch_share_when_online: float = Field(
+        0.25, gt=0, le=1,
+        description="While online (realtime or standard) requests are queued or arrived within online_window_ms: "
+        "the most of a batch's rows, and of a version's execution slots, batch-class work may take (at least one "
+        "request and one slot); 1 turns the bound off. With no online traffic batch work uses everything.",
+    )  # fmt: skip
+    online_window_ms: float = Field(
+        100.0, ge=0, description="How long after the last online request a version still holds batch work to its share."
+    )
     # For tests only: makes a replica slow on purpose (tests/qos). Leave at 0.
     debug_delay_ms: float = Field(
         0.0, description="TESTS ONLY: extra delay added to every batch, in milliseconds; counted as compute time."

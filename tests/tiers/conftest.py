@@ -53,11 +53,12 @@ class BatchSuite:
 class Runner:
     """One ``aiworks batch runner`` process."""
 
-    def __init__(self, batch: BatchSuite, name: str, env: dict[str, str] | None = None, lease_ttl_s: float = 2.0):
+    def __init__(self, batch: BatchSuite, name: str, env: dict[str, str] | None = None, lease_ttl_s: float = 2.0,
+                 args: tuple[str, ...] = ()):  # fmt: skip
         self.log = batch.work / f"{name}.log"
         command = [
             sys.executable, "-m", "aiworks", "batch", "runner", "--redis-url", batch.redis_url,
-            "--gateway-url", batch.base, "--lease-ttl-s", str(lease_ttl_s),
+            "--gateway-url", batch.base, "--lease-ttl-s", str(lease_ttl_s), *args,
         ]  # fmt: skip
         full_env = {**os.environ, "AIWORKS_BATCH_POLL_INTERVAL_S": "0.1", **(env or {})}
         with self.log.open("ab") as out:

@@ -8,7 +8,7 @@ import pytest
 
 from aiworks.batch.jobs import Job, JobStore
 from aiworks.batch.service import BatchService
-from aiworks.core.errors import InvalidArgument, NotFound
+from aiworks.core.errors import InvalidArgument, NotFound, ResourceExhausted
 
 
 @pytest.fixture
@@ -125,3 +125,20 @@ async def test_a_job_past_its_completion_window_expires_with_every_line_in_the_e
     assert [(e["line"], e["custom_id"], e["error"]["code"]) for e in errors] == [
         (1, "a", "batch_expired"), (2, None, "batch_expired"), (3, None, "batch_expired")
     ]
+
+
+async def test_a_job_over_the_tenants_request_rate_for_its_window_is_refused_at_submission(store, tmp_path):
+    service = BatchService(store, str(tmp_path / "files"))
+    line = b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}]}\n'
+    body = {"endpoint": "/v2/models/digits/versions/1/infer", "completion_window": "1h"}
+    rate = {"requests_per_second": 0.001, "burst": 1}  # 1 + 0.001 x 3600 s = 4 requests in the window
+    five = await service.upload("t", "five.jsonl", "batch", line * 5)
+    with pytest.raises(ResourceExhausted, match=r"5 lines.*requests_per_second 0.001 x 3600 s \+ burst 1 = 4") as err:
+        await service.create_batch("t", {**body, "input_file_id": five.id}, None, **rate)
+    assert err.value.status.http == 429
+    assert await store.active_ids() == []  # nothing queued
+    four = await service.upload("t", "four.jsonl", "batch", line * 3 + line[:-1])  # no final newline: still 4
+    job = await service.create_batch("t", {**body, "input_file_id": four.id}, None, **rate)
+    assert job.status == "validating"
+    unlimited = await service.create_batch("t", {**body, "input_file_id": five.id}, None)  # no rate: no bound
+    assert unlimited.status == "validating"

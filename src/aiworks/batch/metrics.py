@@ -8,6 +8,7 @@ import logging
 from prometheus_client.core import GaugeMetricFamily
 
 from aiworks.core.metrics import (
+    BATCH_IN_FLIGHT_LIMIT,
     BATCH_JOB_PROGRESS,
     BATCH_JOBS_ACTIVE,
     ScrapeCollector,
@@ -21,8 +22,9 @@ log = logging.getLogger(__name__)
 class BatchCollector(ScrapeCollector):
     """Progress of the jobs not yet ended, from the runner's last look at them (no Redis call at scrape)."""
 
-    def __init__(self, read):
+    def __init__(self, read, in_flight_limit=None):
         self._read = read
+        self._in_flight_limit = in_flight_limit
 
     def collect(self):
         try:
@@ -42,10 +44,16 @@ class BatchCollector(ScrapeCollector):
             active.add_metric([status], count)
         yield progress
         yield active
+        if self._in_flight_limit is not None:
+            limit = GaugeMetricFamily(BATCH_IN_FLIGHT_LIMIT, "Requests this runner may have in flight now (AIMD).")
+            limit.add_metric([], self._in_flight_limit())
+            yield limit
 
 
 def serve_runner_metrics(runner, port: int):
     """/metrics for one runner; the job gauges come from the runner's event loop."""
-    collector = BatchCollector(on_loop(asyncio.get_running_loop(), lambda: list(runner.seen.values())))
+    collector = BatchCollector(
+        on_loop(asyncio.get_running_loop(), lambda: list(runner.seen.values())), lambda: runner.pacer.allowed
+    )
     collector.register()
     return serve_metrics_or_warn(port)

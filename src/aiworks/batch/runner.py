@@ -5,8 +5,9 @@ tenant is authenticated, limited and metered like any caller, and the
 scheduler serves its requests after online traffic (docs/scheduler.md).
 
 A job is cut into chunks of ``chunk_size`` input lines, fixed by the input
-alone. The runner sends one chunk at a time, ``concurrency`` requests in
-flight, and records the chunk's output and error lines in Redis at once
+alone. The runner sends one chunk at a time, at most ``concurrency`` requests
+in flight (fewer while the suite is busy: :mod:`aiworks.batch.pacing` paces
+them on the latency and the 429/503 answers the runner sees), and records the chunk's output and error lines in Redis at once
 (:meth:`JobStore.record_chunk`). A runner that dies loses only the chunk in
 flight: once its lease expires another runner (or the same one restarted)
 takes the job and skips the recorded chunks. Cancel is checked between
@@ -29,6 +30,7 @@ import orjson
 from aiworks.batch import objects
 from aiworks.batch.jobs import TERMINAL, FileRecord, Job, JobStore
 from aiworks.batch.lines import Line, chunk_bounds, parse_line, split_lines
+from aiworks.batch.pacing import PacedGate, Pacer
 from aiworks.batch.settings import BatchSettings
 from aiworks.core.errors import AIWorksError
 from aiworks.core.metrics import BATCH_CHUNKS, BATCH_JOBS_FINISHED, BATCH_ROWS
@@ -36,6 +38,7 @@ from aiworks.core.metrics import BATCH_CHUNKS, BATCH_JOBS_FINISHED, BATCH_ROWS
 log = logging.getLogger(__name__)
 
 _TRANSIENT = (429, 502, 503, 504)
+_OVERLOAD = (429, 503)  # answers that say the suite is busy: the pacer backs off
 _MAX_BACKOFF_S = 5.0
 
 
@@ -64,6 +67,9 @@ class BatchRunner:
         self._client: aiohttp.ClientSession | None = None
         self.seen: dict[str, Job] = {}  # jobs not yet ended, as last read (metrics)
         self._rows_ok, self._rows_failed = BATCH_ROWS.labels("ok"), BATCH_ROWS.labels("failed")
+        self.pacer = Pacer(settings.concurrency, tolerance=settings.latency_tolerance,
+                           decrease=settings.backoff_factor, adaptive=settings.adaptive)  # fmt: skip
+        self._gate = PacedGate(self.pacer)  # one for the runner's life: what it learnt holds across chunks and jobs
 
     @property
     def client(self) -> aiohttp.ClientSession:
@@ -189,13 +195,10 @@ class BatchRunner:
         await self._finalize(job.id, unsent)
 
     async def _chunk(self, job: Job, parsed: list[Line], headers: dict) -> tuple[bytes, bytes, int, int]:
-        gate = asyncio.Semaphore(self.settings.concurrency)
-
         async def one(line: Line) -> tuple[bool, bytes]:
             if line.request is None:
                 return False, _error_line(line, "invalid_request", line.error or "invalid line")
-            async with gate:
-                return await self._send(job, line, headers)
+            return await self._send(job, line, headers)
 
         results = await asyncio.gather(*(one(line) for line in parsed))
         out = b"".join(doc for good, doc in results if good)
@@ -207,9 +210,12 @@ class BatchRunner:
         body = orjson.dumps(line.request)
         give_up = time.monotonic() + self.settings.retry_for_s
         attempt = 0
+        gate, pacer = self._gate, self.pacer
         while True:
             attempt += 1
+            await gate.acquire()  # per attempt: a line waiting to retry holds no place in flight
             try:
+                started = time.perf_counter()
                 async with self.client.post(self.base_url + job.infer_path, data=body, headers=headers) as reply:
                     status, content = reply.status, await reply.read()
                     retry_after = reply.headers.get("retry-after")
@@ -217,11 +223,16 @@ class BatchRunner:
                 reason, code, delay = f"gateway unreachable ({type(exc).__name__})", "unavailable", None
             else:
                 if status == 200:
+                    pacer.answered(time.perf_counter() - started)
                     return True, _output_line(line, content)
+                if status in _OVERLOAD:
+                    pacer.refused()
                 reason, code = _gateway_error(status, content), str(status)
                 if status not in _TRANSIENT:
                     return False, _error_line(line, code, reason)
                 delay = _retry_after(retry_after)
+            finally:
+                gate.release()
             delay = delay if delay is not None else min(_MAX_BACKOFF_S, 0.05 * 2**attempt)
             if time.monotonic() + delay > give_up:
                 return False, _error_line(line, code, f"{reason}; gave up after {attempt} attempts")

@@ -40,6 +40,12 @@ def check_window(window: str) -> str:
     return window
 
 
+def _count_lines(url: str) -> int:
+    """Lines of an input file, as the runner will cut it (a final newline ends the last line)."""
+    data = objects.read_bytes(url)
+    return data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+
+
 def batch_object(job: Job) -> dict:
     """OpenAI's Batch object for ``job`` (times in epoch seconds, absent ones null)."""
 
@@ -103,8 +109,14 @@ class BatchService:
 
     # ---- jobs ------------------------------------------------------------------------------------------
 
-    async def create_batch(self, tenant: str, body: dict, credential: str | None) -> Job:
-        """``POST /v1/batches``: ``input_file_id``, ``endpoint``, ``completion_window``, optional ``metadata``."""
+    async def create_batch(self, tenant: str, body: dict, credential: str | None, *,
+                           requests_per_second: float | None = None, burst: int = 0) -> Job:  # fmt: skip
+        """``POST /v1/batches``: ``input_file_id``, ``endpoint``, ``completion_window``, optional ``metadata``.
+
+        ``requests_per_second`` and ``burst``: the tenant's request rate, when
+        it has one. A job with more lines than that rate lets through in its
+        completion window could never finish in time: it is refused here (429).
+        """
         if not isinstance(body, dict):
             raise InvalidArgument("request body must be a JSON object")
         file_id = body.get("input_file_id")
@@ -117,12 +129,27 @@ class BatchService:
             raise InvalidArgument("metadata must be an object of at most 16 keys")
         chunk_size = body.get("chunk_size", self.chunk_size)
         record = await self.file(tenant, file_id)
+        if requests_per_second:
+            await self._check_rate(tenant, record.url, window, requests_per_second, burst)
         job_id = new_id("batch")
         return await self.submit(
             tenant, model, record.url, self._where(tenant, f"{job_id}/output.jsonl"),
             self._where(tenant, f"{job_id}/errors.jsonl"), version=version, chunk_size=chunk_size,
             credential=credential, metadata=metadata, completion_window=window, input_file_id=file_id, job_id=job_id,
         )  # fmt: skip
+
+    @staticmethod
+    async def _check_rate(tenant: str, url: str, window: str, requests_per_second: float, burst: int) -> None:
+        window_s = int(window[:-1]) * 3600
+        allowed = int(burst + requests_per_second * window_s)
+        lines = await asyncio.to_thread(_count_lines, url)
+        if lines > allowed:
+            raise ResourceExhausted(
+                f"the job has {lines} lines, more than tenant '{tenant}' may send in its completion window "
+                f"({window}): requests_per_second {requests_per_second:g} x {window_s} s + burst {burst} = "
+                f"{allowed} requests (rule: the tenant's requests_per_second); split the job or ask for a "
+                "higher rate"
+            )
 
     async def submit(self, tenant: str, model: str, input_url: str, output_url: str, error_url: str, *,
                      version: str = "", chunk_size: int | None = None, credential: str | None = None,

@@ -13,7 +13,20 @@ class BatchSettings(BaseSettings):
 
     redis_url: str = Field(..., description="Redis holding the jobs, their chunks and checkpoints (required).")
     gateway_url: str = Field(..., description="Base URL of the gateway's HTTP API (http://host:port), required.")
-    concurrency: int = Field(16, ge=1, description="Requests of one chunk in flight at once.")
+    concurrency: int = Field(
+        16, ge=1, description="Most requests in flight at once (the adaptive limit's ceiling when adaptive is on)."
+    )
+    adaptive: bool = Field(
+        True,
+        description="Pace requests in flight by AIMD on the latency and 429/503 answers seen (aiworks.batch.pacing); "
+        "false keeps concurrency in flight always.",
+    )
+    latency_tolerance: float = Field(
+        2.0, gt=1, description="Back off when the smoothed request latency exceeds this many times the lowest seen."
+    )
+    backoff_factor: float = Field(
+        0.5, gt=0, lt=1, description="What a back-off multiplies the limit of requests in flight by (never under 1)."
+    )
     lease_ttl_s: float = Field(
         15.0, gt=0, description="Life of a runner's claim on a job not renewed; then another runner takes it over."
     )

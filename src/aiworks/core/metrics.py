@@ -245,6 +245,7 @@ BATCH_JOBS_FINISHED = Counter(
 )
 BATCH_JOB_PROGRESS = "aiworks_batch_job_progress_ratio"  # {job, tenant}: lines done / lines, jobs not yet ended
 BATCH_JOBS_ACTIVE = "aiworks_batch_jobs_active"  # {status}: jobs not yet ended, read from Redis at scrape
+BATCH_IN_FLIGHT_LIMIT = "aiworks_batch_in_flight_limit"  # requests a runner may have in flight now (its AIMD limit)
 
 # ---- nearline worker (asynchronous requests, docs/tiers.md) ---------------------------------
 

@@ -1,0 +1,136 @@
+"""How many requests a batch runner keeps in flight: additive increase, multiplicative decrease (AIMD).
+
+The runner is a plain client of the gateway and sees only its own requests,
+so it paces itself on what it sees, as TCP's congestion control does:
+
+- the latency of each answered request, smoothed, against the lowest
+  smoothed latency seen so far (the latency of a quiet suite; the minimum of
+  the average, not of single answers, so one lucky answer does not set a
+  baseline nothing can meet again). When the smoothed latency goes above
+  ``tolerance`` × that minimum, the suite is busy, with online traffic or
+  with this job: the limit is cut to ``decrease`` × itself;
+- a 429 or 503 answer (a full queue, a quota, a replica not ready) cuts it
+  the same way;
+- otherwise each answer adds 1 / limit, so the limit grows by one request
+  per round of answers while it is calm, up to ``ceiling`` (the runner's
+  ``concurrency``).
+
+A cut happens at most once per round (``limit`` answers since the last one),
+and the smoothed latency starts afresh after it: the answers of requests
+sent before a cut describe the load before it, and a stale average would
+cut again and again on one burst. The limit never goes under one request in
+flight, so a job always goes on.
+
+:class:`Pacer` is the arithmetic, with no clock and no I/O;
+:class:`PacedGate` holds requests back to the pacer's limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import deque
+
+_WARMUP = 5  # answers the average needs (after a start or a cut) before it is compared or kept as the minimum
+
+
+class Pacer:
+    """The AIMD limit of requests in flight, fed with each request's outcome."""
+
+    def __init__(self, ceiling: int, *, initial: int | None = None, tolerance: float = 2.0, decrease: float = 0.5,
+                 smoothing: float = 0.2, adaptive: bool = True):  # fmt: skip
+        if ceiling < 1 or tolerance <= 1.0 or not 0.0 < decrease < 1.0 or not 0.0 < smoothing <= 1.0:
+            raise ValueError("pacer needs ceiling >= 1, tolerance > 1, 0 < decrease < 1, 0 < smoothing <= 1")
+        self.ceiling = ceiling
+        self.tolerance = tolerance
+        self.decrease = decrease
+        self.smoothing = smoothing
+        self.adaptive = adaptive  # False: the limit stays at the ceiling, whatever comes back
+        start = initial if initial is not None else math.ceil(ceiling / 4)
+        self.limit = float(min(ceiling, max(1, start))) if adaptive else float(ceiling)
+        self.min_latency_s = math.inf
+        self.smoothed_s = 0.0
+        self.cuts = 0
+        self._since_cut = 0
+        self._averaged = 0  # answers in the smoothed latency since it started afresh
+
+    @property
+    def allowed(self) -> int:
+        """Requests that may be in flight now (at least one)."""
+        return max(1, int(self.limit))
+
+    def answered(self, latency_s: float) -> None:
+        """A request was answered (200) after ``latency_s``."""
+        if not self.adaptive:
+            return
+        smoothed = self.smoothed_s
+        self.smoothed_s = smoothed = latency_s if not smoothed else smoothed + self.smoothing * (latency_s - smoothed)
+        self._since_cut += 1
+        self._averaged += 1
+        if self._averaged < _WARMUP:
+            return
+        if smoothed < self.min_latency_s:
+            self.min_latency_s = smoothed
+        if smoothed > self.tolerance * self.min_latency_s:
+            self._cut()
+        elif self.limit < self.ceiling:
+            self.limit = min(float(self.ceiling), self.limit + 1.0 / self.limit)
+
+    def refused(self) -> None:
+        """A request was refused for load (429 or 503)."""
+        if not self.adaptive:
+            return
+        self._since_cut += 1
+        self._cut()
+
+    def _cut(self) -> None:
+        if self._since_cut < self.allowed:
+            return
+        self.limit = max(1.0, self.limit * self.decrease)
+        self._since_cut = 0
+        self.smoothed_s = 0.0
+        self._averaged = 0
+        self.cuts += 1
+
+
+class PacedGate:
+    """Lets requests through while fewer than the pacer allows are in flight; the rest wait, first come first out."""
+
+    def __init__(self, pacer: Pacer):
+        self.pacer = pacer
+        self.in_flight = 0
+        self._waiters: deque[asyncio.Future] = deque()
+
+    async def acquire(self) -> None:
+        while self.in_flight >= self.pacer.allowed or self._waiters:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake()  # it was let through: let the next one through instead
+                else:
+                    self._remove(waiter)
+                raise
+            if self.in_flight < self.pacer.allowed:
+                break
+        self.in_flight += 1
+
+    def release(self) -> None:
+        self.in_flight -= 1
+        self._wake()
+
+    def _remove(self, waiter: asyncio.Future) -> None:
+        try:
+            self._waiters.remove(waiter)
+        except ValueError:
+            pass
+
+    def _wake(self) -> None:
+        free = self.pacer.allowed - self.in_flight
+        while free > 0 and self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                free -= 1

@@ -1,0 +1,97 @@
+"""Online requests are served ahead of a running batch job (issue #19), end to end.
+
+The suite, a real runner process and a digits job of several thousand
+lines. One online client measures its latency alone, then again while the
+job runs; the job must still be running when the second measurement ends,
+and must finish with every line. The bound is generous (the machine is
+shared and loaded): the online median beside the job within 3x the median
+alone plus 15 ms. Before the runtime's share rule and the runner's pacing,
+the job's 16 requests in flight put every online request behind a batch of
+batch-class rows and a gateway busy with the job.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import orjson
+import pytest
+import requests
+
+from aiworks.demo.models import digits_split
+from aiworks.supervisor.supervisor import free_port
+
+from .conftest import wait_batch
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+ENDPOINT = "/v2/models/digits/versions/1/infer"
+JOB_ROWS = 8000
+PROBES = 150
+
+
+def _rows(n: int) -> np.ndarray:
+    _, x_test, _, _ = digits_split()
+    x = x_test.astype(np.float32)
+    return np.concatenate([x] * (n // len(x) + 1))[:n]
+
+
+def _body(row: np.ndarray) -> bytes:
+    return orjson.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64], "data": row.tolist()}]})
+
+
+def _online_ms(batch, bodies: list[bytes]) -> list[float]:
+    """One online client, one request after another: each request's latency in ms."""
+    headers = {**batch.headers("bob"), "content-type": "application/json"}
+    out = []
+    with requests.Session() as session:
+        for body in bodies:
+            started = time.perf_counter()
+            reply = session.post(batch.base + ENDPOINT, data=body, headers=headers, timeout=30)
+            out.append((time.perf_counter() - started) * 1e3)
+            assert reply.status_code == 200, reply.text
+    return out
+
+
+def _job_status(batch, batch_id: str) -> dict:
+    reply = requests.get(f"{batch.base}/v1/batches/{batch_id}", headers=batch.headers("alice"), timeout=10)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def test_online_requests_go_ahead_of_a_running_batch_job(batch_suite, runners):
+    rows = _rows(JOB_ROWS)
+    bodies = [_body(r) for r in rows[:PROBES]]
+    _online_ms(batch_suite, bodies[:20])  # warm the path
+    alone = statistics.median(_online_ms(batch_suite, bodies))
+
+    data = b"\n".join(_body(r) for r in rows) + b"\n"
+    uploaded = requests.post(f"{batch_suite.base}/v1/files", headers=batch_suite.headers("alice"),
+                             data={"purpose": "batch"}, files={"file": ("rows.jsonl", data)}, timeout=60)  # fmt: skip
+    assert uploaded.status_code == 200, uploaded.text
+    body = {"input_file_id": uploaded.json()["id"], "endpoint": ENDPOINT, "completion_window": "24h"}
+    reply = requests.post(f"{batch_suite.base}/v1/batches", headers=batch_suite.headers("alice"), json=body, timeout=30)
+    assert reply.status_code == 200, reply.text
+    batch_id = reply.json()["id"]
+    metrics_port = free_port()
+    runners("paced", env={"AIWORKS_BATCH_CONCURRENCY": "16"}, args=("--metrics-port", str(metrics_port)))
+    wait_batch(batch_suite, "alice", batch_id, lambda d: d["request_counts"]["completed"] >= 200, timeout_s=120)
+
+    before = _job_status(batch_suite, batch_id)["request_counts"]["completed"]
+    beside = statistics.median(_online_ms(batch_suite, bodies))
+    during = _job_status(batch_suite, batch_id)
+    assert during["status"] == "in_progress", "the job ended before the online client did: make it longer"
+    assert during["request_counts"]["completed"] > before  # the job went on while online traffic was served
+
+    scrape = requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+    limit = next(float(line.split()[-1]) for line in scrape.splitlines()
+                 if line.startswith("aiworks_batch_in_flight_limit "))  # fmt: skip
+    assert 1 <= limit <= 16
+
+    print(f"online median alone {alone:.2f} ms, beside the job {beside:.2f} ms; runner in flight limit {limit:.0f}")
+    assert beside <= 3 * alone + 15, (alone, beside)
+
+    done = wait_batch(batch_suite, "alice", batch_id, lambda d: d["status"] == "completed", timeout_s=300)
+    assert done["request_counts"] == {"total": JOB_ROWS, "completed": JOB_ROWS, "failed": 0}
