@@ -4,7 +4,7 @@ Per pod: a network namespace (``network.py``), a folder holding each
 volume (ConfigMaps and Secrets written out, emptyDirs, PVCs, the
 ServiceAccount token), and one mount namespace per container in which those
 folders are bind-mounted at the spec's mount paths (read-only where asked),
-plus the pod's ``/etc/hosts``. Init containers run first, in order, each to
+plus the pod's ``/etc/hosts`` and ``/etc/resolv.conf`` (the box's cluster DNS). Init containers run first, in order, each to
 completion; then the containers start, restart with back-off when they
 exit (restartPolicy Always), and are probed as the kubelet probes them
 (startup, then readiness; exec probes run inside the container).
@@ -248,9 +248,9 @@ class Pod:
             mounts.append((source, mount["mountPath"], bool(mount.get("readOnly"))))
         if "kube-api-access" in volumes:
             mounts.append((volumes["kube-api-access"], SA_DIR, True))
-        hosts = self.root / "hosts"
-        self.box.write_hosts(self, hosts)
-        mounts.append((hosts, "/etc/hosts", True))
+        hosts, resolv = self.root / "hosts", self.root / "resolv.conf"
+        self.box.write_hosts(self, hosts, resolv)
+        mounts += [(hosts, "/etc/hosts", True), (resolv, "/etc/resolv.conf", True)]
         # Parents first, /tmp last: later sources may live under this machine's /tmp.
         return sorted(mounts, key=lambda m: (m[1] == "/tmp", m[1].count("/"), m[1]))
 
