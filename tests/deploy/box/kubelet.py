@@ -7,7 +7,8 @@ folders are bind-mounted at the spec's mount paths (read-only where asked),
 plus the pod's ``/etc/hosts`` and ``/etc/resolv.conf`` (the box's cluster DNS). Init containers run first, in order, each to
 completion; then the containers start, restart with back-off when they
 exit (restartPolicy Always), and are probed as the kubelet probes them
-(startup, then readiness; exec probes run inside the container).
+(startup, then readiness with its failureThreshold; exec probes run inside
+the container, with at least 15 s to answer on this loaded machine).
 
 Not modelled: users and groups (processes run as the box's user), resource
 limits, liveness restarts, image filesystems (a container sees this
@@ -299,12 +300,17 @@ class Pod:
     # ---- probes ----------------------------------------------------------------------------
 
     def _probe_loop(self, container: Container) -> None:
+        """Startup, then readiness, as the kubelet probes: ready on a success, not ready only after
+        ``failureThreshold`` failures in a row (a restarted container starts over, not ready)."""
         spec = container.spec
+        failures, probed = 0, None
         while not self._stop.is_set():
             process = container.process
             if process is None or process.poll() is not None:
                 time.sleep(0.2)
                 continue
+            if process is not probed:
+                failures, probed = 0, process
             probe = spec.get("startupProbe") if not container.started else spec.get("readinessProbe")
             if probe is None:
                 container.started = True
@@ -318,7 +324,9 @@ class Pod:
                 if ok:
                     continue  # readiness is probed at once after start-up succeeds
             else:
-                container.ready = ok
+                failures = 0 if ok else failures + 1
+                if ok or failures >= int(probe.get("failureThreshold", 3)):
+                    container.ready = ok
             self._stop.wait(float(probe.get("periodSeconds", 10)))
 
     def _probe(self, container: Container, probe: dict) -> bool:
@@ -344,7 +352,9 @@ class Pod:
                     )
                     return reply.status == health_pb2.HealthCheckResponse.SERVING
             if "exec" in probe:
-                return self.exec(container, probe["exec"]["command"], timeout=max(timeout, 5)).returncode == 0
+                # Generous: an exec probe starts a Python CLI, which on the shared 2-core machine under load
+                # can take longer than the chart's timeoutSeconds (sized for a real node).
+                return self.exec(container, probe["exec"]["command"], timeout=max(timeout, 15)).returncode == 0
         except Exception:
             return False
         raise NotImplementedError(f"probe {sorted(probe)}")
