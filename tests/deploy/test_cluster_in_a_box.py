@@ -96,14 +96,14 @@ def test_an_operators_own_stores_and_jwt(tmp_path: Path) -> None:
     assert found["helm_test"]["passed"], found["helm_test"]["log"]
 
 
-# Two schedulers (a StatefulSet under its headless Service, sharing the bundled Redis) and digits' canary
-# (version 2) at 10 %.
-HA_CANARY = {
-    **SHARED_MACHINE,
-    "scheduler": {"replicas": 2},
-    "runtime": {"pools": {"digits": {"stable": {"version": "1"},
-                                     "canary": {"enabled": True, "version": "2", "weight": 10}}}},
-}  # fmt: skip
+def _ha_values() -> dict:
+    """ci/scheduler-ha-values.yaml: two schedulers (a StatefulSet under its headless Service, sharing the
+    bundled Redis) and digits' canary (version 2) at 10 %."""
+    import yaml
+
+    from .support import CHART
+
+    return {**yaml.safe_load((CHART / "ci" / "scheduler-ha-values.yaml").read_text()), **SHARED_MACHINE}
 
 
 def _binomial_ok(load: dict, weight_pct: float, version: str = "2") -> bool:
@@ -113,7 +113,7 @@ def _binomial_ok(load: dict, weight_pct: float, version: str = "2") -> bool:
 
 
 def test_two_schedulers_survive_a_kill_under_load_and_keep_and_obey_the_canary_weights(tmp_path: Path) -> None:
-    result = run_box(tmp_path, HA_CANARY, ["scheduler_failover_and_canary"], timeout_s=600)
+    result = run_box(tmp_path, _ha_values(), ["scheduler_failover_and_canary"], timeout_s=600)
     found = scenario(result, "scheduler_failover_and_canary")
     print(json.dumps({k: v for k, v in found.items() if k not in ("registered", "restarted")}))
     for phase in ("split", "kill", "after_change"):
@@ -129,6 +129,12 @@ def test_two_schedulers_survive_a_kill_under_load_and_keep_and_obey_the_canary_w
     assert split["failed"] == [] and split["ok"] >= 100, split
     assert _binomial_ok(split, 10), split
     # (b) SIGKILL of the scheduler the gateways watch: nothing lost, traffic back within 5 s.
+    killed, before, after_kill = found["killed"], found["watched_before_kill"], found["watched_after_kill"]
+    print(f"killed {killed}; gateways watched {before} before, {after_kill} after; "
+          f"the load went through {found['kill_load_through']}")  # fmt: skip
+    assert len(before) == 2 and killed in before.values(), before
+    assert found["kill_load_through"] and all(before[g] == killed for g in found["kill_load_through"])
+    assert killed not in after_kill.values(), "every gateway that watched it moved to the other scheduler"
     kill = found["kill"]
     assert kill["failed"] == [], kill["failed"]
     assert kill["ok"] >= 100 and kill["gap_s"] < 5.0, kill

@@ -4,7 +4,8 @@ Per pod: a network namespace (``network.py``), a folder holding each
 volume (ConfigMaps and Secrets written out, emptyDirs, PVCs, the
 ServiceAccount token), and one mount namespace per container in which those
 folders are bind-mounted at the spec's mount paths (read-only where asked),
-plus the pod's ``/etc/hosts`` and ``/etc/resolv.conf`` (the box's cluster DNS). Init containers run first, in order, each to
+plus the pod's ``/etc/hosts`` and ``/etc/resolv.conf`` (the box's cluster
+DNS, ``dns.py``). Init containers run first, in order, each to
 completion; then the containers start, restart with back-off when they
 exit (restartPolicy Always), and are probed as the kubelet probes them
 (startup, then readiness with its failureThreshold; exec probes run inside

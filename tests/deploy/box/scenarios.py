@@ -261,21 +261,22 @@ def values_install_serves(box: Box, ctx: dict) -> dict:
 
 
 def _digits_load(gateway: Gateway, callers: int, duration_s: float, during: Callable[[], None] | None = None,
-                 rate: float = 60.0) -> dict:
+                 rate: float = 60.0, hosts: list[str] | None = None) -> dict:
     """Closed-loop tritonclient gRPC callers on digits naming no version (each sends its next request once the
     last is answered, at most ``rate`` requests/s in all: under the default tenant's 100/s, so every failure is
-    the control plane's). ``during`` runs a quarter of the way in. Answers, failures, longest gap, versions."""
+    the control plane's), through the gateway Service or, given ``hosts``, those gateway pods. ``during`` runs a
+    quarter of the way in. Answers, failures, longest gap, versions."""
     import tritonclient.grpc.aio as grpcclient
 
     data = np.random.default_rng(1).random((1, 64), dtype=np.float32)
     stats: dict[str, Any] = {"ok": 0, "failed": [], "gap_s": 0.0, "versions": {}}
 
     async def run() -> None:
-        client = gateway.grpc_aio()
+        clients = [gateway.grpc_aio(h) for h in hosts] if hosts else [gateway.grpc_aio()]
         last_ok = time.monotonic()
         stop_at = time.monotonic() + duration_s
 
-        async def caller() -> None:
+        async def caller(client) -> None:
             nonlocal last_ok
             next_at = time.monotonic()
             while time.monotonic() < stop_at:
@@ -296,13 +297,14 @@ def _digits_load(gateway: Gateway, callers: int, duration_s: float, during: Call
                 stats["versions"][version] = stats["versions"].get(version, 0) + 1
 
         try:
-            tasks = [asyncio.create_task(caller()) for _ in range(callers)]
+            tasks = [asyncio.create_task(caller(clients[i % len(clients)])) for i in range(callers)]
             if during is not None:
                 await asyncio.sleep(duration_s / 4)
                 await asyncio.get_running_loop().run_in_executor(None, during)
             await asyncio.gather(*tasks)
         finally:
-            await client.close()
+            for client in clients:
+                await client.close()
 
     started = time.monotonic()
     asyncio.run(run())
@@ -341,6 +343,18 @@ def _scheduler_view(box: Box, pod) -> dict:
         return {"error": str(exc)[:200]}
 
 
+def _watched(box: Box, schedulers: list) -> dict[str, str]:
+    """Which scheduler pod each gateway pod watches now (the last "watching the routing table" line it logged)."""
+    out = {}
+    for gateway in box.pods_of("gateway"):
+        lines = [line for line in gateway.containers[0].log.read_text().splitlines()
+                 if "watching the routing table of scheduler " in line]  # fmt: skip
+        if lines:
+            host = lines[-1].split("watching the routing table of scheduler ", 1)[1].split(":", 1)[0]
+            out[gateway.name] = next((p.name for p in schedulers if host.split(".", 1)[0] == p.name), host)
+    return out
+
+
 def _until(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -354,8 +368,8 @@ def _until(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
 
 def scheduler_failover_and_canary(box: Box, ctx: dict) -> dict:
     """Two schedulers and digits' canary at the values' weight. The split shows the weight; SIGKILL of the
-    scheduler the gateways watch (the first) under load loses nothing; its container restarts and holds the
-    weights again (from Redis); a weight then set through it is what the gateways route by."""
+    scheduler the gateways watch under load loses nothing; its container restarts and holds the weights again
+    (from Redis); a weight then set through it is what the gateways route by."""
     gateway = Gateway(box, ctx["values"])
     out: dict[str, Any] = {"ready_after_s": round(time.monotonic() - ctx["t0"] + box.wait_ready(300), 2)}
     out["digits_after_s"] = round(time.monotonic() - ctx["t0"] + wait_for_inference(gateway, "digits", 120), 2)
@@ -370,19 +384,29 @@ def scheduler_failover_and_canary(box: Box, ctx: dict) -> dict:
 
     out["registered"] = _until(registered, 60, "every runtime registered with both schedulers")
     out["split"] = _digits_load(gateway, 4, 6)
-    first = schedulers[0]
-    restarts = first.containers[0].restarts
-    out["kill"] = _digits_load(gateway, 4, 12, during=first.kill)
-    _until(lambda: first.containers[0].restarts > restarts and first.ready, 90, "the killed scheduler back and ready")
-    out["restarts"] = first.containers[0].restarts - restarts
-    out["restarted"] = _until(lambda: (v := _scheduler_view(box, first)).get("live_replicas", 0) >= runtimes and v,
+    # Each gateway watches one scheduler (the first that answered when it started): kill the one most watch,
+    # with the load sent to the gateway pods that watch it, so every request depends on the failover.
+    watched = _watched(box, schedulers)
+    out["watched_before_kill"] = watched
+    names = list(watched.values())
+    victim = max(schedulers, key=lambda p: names.count(p.name))
+    out["killed"] = victim.name
+    watchers = [p for p in box.pods_of("gateway") if watched.get(p.name) == victim.name]
+    out["kill_load_through"] = [p.name for p in watchers]
+    restarts = victim.containers[0].restarts
+    out["kill"] = _digits_load(gateway, 4, 12, during=victim.kill, hosts=[p.ip for p in watchers])
+    out["watched_after_kill"] = _watched(box, schedulers)
+    _until(lambda: victim.containers[0].restarts > restarts and victim.ready, 90, "the killed scheduler back and ready")
+    out["restarts"] = victim.containers[0].restarts - restarts
+    out["restarted"] = _until(lambda: (v := _scheduler_view(box, victim)).get("live_replicas", 0) >= runtimes and v,
                               60, "runtimes registered again with the restarted scheduler")  # fmt: skip
-    # An operator's weight change, through the restarted scheduler: both agree, and the gateways obey.
+    # An operator's weight change, through the restarted scheduler: both agree, and the gateways (now all
+    # watching the other one) obey.
     from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
 
     stable, canary = (str(v) for v in (ctx["values"]["runtime"]["pools"]["digits"]["stable"]["version"],
                                         ctx["values"]["runtime"]["pools"]["digits"]["canary"]["version"]))  # fmt: skip
-    with _admin_scheduler(box, first) as client:
+    with _admin_scheduler(box, victim) as client:
         client.set_traffic(pb.TrafficPolicy(model="digits", weights={stable: 50, canary: 50}))
     changed = {stable: 50, canary: 50}
     set_at = time.monotonic()
