@@ -9,6 +9,8 @@ what an operator would. Only the Kubernetes API server is a stand-in (box/apiser
 
 from __future__ import annotations
 
+import json
+import math
 import shutil
 from pathlib import Path
 
@@ -92,3 +94,54 @@ def test_an_operators_own_stores_and_jwt(tmp_path: Path) -> None:
     assert {"iris_after_s", "iris-s3_after_s"} <= set(found), found
     assert "401" in found["anonymous"], found["anonymous"]
     assert found["helm_test"]["passed"], found["helm_test"]["log"]
+
+
+def _ha_values() -> dict:
+    """ci/scheduler-ha-values.yaml: two schedulers (a StatefulSet under its headless Service, sharing the
+    bundled Redis) and digits' canary (version 2) at 10 %."""
+    import yaml
+
+    from .support import CHART
+
+    return {**yaml.safe_load((CHART / "ci" / "scheduler-ha-values.yaml").read_text()), **SHARED_MACHINE}
+
+
+def _binomial_ok(load: dict, weight_pct: float, version: str = "2") -> bool:
+    """The canary's answers are within 4 standard deviations (plus one) of a binomial draw at its weight."""
+    n, p = load["ok"], weight_pct / 100
+    return abs(load["versions"].get(version, 0) - n * p) <= 4 * math.sqrt(n * p * (1 - p)) + 1
+
+
+def test_two_schedulers_survive_a_kill_under_load_and_keep_and_obey_the_canary_weights(tmp_path: Path) -> None:
+    result = run_box(tmp_path, _ha_values(), ["scheduler_failover_and_canary"], timeout_s=600)
+    found = scenario(result, "scheduler_failover_and_canary")
+    print(json.dumps({k: v for k, v in found.items() if k not in ("registered", "restarted")}))
+    for phase in ("split", "kill", "after_change"):
+        load = found[phase]
+        print(f"{phase}: {load['ok']} answered, {load['failed_count']} failed, longest gap {load['gap_s']} s, "
+              f"versions {load['versions']}, {load['seconds']} s")  # fmt: skip
+    print(f"install to ready {found['ready_after_s']} s; scenario {found['seconds']} s; "
+          f"new weights on both schedulers after {found['changed_on_both_s']} s")  # fmt: skip
+    assert found["schedulers"] == ["aiworks-scheduler-0", "aiworks-scheduler-1"]
+    assert all(v["weights"] == {"1": 90, "2": 10} for v in found["registered"]), found["registered"]
+    # (a) The split follows the values' weight.
+    split = found["split"]
+    assert split["failed"] == [] and split["ok"] >= 100, split
+    assert _binomial_ok(split, 10), split
+    # (b) SIGKILL of the scheduler the gateways watch: nothing lost, traffic back within 5 s.
+    killed, before, after_kill = found["killed"], found["watched_before_kill"], found["watched_after_kill"]
+    print(f"killed {killed}; gateways watched {before} before, {after_kill} after; "
+          f"the load went through {found['kill_load_through']}")  # fmt: skip
+    assert len(before) == 2 and killed in before.values(), before
+    assert found["kill_load_through"] and all(before[g] == killed for g in found["kill_load_through"])
+    assert killed not in after_kill.values(), "every gateway that watched it moved to the other scheduler"
+    kill = found["kill"]
+    assert kill["failed"] == [], kill["failed"]
+    assert kill["ok"] >= 100 and kill["gap_s"] < 5.0, kill
+    # (c) The kubelet restarted it, and it holds the weights again (from Redis).
+    assert found["restarts"] >= 1
+    assert found["restarted"]["weights"] == {"1": 90, "2": 10}, found["restarted"]
+    # (d) A weight set afterwards (through the restarted scheduler) is what the gateways route by.
+    after = found["after_change"]
+    assert after["failed"] == [] and after["ok"] >= 100, after
+    assert _binomial_ok(after, 50), after

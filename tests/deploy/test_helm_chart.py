@@ -60,7 +60,9 @@ def test_one_template_and_values_block_per_service(chart: Any) -> None:
 
 def test_each_service_has_deployment_service_and_account(rendered: Rendered) -> None:
     for service in SERVICES:
-        deployments = [d for d in rendered.of_kind("Deployment") if component(d) == service]
+        # Several schedulers are a StatefulSet (ci/scheduler-ha-values.yaml), one is a Deployment.
+        deployments = [d for d in rendered.of_kind("Deployment") + rendered.of_kind("StatefulSet")
+                       if component(d) == service]  # fmt: skip
         services = [s for s in rendered.of_kind("Service") if component(s) == service]
         accounts = [a for a in rendered.of_kind("ServiceAccount") if component(a) == service]
         assert deployments and services and len(accounts) == 1, service
@@ -150,9 +152,19 @@ def test_pods_are_hardened_and_sized(rendered: Rendered) -> None:
             assert {"cpu", "memory"} <= set(container["resources"]["limits"])
 
 
+def scheduler_addresses(rendered: Rendered) -> str:
+    """What runtimes and gateways dial: the scheduler Service, or with several each StatefulSet pod by name."""
+    sets = [s for s in rendered.of_kind("StatefulSet") if component(s) == "scheduler"]
+    if not sets:
+        return f"{RELEASE}-scheduler:8010"
+    return ",".join(f"{RELEASE}-scheduler-{i}.{RELEASE}-scheduler-headless.{NAMESPACE}.svc:8010"
+                    for i in range(int(sets[0]["spec"]["replicas"])))  # fmt: skip
+
+
 def test_services_get_their_peers_and_settings(rendered: Rendered) -> None:
-    scheduler = f"{RELEASE}-scheduler:8010"
-    by_component = {component(d): env_of(containers(d)[0]) for d in rendered.of_kind("Deployment")}
+    scheduler = scheduler_addresses(rendered)
+    workloads = rendered.of_kind("Deployment") + [s for s in rendered.of_kind("StatefulSet") if component(s) in SERVICES]
+    by_component = {component(d): env_of(containers(d)[0]) for d in workloads}
     gateway = by_component["gateway"]
     assert gateway["AIWORKS_GATEWAY_HTTP_PORT"] == "8000"
     assert gateway["AIWORKS_GATEWAY_SCHEDULER_ADDRESS"] == scheduler
@@ -164,7 +176,7 @@ def test_services_get_their_peers_and_settings(rendered: Rendered) -> None:
     assert runtime["AIWORKS_RUNTIME_ADVERTISE_ADDRESS"].endswith(":8020")
     assert by_component["monitor"]["AIWORKS_MONITOR_PROMETHEUS_URL"].startswith("http")
     names = {s["metadata"]["name"] for s in rendered.of_kind("Service")}
-    assert scheduler.split(":")[0] in names and f"{RELEASE}-cache" in names
+    assert f"{RELEASE}-scheduler" in names and f"{RELEASE}-cache" in names
     for service, env in by_component.items():
         # Every service names itself to the tracing backend the standard way.
         assert env["OTEL_SERVICE_NAME"] == f"aiworks-{service}"

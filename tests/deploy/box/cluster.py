@@ -4,8 +4,9 @@
 weight (hook Jobs run to completion), then the release's objects (Services
 get virtual IPs, Deployments and StatefulSets their pods), then
 post-install hooks; ``helm_test()`` runs the test hooks. Pods are
-``kubelet.Pod``s; Services are proxied (``proxy.py``) and named in every
-pod's ``/etc/hosts``; the API server is the thin stand-in of
+``kubelet.Pod``s; Services are proxied (``proxy.py``) and named by the
+box's cluster DNS (``dns.py``, which every pod's ``/etc/resolv.conf``
+names); the API server is the thin stand-in of
 ``apiserver.py``. The box must run in a network namespace of its own
 (``python -m tests.deploy.box`` arranges that): its namespace is the node.
 
@@ -28,6 +29,7 @@ import yaml
 
 from aiworks.security.certs import write_certificates
 
+from . import dns
 from .apiserver import FakeAPIServer
 from .kubelet import Pod
 from .network import Node
@@ -74,10 +76,7 @@ class Box:
         self.events: list[str] = []
         self._lock = threading.Lock()
         self._names = itertools.count()
-        self._hosts_files: list[tuple[Pod, Path]] = []
-        self._hosts_thread = threading.Thread(target=self._refresh_hosts, daemon=True)
-        self._closing = threading.Event()
-        self._hosts_thread.start()
+        self.dns = dns.DNSServer(self.node.service_address(), self.dns_records)  # kube-dns's virtual IP
 
     # ---- what exists before the install (an operator's objects) ----------------------------------
 
@@ -186,35 +185,29 @@ class Box:
     def service_address(self, name: str) -> str:
         return self.services[name]["address"]
 
-    def _host_names(self, name: str) -> str:
-        ns = self.namespace
-        return f"{name} {name}.{ns} {name}.{ns}.svc {name}.{ns}.svc.{self.domain}"
+    def _dns_member(self, pod: Pod) -> dns.Member:
+        """A StatefulSet's pod has its name as hostname and the set's serviceName as subdomain (as the
+        StatefulSet controller sets them); other pods what their spec says."""
+        hostname, subdomain = pod.spec.get("hostname", ""), pod.spec.get("subdomain", "")
+        owner = self.workloads.get(pod.owner)
+        if owner is not None and owner["kind"] == "StatefulSet":
+            hostname, subdomain = pod.name, owner["spec"].get("serviceName", "")
+        return dns.Member(pod.ip, dict(pod.labels), pod.ready, hostname, subdomain)
 
-    def write_hosts(self, pod: Pod, path: Path) -> None:
-        lines = ["127.0.0.1 localhost", f"{pod.ip} {pod.name}",
-                 f"{self.api_address} kubernetes kubernetes.default kubernetes.default.svc kubernetes.default.svc.{self.domain}"]
-        for name, service in sorted(self.services.items()):
-            if service["address"]:
-                lines.append(f"{service['address']} {self._host_names(name)}")
-            else:
-                for ip in sorted({ip for ip, _ in self.endpoints(service["spec"], service["spec"]["ports"][0])}):
-                    lines.append(f"{ip} {self._host_names(name)}")
-        text = "\n".join(lines) + "\n"
-        if not path.exists() or path.read_text() != text:
-            with path.open("r+" if path.exists() else "w") as out:  # in place: the bind mount keeps the inode
-                out.write(text)
-                out.truncate()
-        with self._lock:
-            if (pod, path) not in self._hosts_files:
-                self._hosts_files.append((pod, path))
+    def dns_records(self) -> dict[str, list[str]]:
+        """The namespace's A records as Kubernetes DNS serves them now (``dns.records``)."""
+        members = [self._dns_member(p) for p in list(self.pods) if not p.deleted and p.kind in WORKLOADS]
+        return dns.records(self.namespace, self.domain, dict(self.services), members, self.api_address)
 
-    def _refresh_hosts(self) -> None:
-        while not self._closing.wait(1.0):
-            with self._lock:
-                files = list(self._hosts_files)
-            for pod, path in files:
-                if not pod.deleted:
-                    self.write_hosts(pod, path)
+    def write_hosts(self, pod: Pod, hosts: Path, resolv: Path) -> None:
+        """The pod's /etc/hosts as the kubelet writes it (localhost, the pod by its hostname, and its FQDN
+        when it has a subdomain) and its /etc/resolv.conf (the cluster DNS, the search list, ndots:5)."""
+        member = self._dns_member(pod)
+        own = member.hostname or pod.name
+        if member.subdomain:
+            own = f"{own}.{member.subdomain}.{self.namespace}.svc.{self.domain} {own}"
+        hosts.write_text(f"127.0.0.1 localhost\n{pod.ip} {own}\n")
+        resolv.write_text(dns.resolv_conf(self.dns.address, self.namespace, self.domain))
 
     def kubernetes_env(self) -> dict[str, str]:
         a = self.api_address
@@ -349,7 +342,6 @@ class Box:
         return "\n".join(lines)
 
     def close(self) -> None:
-        self._closing.set()
         stoppers = [threading.Thread(target=p.stop) for p in self.pods if not p.deleted]
         for thread in stoppers:
             thread.start()
@@ -357,6 +349,7 @@ class Box:
             thread.join(20)
         self.proxy.close()
         self.api.close()
+        self.dns.close()
 
     def as_dict(self) -> dict[str, Any]:
         return {"pods": [p.as_api_object() for p in self.pods_of()], "events": self.events}

@@ -4,10 +4,12 @@ Per pod: a network namespace (``network.py``), a folder holding each
 volume (ConfigMaps and Secrets written out, emptyDirs, PVCs, the
 ServiceAccount token), and one mount namespace per container in which those
 folders are bind-mounted at the spec's mount paths (read-only where asked),
-plus the pod's ``/etc/hosts``. Init containers run first, in order, each to
+plus the pod's ``/etc/hosts`` and ``/etc/resolv.conf`` (the box's cluster
+DNS, ``dns.py``). Init containers run first, in order, each to
 completion; then the containers start, restart with back-off when they
 exit (restartPolicy Always), and are probed as the kubelet probes them
-(startup, then readiness; exec probes run inside the container).
+(startup, then readiness with its failureThreshold; exec probes run inside
+the container, with at least 15 s to answer on this loaded machine).
 
 Not modelled: users and groups (processes run as the box's user), resource
 limits, liveness restarts, image filesystems (a container sees this
@@ -248,9 +250,9 @@ class Pod:
             mounts.append((source, mount["mountPath"], bool(mount.get("readOnly"))))
         if "kube-api-access" in volumes:
             mounts.append((volumes["kube-api-access"], SA_DIR, True))
-        hosts = self.root / "hosts"
-        self.box.write_hosts(self, hosts)
-        mounts.append((hosts, "/etc/hosts", True))
+        hosts, resolv = self.root / "hosts", self.root / "resolv.conf"
+        self.box.write_hosts(self, hosts, resolv)
+        mounts += [(hosts, "/etc/hosts", True), (resolv, "/etc/resolv.conf", True)]
         # Parents first, /tmp last: later sources may live under this machine's /tmp.
         return sorted(mounts, key=lambda m: (m[1] == "/tmp", m[1].count("/"), m[1]))
 
@@ -299,12 +301,17 @@ class Pod:
     # ---- probes ----------------------------------------------------------------------------
 
     def _probe_loop(self, container: Container) -> None:
+        """Startup, then readiness, as the kubelet probes: ready on a success, not ready only after
+        ``failureThreshold`` failures in a row (a restarted container starts over, not ready)."""
         spec = container.spec
+        failures, probed = 0, None
         while not self._stop.is_set():
             process = container.process
             if process is None or process.poll() is not None:
                 time.sleep(0.2)
                 continue
+            if process is not probed:
+                failures, probed = 0, process
             probe = spec.get("startupProbe") if not container.started else spec.get("readinessProbe")
             if probe is None:
                 container.started = True
@@ -318,7 +325,9 @@ class Pod:
                 if ok:
                     continue  # readiness is probed at once after start-up succeeds
             else:
-                container.ready = ok
+                failures = 0 if ok else failures + 1
+                if ok or failures >= int(probe.get("failureThreshold", 3)):
+                    container.ready = ok
             self._stop.wait(float(probe.get("periodSeconds", 10)))
 
     def _probe(self, container: Container, probe: dict) -> bool:
@@ -344,7 +353,9 @@ class Pod:
                     )
                     return reply.status == health_pb2.HealthCheckResponse.SERVING
             if "exec" in probe:
-                return self.exec(container, probe["exec"]["command"], timeout=max(timeout, 5)).returncode == 0
+                # Generous: an exec probe starts a Python CLI, which on the shared 2-core machine under load
+                # can take longer than the chart's timeoutSeconds (sized for a real node).
+                return self.exec(container, probe["exec"]["command"], timeout=max(timeout, 15)).returncode == 0
         except Exception:
             return False
         raise NotImplementedError(f"probe {sorted(probe)}")

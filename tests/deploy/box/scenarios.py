@@ -260,9 +260,169 @@ def values_install_serves(box: Box, ctx: dict) -> dict:
     return out
 
 
+def _digits_load(gateway: Gateway, callers: int, duration_s: float, during: Callable[[], None] | None = None,
+                 rate: float = 60.0, hosts: list[str] | None = None) -> dict:
+    """Closed-loop tritonclient gRPC callers on digits naming no version (each sends its next request once the
+    last is answered, at most ``rate`` requests/s in all: under the default tenant's 100/s, so every failure is
+    the control plane's), through the gateway Service or, given ``hosts``, those gateway pods. ``during`` runs a
+    quarter of the way in. Answers, failures, longest gap, versions."""
+    import tritonclient.grpc.aio as grpcclient
+
+    data = np.random.default_rng(1).random((1, 64), dtype=np.float32)
+    stats: dict[str, Any] = {"ok": 0, "failed": [], "gap_s": 0.0, "versions": {}}
+
+    async def run() -> None:
+        clients = [gateway.grpc_aio(h) for h in hosts] if hosts else [gateway.grpc_aio()]
+        last_ok = time.monotonic()
+        stop_at = time.monotonic() + duration_s
+
+        async def caller(client) -> None:
+            nonlocal last_ok
+            next_at = time.monotonic()
+            while time.monotonic() < stop_at:
+                next_at = max(next_at + callers / rate, time.monotonic() - 1.0)
+                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+                x = grpcclient.InferInput("input", [1, 64], "FP32")
+                x.set_data_from_numpy(data)
+                try:
+                    result = await client.infer("digits", [x], headers=gateway.headers, client_timeout=30)
+                except Exception as exc:
+                    stats["failed"].append(str(exc)[:200])
+                    continue
+                now = time.monotonic()
+                stats["gap_s"] = max(stats["gap_s"], now - last_ok)
+                last_ok = now
+                stats["ok"] += 1
+                version = result.get_response().model_version
+                stats["versions"][version] = stats["versions"].get(version, 0) + 1
+
+        try:
+            tasks = [asyncio.create_task(caller(clients[i % len(clients)])) for i in range(callers)]
+            if during is not None:
+                await asyncio.sleep(duration_s / 4)
+                await asyncio.get_running_loop().run_in_executor(None, during)
+            await asyncio.gather(*tasks)
+        finally:
+            for client in clients:
+                await client.close()
+
+    started = time.monotonic()
+    asyncio.run(run())
+    stats["seconds"] = round(time.monotonic() - started, 2)
+    stats["gap_s"] = round(stats["gap_s"], 3)
+    failed = stats["failed"]
+    stats["failed"] = failed[:10] + ([f"... {len(failed)} in all"] if len(failed) > 10 else [])
+    stats["failed_count"] = len(failed)
+    return stats
+
+
+def _admin_scheduler(box: Box, pod):
+    """A scheduler client to one scheduler pod as the release's admin (its certificate, as `aiworks` CLIs use)."""
+    from aiworks.scheduler.client import BlockingSchedulerClient
+    from aiworks.security.tls import TLSFiles
+
+    tls = None
+    secret = box.api.secret_data(box.namespace, f"{RELEASE}-admin-tls")
+    if secret:
+        folder = box.workdir / "admin-tls"
+        folder.mkdir(exist_ok=True)
+        for key in ("tls.crt", "tls.key", "ca.crt"):
+            (folder / key).write_bytes(secret[key])
+        tls = TLSFiles.from_dir(folder)
+    return BlockingSchedulerClient(f"{pod.ip}:8010", tls, timeout_s=10)
+
+
+def _scheduler_view(box: Box, pod) -> dict:
+    """What one scheduler holds: digits' weights and how many live runtime replicas registered with it."""
+    try:
+        with _admin_scheduler(box, pod) as client:
+            weights = dict(client.get_traffic("digits").weights)
+            live = sum(1 for r in client.status().replicas if r.live and r.models)
+        return {"weights": weights, "live_replicas": live}
+    except Exception as exc:  # not up yet
+        return {"error": str(exc)[:200]}
+
+
+def _watched(box: Box, schedulers: list) -> dict[str, str]:
+    """Which scheduler pod each gateway pod watches now (the last "watching the routing table" line it logged)."""
+    out = {}
+    for gateway in box.pods_of("gateway"):
+        lines = [line for line in gateway.containers[0].log.read_text().splitlines()
+                 if "watching the routing table of scheduler " in line]  # fmt: skip
+        if lines:
+            host = lines[-1].split("watching the routing table of scheduler ", 1)[1].split(":", 1)[0]
+            out[gateway.name] = next((p.name for p in schedulers if host.split(".", 1)[0] == p.name), host)
+    return out
+
+
+def _until(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout_s} s")
+        time.sleep(0.5)
+
+
+def scheduler_failover_and_canary(box: Box, ctx: dict) -> dict:
+    """Two schedulers and digits' canary at the values' weight. The split shows the weight; SIGKILL of the
+    scheduler the gateways watch under load loses nothing; its container restarts and holds the weights again
+    (from Redis); a weight then set through it is what the gateways route by."""
+    gateway = Gateway(box, ctx["values"])
+    out: dict[str, Any] = {"ready_after_s": round(time.monotonic() - ctx["t0"] + box.wait_ready(300), 2)}
+    out["digits_after_s"] = round(time.monotonic() - ctx["t0"] + wait_for_inference(gateway, "digits", 120), 2)
+    schedulers = sorted(box.pods_of("scheduler"), key=lambda p: p.name)
+    out["schedulers"] = [p.name for p in schedulers]
+    runtimes = len(box.pods_of("runtime"))
+    # Every runtime registered with both schedulers before anything is killed.
+
+    def registered() -> list[dict] | None:
+        views = [_scheduler_view(box, p) for p in schedulers]
+        return views if all(v.get("live_replicas", 0) >= runtimes for v in views) else None
+
+    out["registered"] = _until(registered, 60, "every runtime registered with both schedulers")
+    out["split"] = _digits_load(gateway, 4, 6)
+    # Each gateway watches one scheduler (the first that answered when it started): kill the one most watch,
+    # with the load sent to the gateway pods that watch it, so every request depends on the failover.
+    watched = _watched(box, schedulers)
+    out["watched_before_kill"] = watched
+    names = list(watched.values())
+    victim = max(schedulers, key=lambda p: names.count(p.name))
+    out["killed"] = victim.name
+    watchers = [p for p in box.pods_of("gateway") if watched.get(p.name) == victim.name]
+    out["kill_load_through"] = [p.name for p in watchers]
+    restarts = victim.containers[0].restarts
+    out["kill"] = _digits_load(gateway, 4, 12, during=victim.kill, hosts=[p.ip for p in watchers])
+    out["watched_after_kill"] = _watched(box, schedulers)
+    _until(lambda: victim.containers[0].restarts > restarts and victim.ready, 90, "the killed scheduler back and ready")
+    out["restarts"] = victim.containers[0].restarts - restarts
+    out["restarted"] = _until(lambda: (v := _scheduler_view(box, victim)).get("live_replicas", 0) >= runtimes and v,
+                              60, "runtimes registered again with the restarted scheduler")  # fmt: skip
+    # An operator's weight change, through the restarted scheduler: both agree, and the gateways (now all
+    # watching the other one) obey.
+    from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
+
+    stable, canary = (str(v) for v in (ctx["values"]["runtime"]["pools"]["digits"]["stable"]["version"],
+                                        ctx["values"]["runtime"]["pools"]["digits"]["canary"]["version"]))  # fmt: skip
+    with _admin_scheduler(box, victim) as client:
+        client.set_traffic(pb.TrafficPolicy(model="digits", weights={stable: 50, canary: 50}))
+    changed = {stable: 50, canary: 50}
+    set_at = time.monotonic()
+    _until(lambda: all(_scheduler_view(box, p).get("weights") == changed for p in schedulers), 10,
+           "both schedulers hold the new weights")  # fmt: skip
+    out["changed_on_both_s"] = round(time.monotonic() - set_at, 2)
+    time.sleep(2)  # the watched scheduler's routing table reaches the gateways
+    out["after_change"] = _digits_load(gateway, 4, 6)
+    out["changed_to"] = changed
+    return out
+
+
 SCENARIOS: dict[str, Callable[[Box, dict], dict]] = {
     "values_install_serves": values_install_serves,
     "default_install_serves": default_install_serves,
     "shared_limits": shared_limits,
     "helm_test_fails_without_model": helm_test_fails_without_model,
+    "scheduler_failover_and_canary": scheduler_failover_and_canary,
 }
