@@ -165,11 +165,15 @@ def add_openai_routes(app: FastAPI, dataplane: GatewayDataPlane, max_request_byt
             events = _stream(ident, created, doc["model"], chat, first, rest, include_usage)
             return StreamingResponse(events, media_type="text/event-stream; charset=utf-8")
         pieces, first, last = [], None, None
-        async with contextlib.aclosing(running.responses()) as responses:
-            async for r in responses:
-                first = first or r
-                last = r
-                pieces.append(generate.text_of(r))
+        try:
+            async with generate.cancel_on_disconnect(running, request.receive):
+                async with contextlib.aclosing(running.responses()) as responses:
+                    async for r in responses:
+                        first = first or r
+                        last = r
+                        pieces.append(generate.text_of(r))
+        except generate.ClientGone:  # the sequence is cancelled; nobody reads an answer
+            return Response(status_code=generate.CLIENT_GONE_STATUS)
         text = "".join(pieces)
         reason = str(last.parameters.get("finish_reason", "stop")) if last is not None else "stop"
         if chat:
