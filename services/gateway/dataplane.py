@@ -29,6 +29,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from aiworks import __version__
 from aiworks.cache.client import CacheClient
 from aiworks.core import metrics
@@ -188,6 +190,17 @@ def token_reserve(tenant, spec: ModelSpec, request: InferRequest) -> int:
     text_bytes = sum(max(0, len(t.raw) - 4 * element_count(t.shape)) for t in prompt)
     asked = _count(request.parameters.get("max_tokens", spec.parameters.get("default_max_tokens", DEFAULT_MAX_TOKENS)))
     return -(-text_bytes // PROMPT_BYTES_PER_TOKEN) + (asked or DEFAULT_MAX_TOKENS)
+
+
+TOKEN_COUNT_OUTPUT = "token_count"  # a text model's tokens per input row (minilm's), metered as prompt tokens
+
+
+def counted_tokens(response: InferResponse) -> int:
+    """The tokens a text model says its inputs were: the sum of its INT64 ``token_count`` output (0 without)."""
+    for t in response.outputs:
+        if t.name == TOKEN_COUNT_OUTPUT and t.datatype == "INT64":
+            return int(np.frombuffer(t.raw, dtype="<i8").sum()) if len(t.raw) % 8 == 0 else 0
+    return 0
 
 
 class TokenCount:
@@ -402,7 +415,8 @@ class GatewayDataPlane:
         finally:  # the Redis round trip of a release stays off the answer's latency
             self._settle(admission, spec.name, work, answered=response is not None)
         # A cache hit cost no runtime time: work.compute_s is 0 then.
-        tenancy.meter.record(tenant.id, spec.name, rows=rows, compute_s=work.compute_s, cache_hit=response.cache_hit)
+        tenancy.meter.record(tenant.id, spec.name, rows=rows, compute_s=work.compute_s, cache_hit=response.cache_hit,
+                             prompt_tokens=counted_tokens(response))  # fmt: skip
         if options.clamped:
             response.parameters[PRIORITY_CLAMPED] = options.priority.label
         return await tenancy.masking.mask_async(spec, response)
