@@ -492,9 +492,9 @@ class TenantLimiter:
 
         ``reserve``: the tokens a generation takes from its tenant's tokens-per-minute bucket now (0: none).
         """
-        if not tenant.limited:
-            return Admission(tenant, "none")
         reserve = max(0, int(reserve)) if tenant.max_tokens_per_minute else 0
+        if not tenant.limited or (not reserve and not tenant.limits_requests):
+            return Admission(tenant, "none")  # nothing to check: no round trip
         if self._redis is None or not self._breaker.allow():
             return self.local.admit(tenant, reserve)
         self._tenants[tenant.id] = tenant

@@ -147,6 +147,11 @@ class Tenant(_Section):
             self.requests_per_second or self.max_concurrent_requests or self.compute_quota or self.max_tokens_per_minute
         )
 
+    @property
+    def limits_requests(self) -> bool:
+        """Whether a limit applies to every request (rate, concurrency, quota), not only to generations' tokens."""
+        return bool(self.requests_per_second or self.max_concurrent_requests or self.compute_quota)
+
     def allows(self, model: str) -> bool:
         return "*" in self.models or model in self.models
 

@@ -192,6 +192,19 @@ def test_a_tokens_per_minute_limit_reserves_settles_and_answers_429_everywhere(e
     with pytest.raises(openai.RateLimitError):
         client.chat.completions.create(model="codegen", messages=[{"role": "user", "content": "x"}], max_tokens=100,
                                        stream=True)  # fmt: skip
+    got: queue.Queue = queue.Queue()
+    stream = grpcclient.InferenceServerClient(suite.grpc_url)
+    try:
+        stream.start_stream(callback=lambda result, error: got.put((result, error)), headers=auth(key))
+        text = grpcclient.InferInput("text_input", [1], "BYTES")
+        text.set_data_from_numpy(np.asarray([b"x"], dtype=object))
+        stream.async_stream_infer("codegen", [text], parameters={"max_tokens": 100})
+        result, error = got.get(timeout=60)
+        # A stream's error travels as its message only (ModelStreamInferResponse.error_message, as Triton's).
+        assert result is None and "rule max_tokens_per_minute" in error.message(), error
+        stream.stop_stream()
+    finally:
+        stream.close()
     # A small generation still fits: the limit is on tokens, not requests.
     small = client.completions.create(model="codegen", prompt="x", max_tokens=2, extra_body={"ignore_eos": True})
     assert small.usage.completion_tokens == 2
