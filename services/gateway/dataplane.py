@@ -179,7 +179,9 @@ def token_reserve(tenant, spec: ModelSpec, request: InferRequest) -> int:
 
     The prompt's UTF-8 bytes / 4 (rounded up; the model's tokenizer has not
     run yet) plus the ``max_tokens`` it asks for (else the model's
-    ``default_max_tokens``). The release settles it to what the model counted.
+    ``default_max_tokens``), each at most what the model's config allows
+    (``context_tokens``, ``max_tokens_cap``): a request the model will refuse
+    cannot sink the bucket. The release settles it to what the model counted.
     """
     if tenant.max_tokens_per_minute is None:
         return 0
@@ -189,7 +191,13 @@ def token_reserve(tenant, spec: ModelSpec, request: InferRequest) -> int:
     # Serialized BYTES: a 4-byte length before each element.
     text_bytes = sum(max(0, len(t.raw) - 4 * element_count(t.shape)) for t in prompt)
     asked = _count(request.parameters.get("max_tokens", spec.parameters.get("default_max_tokens", DEFAULT_MAX_TOKENS)))
-    return -(-text_bytes // PROMPT_BYTES_PER_TOKEN) + (asked or DEFAULT_MAX_TOKENS)
+    prompt_tokens, asked = -(-text_bytes // PROMPT_BYTES_PER_TOKEN), asked or DEFAULT_MAX_TOKENS
+    context, cap = _count(spec.parameters.get("context_tokens")), _count(spec.parameters.get("max_tokens_cap"))
+    if context:
+        prompt_tokens = min(prompt_tokens, context)
+    if cap or context:
+        asked = min(asked, cap or context)
+    return prompt_tokens + asked
 
 
 TOKEN_COUNT_OUTPUT = "token_count"  # a text model's tokens per input row (minilm's), metered as prompt tokens

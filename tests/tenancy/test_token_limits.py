@@ -101,3 +101,25 @@ def test_the_local_fallback_keeps_its_share_of_the_bucket():
         local.admit(acme, reserve=500)
     now[0] = 60.0
     local.admit(acme, reserve=500)
+
+
+def test_a_generations_reserve_is_its_prompt_estimate_and_max_tokens_within_the_models_bounds():
+    from aiworks.core.datatypes import Tensor, serialize_items
+    from aiworks.core.inference import InferRequest
+    from aiworks.core.model_config import ModelSpec
+    from aiworks.gateway.dataplane import token_reserve
+
+    spec = ModelSpec("codegen", "1", parameters={"context_tokens": "256", "max_tokens_cap": "256",
+                                                 "default_max_tokens": "16"})  # fmt: skip
+
+    def request(text: str, **params) -> InferRequest:
+        raw = serialize_items([text.encode()])
+        return InferRequest("codegen", "", [Tensor("text_input", "BYTES", (1,), raw)], parameters=params)
+
+    limited, free = Tenant(id="t", max_tokens_per_minute=1000), Tenant(id="f")
+    assert token_reserve(limited, spec, request("def main():", max_tokens=10)) == 3 + 10  # 11 bytes / 4, up
+    assert token_reserve(limited, spec, request("héllo")) == 2 + 16  # UTF-8 bytes; the model's default
+    assert token_reserve(free, spec, request("def main():", max_tokens=10)) == 0  # no limit: no reserve
+    # Hostile sizes the model will refuse cannot sink the bucket: each part is at most the model's bound.
+    assert token_reserve(limited, spec, request("x" * 100_000, max_tokens=10**18)) == 256 + 256
+    assert token_reserve(limited, ModelSpec("iris", "1"), InferRequest("iris", "", [])) == 0  # not a generation
