@@ -129,7 +129,7 @@ class ClientGone(Exception):
     """A non-streamed call's client closed its connection before the answer."""
 
 
-CLIENT_GONE_STATUS = 499  # nobody reads it: the status the access log and telemetry show (nginx's convention)
+CLIENT_GONE_STATUS = 499  # nobody reads it (nginx's "client closed request"); the handler still answers something
 
 
 @contextlib.asynccontextmanager
