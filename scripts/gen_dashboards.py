@@ -241,7 +241,9 @@ class Board:
             DatasourceVariable("datasource").label("Data source").type("prometheus")
         )
         self._scope_variable("namespace", "Namespace", "label_values(aiworks_gateway_requests_total, namespace)")
-        self._scope_variable("release", "Release", 'label_values(aiworks_gateway_requests_total{namespace=~"$namespace"}, release)')
+        self._scope_variable(
+            "release", "Release", 'label_values(aiworks_gateway_requests_total{namespace=~"$namespace"}, release)'
+        )
 
     def _scope_variable(self, name: str, label: str, query: str) -> None:
         self.builder = self.builder.with_variable(
@@ -807,6 +809,77 @@ def replicas() -> Board:
     )
 
 
+def generation() -> Board:
+    sel = MODEL_VERSION
+    ttft, itl = "aiworks_runtime_llm_time_to_first_token_seconds", "aiworks_runtime_llm_inter_token_seconds"
+    return (
+        Board(
+            "aiworks-generation",
+            "AIWorks / Generation",
+            "Text generation on the llm backend (continuous batching): time to first token and between tokens, "
+            "tokens per second, KV-cache use, running and waiting sequences, and each tenant's tokens.",
+        )
+        .variable("model", "Model", "label_values(aiworks_runtime_llm_kv_tokens, model)")
+        .variable("version", "Version", 'label_values(aiworks_runtime_llm_kv_tokens{model=~"$model"}, version)')
+        .row("Generation")
+        .panel(
+            graph(
+                "Time to first token",
+                "From a generation's arrival at its replica to its first token: the wait for KV room and the "
+                "prompt's prefill (alert: AIWorksTimeToFirstTokenP99).",
+                "s",
+                w=8,
+            ),
+            target(quantile(0.5, ttft, sel, "model, version"), "p50 {{model}} v{{version}}"),
+            target(quantile(0.99, ttft, sel, "model, version"), "p99 {{model}} v{{version}}"),
+        )
+        .panel(
+            graph("Inter-token latency", "Between a generation's consecutive tokens: one decoding step.", "s", w=8),
+            target(quantile(0.5, itl, sel, "model, version"), "p50 {{model}} v{{version}}"),
+            target(quantile(0.99, itl, sel, "model, version"), "p99 {{model}} v{{version}}"),
+        )
+        .panel(
+            graph("Tokens/s", "Prompt tokens read and completion tokens made per second.", "short", stack=True, w=8),
+            target(rate("aiworks_runtime_llm_tokens_total", sel, "model, version, kind"), "{{kind}} v{{version}}"),
+        )
+        .panel(
+            graph(
+                "KV-cache use",
+                "KV-cache tokens reserved by running generations (prompt plus max_tokens each), and the budget, "
+                "summed over the replicas.",
+                "short",
+            ),
+            target(
+                f"sum by (model, version, kind) ({select('aiworks_runtime_llm_kv_tokens', sel)})",
+                "{{kind}} v{{version}}",
+            ),  # fmt: skip
+        )
+        .panel(
+            graph(
+                "Sequences running and waiting",
+                "Generations in the running batch, and those waiting for KV room (waiting for long: add replicas "
+                "or KV budget).",
+                "short",
+            ),
+            target(
+                f"sum by (model, version, state) ({select('aiworks_runtime_llm_sequences', sel)})",
+                "{{state}} v{{version}}",
+            ),  # fmt: skip
+        )
+        .panel(
+            graph(
+                "Tokens/s by tenant",
+                "Prompt and completion tokens metered per tenant at the gateway (usage; a tenant's "
+                "max_tokens_per_minute limits the sum).",
+                "short",
+                stack=True,
+                w=24,
+            ),
+            target(rate("aiworks_tenant_tokens_total", 'model=~"$model"', "tenant, kind"), "{{tenant}} {{kind}}"),
+        )
+    )
+
+
 DASHBOARDS: dict[str, Callable[[], Board]] = {
     "aiworks-overview.json": overview,
     "aiworks-models.json": models,
@@ -814,6 +887,7 @@ DASHBOARDS: dict[str, Callable[[], Board]] = {
     "aiworks-cache.json": cache,
     "aiworks-scheduler.json": scheduler,
     "aiworks-replicas.json": replicas,
+    "aiworks-generation.json": generation,
 }
 
 

@@ -26,7 +26,7 @@ from aiworks.core.output import add_output_flag
 API_KEY_ENV = "AIWORKS_API_KEY"
 KEYS_FILE_ENV = "AIWORKS_GATEWAY_API_KEYS_FILE"
 TENANTS_FILE_ENV = "AIWORKS_GATEWAY_TENANTS_FILE"
-_COLUMNS = ("requests", "rows", "compute_seconds", "cache_hits")
+_COLUMNS = ("requests", "rows", "compute_seconds", "cache_hits", "prompt_tokens", "completion_tokens")
 
 
 def add_tenancy_parsers(sub) -> None:
@@ -161,6 +161,7 @@ def format_report(report: dict, *, per_window: bool = False) -> str:
         cells = [r["window_start"]] if per_window else []
         cells += [r["tenant"] or '""', r["model"], str(r["requests"]), str(r["rows"])]
         cells += [f"{r['compute_seconds']:.3f}", str(r["cache_hits"])]
+        cells += [str(r.get("prompt_tokens", 0)), str(r.get("completion_tokens", 0))]  # 0 from an older gateway
         table.append(cells)
     widths = [max(len(row[i]) for row in table) for i in range(len(names))]
     numeric = set(range(len(names) - len(_COLUMNS), len(names)))

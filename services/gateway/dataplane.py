@@ -25,9 +25,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from aiworks import __version__
 from aiworks.cache.client import CacheClient
@@ -172,6 +174,81 @@ def check_max_tokens(tenant, parameters: dict) -> None:
         return  # the model says what is wrong with it
     if asked > cap:
         raise InvalidArgument(f"max_tokens {asked} exceeds tenant '{tenant.id}''s cap of {cap} (rule max_tokens)")
+
+
+TEXT_INPUT = "text_input"  # a generation's prompt (the llm backend's input, Triton's generate convention)
+DEFAULT_MAX_TOKENS = 16  # a generation that names no max_tokens, on a model whose config names no default
+PROMPT_BYTES_PER_TOKEN = 4  # the prompt's estimate at admission, before the model has tokenized it
+
+
+def token_reserve(tenant, spec: ModelSpec, request: InferRequest) -> int:
+    """Tokens a generation reserves from its tenant's tokens-per-minute bucket at admission (0: none).
+
+    The prompt's UTF-8 bytes / 4 (rounded up; the model's tokenizer has not
+    run yet) plus the ``max_tokens`` it asks for (else the model's
+    ``default_max_tokens``), each at most what the model's config allows
+    (``context_tokens``, ``max_tokens_cap``): a request the model will refuse
+    cannot sink the bucket. The release settles it to what the model counted.
+    """
+    if tenant.max_tokens_per_minute is None:
+        return 0
+    prompt = [t for t in request.inputs if t.name == TEXT_INPUT and t.datatype == "BYTES"]
+    if not prompt:
+        return 0
+    # Serialized BYTES: a 4-byte length before each element.
+    text_bytes = sum(max(0, len(t.raw) - 4 * element_count(t.shape)) for t in prompt)
+    asked = _count(request.parameters.get("max_tokens", spec.parameters.get("default_max_tokens", DEFAULT_MAX_TOKENS)))
+    prompt_tokens, asked = -(-text_bytes // PROMPT_BYTES_PER_TOKEN), asked or DEFAULT_MAX_TOKENS
+    context, cap = _count(spec.parameters.get("context_tokens")), _count(spec.parameters.get("max_tokens_cap"))
+    if context:
+        prompt_tokens = min(prompt_tokens, context)
+    if cap or context:
+        asked = min(asked, cap or context)
+    return prompt_tokens + asked
+
+
+TOKEN_COUNT_OUTPUT = "token_count"  # a text model's tokens per input row (minilm's), metered as prompt tokens
+
+
+def counted_tokens(response: InferResponse) -> int:
+    """The tokens a text model says its inputs were: the sum of its INT64 ``token_count`` output (0 without)."""
+    for t in response.outputs:
+        if t.name == TOKEN_COUNT_OUTPUT and t.datatype == "INT64":
+            return int(np.frombuffer(t.raw, dtype="<i8").sum()) if len(t.raw) % 8 == 0 else 0
+    return 0
+
+
+class TokenCount:
+    """A generation's token counts from its responses' parameters (the ``llm`` backend's contract).
+
+    ``prompt_tokens`` comes on the first response, ``completion_tokens`` on
+    the last. A stream stopped before its last response (the client went
+    away) counts one completion token per response that carried output, as
+    each of the backend's responses is one decoding step's text.
+    """
+
+    __slots__ = ("prompt", "completion", "_steps", "_final")
+
+    def __init__(self) -> None:
+        self.prompt = self.completion = self._steps = 0
+        self._final = False
+
+    def see(self, parameters: Mapping, has_output: bool) -> None:
+        if "prompt_tokens" in parameters:
+            self.prompt = _count(parameters["prompt_tokens"])
+        if has_output:
+            self._steps += 1
+        if "completion_tokens" in parameters:
+            self.completion, self._final = _count(parameters["completion_tokens"]), True
+        elif not self._final:
+            self.completion = self._steps
+
+
+def _count(value) -> int:
+    try:
+        return max(0, int(value))
+    except (TypeError, ValueError):
+        return 0
 
 
 def request_limit(principal: Principal, gateway_limit: int) -> int:
@@ -353,7 +430,8 @@ class GatewayDataPlane:
         finally:  # the Redis round trip of a release stays off the answer's latency
             self._settle(admission, spec.name, work, answered=response is not None)
         # A cache hit cost no runtime time: work.compute_s is 0 then.
-        tenancy.meter.record(tenant.id, spec.name, rows=rows, compute_s=work.compute_s, cache_hit=response.cache_hit)
+        tenancy.meter.record(tenant.id, spec.name, rows=rows, compute_s=work.compute_s, cache_hit=response.cache_hit,
+                             prompt_tokens=counted_tokens(response))  # fmt: skip
         if options.clamped:
             response.parameters[PRIORITY_CLAMPED] = options.priority.label
         return await tenancy.masking.mask_async(spec, response)
@@ -374,13 +452,15 @@ class GatewayDataPlane:
         """
         tenancy = self.tenancy
         tenant, spec, rows, options = await self._checked(request, principal, pending, request_id, transport_deadline_s)
-        admission = await tenancy.limiter.admit(tenant)
+        admission = await tenancy.limiter.admit(tenant, token_reserve(tenant, spec, request))
         work = Work()
+        tokens = TokenCount()
         finished = False
         try:
             stream = self.routing.infer_stream(request, options, spec=spec, work=work)
             async with contextlib.aclosing(stream) as answers:
                 async for answer in answers:
+                    tokens.see(answer.parameters, bool(answer.outputs))
                     response = InferResponse(
                         spec.name, spec.version, answer.outputs, id=request.id, parameters=dict(answer.parameters),
                         compute_s=work.compute_s, final=answer.final,
@@ -390,9 +470,14 @@ class GatewayDataPlane:
                     yield await tenancy.masking.mask_async(spec, response)
             finished = True
         finally:
+            admission.used_tokens = tokens.prompt + tokens.completion  # the reserve settles to it at release
             self._settle(admission, spec.name, work, answered=finished)
             if finished:
-                tenancy.meter.record(tenant.id, spec.name, rows=rows, compute_s=work.compute_s)
+                tenancy.meter.record(tenant.id, spec.name, rows=rows, compute_s=work.compute_s,
+                                     prompt_tokens=tokens.prompt, completion_tokens=tokens.completion)  # fmt: skip
+            elif tokens.prompt or tokens.completion:  # stopped early: the tokens it cost are usage all the same
+                tenancy.meter.record(tenant.id, spec.name, requests=0, rows=0, prompt_tokens=tokens.prompt,
+                                     completion_tokens=tokens.completion)  # fmt: skip
 
     async def _checked(self, request: InferRequest, principal: Principal | None, pending: PendingInputs | None,
                        request_id: str, transport_deadline_s: float | None, one_answer: str = ""):  # fmt: skip

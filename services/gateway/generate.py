@@ -15,7 +15,10 @@ input); one after it is a last ``data: {"error": ...}`` event.
 
 The generation runs in a task of its own (:class:`Generation`), which owns
 the request's telemetry; closing the event stream (the client went away)
-cancels the task, which cancels the sequence at its replica.
+cancels the task, which cancels the sequence at its replica. A non-streamed
+call (``/generate``, the OpenAI routes without ``stream``) watches its
+connection while it waits (:func:`cancel_on_disconnect`): a client that goes
+away before the answer cancels the sequence as well, and gets no answer.
 """
 
 from __future__ import annotations
@@ -116,6 +119,42 @@ class Generation:
         if not self._task.done():
             self._task.cancel()
 
+    def abandon(self) -> None:
+        """The client went away: cancel the generation and end :meth:`responses` with :class:`ClientGone`."""
+        self.cancel()
+        self._out.put_nowait(ClientGone())
+
+
+class ClientGone(Exception):
+    """A non-streamed call's client closed its connection before the answer."""
+
+
+CLIENT_GONE_STATUS = 499  # nobody reads it (nginx's "client closed request"); the handler still answers something
+
+
+@contextlib.asynccontextmanager
+async def cancel_on_disconnect(generation: Generation, receive) -> AsyncIterator[None]:
+    """While in the block, a disconnect (ASGI ``receive`` answers ``http.disconnect``) abandons ``generation``.
+
+    Use it after the request's body has been read: ``receive`` then answers
+    only when the connection closes (or the response is complete).
+    """
+
+    async def watch() -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                generation.abandon()
+                return
+
+    watcher = asyncio.get_running_loop().create_task(watch())
+    try:
+        yield
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
 
 async def start(dataplane: GatewayDataPlane, max_request_bytes: int, model: str, version: str,
                 headers: Mapping[str, str], body_stream) -> Generation:  # fmt: skip
@@ -127,10 +166,11 @@ async def start(dataplane: GatewayDataPlane, max_request_bytes: int, model: str,
     return Generation(dataplane, principal, parse_generate(body, model, version), headers)
 
 
-async def generate_once(generation: Generation) -> dict:
-    """The whole text as one generate response."""
+async def generate_once(generation: Generation, receive=None) -> dict:
+    """The whole text as one generate response; with ``receive`` (ASGI), a disconnect cancels it (ClientGone)."""
     pieces, last = [], None
-    async with contextlib.aclosing(generation.responses()) as responses:
+    watching = cancel_on_disconnect(generation, receive) if receive is not None else contextlib.nullcontext()
+    async with watching, contextlib.aclosing(generation.responses()) as responses:
         async for response in responses:
             pieces.append(text_of(response))
             last = response

@@ -344,7 +344,10 @@ def create_app(
     @app.post("/v2/models/{model}/versions/{version}/generate")
     async def generate_once(model: str, request: Request, version: str = ""):
         running = await generate.start(dataplane, max_request_bytes, model, version, request.headers, request.stream())
-        return _json(await generate.generate_once(running))
+        try:
+            return _json(await generate.generate_once(running, request.receive))
+        except generate.ClientGone:
+            return Response(status_code=generate.CLIENT_GONE_STATUS)
 
     @app.post("/v2/models/{model}/generate_stream")
     @app.post("/v2/models/{model}/versions/{version}/generate_stream")

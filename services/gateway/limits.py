@@ -1,12 +1,13 @@
-"""Per-tenant limits that hold across all gateway replicas: rate, concurrency, compute quota.
+"""Per-tenant limits that hold across all gateway replicas: rate, concurrency, compute quota, tokens per minute.
 
 Counters live in Redis so that N gateway replicas enforce one limit, not N.
-Each tenant has three keys, sharing a hash tag so a Redis Cluster keeps them
+Each tenant has four keys, sharing a hash tag so a Redis Cluster keeps them
 in one slot::
 
     <prefix>{<tenant>}:bucket   token bucket: tokens, last refill (ms)
     <prefix>{<tenant>}:leases   sorted set: one member per request in flight, scored by lease expiry (ms)
     <prefix>{<tenant>}:quota    compute quota: current window number, runtime-seconds used in it
+    <prefix>{<tenant>}:tokens   tokens-per-minute bucket: tokens left (may be below 0), last refill (ms)
 
 Admission is one Lua script (one round trip): it checks the quota, drops
 expired leases and counts the live ones, refills and takes a token, and adds
@@ -30,6 +31,15 @@ pool's bookkeeping cost more CPU than the round trip itself.
   window's total is under the quota and charged when it ends, so the last
   request of a window may overshoot it; the next one gets 429 until the
   window ends.
+- **Tokens per minute** (generation, ``max_tokens_per_minute``): a bucket of
+  that many tokens, refilled continuously at a sixtieth of it per second.
+  Admission reserves the generation's estimated prompt plus its
+  ``max_tokens`` (see :func:`aiworks.gateway.dataplane.token_reserve`) and
+  refuses it (429, with the time until that many tokens are back) when fewer
+  are left; a reserve larger than the whole bucket waits for a full bucket.
+  When the generation ends, its release settles the reserve to the tokens
+  the model counted (prompt plus completion): the difference goes back, or
+  is taken, leaving the bucket in debt that later requests wait out.
 
 **Fallback.** Every Redis call is bounded by ``timeout_s`` (a few ms). When
 one fails, a circuit breaker switches this replica to in-process counters
@@ -73,13 +83,14 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-# KEYS: bucket, leases, quota. ARGV: rate, burst, max_concurrent, lease, lease_ttl_ms, quota_s, window_ms.
-# Checks first, effects after, so a refused request consumes nothing.
+# KEYS: bucket, leases, quota, tokens. ARGV: rate, burst, max_concurrent, lease, lease_ttl_ms, quota_s, window_ms,
+# tokens_per_minute, reserve. Checks first, effects after, so a refused request consumes nothing.
 _ADMIT = (
     _NOW_MS
     + """
 local rate, burst, max_conc = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local lease_ttl, quota, window_ms = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local rate_left, rate_ts, gen_left, gen_ts
 if quota > 0 then
   local window = math.floor(now / window_ms)
   local q = redis.call('HMGET', KEYS[3], 'window', 'used')
@@ -110,8 +121,32 @@ if rate > 0 then
   if tokens < 1 then
     return {'rate', math.ceil((1 - tokens) * 1000 / rate), ''}
   end
-  redis.call('HSET', KEYS[1], 'tokens', tostring(tokens - 1), 'ts', tostring(ts))
+  rate_left, rate_ts = tokens - 1, ts
+end
+local tpm, reserve = tonumber(ARGV[8]), tonumber(ARGV[9])
+if tpm > 0 and reserve > 0 then
+  local g = redis.call('HMGET', KEYS[4], 'tokens', 'ts')
+  local left, gts = tonumber(g[1]), tonumber(g[2])
+  if left == nil or gts == nil then
+    left, gts = tpm, now
+  end
+  if now > gts then
+    left = math.min(tpm, left + (now - gts) * tpm / 60000)
+    gts = now
+  end
+  local need = math.min(reserve, tpm)
+  if left < need then
+    return {'tokens', math.ceil((need - left) * 60000 / tpm), tostring(math.floor(left))}
+  end
+  gen_left, gen_ts = left - reserve, gts
+end
+if rate_left ~= nil then
+  redis.call('HSET', KEYS[1], 'tokens', tostring(rate_left), 'ts', tostring(rate_ts))
   redis.call('PEXPIRE', KEYS[1], math.ceil(burst * 1000 / rate) + 1000)
+end
+if gen_left ~= nil then
+  redis.call('HSET', KEYS[4], 'tokens', tostring(gen_left), 'ts', tostring(gen_ts))
+  redis.call('PEXPIRE', KEYS[4], math.ceil((tpm - gen_left) * 60000 / tpm) + 1000)
 end
 if max_conc > 0 then
   redis.call('ZADD', KEYS[2], now + lease_ttl, ARGV[4])
@@ -121,7 +156,8 @@ return {'ok', 0, ''}
 """
 )
 
-# KEYS: leases, quota. ARGV: lease ('' for none), seconds, quota_s, window_ms.
+# KEYS: leases, quota, tokens. ARGV: lease ('' for none), seconds, quota_s, window_ms, tokens_per_minute, refund
+# (tokens given back to the bucket: the reserve less the tokens used; below 0 takes more).
 _RELEASE = (
     _NOW_MS
     + """
@@ -137,6 +173,21 @@ if seconds > 0 and quota > 0 then
     redis.call('HINCRBYFLOAT', KEYS[2], 'used', tostring(seconds))
   end
   redis.call('PEXPIRE', KEYS[2], window_ms * 2)
+end
+local tpm, refund = tonumber(ARGV[5]), tonumber(ARGV[6])
+if tpm > 0 and refund ~= 0 then
+  local g = redis.call('HMGET', KEYS[3], 'tokens', 'ts')
+  local left, gts = tonumber(g[1]), tonumber(g[2])
+  if left == nil or gts == nil then
+    left, gts = tpm, now
+  end
+  if now > gts then
+    left = math.min(tpm, left + (now - gts) * tpm / 60000)
+    gts = now
+  end
+  left = math.min(tpm, left + refund)
+  redis.call('HSET', KEYS[3], 'tokens', tostring(left), 'ts', tostring(gts))
+  redis.call('PEXPIRE', KEYS[3], math.ceil((tpm - left) * 60000 / tpm) + 1000)
 end
 return 1
 """
@@ -182,6 +233,14 @@ def _quota_message(tenant: Tenant, used: float, reset_s: float, note: str) -> st
     )
 
 
+def _tokens_message(tenant: Tenant, reserve: int, left: float, retry_after_s: float, note: str) -> str:
+    return (
+        f"tenant '{tenant.id}' exceeded its limit of {tenant.max_tokens_per_minute} tokens per minute "
+        f"(rule max_tokens_per_minute): this generation reserves {reserve} tokens (prompt and max_tokens) and "
+        f"{max(0, math.floor(left))} are left{note}; retry after {retry_after_s:.2f} s"
+    )
+
+
 @dataclass(slots=True, eq=False)
 class Admission:
     """A request let in: hand it back to :meth:`TenantLimiter.release` exactly once."""
@@ -191,6 +250,15 @@ class Admission:
     lease: str = ""
     compute_s: float = 0.0  # set by the caller before leaving :meth:`TenantLimiter.hold`
     released: bool = False
+    reserved_tokens: int = 0  # taken from the tokens-per-minute bucket at admission
+    used_tokens: int | None = None  # set by the caller before release: the reserve is settled to it
+
+    @property
+    def token_refund(self) -> int:
+        """Tokens to give back at release (below 0: to take): the reserve less what was used."""
+        if not self.reserved_tokens or self.used_tokens is None or not self.tenant.max_tokens_per_minute:
+            return 0
+        return self.reserved_tokens - max(0, self.used_tokens)
 
 
 # ---- in-process limits (no Redis, or Redis unreachable) --------------------------------------------------
@@ -203,6 +271,8 @@ class _LocalState:
     active: int = 0
     window: int = -1
     used: float = 0.0
+    gen_left: float | None = None  # tokens-per-minute bucket
+    gen_refilled: float = 0.0
 
 
 class LocalLimits:
@@ -231,7 +301,17 @@ class LocalLimits:
             state.window, state.used = window, 0.0
         return window, (window + 1) * window_s - now
 
-    def admit(self, tenant: Tenant) -> Admission:
+    def _gen_refill(self, tenant: Tenant, state: _LocalState) -> float:
+        """The tokens-per-minute bucket (this replica's share) refilled to now."""
+        size = tenant.max_tokens_per_minute / self.share
+        now = self._clock()
+        if state.gen_left is None:
+            state.gen_left, state.gen_refilled = size, now
+        state.gen_left = min(size, state.gen_left + (now - state.gen_refilled) * size / 60)
+        state.gen_refilled = now
+        return size
+
+    def admit(self, tenant: Tenant, reserve: int = 0) -> Admission:
         state = self._states[tenant.id]
         if tenant.compute_quota is not None:
             _, reset_s = self._window(tenant, state)
@@ -254,10 +334,18 @@ class LocalLimits:
             if state.tokens < 1:
                 retry = (1 - state.tokens) / rate
                 raise resource_exhausted(_rate_message(tenant, retry, self._note()), retry)
+        if tenant.max_tokens_per_minute is not None and reserve > 0:
+            size = self._gen_refill(tenant, state)
+            need = min(reserve, size)
+            if state.gen_left < need:
+                retry = (need - state.gen_left) * 60 / size
+                raise resource_exhausted(_tokens_message(tenant, reserve, state.gen_left, retry, self._note()), retry)
+            state.gen_left -= reserve
+        if tenant.requests_per_second is not None:
             state.tokens -= 1
         if tenant.max_concurrent_requests is not None:
             state.active += 1
-        return Admission(tenant, "local")
+        return Admission(tenant, "local", reserved_tokens=reserve if tenant.max_tokens_per_minute else 0)
 
     def release(self, admission: Admission, compute_s: float) -> None:
         tenant = admission.tenant
@@ -265,6 +353,14 @@ class LocalLimits:
         if tenant.max_concurrent_requests is not None and state.active > 0:
             state.active -= 1
         self.charge(tenant, compute_s)
+        self.settle_tokens(tenant, admission.token_refund)
+
+    def settle_tokens(self, tenant: Tenant, refund: int) -> None:
+        """Give ``refund`` tokens back to the tokens-per-minute bucket (below 0: take them)."""
+        if tenant.max_tokens_per_minute is not None and refund:
+            state = self._states[tenant.id]
+            size = self._gen_refill(tenant, state)
+            state.gen_left = min(size, state.gen_left + refund)
 
     def charge(self, tenant: Tenant, compute_s: float) -> None:
         if tenant.compute_quota is not None and compute_s > 0:
@@ -350,9 +446,9 @@ class TenantLimiter:
             await self._redis.aclose()
             await self._redis.connection_pool.disconnect()
 
-    def _keys(self, tenant_id: str) -> tuple[str, str, str]:
+    def _keys(self, tenant_id: str) -> tuple[str, str, str, str]:
         base = f"{self.prefix}{{{tenant_id}}}:"
-        return base + "bucket", base + "leases", base + "quota"
+        return base + "bucket", base + "leases", base + "quota", base + "tokens"
 
     # ---- state of the Redis connection --------------------------------------------------------------
 
@@ -391,16 +487,20 @@ class TenantLimiter:
 
     # ---- admission ---------------------------------------------------------------------------------
 
-    async def admit(self, tenant: Tenant) -> Admission:
-        """Let one request of ``tenant`` in, or raise RESOURCE_EXHAUSTED (429) naming the limit."""
-        if not tenant.limited:
-            return Admission(tenant, "none")
+    async def admit(self, tenant: Tenant, reserve: int = 0) -> Admission:
+        """Let one request of ``tenant`` in, or raise RESOURCE_EXHAUSTED (429) naming the limit.
+
+        ``reserve``: the tokens a generation takes from its tenant's tokens-per-minute bucket now (0: none).
+        """
+        reserve = max(0, int(reserve)) if tenant.max_tokens_per_minute else 0
+        if not tenant.limited or (not reserve and not tenant.limits_requests):
+            return Admission(tenant, "none")  # nothing to check: no round trip
         if self._redis is None or not self._breaker.allow():
-            return self.local.admit(tenant)
+            return self.local.admit(tenant, reserve)
         self._tenants[tenant.id] = tenant
         lease = os.urandom(9).hex() if tenant.max_concurrent_requests else ""
         quota = tenant.compute_quota
-        bucket, leases, quota_key = self._keys(tenant.id)
+        bucket, leases, quota_key, tokens_key = self._keys(tenant.id)
         args = [
             repr(float(tenant.requests_per_second or 0)),
             tenant.bucket_size,
@@ -409,15 +509,17 @@ class TenantLimiter:
             int(self.lease_ttl_s * 1000),
             repr(float(quota.seconds)) if quota else "0",
             int(quota.window_s * 1000) if quota else 1,
+            tenant.max_tokens_per_minute or 0,
+            reserve,
         ]
         try:
-            verdict, retry_ms, detail = await self._call(self._admit, [bucket, leases, quota_key], args)
+            verdict, retry_ms, detail = await self._call(self._admit, [bucket, leases, quota_key, tokens_key], args)
         except (RedisError, OSError, TimeoutError) as exc:
             self._failed(exc)
-            return self.local.admit(tenant)
+            return self.local.admit(tenant, reserve)
         self._succeeded()
         if verdict == b"ok":
-            admission = Admission(tenant, "redis", lease)
+            admission = Admission(tenant, "redis", lease, reserved_tokens=reserve)
             if lease:
                 self._held[lease] = admission
             return admission
@@ -426,6 +528,9 @@ class TenantLimiter:
             raise resource_exhausted(_rate_message(tenant, retry, ""), retry)
         if verdict == b"concurrency":
             raise resource_exhausted(_concurrency_message(tenant, int(detail), ""), CONCURRENCY_RETRY_AFTER_S)
+        if verdict == b"tokens":
+            retry = int(retry_ms) / 1000
+            raise resource_exhausted(_tokens_message(tenant, reserve, float(detail), retry, ""), retry)
         reset = int(retry_ms) / 1000
         raise resource_exhausted(_quota_message(tenant, float(detail), reset, ""), reset)
 
@@ -443,19 +548,21 @@ class TenantLimiter:
             self._send_later(tenant, seconds)
             return
         self._held.pop(admission.lease, None)
-        if not admission.lease and (tenant.compute_quota is None or seconds <= 0):
+        refund = admission.token_refund
+        if not admission.lease and (tenant.compute_quota is None or seconds <= 0) and not refund:
             return  # a rate limit alone: nothing to give back
         if self._breaker.is_open:  # Redis is away: the lease expires by its TTL, the charge waits
             self.local.charge(tenant, seconds)
+            self.local.settle_tokens(tenant, refund)  # Redis' bucket keeps the reserve: the safe side
             self._send_later(tenant, seconds)
             return
         try:
-            await self._call(
-                self._release, self._release_keys(tenant), self._release_args(tenant, admission.lease, seconds)
-            )
+            args = self._release_args(tenant, admission.lease, seconds, refund)
+            await self._call(self._release, self._release_keys(tenant), args)
         except (RedisError, OSError, TimeoutError) as exc:
             self._failed(exc)
             self.local.charge(tenant, seconds)
+            self.local.settle_tokens(tenant, refund)
             self._send_later(tenant, seconds)
             return
         self._succeeded()
@@ -497,17 +604,19 @@ class TenantLimiter:
             await self.release(admission)
 
     def _release_keys(self, tenant: Tenant) -> list[str]:
-        _, leases, quota = self._keys(tenant.id)
-        return [leases, quota]
+        _, leases, quota, tokens = self._keys(tenant.id)
+        return [leases, quota, tokens]
 
     @staticmethod
-    def _release_args(tenant: Tenant, lease: str, seconds: float) -> list:
+    def _release_args(tenant: Tenant, lease: str, seconds: float, refund: int = 0) -> list:
         quota = tenant.compute_quota
         return [
             lease,
             repr(float(seconds)),
             repr(float(quota.seconds)) if quota else "0",
             int(quota.window_s * 1000) if quota else 1,
+            tenant.max_tokens_per_minute or 0,
+            int(refund),
         ]
 
     async def _send_unsent(self) -> None:

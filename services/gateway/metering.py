@@ -1,4 +1,4 @@
-"""Usage metering per tenant and model: requests, rows, compute seconds and cache hits.
+"""Usage metering per tenant and model: requests, rows, compute seconds, cache hits and generated tokens.
 
 Recording is a few dict additions and Prometheus increments, with no I/O on
 the request path. A background task sends what accumulated to Redis every
@@ -24,7 +24,13 @@ everything this replica recorded.
 
 Prometheus counters (declared in :mod:`aiworks.core.metrics`; ``tenant`` is
 ``""`` in demo mode): ``aiworks_tenant_requests_total``, ``aiworks_tenant_rows_total``,
-``aiworks_tenant_compute_seconds_total``, ``aiworks_tenant_cache_hits_total``.
+``aiworks_tenant_compute_seconds_total``, ``aiworks_tenant_cache_hits_total``,
+``aiworks_tenant_tokens_total`` (label ``kind``: ``prompt`` or ``completion``).
+
+Generations (the ``llm`` backend, on every front end: the OpenAI routes,
+generate and generate_stream, gRPC ModelStreamInfer) also count their
+``prompt_tokens`` and ``completion_tokens`` as the model counted them;
+``/v1/embeddings`` counts its input tokens as ``prompt_tokens``.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ from aiworks.core.redis_client import fail_fast_redis
 
 log = logging.getLogger(__name__)
 
-COUNTERS = ("requests", "rows", "compute_seconds", "cache_hits")
+COUNTERS = ("requests", "rows", "compute_seconds", "cache_hits", "prompt_tokens", "completion_tokens")
 MAX_REPORT_WINDOWS = 10_000
 
 
@@ -99,12 +105,17 @@ class UsageRecord:
     rows: int = 0
     compute_seconds: float = 0.0
     cache_hits: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
 
-    def add(self, requests: int, rows: int, compute_seconds: float, cache_hits: int) -> None:
+    def add(self, requests: int, rows: int, compute_seconds: float, cache_hits: int, prompt_tokens: int = 0,
+            completion_tokens: int = 0) -> None:  # fmt: skip
         self.requests += requests
         self.rows += rows
         self.compute_seconds += compute_seconds
         self.cache_hits += cache_hits
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -137,7 +148,8 @@ class UsageReport:
         }
 
 
-# Deltas per (window start, tenant, model): [requests, rows, compute seconds, cache hits].
+# Deltas per (window start, tenant, model): [requests, rows, compute seconds, cache hits, prompt tokens,
+# completion tokens].
 _Deltas = dict[tuple[int, str, str], list]
 
 
@@ -178,6 +190,7 @@ class UsageMeter:
         self._rows = metrics.Children(metrics.TENANT_ROWS)
         self._compute = metrics.Children(metrics.TENANT_COMPUTE_SECONDS)
         self._hits = metrics.Children(metrics.TENANT_CACHE_HITS)
+        self._tokens = metrics.Children(metrics.TENANT_TOKENS)
         self._pending: _Deltas = {}
         self._local: _Deltas = {}  # this replica's totals: the report when Redis is absent or away
         self._failing = False
@@ -198,11 +211,17 @@ class UsageMeter:
         compute_s: float = 0.0,
         cache_hit: bool = False,
         requests: int = 1,
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
     ) -> None:
-        """Count one answered request (``requests=0, rows=0``: only the compute of one that failed). No I/O."""
+        """Count one answered request (``requests=0, rows=0``: only the compute of one that failed). No I/O.
+
+        ``prompt_tokens`` and ``completion_tokens``: a generation's (or an embedding's input) tokens.
+        """
         window = int(self._clock() // self.window_s) * self.window_s
         key = (window, tenant, model)
-        values = (requests, rows, max(0.0, compute_s), int(cache_hit))
+        prompt_tokens, completion_tokens = max(0, int(prompt_tokens)), max(0, int(completion_tokens))
+        values = (requests, rows, max(0.0, compute_s), int(cache_hit), prompt_tokens, completion_tokens)
         for table in (self._pending, self._local):
             acc = table.get(key)
             if acc is None:
@@ -217,6 +236,10 @@ class UsageMeter:
             self._compute(tenant, model).inc(compute_s)
         if cache_hit:
             self._hits(tenant, model).inc()
+        if prompt_tokens:
+            self._tokens(tenant, model, "prompt").inc(prompt_tokens)
+        if completion_tokens:
+            self._tokens(tenant, model, "completion").inc(completion_tokens)
 
     # ---- flushing ----------------------------------------------------------------------------------
 
@@ -253,7 +276,7 @@ class UsageMeter:
                 async with asyncio.timeout(self.timeout_s):
                     async with self._redis.pipeline(transaction=True) as pipe:
                         windows = set()
-                        for (window, tenant, model), (requests, rows, compute, hits) in batch.items():
+                        for (window, tenant, model), (requests, rows, compute, hits, ptok, ctok) in batch.items():
                             key = f"{self.prefix}{window}"
                             base = f"{tenant}|{model}|"
                             pipe.hincrby(key, base + "requests", requests)
@@ -262,6 +285,10 @@ class UsageMeter:
                                 pipe.hincrbyfloat(key, base + "compute_seconds", compute)
                             if hits:
                                 pipe.hincrby(key, base + "cache_hits", hits)
+                            if ptok:
+                                pipe.hincrby(key, base + "prompt_tokens", ptok)
+                            if ctok:
+                                pipe.hincrby(key, base + "completion_tokens", ctok)
                             windows.add(key)
                         for key in windows:
                             pipe.expire(key, ttl)
@@ -318,19 +345,21 @@ class UsageMeter:
                 for window, fields in zip(windows, hashes):
                     for name, value in fields.items():
                         t, m, counter = name.rsplit("|", 2)
-                        acc = rows.setdefault((window, t, m), [0, 0, 0.0, 0])
+                        if counter not in COUNTERS:
+                            continue  # a counter a newer gateway writes
+                        acc = rows.setdefault((window, t, m), [0, 0, 0.0, 0, 0, 0])
                         acc[COUNTERS.index(counter)] += float(value) if counter == "compute_seconds" else int(value)
         if source == "local":
             wanted = set(windows)
             _merge(rows, {k: v for k, v in self._local.items() if k[0] in wanted})
         records: list[UsageRecord] = []
         totals: dict[tuple[str, str], UsageRecord] = {}
-        for (window, t, m), (requests, n, compute, hits) in sorted(rows.items()):
+        for (window, t, m), values in sorted(rows.items()):
             if (tenant is not None and t != tenant) or (model is not None and m != model):
                 continue
-            records.append(UsageRecord(t, m, window, window + self.window_s, requests, n, compute, hits))
+            records.append(UsageRecord(t, m, window, window + self.window_s, *values))
             total = totals.setdefault((t, m), UsageRecord(t, m, windows[0], windows[-1] + self.window_s))
-            total.add(requests, n, compute, hits)
+            total.add(*values)
         return UsageReport(
             start=windows[0],
             end=windows[-1] + self.window_s,

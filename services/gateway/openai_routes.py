@@ -2,8 +2,9 @@
 
 Completions run on the ``llm`` backend; embeddings on a text-embedding model
 (one BYTES input, one FP32 output: ``minilm``), ``encoding_format`` float or
-base64, at most 64 strings a request, usage not counted (0: the model
-tokenizes inside its graph).
+base64, at most 64 strings a request. The model tokenizes inside its graph;
+one that also answers an INT64 ``token_count`` output (``minilm`` does: its
+attention mask's sum per text) gives ``usage.prompt_tokens``, else it is 0.
 
 The official ``openai`` client works unchanged with ``base_url=<gateway>/v1``
 and ``api_key`` a tenant's API key (any string in demo mode): the key
@@ -43,7 +44,7 @@ from aiworks.core.datatypes import Tensor, serialize_items
 from aiworks.core.errors import AIWorksError, InvalidArgument, UnknownModel
 from aiworks.core.inference import InferRequest
 from aiworks.gateway import generate
-from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
+from aiworks.gateway.dataplane import TOKEN_COUNT_OUTPUT, GatewayDataPlane, counted_tokens, request_limit
 from aiworks.gateway.filters import read_body
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream", "stream_options", "n",
@@ -165,11 +166,15 @@ def add_openai_routes(app: FastAPI, dataplane: GatewayDataPlane, max_request_byt
             events = _stream(ident, created, doc["model"], chat, first, rest, include_usage)
             return StreamingResponse(events, media_type="text/event-stream; charset=utf-8")
         pieces, first, last = [], None, None
-        async with contextlib.aclosing(running.responses()) as responses:
-            async for r in responses:
-                first = first or r
-                last = r
-                pieces.append(generate.text_of(r))
+        try:
+            async with generate.cancel_on_disconnect(running, request.receive):
+                async with contextlib.aclosing(running.responses()) as responses:
+                    async for r in responses:
+                        first = first or r
+                        last = r
+                        pieces.append(generate.text_of(r))
+        except generate.ClientGone:  # the sequence is cancelled; nobody reads an answer
+            return Response(status_code=generate.CLIENT_GONE_STATUS)
         text = "".join(pieces)
         reason = str(last.parameters.get("finish_reason", "stop")) if last is not None else "stop"
         if chat:
@@ -241,13 +246,14 @@ def add_openai_routes(app: FastAPI, dataplane: GatewayDataPlane, max_request_byt
         if fmt not in ("float", "base64"):
             raise InvalidArgument("'encoding_format' must be 'float' or 'base64'")
         meta = await dataplane.model_metadata(doc["model"], "", request.headers)
-        if len(meta["inputs"]) != 1 or meta["inputs"][0]["datatype"] != "BYTES" or len(meta["outputs"]) != 1:
+        vectors_out = [o["name"] for o in meta["outputs"] if o["name"] != TOKEN_COUNT_OUTPUT]
+        if len(meta["inputs"]) != 1 or meta["inputs"][0]["datatype"] != "BYTES" or len(vectors_out) != 1:
             raise InvalidArgument(f"model '{doc['model']}' is not a text-embedding model (one BYTES input, one output)")
         raw = serialize_items([t.encode("utf-8") for t in texts])
         infer = InferRequest(doc["model"], "", [Tensor(meta["inputs"][0]["name"], "BYTES", (len(texts), 1), raw)])
         response = await dataplane.infer(infer, principal, None, api="/v1/embeddings")
-        out = response.outputs[0]
-        if out.datatype != "FP32":
+        out = next((t for t in response.outputs if t.name == vectors_out[0]), None)
+        if out is None or out.datatype != "FP32":
             raise InvalidArgument(f"model '{doc['model']}' does not answer FP32 embeddings")
         vectors = np.frombuffer(out.raw, dtype="<f4").reshape(len(texts), -1)
         data = [
@@ -255,8 +261,8 @@ def add_openai_routes(app: FastAPI, dataplane: GatewayDataPlane, max_request_byt
              "embedding": base64.b64encode(v.tobytes()).decode() if fmt == "base64" else v.tolist()}
             for i, v in enumerate(vectors)
         ]  # fmt: skip
-        # The model tokenizes inside its graph: the gateway does not know its token counts.
-        usage = {"prompt_tokens": 0, "total_tokens": 0}
+        tokens = counted_tokens(response)  # the model's own count (0 when it gives none)
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
         body = {"object": "list", "data": data, "model": doc["model"], "usage": usage}
         return Response(orjson.dumps(body), media_type="application/json")
 

@@ -84,6 +84,9 @@ class Tenant(_Section):
     max_tokens: int | None = Field(
         None, ge=1, description="Most new tokens one generation may ask for (its max_tokens); unset: the model's cap."
     )
+    max_tokens_per_minute: int | None = Field(
+        None, ge=1, description="Tokens (prompt and completion) its generations may use per minute, all replicas."
+    )
     default_priority: Priority | None = Field(None, description="Class of requests that name none.")
     max_priority: Priority | None = Field(
         None, description="Most urgent class it may ask for; unset: its default_priority (or any, without one)."
@@ -140,6 +143,13 @@ class Tenant(_Section):
 
     @property
     def limited(self) -> bool:
+        return bool(
+            self.requests_per_second or self.max_concurrent_requests or self.compute_quota or self.max_tokens_per_minute
+        )
+
+    @property
+    def limits_requests(self) -> bool:
+        """Whether a limit applies to every request (rate, concurrency, quota), not only to generations' tokens."""
         return bool(self.requests_per_second or self.max_concurrent_requests or self.compute_quota)
 
     def allows(self, model: str) -> bool:

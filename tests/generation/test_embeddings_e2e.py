@@ -38,3 +38,19 @@ def test_openai_embeddings_match_the_model_in_process(minilm_suite):
         client.embeddings.create(model="minilm", input=["x"] * 65)
     r = requests.post(f"http://{suite.http_url}/v1/embeddings", json={"model": "minilm", "input": []})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_embeddings_usage_is_the_models_own_token_count(minilm_suite):
+    suite, _ = minilm_suite
+    texts = ["How do I reset my password?", "Short.", "Café au lait, naïve résumé — accents are stripped."]
+    # The tokenizer in process (Hugging Face's, outside the graph): [CLS] and [SEP] included.
+    want = int(minilm.tokenize(texts)["attention_mask"].sum())
+    assert want > 3 * 2
+    base = f"http://{suite.http_url}"
+    before = requests.get(f"{base}/v2/usage", params={"model": "minilm"}, timeout=10).json()["totals"]
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="demo", max_retries=0)
+    got = client.embeddings.create(model="minilm", input=texts)
+    assert got.usage.prompt_tokens == want and got.usage.total_tokens == want
+    after = requests.get(f"{base}/v2/usage", params={"model": "minilm"}, timeout=10).json()["totals"]
+    metered = after[0]["prompt_tokens"] - (before[0]["prompt_tokens"] if before else 0)
+    assert metered == want and after[0]["completion_tokens"] == 0

@@ -20,7 +20,10 @@ def test_config_takes_text_and_returns_embeddings(minilm_repo):
     config = read_config(folder)
     assert config.max_batch_size == 64 and config.batching.enabled
     assert [(t.name, t.datatype, t.dims) for t in config.inputs] == [("text", "BYTES", (1,))]
-    assert [(t.name, t.datatype, t.dims) for t in config.outputs] == [("embedding", "FP32", (384,))]
+    assert [(t.name, t.datatype, t.dims) for t in config.outputs] == [
+        ("embedding", "FP32", (384,)),
+        ("token_count", "INT64", (1,)),
+    ]
     assert config.parameters[minilm.EXTENSIONS_PARAMETER] == "true"
     assert config.version_policy.kind == "all"
     assert (folder / "1" / "model.onnx").is_file() and (folder / "2" / "model.onnx").is_file()
@@ -41,6 +44,16 @@ def test_onnx_embeddings_match_pytorch(minilm_repo, minilm_reference):
     assert got.shape == (len(minilm.SENTENCES), 384)
     assert cosine(got, minilm_reference).min() >= 0.999
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)  # normalised, as the pipeline says
+
+
+def test_the_text_model_counts_each_texts_tokens_as_the_tokenizer_does(minilm_repo):
+    folder, _ = minilm_repo
+    session = open_session(folder / "1" / "model.onnx")
+    texts = np.asarray(list(minilm.SENTENCES), dtype=object).reshape(-1, 1)
+    (counts,) = session.run([minilm.TOKEN_COUNT], {"text": texts})
+    want = minilm.tokenize(list(minilm.SENTENCES))["attention_mask"].sum(axis=1, keepdims=True)
+    assert counts.dtype == np.int64 and counts.shape == (len(minilm.SENTENCES), 1)
+    np.testing.assert_array_equal(counts, want)
 
 
 def test_int8_embeddings_stay_within_cosine_0_99(minilm_repo, minilm_reference):

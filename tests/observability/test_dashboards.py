@@ -41,6 +41,7 @@ def test_the_dashboards_cover_the_views_the_suite_needs():
         "aiworks-cache",
         "aiworks-scheduler",
         "aiworks-replicas",
+        "aiworks-generation",
     }
 
 
@@ -114,6 +115,14 @@ def test_the_dashboards_answer_the_questions_of_the_issue():
         "aiworks_scheduler_replica_up",
         "aiworks_scheduler_replica_ejected",
     } <= shown["aiworks-replicas"]
+    assert {
+        "aiworks_runtime_llm_time_to_first_token_seconds_bucket",
+        "aiworks_runtime_llm_inter_token_seconds_bucket",
+        "aiworks_runtime_llm_tokens_total",
+        "aiworks_runtime_llm_kv_tokens",
+        "aiworks_runtime_llm_sequences",
+        "aiworks_tenant_tokens_total",
+    } <= shown["aiworks-generation"]
     heatmaps = {p["title"] for p in panels(load_dashboards()["aiworks-replicas"]) if p["type"] == "heatmap"}
     assert heatmaps == {"Health score by replica"}
     tenant_queries = panel_queries(load_dashboards()["aiworks-tenants"])

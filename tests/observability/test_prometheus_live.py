@@ -8,7 +8,8 @@ scheduler's per-try timeout, and a Prometheus started by
 happen for real: hits and misses of the result cache, two model versions,
 three priorities, malformed requests and unknown models, requests whose
 deadline passes, bursts that overflow a short queue, retries and ejections
-of the hanging replica, and a replica killed and restarted by the monitor.
+of the hanging replica, a replica killed and restarted by the monitor, and
+generations of a tiny random-weight ``codegen`` (the Generation dashboard).
 
 Then each panel query of each committed dashboard, with its template
 variables set to real values read from Prometheus as Grafana would, must
@@ -40,6 +41,7 @@ from aiworks.supervisor.supervisor import SuiteConfig, Supervisor, free_port
 from .support import PrometheusAPI, has_data, load_dashboards, panel_queries, rules, variables
 
 MODEL = "scale"
+LLM = "codegen"
 SLOW_REPLICA = "runtime-slow"
 
 # Settings that make the rare events of the failure panels happen within seconds.
@@ -96,6 +98,10 @@ def write_repository(root: Path) -> Path:
         "dynamic_batching { }\n"
         "response_cache { enable: true }\n"
     )
+    from aiworks.lifecycle.llm import LlmSpec, build
+
+    tiny = LlmSpec(layers=2, heads=2, dim=64, context=256, vocab=1024, corpus_mb=0.5, random=True)
+    build(root, tiny, cache_dir=None, progress=False, kv_budget_tokens=2048, max_sequences=16)  # codegen: seconds
     return root
 
 
@@ -107,6 +113,7 @@ class Load:
     """Mixed traffic on the suite from a thread of its own until stopped; counts outcomes by status."""
 
     grpc_url: str
+    http_url: str
     kill_slow_replica: Callable[[], None]
     outcomes: Counter = field(default_factory=Counter)
     stop: threading.Event = field(default_factory=threading.Event)
@@ -168,13 +175,31 @@ class Load:
                 await asyncio.gather(*(infer(rng.random((2, 4), dtype=np.float32)) for _ in range(24)))
                 await asyncio.sleep(1.0)
 
+        async def generations() -> None:
+            """Generations one after another through Triton's generate extension: the Generation dashboard."""
+            import httpx
+
+            async with httpx.AsyncClient(base_url=f"http://{self.http_url}", timeout=30) as http:
+                i = 0
+                while not self.stop.is_set():
+                    i += 1
+                    body = {"text_input": "def f" * (1 + i % 4), "max_tokens": 8 + i % 16, "ignore_eos": True}
+                    try:
+                        r = await http.post(f"/v2/models/{LLM}/generate", json=body)
+                        self.outcomes["generate ok" if r.status_code == 200 else f"generate {r.status_code}"] += 1
+                    except httpx.HTTPError as exc:
+                        self.outcomes[f"generate {type(exc).__name__}"] += 1
+                    await asyncio.sleep(0.05)
+
         async def kill_once() -> None:
             """SIGKILL the slow replica after a few seconds: the monitor restarts it (its action panel)."""
             await asyncio.sleep(4.0)
             self.kill_slow_replica()
 
         try:
-            await asyncio.gather(steady(0), steady(1), steady(2), repeats(), faults(), bursts(), kill_once())
+            await asyncio.gather(
+                steady(0), steady(1), steady(2), repeats(), faults(), bursts(), generations(), kill_once()
+            )
         finally:
             await client.close()
 
@@ -229,7 +254,7 @@ def observed(prometheus_binaries, tmp_path_factory) -> Iterator[Observed]:
         def kill_slow_replica() -> None:
             os.kill(supervisor.child(SLOW_REPLICA).process.pid, signal.SIGKILL)
 
-        load = Load(f"127.0.0.1:{config.grpc_port}", kill_slow_replica)
+        load = Load(f"127.0.0.1:{config.grpc_port}", f"127.0.0.1:{config.http_port}", kill_slow_replica)
         started_s = time.time()
         load.start()
         yield Observed(supervisor, prometheus, PrometheusAPI(prometheus.url), load, started_s)

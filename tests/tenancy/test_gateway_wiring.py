@@ -117,11 +117,15 @@ def test_usage_table():
                 "rows": 22,
                 "compute_seconds": 0.27,
                 "cache_hits": 5,
+                "prompt_tokens": 120,
+                "completion_tokens": 64,
             },
         ],  # fmt: skip
     }
     lines = format_report(report).splitlines()
     assert lines[0] == "usage 2026-01-01T00:00:00Z .. 2026-01-01T02:00:00Z (windows of 3600 s, source redis)"
-    assert lines[1].split() == ["tenant", "model", "requests", "rows", "compute_seconds", "cache_hits"]
-    assert lines[2].split() == ["acme", "iris", "13", "22", "0.270", "5"]
+    assert lines[1].split() == [
+        "tenant", "model", "requests", "rows", "compute_seconds", "cache_hits", "prompt_tokens", "completion_tokens"
+    ]  # fmt: skip
+    assert lines[2].split() == ["acme", "iris", "13", "22", "0.270", "5", "120", "64"]
     assert format_report(report, per_window=True).endswith("no usage in this period")

@@ -65,8 +65,32 @@ async def test_two_replicas_usage_adds_up(redis_server):
             "rows": 19,
             "compute_seconds": 0.17,
             "cache_hits": 5,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
         }
     ]
+    await a.close()
+    await b.close()
+
+
+async def test_generation_tokens_add_up_across_replicas(redis_server):
+    clock = Clock()
+    a = UsageMeter(redis_server.url, window_s=WINDOW_S, flush_interval_s=0.02, timeout_s=0.5, clock=clock)
+    b = UsageMeter(redis_server.url, window_s=WINDOW_S, flush_interval_s=0.02, timeout_s=0.5, clock=clock)
+    await a.start()
+    await b.start()
+    a.record("acme", "codegen", prompt_tokens=11, completion_tokens=7)
+    b.record("acme", "codegen", prompt_tokens=5, completion_tokens=3)
+    b.record("acme", "codegen", requests=0, rows=0, prompt_tokens=4, completion_tokens=2)  # a cancelled stream
+    a.record("acme", "minilm", rows=2, prompt_tokens=9)
+    await asyncio.sleep(0.1)
+    report = await b.report(T0, T0 + WINDOW_S, tenant="acme")
+    assert report.source == "redis"
+    totals = {r.model: r for r in report.totals}
+    assert (totals["codegen"].requests, totals["codegen"].prompt_tokens, totals["codegen"].completion_tokens) == (
+        2, 20, 12
+    )  # fmt: skip
+    assert (totals["minilm"].prompt_tokens, totals["minilm"].completion_tokens) == (9, 0)
     await a.close()
     await b.close()
 

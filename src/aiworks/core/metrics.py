@@ -127,6 +127,12 @@ TENANT_COMPUTE_SECONDS = Counter(
 TENANT_CACHE_HITS = Counter(
     "aiworks_tenant_cache_hits", "Requests answered from the result cache, by tenant and model.", ["tenant", "model"]
 )
+TENANT_TOKENS = Counter(
+    "aiworks_tenant_tokens",
+    "Tokens metered to tenants, by tenant, model and kind (prompt: a generation's prompt or an embedding's input; "
+    "completion: generated tokens).",
+    ["tenant", "model", "kind"],
+)
 
 # ---- the scheduling stage ----------------------------------------------------------------------
 # The names keep the "scheduler" prefix so dashboards and alerts keep working, but queues and batching

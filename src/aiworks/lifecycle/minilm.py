@@ -10,6 +10,11 @@ built in two parts and merged into one graph:
    (Transformer, Pooling mean, Normalize) defines;
 2. the tokenizer in front (:mod:`.tokenizer_graph`), so clients send text.
 
+Besides ``embedding``, the text model answers ``token_count`` (INT64
+``[batch, 1]``): the tokens each text became, the sum of its attention mask
+(``[CLS]`` and ``[SEP]`` included, at most 128). ``/v1/embeddings`` reports
+it as ``usage.prompt_tokens`` and the gateway meters it (docs/tenancy.md).
+
 The runtime needs onnxruntime-extensions' custom-op library registered for
 the tokenizer op; the config carries ``parameters { key: "onnxruntime_extensions" }``
 to ask for it.
@@ -34,6 +39,7 @@ TORCH_NAME = "minilm_torch"  # the pytorch backend's copy (token ids in)
 TOKENS_NAME = "minilm_tokens"  # the ONNX encoder with token ids in, its twin on ONNX Runtime
 MAX_LENGTH = 128
 DIM = 384
+TOKEN_COUNT = "token_count"  # the text model's second output: tokens per text (the attention mask's sum)
 MAX_BATCH_SIZE = 64
 QUEUE_DELAY_US = 2000
 
@@ -202,17 +208,30 @@ def text_model(encoder_path: Path, tokenizer=None) -> onnx.ModelProto:
         lowercase=lowercase,
         strip_accents=lowercase if strip is None else strip,
     )
-    return with_tokenizer(tok_graph, onnx.load(str(encoder_path)))
+    return with_token_count(with_tokenizer(tok_graph, onnx.load(str(encoder_path))))
+
+
+def with_token_count(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Add ``token_count`` (INT64 [batch, 1]): the sum of each row's ``attention_mask``, the tokenizer's output."""
+    h = onnx.helper
+    axes = h.make_node("Constant", [], ["token_count_axes"],
+                       value=h.make_tensor("token_count_axes_value", onnx.TensorProto.INT64, [1], [1]))  # fmt: skip
+    total = h.make_node("ReduceSum", ["attention_mask", "token_count_axes"], [TOKEN_COUNT], keepdims=1)
+    model.graph.node.extend([axes, total])
+    model.graph.output.append(h.make_tensor_value_info(TOKEN_COUNT, onnx.TensorProto.INT64, ["batch", 1]))
+    onnx.checker.check_model(model)
+    return model
 
 
 def config_text(*, versions_all: bool = False) -> str:
-    """``config.pbtxt``: BYTES ``text`` dims [1] in, FP32 ``embedding`` dims [384] out, dynamic batching."""
+    """``config.pbtxt``: BYTES ``text`` dims [1] in; FP32 ``embedding`` [384] and INT64 ``token_count`` [1] out."""
     from aiworks.lifecycle.tokenizer_graph import bert_tokenizer_model
 
     # The config depends only on the graph's inputs and outputs, which a stub states.
     stub = bert_tokenizer_model(["[PAD]"], max_length=MAX_LENGTH)
     del stub.graph.output[:]
     stub.graph.output.append(onnx.helper.make_tensor_value_info("embedding", onnx.TensorProto.FLOAT, ["batch", DIM]))
+    stub.graph.output.append(onnx.helper.make_tensor_value_info(TOKEN_COUNT, onnx.TensorProto.INT64, ["batch", 1]))
     return make_config(
         NAME,
         stub,
