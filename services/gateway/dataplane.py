@@ -396,6 +396,8 @@ class GatewayDataPlane:
         its replica.
         """
         tenancy = self.tenancy
+        if PUBLISH_PARAMETER in request.parameters:
+            raise InvalidArgument(f"parameter '{PUBLISH_PARAMETER}' applies to one-answer inferences, not to streams")
         tenant, spec, rows, options = await self._checked(request, principal, pending, request_id, transport_deadline_s)
         admission = await tenancy.limiter.admit(tenant)
         work = Work()
