@@ -12,7 +12,7 @@ import redis.asyncio as redis
 from aiworks.core import metrics
 from aiworks.core.datatypes import Tensor
 from aiworks.core.errors import InvalidArgument, PayloadTooLarge
-from aiworks.core.inference import InferResponse
+from aiworks.core.inference import InferRequest, InferResponse
 from aiworks.streams.store import (
     FIELD,
     Publisher,
@@ -124,3 +124,18 @@ def test_a_consumer_group_shares_entries_and_claims_what_a_dead_member_left(redi
         await client.aclose()
 
     asyncio.run(run())
+
+
+def test_the_publish_parameter_is_taken_out_of_the_request_and_refused_when_streams_are_off():
+    from aiworks.gateway.dataplane import GatewayDataPlane
+
+    request = InferRequest("digits", parameters={"publish": "twin", "priority": "batch"})
+    off = GatewayDataPlane(scheduler=None, routing=None)
+    with pytest.raises(InvalidArgument, match="result streams are off"):
+        off._publish_target(request)
+    on = GatewayDataPlane(scheduler=None, routing=None, streams=Publisher(None))
+    request = InferRequest("digits", parameters={"publish": "twin", "priority": "batch"})
+    assert on._publish_target(request) == "twin" and request.parameters == {"priority": "batch"}
+    with pytest.raises(InvalidArgument, match="stream name 'a b'"):
+        on._publish_target(InferRequest("digits", parameters={"publish": "a b"}))
+    assert on._publish_target(InferRequest("digits")) is None
