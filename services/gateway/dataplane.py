@@ -64,6 +64,7 @@ from aiworks.runtime.client import Work, outstanding_compute_s
 from aiworks.scheduler.client import Routing, SchedulerClient
 from aiworks.security.audit import AuditLog
 from aiworks.security.audit_redis import RedisStreamSink
+from aiworks.streams.store import Publisher, check_name, result_record
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,8 @@ EXTENSIONS = [
     "system_shared_memory",
 ]
 
+# The request parameter that publishes the answer to a result stream of the caller's tenant (docs/tiers.md).
+PUBLISH_PARAMETER = "publish"
 _UNAUTHENTICATED = metrics.GATEWAY_REFUSED.labels("unauthenticated")
 # Reads a load request's overrides (its body, or its gRPC parameters): called only once the caller may load.
 ReadOverrides = Callable[[], Awaitable[LoadOverrides]]
@@ -270,8 +273,11 @@ class GatewayDataPlane:
         diagnostics: Diagnostics | None = None,
         max_load_file_bytes: int = 32 << 20,
         shared_memory: SharedMemoryRegistry | None = None,
+        streams: Publisher | None = None,
     ):
         self.scheduler = scheduler
+        # Result streams (docs/tiers.md): where a request's ``publish`` parameter sends its answer; None: off.
+        self.streams = streams
         self.max_load_file_bytes = max_load_file_bytes
         # Triton's trace and log settings over the gateway's tracing sample ratio and log level.
         self.diagnostics = diagnostics if diagnostics is not None else Diagnostics()
@@ -410,6 +416,7 @@ class GatewayDataPlane:
         front end in Triton's refusal of a decoupled model (which only a stream can serve).
         """
         tenancy = self.tenancy
+        publish_to = self._publish_target(request)
         tenant, spec, rows, options = await self._checked(
             request, principal, pending, request_id, transport_deadline_s, one_answer=api
         )
@@ -434,7 +441,23 @@ class GatewayDataPlane:
                              prompt_tokens=counted_tokens(response))  # fmt: skip
         if options.clamped:
             response.parameters[PRIORITY_CLAMPED] = options.priority.label
-        return await tenancy.masking.mask_async(spec, response)
+        response = await tenancy.masking.mask_async(spec, response)
+        if publish_to is not None:  # what the caller sees, masked; appended in the background
+            record = result_record(response, publish_to, self.streams.max_record_bytes)
+            record["id"] = record["id"] or request_id
+            self.streams.publish(tenant.id, publish_to, record, tenant.stream_rules)
+        return response
+
+    def _publish_target(self, request: InferRequest) -> str | None:
+        """The stream named by the request's ``publish`` parameter (taken out: no model sees it); 400 when bad."""
+        name = request.parameters.pop(PUBLISH_PARAMETER, None)
+        if name is None:
+            return None
+        if self.streams is None:
+            raise InvalidArgument(
+                f"parameter '{PUBLISH_PARAMETER}': result streams are off on this gateway (setting result_streams)"
+            )
+        return check_name(name)
 
     async def infer_stream(
         self, request: InferRequest, principal: Principal | None = None, pending: PendingInputs | None = None, *,
@@ -451,6 +474,8 @@ class GatewayDataPlane:
         its replica.
         """
         tenancy = self.tenancy
+        if PUBLISH_PARAMETER in request.parameters:
+            raise InvalidArgument(f"parameter '{PUBLISH_PARAMETER}' applies to one-answer inferences, not to streams")
         tenant, spec, rows, options = await self._checked(request, principal, pending, request_id, transport_deadline_s)
         admission = await tenancy.limiter.admit(tenant, token_reserve(tenant, spec, request))
         work = Work()

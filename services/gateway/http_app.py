@@ -51,6 +51,7 @@ from aiworks.gateway.http_codec import (
 from aiworks.gateway.metering import DEFAULT_USAGE_SPAN_S, parse_time
 from aiworks.gateway.openai_routes import add_openai_routes
 from aiworks.gateway.shared_memory import store_outputs
+from aiworks.gateway.stream_routes import StreamFront
 from aiworks.gateway.telemetry import REQUEST_ID_HEADER
 
 log = logging.getLogger(__name__)
@@ -250,12 +251,14 @@ def _time_param(request: Request, name: str) -> float | None:
 
 def create_app(
     dataplane: GatewayDataPlane, *, max_request_bytes: int, batch=None, batch_max_file_bytes: int = 512 << 20,
-    nearline=None, nearline_max_backlog: int = 100_000,
+    nearline=None, nearline_max_backlog: int = 100_000, streams=None,
 ):  # fmt: skip
     """The gateway's HTTP app: the FastAPI routes, with the infer fast path in front.
 
     ``batch``: the Batch API's :class:`aiworks.batch.service.BatchService`; ``nearline``: the
-    :class:`aiworks.nearline.queue.AsyncQueue` of asynchronous requests; None when not configured.
+    :class:`aiworks.nearline.queue.AsyncQueue` of asynchronous requests; ``streams``: the keyword
+    arguments of :class:`aiworks.gateway.stream_routes.StreamFront` (its ``reader`` and bounds); None
+    when not configured.
     """
     app = FastAPI(title="AIWorks gateway", description="KServe v2 / Open Inference Protocol", docs_url="/docs")
 
@@ -477,6 +480,8 @@ def create_app(
 
     app.openapi()  # built once now, not on the event loop of the first request that asks for it
     front = InferFastPath(app, dataplane, max_request_bytes)
-    if nearline is None:
-        return front
-    return AsyncInferFront(front, dataplane, nearline, max_request_bytes, nearline_max_backlog)  # docs/tiers.md
+    if nearline is not None:
+        front = AsyncInferFront(front, dataplane, nearline, max_request_bytes, nearline_max_backlog)  # docs/tiers.md
+    if streams is not None:
+        front = StreamFront(front, dataplane, **streams)  # GET /v2/streams/{name}, docs/tiers.md
+    return front

@@ -21,6 +21,8 @@ from aiworks.core import metrics
 log = logging.getLogger(__name__)
 
 _WARN_EVERY_S = 60.0
+# scope["extensions"][ABORT_EXTENSION](): close the connection at once, discarding what is unsent.
+ABORT_EXTENSION = "aiworks.abort"
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
@@ -46,6 +48,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._head_bytes = 0
+        # How an app ends a connection whose peer stopped reading (result streams drop slow subscribers).
+        self.scope.setdefault("extensions", {})[ABORT_EXTENSION] = self.transport.abort
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:

@@ -16,6 +16,7 @@ from aiworks.core.errors import AIWorksError
 from aiworks.core.lifecycle import settle_memory, stop_event
 from aiworks.core.looplag import start_loop_lag_probe
 from aiworks.core.metrics import serve_metrics_or_warn, stop_metrics
+from aiworks.core.redis_client import fail_fast_redis
 from aiworks.core.rpc import add_port, create_server, set_serving, use_process_caller
 from aiworks.core.tracing import setup_tracing, shutdown_tracing
 from aiworks.gateway.dataplane import GatewayDataPlane, Tenancy
@@ -29,6 +30,7 @@ from aiworks.nearline.queue import AsyncQueue
 from aiworks.scheduler.client import Routing, SchedulerClient
 from aiworks.security.callers import own_caller
 from aiworks.security.tls import uvicorn_ssl_options
+from aiworks.streams.store import Publisher, Reader
 
 log = logging.getLogger("aiworks.gateway")
 
@@ -80,10 +82,24 @@ async def serve(settings: GatewaySettings) -> None:
             tls=internal_tls,
         )
     diagnostics = Diagnostics(settings.trace_file.name if settings.trace_file else "")
+    publisher = reader = None
+    if settings.result_streams:
+        if not settings.redis_url:
+            raise SystemExit("AIWORKS_GATEWAY_RESULT_STREAMS needs AIWORKS_GATEWAY_REDIS_URL: the streams are in Redis")
+        publisher = Publisher(
+            fail_fast_redis(settings.redis_url, max_connections=4, timeout_s=5.0), max_len=settings.stream_max_len,
+            queue_size=settings.stream_publish_queue, max_record_bytes=settings.stream_max_record_bytes,
+        )  # fmt: skip
+        publisher.start()
+        # Each subscriber holds a connection while its read blocks (1 s at most): one per subscriber.
+        reader = Reader(
+            fail_fast_redis(settings.redis_url, max_connections=settings.stream_max_subscribers + 4, timeout_s=5.0),
+            claim_idle_s=settings.stream_claim_idle_s,
+        )
     dataplane = GatewayDataPlane(
         scheduler, routing, settings.server_name, cache=cache, tenancy=tenancy, diagnostics=diagnostics,
         max_load_file_bytes=settings.max_load_file_bytes,
-        shared_memory=SharedMemoryRegistry(settings.shared_memory_max_regions),
+        shared_memory=SharedMemoryRegistry(settings.shared_memory_max_regions), streams=publisher,
     )  # fmt: skip
 
     grpc_server, health = create_server(settings.max_request_bytes, max_metadata_bytes=settings.max_header_bytes)
@@ -109,6 +125,10 @@ async def serve(settings: GatewaySettings) -> None:
         dataplane, max_request_bytes=settings.max_request_bytes, batch=batch,
         batch_max_file_bytes=settings.batch_max_file_bytes, nearline=nearline,
         nearline_max_backlog=settings.async_max_backlog,
+        streams=None if reader is None else {
+            "reader": reader, "buffer_events": settings.stream_buffer_events,
+            "send_timeout_s": settings.stream_send_timeout_s, "max_subscribers": settings.stream_max_subscribers,
+        },
     )  # fmt: skip
     http = _HttpServer(
         uvicorn.Config(
@@ -159,6 +179,10 @@ async def serve(settings: GatewaySettings) -> None:
         await batch.store.close()
     if nearline is not None:
         await nearline.close()
+    if publisher is not None:
+        await publisher.close()
+        await publisher.redis.aclose()
+        await reader.redis.aclose()
     await tenancy.close()  # the last usage to Redis, the last audit lines to disk
     lag.stop()
     await stop_metrics(metrics)

@@ -139,6 +139,30 @@ class GatewaySettings(ServiceSettings):
     async_result_ttl_s: float = Field(3600.0, gt=0, description="How long an asynchronous request's result is kept.")
     async_max_backlog: int = Field(100_000, ge=1, description="Most queued asynchronous requests; more get 429.")
 
+    # ---- result streams for digital twins (docs/tiers.md); needs redis_url too ----
+    result_streams: bool = Field(
+        False, description="Honour the `publish` request parameter and serve GET /v2/streams/{name} (SSE); off: 400."
+    )
+    stream_max_len: int = Field(
+        10_000, ge=1, description="Entries a result stream keeps, trimmed approximately (MAXLEN ~) at each append."
+    )
+    stream_max_record_bytes: int = Field(
+        64 * 1024, ge=1, description="Largest outputs (raw bytes) a request may publish; more: 413 naming the stream."
+    )
+    stream_publish_queue: int = Field(
+        10_000, ge=1, description="Records waiting to be appended; more are dropped (aiworks_stream_publish_dropped)."
+    )
+    stream_buffer_events: int = Field(
+        100, ge=1, le=10_000, description="Most entries the gateway holds for one subscriber at once (one read)."
+    )
+    stream_send_timeout_s: float = Field(
+        5.0, gt=0, description="Longest one write to a subscriber may wait (its socket backed up) before it is dropped."
+    )
+    stream_max_subscribers: int = Field(1000, ge=1, description="Most subscribers this replica serves; more get 429.")
+    stream_claim_idle_s: float = Field(
+        30.0, gt=0, description="Age of a group's unacknowledged entry before another subscriber of the group takes it."
+    )
+
     # ---- audit log (docs/security.md) ----
     audit_log: Path | None = Field(
         None, description="Hash-chained JSON-lines audit log of inferences and admin actions; unset: no audit log."

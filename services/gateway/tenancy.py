@@ -41,6 +41,7 @@ from pydantic.alias_generators import to_camel
 from aiworks.core.errors import InvalidArgument
 from aiworks.core.options import Priority as OptionPriority
 from aiworks.gateway.filters import compile_deny_list
+from aiworks.streams.store import StreamRule
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,10 @@ class Tenant(_Section):
     api_keys: tuple[str, ...] = Field((), description='Hashes of its API keys, "sha256:<hex>".')
     jwt_subjects: tuple[str, ...] = Field((), description="Tenant-claim values besides its id that map to it.")
     admin: bool = Field(False, description="May load and unload models and read every tenant's usage.")
+    stream_rules: tuple[StreamRule, ...] = Field(
+        (), description="Rules on its result streams: an output element compared with a value appends an event "
+        "to another of its streams (docs/tiers.md).",
+    )  # fmt: skip
 
     @field_validator("models")
     @classmethod

@@ -2,7 +2,8 @@
 
 The redis-server is our own, on a free port, without persistence (as in
 tests/cache). The suite is the one the e2e tests start (scheduler, runtimes,
-gateway), with a tenants file, API keys, Redis and a batch file store. Batch
+gateway), with a tenants file (and a stream rule per tenant), API keys, Redis,
+a batch file store, asynchronous requests and result streams. Batch
 runners are real processes (``aiworks batch runner``), started per test.
 """
 
@@ -86,7 +87,10 @@ def batch_suite(model_repository, tmp_path_factory):
     keys, tenants = {}, []
     for tenant in TENANTS:
         keys[tenant], digest = generate_api_key()
-        tenants.append({"id": tenant, "models": ["digits", "iris"], "api_keys": [digest]})
+        tenants.append({"id": tenant, "models": ["digits", "iris"], "api_keys": [digest], "stream_rules": [
+            # Result streams (test_streams.py): a digit read as 3 on stream "twin" raises an event on "alerts".
+            {"stream": "twin", "output": "label", "index": 0, "op": "==", "value": 3, "event_stream": "alerts"},
+        ]})  # fmt: skip
     tenants_file = work / "tenants.yaml"
     tenants_file.write_text(yaml.safe_dump({"tenants": tenants}, sort_keys=False))
     env = {
@@ -94,6 +98,9 @@ def batch_suite(model_repository, tmp_path_factory):
         "AIWORKS_GATEWAY_REDIS_URL": redis.url,
         "AIWORKS_GATEWAY_BATCH_FILES_URL": str(work / "files"),
         "AIWORKS_GATEWAY_ASYNC_REQUESTS": "true",
+        "AIWORKS_GATEWAY_RESULT_STREAMS": "true",
+        "AIWORKS_GATEWAY_STREAM_SEND_TIMEOUT_S": "1.0",
+        "AIWORKS_GATEWAY_STREAM_BUFFER_EVENTS": "50",
         "AIWORKS_GATEWAY_LIMITS_TIMEOUT_S": "0.5",
         "AIWORKS_GATEWAY_USAGE_TIMEOUT_S": "1.0",
         "AIWORKS_GATEWAY_USAGE_FLUSH_INTERVAL_S": "0.1",

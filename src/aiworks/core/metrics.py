@@ -269,6 +269,19 @@ NEARLINE_OLDEST_AGE = Gauge(
     "aiworks_nearline_oldest_age_seconds", "Age of the oldest request this worker took, at its last take."
 )
 
+# ---- result streams (gateway, docs/tiers.md) -------------------------------------------------
+
+STREAM_PUBLISHED = Counter("aiworks_stream_published_total", "Result records appended to result streams.")
+STREAM_PUBLISH_DROPPED = Counter(
+    "aiworks_stream_publish_dropped_total", "Result records not published, by reason.", ["reason"]
+)  # reason: queue_full (the publisher's queue), redis_error, error
+STREAM_RULE_EVENTS = Counter("aiworks_stream_rule_events_total", "Events appended by stream rules that matched.")
+STREAM_SUBSCRIBERS = Gauge("aiworks_stream_subscribers", "Subscribers connected to result streams (SSE).")
+STREAM_EVENTS_SENT = Counter("aiworks_stream_events_sent_total", "Stream entries written to subscribers.")
+STREAM_SUBSCRIBERS_DROPPED = Counter(
+    "aiworks_stream_subscribers_dropped_total", "Subscribers disconnected by the gateway, by reason.", ["reason"]
+)  # reason: slow (the socket backed up), error
+
 # ---- monitor -------------------------------------------------------------------------------
 
 MONITOR_HEALTH_SCORE = "aiworks_monitor_replica_health_score"  # {replica}: 0..100

@@ -1,0 +1,176 @@
+"""Result streams (issue #19, item 3): results/s delivered to two SSE subscribers, and end-to-end latency.
+
+One suite (scheduler, runtime replica, gateway with result streams, a tenants file and a private
+redis-server) and two subscribers of one stream, reading ``GET /v2/streams/{name}`` with aiohttp in
+this process. Two phases:
+
+  delivery    records appended straight to the stream's Redis key, as fast as one pipelining
+              writer goes, for ``--delivery-s``: results/s each subscriber received (the SSE path
+              alone, no inference);
+  end-to-end  ``--rate`` inferences/s (open loop, digits v1, one row each, HTTP) with
+              ``parameters: {"publish": ...}`` for ``--duration-s``: each subscriber's p50 / p99 from
+              the request's send to the event's arrival, and from the gateway's answer (the
+              record's ``time``) to the arrival.
+
+Prints one JSON object. Usage: python bench/streams.py [--rate 200] [--duration-s 8] [--delivery-s 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import orjson
+import redis.asyncio as redis
+import yaml
+
+from aiworks.demo.models import build_demo_repository, digits_split
+from aiworks.gateway.auth import generate_api_key
+from aiworks.supervisor.supervisor import SuiteConfig, Supervisor, free_port
+
+STREAM = "bench"
+
+
+class Subscriber:
+    """Reads one SSE subscription; keeps each event's arrival time and record."""
+
+    def __init__(self, session: aiohttp.ClientSession, url: str, key: str):
+        self.arrivals: list[tuple[float, bytes]] = []
+        self.ready = asyncio.Event()
+        self.task = asyncio.create_task(self._read(session, url, key))
+
+    async def _read(self, session: aiohttp.ClientSession, url: str, key: str) -> None:
+        async with session.get(url, headers={"authorization": f"Bearer {key}"}, timeout=aiohttp.ClientTimeout()) as r:
+            assert r.status == 200, await r.text()
+            self.ready.set()
+            async for line in r.content:
+                if line.startswith(b"data: "):
+                    self.arrivals.append((time.time(), line[6:]))
+
+    def since(self, t: float) -> list[tuple[float, bytes]]:
+        return [a for a in self.arrivals if a[0] >= t]
+
+
+def _pcts(values: list[float]) -> dict:
+    if not values:
+        return {"n": 0}
+    ms = np.asarray(values) * 1000
+    return {"n": len(values), "p50_ms": round(float(np.percentile(ms, 50)), 2),
+            "p99_ms": round(float(np.percentile(ms, 99)), 2)}  # fmt: skip
+
+
+async def _delivery(store: redis.Redis, tenant: str, subscribers: list[Subscriber], seconds: float) -> dict:
+    key = f"aiworks:stream:{tenant}:{STREAM}"
+    record = orjson.dumps({"model": "digits", "version": "1", "id": "x", "time": 0.0,
+                           "outputs": [{"name": "label", "datatype": "INT64", "shape": [1], "data": [3]}]})  # fmt: skip
+    start = time.time()
+    written = 0
+    while time.time() - start < seconds:
+        async with store.pipeline(transaction=False) as pipe:
+            for _ in range(200):
+                pipe.xadd(key, {"r": record}, maxlen=10_000, approximate=True)
+            await pipe.execute()
+        written += 200
+        await asyncio.sleep(0)
+    await asyncio.sleep(1.0)  # the tail arrives
+    elapsed = time.time() - start
+    got = [len(s.since(start)) for s in subscribers]
+    return {"written": written, "received": got, "results_per_s_each": [round(g / elapsed) for g in got]}
+
+
+async def _end_to_end(session, base: str, key: str, subscribers: list[Subscriber], rate: float, seconds: float):
+    _, x, _, _ = digits_split()
+    rows = x.astype(np.float32)
+    headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+    start = time.time()
+    sent, failures = 0, 0
+    pending: set[asyncio.Task] = set()
+
+    async def one(i: int) -> None:
+        nonlocal failures
+        body = orjson.dumps({"id": repr(time.time()), "parameters": {"publish": STREAM},
+                             "inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64],
+                                         "data": rows[i % len(rows)].tolist()}]})  # fmt: skip
+        async with session.post(f"{base}/v2/models/digits/versions/1/infer", data=body, headers=headers) as r:
+            await r.read()
+            failures += r.status != 200
+
+    while time.time() - start < seconds:
+        due = start + sent / rate
+        await asyncio.sleep(max(0.0, due - time.time()))
+        task = asyncio.create_task(one(sent))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+        sent += 1
+    await asyncio.gather(*pending)
+    await asyncio.sleep(1.0)
+    result = {"rate": rate, "sent": sent, "failed": failures, "subscribers": []}
+    for s in subscribers:
+        from_send, from_answer = [], []
+        for arrived, data in s.since(start):
+            record = orjson.loads(data)
+            if record["id"] != "x":
+                from_send.append(arrived - float(record["id"]))
+                from_answer.append(arrived - record["time"])
+        result["subscribers"].append({"send_to_event": _pcts(from_send), "answer_to_event": _pcts(from_answer)})
+    return result
+
+
+async def _bench(base: str, key: str, redis_url: str, args) -> dict:
+    store = redis.Redis.from_url(redis_url)
+    await store.xadd(f"aiworks:stream:bench:{STREAM}", {"r": b'{"id": "x"}'})  # the stream exists
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256)) as session:
+        subscribers = [Subscriber(session, f"{base}/v2/streams/{STREAM}", key) for _ in range(2)]
+        await asyncio.wait_for(asyncio.gather(*(s.ready.wait() for s in subscribers)), 30)
+        delivery = await _delivery(store, "bench", subscribers, args.delivery_s)
+        end_to_end = await _end_to_end(session, base, key, subscribers, args.rate, args.duration_s)
+        for s in subscribers:
+            s.task.cancel()
+        await asyncio.gather(*(s.task for s in subscribers), return_exceptions=True)
+    await store.aclose()
+    return {"delivery": delivery, "end_to_end": end_to_end}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rate", type=float, default=200.0, help="inferences per second in the end-to-end phase")
+    parser.add_argument("--duration-s", type=float, default=8.0)
+    parser.add_argument("--delivery-s", type=float, default=5.0)
+    parser.add_argument("--repository", help="a prebuilt demo repository (default: built in a temporary folder)")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="aiworks-streams-"))
+    repository = Path(args.repository) if args.repository else work / "repository"
+    if not args.repository:
+        build_demo_repository(repository, progress=lambda m: None)
+    redis_port = free_port()
+    server = subprocess.Popen(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                               "--appendonly", "no", "--dir", str(work)], stdout=subprocess.DEVNULL)  # fmt: skip
+    redis_url = f"redis://127.0.0.1:{redis_port}/0"
+    key, digest = generate_api_key()
+    tenants = work / "tenants.yaml"
+    tenants.write_text(yaml.safe_dump({"tenants": [{"id": "bench", "models": ["digits"], "api_keys": [digest]}]}))
+    env = {"AIWORKS_GATEWAY_TENANTS_FILE": str(tenants), "AIWORKS_GATEWAY_REDIS_URL": redis_url,
+           "AIWORKS_GATEWAY_RESULT_STREAMS": "true", "AIWORKS_GATEWAY_LIMITS_TIMEOUT_S": "0.5"}  # fmt: skip
+    config = SuiteConfig.on_free_ports(model_repository=repository, log_dir=work / "logs", replicas=1, cache=False,
+                                       extra_env=env)  # fmt: skip
+    supervisor = Supervisor(config)
+    try:
+        supervisor.start()
+        result = asyncio.run(_bench(f"http://127.0.0.1:{config.http_port}", key, redis_url, args))
+        print(json.dumps(result, indent=2))
+    finally:
+        supervisor.stop()
+        server.terminate()
+        server.wait(10)
+
+
+if __name__ == "__main__":
+    main()
