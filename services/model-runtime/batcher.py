@@ -391,18 +391,23 @@ class ModelQueue:
     async def drain(self, timeout_s: float) -> bool:
         """Take no new requests; wait until the queued and running ones are answered (True) or ``timeout_s``."""
         self.closing = True
-        deadline = self._clock() + timeout_s
-        while not self.idle:
-            if self._clock() >= deadline:
-                return False
-            await asyncio.sleep(0.01)
-        return True
+        return await wait_idle(lambda: self.idle, self._clock, timeout_s)
 
     async def close(self, error: AIWorksError | None = None) -> None:
         """Stop the loop; requests still queued fail with ``error`` (default: the runtime is shutting down)."""
         self.closing = True
         self._loop_task.cancel()
         self._fail_all(error or Unavailable("the runtime replica is shutting down"))
+
+
+async def wait_idle(idle: Callable[[], bool], clock: Callable[[], float], timeout_s: float) -> bool:
+    """Poll ``idle`` every 10 ms until it holds (True) or ``timeout_s`` passes (False): a queue's drain."""
+    deadline = clock() + timeout_s
+    while not idle():
+        if clock() >= deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
 
 
 def batch_slot_cap(slots: int, share: float) -> int:

@@ -54,7 +54,7 @@ from aiworks.core.errors import (
 from aiworks.core.inference import Answer, InferRequest
 from aiworks.core.model_config import ModelSpec
 from aiworks.core.options import Priority, RequestOptions, SequenceRef
-from aiworks.runtime.batcher import RunBatch
+from aiworks.runtime.batcher import RunBatch, wait_idle
 from aiworks.runtime.sequence_state import Sequence, SequenceTable
 
 log = logging.getLogger(__name__)
@@ -400,12 +400,7 @@ class SequenceBatcher:
     async def drain(self, timeout_s: float) -> bool:
         """Take no new requests; wait until those queued and running are answered (True) or ``timeout_s``."""
         self.closing = True
-        deadline = self._clock() + timeout_s
-        while not self.idle:
-            if self._clock() >= deadline:
-                return False
-            await asyncio.sleep(0.01)
-        return True
+        return await wait_idle(lambda: self.idle, self._clock, timeout_s)
 
     async def close(self, error: AIWorksError | None = None) -> None:
         """Stop the loops; requests still queued fail with ``error``; the sequences are dropped."""
