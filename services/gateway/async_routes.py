@@ -5,6 +5,13 @@
   Redis Stream; the answer is 202 ``{"id", "status": "queued"}`` with ``Location`` and
   ``Preference-Applied: respond-async``. Without the preference, or with no queue configured,
   the request is answered synchronously as always (RFC 7240 lets a server ignore a preference).
+- The same request with ``"async": true`` in its body (top level or ``parameters``): the infer
+  fast path finds it (a substring search, then a parse only when the header holds ``"async"``)
+  and hands the request to :meth:`AsyncInferFront.accept`. With no queue configured that flag
+  is refused (400, naming the setting): an explicit flag in the body is not a preference.
+- Each queued request carries its deadline (``async_deadline_s``, or the request's own shorter
+  ``parameters.timeout``) and, from the ``AIWorks-Callback`` header, a callback URL whose host
+  the tenant's ``callbacks.hosts`` must list (400 naming the host otherwise).
 - ``GET /v2/requests/{id}``: 202 ``{"id", "status": "queued"}`` while waiting; then the stored
   answer, with the status, content type and body a synchronous call would have had. Results are
   kept ``async_result_ttl_s``; a tenant sees only its own requests (404 otherwise).
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import NamedTuple
 
 import orjson
 from starlette.datastructures import Headers
@@ -26,6 +34,9 @@ from aiworks.gateway.batch_routes import caller_credential
 from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
 from aiworks.gateway.filters import check_body_size
 from aiworks.gateway.http_codec import HEADER_LENGTH, parse_infer_header
+from aiworks.nearline.body import AsyncBody, take_async_flag
+from aiworks.nearline.callbacks import HEADER as CALLBACK_HEADER
+from aiworks.nearline.callbacks import check_callback_url
 from aiworks.nearline.queue import AsyncQueue
 
 log = logging.getLogger(__name__)
@@ -33,6 +44,17 @@ log = logging.getLogger(__name__)
 _INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
 _REQUEST_PATH = re.compile(r"/v2/requests/([A-Za-z0-9_]{1,64})")
 _JSON = (b"content-type", b"application/json")
+# The answer to ``"async": true`` on a gateway without the queue (settings: async_requests, redis_url).
+ASYNC_OFF = ("'async': true asks for an asynchronous request, but this gateway queues none: set "
+             "AIWORKS_GATEWAY_ASYNC_REQUESTS=true (with AIWORKS_GATEWAY_REDIS_URL), or drop the flag")  # fmt: skip
+
+
+class Accepted(NamedTuple):
+    """A queued request's answer: status, body, headers (ASGI pairs)."""
+
+    status: int
+    body: bytes
+    headers: list
 
 
 def _wants_async(scope) -> bool:
@@ -46,8 +68,9 @@ class AsyncInferFront:
     """ASGI app in front of ``inner``: the two nearline routes, everything else passed through untouched."""
 
     def __init__(self, inner, dataplane: GatewayDataPlane, queue: AsyncQueue, max_request_bytes: int,
-                 max_backlog: int):  # fmt: skip
+                 max_backlog: int, deadline_s: float = 0.5):  # fmt: skip
         self.inner = inner
+        self.deadline_s = deadline_s
         self.dataplane = dataplane
         self.queue = queue
         self.max_request_bytes = max_request_bytes
@@ -98,17 +121,30 @@ class AsyncInferFront:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
+        parsed = take_async_flag(body, headers.get(HEADER_LENGTH))  # an "async" key never reaches the queue
+        return await self.accept(principal, headers, model, version, parsed)
+
+    async def accept(self, principal, headers, model: str, version: str, parsed: AsyncBody) -> Accepted:
+        """Queue an authorized request whose body has no ``async`` key left: 202, or the error that refuses it."""
         # The header now, so a malformed request is refused at once rather than queued.
-        parse_infer_header(body, headers.get(HEADER_LENGTH), model, version, self.dataplane.limits)
+        parse_infer_header(parsed.body, parsed.header_length, model, version, self.dataplane.limits)
+        callback = (headers.get(CALLBACK_HEADER) or "").strip()
+        if callback:
+            check_callback_url(callback, getattr(principal.tenant, "callbacks", None))
+        deadline_s = self.deadline_s
+        if parsed.timeout_us:
+            deadline_s = min(deadline_s, parsed.timeout_us / 1e6)
         if await self.queue.backlog() >= self.max_backlog:
             raise ResourceExhausted(f"the asynchronous queue is full ({self.max_backlog} requests)", retry_after_s=1.0)
+        path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
         request_id, _ = await self.queue.enqueue(
-            principal.tenant_id, scope["path"], body, caller_credential(headers),
-            content_type=headers.get("content-type", "application/json"), header_length=headers.get(HEADER_LENGTH, ""),
+            principal.tenant_id, path, parsed.body, caller_credential(headers),
+            content_type=headers.get("content-type", "application/json"), header_length=parsed.header_length or "",
+            deadline_s=deadline_s, callback=callback,
         )  # fmt: skip
         doc = orjson.dumps({"id": request_id, "status": "queued"})
         location = f"/v2/requests/{request_id}".encode()
-        return 202, doc, [_JSON, (b"location", location), (b"preference-applied", b"respond-async")]
+        return Accepted(202, doc, [_JSON, (b"location", location), (b"preference-applied", b"respond-async")])
 
     async def _result(self, request_id: str, scope):
         principal = self.dataplane.authenticate(Headers(scope=scope))
@@ -120,6 +156,8 @@ class AsyncInferFront:
             return 202, orjson.dumps({"id": request_id, "status": status}), [_JSON]
         headers = [(b"content-type", record.get("content_type", b"application/json")),
                    (b"aiworks-request-status", status.encode())]  # fmt: skip
+        if record.get("callback"):
+            headers.append((b"aiworks-callback-status", record["callback"][:200]))
         if record.get("header_length"):
             headers.append((b"inference-header-content-length", record["header_length"]))
         return int(record["http_status"]), record["result"], headers

@@ -37,7 +37,7 @@ from aiworks.core.load_overrides import LoadOverrides, overrides_from_parameters
 from aiworks.core.looplag import offload
 from aiworks.core.names import NAME_RULE
 from aiworks.gateway import generate
-from aiworks.gateway.async_routes import AsyncInferFront
+from aiworks.gateway.async_routes import ASYNC_OFF, Accepted, AsyncInferFront
 from aiworks.gateway.batch_routes import add_batch_routes
 from aiworks.gateway.compression import compress, inflate, request_encoding, response_encoding
 from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
@@ -53,6 +53,7 @@ from aiworks.gateway.openai_routes import add_openai_routes
 from aiworks.gateway.shared_memory import store_outputs
 from aiworks.gateway.stream_routes import StreamFront
 from aiworks.gateway.telemetry import REQUEST_ID_HEADER
+from aiworks.nearline.body import mentions_async, take_async_flag
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,8 @@ async def _infer(
     version: str,
     headers: Mapping[str, str],
     body_stream: AsyncIterator[bytes],
-) -> tuple[bytes, int | None, str | None]:
+    submit_async=None,
+) -> tuple[bytes, int | None, str | None] | Accepted:
     """One OIP inference over HTTP: (payload, its JSON header's length for binary data or None for JSON,
     the payload's Content-Encoding or None).
 
@@ -93,6 +95,11 @@ async def _infer(
     body limit, then inflated within it too (compression.py); the answer is
     compressed when ``Accept-Encoding`` asks for it. Header lengths count the
     decompressed bodies.
+
+    A body whose JSON header holds ``"async"`` is parsed once more for the
+    flag (aiworks.nearline.body): the key is removed, and when it is true the
+    request goes to ``submit_async`` (:meth:`AsyncInferFront.accept`), whose
+    202 is returned; without a queue that is a 400.
     """
     with dataplane.telemetry.infer("http", model, version, headers) as call:
         call.request_id = headers.get(REQUEST_ID_HEADER, "")
@@ -104,10 +111,18 @@ async def _infer(
         body = await read_body(body_stream, headers.get("content-length"), limit, principal.tenant_id)
         if encoding is not None:
             body = await inflate(body, encoding, limit, principal.tenant_id)
+        header_length = headers.get(HEADER_LENGTH)
+        if mentions_async(body, header_length):
+            parsed = take_async_flag(body, header_length)
+            body, header_length = parsed.body, parsed.header_length
+            if parsed.flag:
+                if submit_async is None:
+                    raise InvalidArgument(ASYNC_OFF)
+                return await submit_async(principal, headers, model, version, parsed)
         # The header only: the data plane checks the caps on it, then has the tensor data decoded.
         registry, tenant = dataplane.shared_memory, principal.tenant_id
         call.request, fmt, pending = parse_infer_header(
-            body, headers.get(HEADER_LENGTH), model, version, dataplane.limits,
+            body, header_length, model, version, dataplane.limits,
             shm=lambda ref, where: registry.view(tenant, ref, where),
         )  # fmt: skip
         placements = registry.placements(tenant, fmt.shm) if fmt.shm else None
@@ -143,6 +158,8 @@ class InferFastPath:
         self.app = app
         self.dataplane = dataplane
         self.max_request_bytes = max_request_bytes
+        # AsyncInferFront.accept when asynchronous requests are on: where "async": true bodies go.
+        self.submit_async = None
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
@@ -158,8 +175,9 @@ class InferFastPath:
 
     async def _infer(self, model: str, version: str, scope, receive, send) -> None:
         try:
-            payload, header_length, encoding = await _infer(
-                self.dataplane, self.max_request_bytes, model, version, Headers(scope=scope), _body(receive)
+            result = await _infer(
+                self.dataplane, self.max_request_bytes, model, version, Headers(scope=scope), _body(receive),
+                self.submit_async,
             )
         except ClientDisconnect:
             return  # nobody is left to answer
@@ -170,6 +188,9 @@ class InferFastPath:
         except Exception as exc:  # noqa: BLE001 - answered, never silence
             log.exception("unhandled error in %s", scope["path"])
             return await _send(send, 500, orjson.dumps({"error": f"internal error: {type(exc).__name__}"}), _JSON)
+        if isinstance(result, Accepted):
+            return await _send(send, *result)
+        payload, header_length, encoding = result
         if header_length is None:
             headers = _JSON
         else:
@@ -251,7 +272,7 @@ def _time_param(request: Request, name: str) -> float | None:
 
 def create_app(
     dataplane: GatewayDataPlane, *, max_request_bytes: int, batch=None, batch_max_file_bytes: int = 512 << 20,
-    nearline=None, nearline_max_backlog: int = 100_000, streams=None,
+    nearline=None, nearline_max_backlog: int = 100_000, nearline_deadline_s: float = 0.5, streams=None,
 ):  # fmt: skip
     """The gateway's HTTP app: the FastAPI routes, with the infer fast path in front.
 
@@ -334,7 +355,10 @@ def create_app(
     async def infer(model: str, request: Request, version: str = ""):
         """Answered by InferFastPath in front of this app; the same :func:`_infer` here."""
         args = (dataplane, max_request_bytes, model, version, request.headers, request.stream())
-        payload, header_length, encoding = await _infer(*args)
+        result = await _infer(*args)
+        if isinstance(result, Accepted):  # not reached: InferFastPath answers these paths first
+            return Response(result.body, status_code=result.status, headers={k.decode(): v.decode() for k, v in result.headers})
+        payload, header_length, encoding = result
         headers = {} if encoding is None else {"Content-Encoding": encoding}
         if header_length is None:
             return Response(payload, media_type="application/json", headers=headers)
@@ -479,9 +503,11 @@ def create_app(
     add_batch_routes(app, dataplane, batch, batch_max_file_bytes)  # /v1/files, /v1/batches (docs/tiers.md)
 
     app.openapi()  # built once now, not on the event loop of the first request that asks for it
-    front = InferFastPath(app, dataplane, max_request_bytes)
+    front = fast = InferFastPath(app, dataplane, max_request_bytes)
     if nearline is not None:
-        front = AsyncInferFront(front, dataplane, nearline, max_request_bytes, nearline_max_backlog)  # docs/tiers.md
+        front = AsyncInferFront(front, dataplane, nearline, max_request_bytes, nearline_max_backlog,
+                                nearline_deadline_s)  # docs/tiers.md  # fmt: skip
+        fast.submit_async = front.accept
     if streams is not None:
         front = StreamFront(front, dataplane, **streams)  # GET /v2/streams/{name}, docs/tiers.md
     return front

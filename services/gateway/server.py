@@ -124,7 +124,7 @@ async def serve(settings: GatewaySettings) -> None:
     app = create_app(
         dataplane, max_request_bytes=settings.max_request_bytes, batch=batch,
         batch_max_file_bytes=settings.batch_max_file_bytes, nearline=nearline,
-        nearline_max_backlog=settings.async_max_backlog,
+        nearline_max_backlog=settings.async_max_backlog, nearline_deadline_s=settings.async_deadline_s,
         streams=None if reader is None else {
             "reader": reader, "buffer_events": settings.stream_buffer_events,
             "send_timeout_s": settings.stream_send_timeout_s, "max_subscribers": settings.stream_max_subscribers,

@@ -137,6 +137,10 @@ class GatewaySettings(ServiceSettings):
         False, description="Queue `POST …/infer` with `Prefer: respond-async` (202, GET /v2/requests/{id}); off: sync."
     )
     async_result_ttl_s: float = Field(3600.0, gt=0, description="How long an asynchronous request's result is kept.")
+    async_deadline_s: float = Field(
+        0.5, gt=0, description="The nearline class's deadline: a queued request not taken within it (or within its "
+        "own shorter parameters.timeout) is answered 504 without running; the time left travels as its timeout.",
+    )  # fmt: skip
     async_max_backlog: int = Field(100_000, ge=1, description="Most queued asynchronous requests; more get 429.")
 
     # ---- result streams for digital twins (docs/tiers.md); needs redis_url too ----

@@ -41,6 +41,7 @@ from pydantic.alias_generators import to_camel
 from aiworks.core.errors import InvalidArgument
 from aiworks.core.options import Priority as OptionPriority
 from aiworks.gateway.filters import compile_deny_list
+from aiworks.nearline.callbacks import CallbackConfig
 from aiworks.streams.store import StreamRule
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,9 @@ class Tenant(_Section):
         (), description="Rules on its result streams: an output element compared with a value appends an event "
         "to another of its streams (docs/tiers.md).",
     )  # fmt: skip
+    callbacks: CallbackConfig | None = Field(
+        None, description="Hosts its asynchronous requests' callback URLs may name, and its signing secret's source.",
+    )
 
     @field_validator("models")
     @classmethod

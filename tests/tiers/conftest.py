@@ -26,6 +26,7 @@ from e2e.e2e_support import Suite, start_suite
 from aiworks.gateway.auth import generate_api_key
 
 TENANTS = ("alice", "bob", "carol")
+CALLBACK_SECRET = "test-callback-secret-not-a-real-one"
 
 
 @pytest.fixture
@@ -85,12 +86,15 @@ def batch_suite(model_repository, tmp_path_factory):
     redis = RedisServer(work / "redis")
     redis.start()
     keys, tenants = {}, []
+    (work / "callback-secret").write_text(CALLBACK_SECRET + "\n")
     for tenant in TENANTS:
         keys[tenant], digest = generate_api_key()
         tenants.append({"id": tenant, "models": ["digits", "iris"], "api_keys": [digest], "stream_rules": [
             # Result streams (test_streams.py): a digit read as 3 on stream "twin" raises an event on "alerts".
             {"stream": "twin", "output": "label", "index": 0, "op": "==", "value": 3, "event_stream": "alerts"},
         ]})  # fmt: skip
+    # Asynchronous requests' callbacks (test_nearline_more.py): alice may name this machine, bob no host at all.
+    tenants[0]["callbacks"] = {"hosts": ["127.0.0.1"], "secret_file": str(work / "callback-secret")}
     tenants_file = work / "tenants.yaml"
     tenants_file.write_text(yaml.safe_dump({"tenants": tenants}, sort_keys=False))
     env = {
@@ -98,6 +102,8 @@ def batch_suite(model_repository, tmp_path_factory):
         "AIWORKS_GATEWAY_REDIS_URL": redis.url,
         "AIWORKS_GATEWAY_BATCH_FILES_URL": str(work / "files"),
         "AIWORKS_GATEWAY_ASYNC_REQUESTS": "true",
+        # Long, for the burst tests; test_nearline_more.py shortens it per request with parameters.timeout.
+        "AIWORKS_GATEWAY_ASYNC_DEADLINE_S": "120",
         "AIWORKS_GATEWAY_RESULT_STREAMS": "true",
         "AIWORKS_GATEWAY_STREAM_SEND_TIMEOUT_S": "1.0",
         "AIWORKS_GATEWAY_STREAM_BUFFER_EVENTS": "50",
@@ -119,7 +125,7 @@ class Worker:
     def __init__(self, batch: BatchSuite, name: str, *args: str):
         self.log = batch.work / f"{name}.log"
         command = [sys.executable, "-m", "aiworks", "nearline", "worker", "--redis-url", batch.redis_url,
-                   "--gateway-url", batch.base, *args]  # fmt: skip
+                   "--gateway-url", batch.base, "--tenants-file", str(batch.work / "tenants.yaml"), *args]  # fmt: skip
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
 

@@ -257,7 +257,10 @@ BATCH_IN_FLIGHT_LIMIT = "aiworks_batch_in_flight_limit"  # requests a runner may
 
 NEARLINE_REQUESTS = Counter(
     "aiworks_nearline_requests_total", "Asynchronous requests answered by this worker, by outcome.", ["status"]
-)  # status: completed (200) or failed (any other answer stored as the result)
+)  # status: completed (200), failed (any other answer stored as the result), expired (taken after its deadline)
+NEARLINE_CALLBACKS = Counter(
+    "aiworks_nearline_callbacks_total", "Results posted to callback URLs, by outcome.", ["status"]
+)  # status: delivered (2xx) or failed (after the retries)
 NEARLINE_WAIT = Histogram(
     "aiworks_nearline_queue_wait_seconds", "Time an asynchronous request waited in the queue.",
     buckets=LATENCY_BUCKETS_S,

@@ -15,7 +15,12 @@ def add_nearline_parser(sub) -> None:
                     help="the gateway's HTTP base URL (env AIWORKS_NEARLINE_GATEWAY_URL)")  # fmt: skip
     wk.add_argument("--concurrency", type=int, default=32, help="requests in flight (default 32)")
     wk.add_argument("--deadline-s", type=float, default=30.0,
-                    help="retry a request refused for load until this long after queueing (default 30)")  # fmt: skip
+                    help="deadline of entries queued without one (each carries the gateway's; default 30)")  # fmt: skip
+    wk.add_argument("--tenants-file", default=os.environ.get("AIWORKS_NEARLINE_TENANTS_FILE"),
+                    help="the gateway's tenants file, for callbacks' hosts and secrets "
+                    "(env AIWORKS_NEARLINE_TENANTS_FILE; none: no callbacks are sent)")  # fmt: skip
+    wk.add_argument("--callback-timeout-s", type=float, default=5.0, help="timeout of one callback POST (default 5)")
+    wk.add_argument("--callback-attempts", type=int, default=3, help="tries per callback, with backoff (default 3)")
     wk.add_argument("--claim-idle-s", type=float, default=30.0,
                     help="take over requests a dead worker left pending this long (default 30)")  # fmt: skip
     wk.add_argument("--result-ttl-s", type=float, default=3600.0, help="how long results are kept (default 3600)")
@@ -29,17 +34,24 @@ def cmd_worker(args) -> None:
 
     from aiworks.core.logging import setup_logging
     from aiworks.core.metrics import serve_metrics_or_warn
+    from aiworks.nearline.callbacks import CallbackSender, load_callbacks
     from aiworks.nearline.queue import AsyncQueue
     from aiworks.nearline.worker import NearlineWorker
 
     if not args.redis_url or not args.gateway_url:
         raise SystemExit("error: --redis-url and --gateway-url are required (AIWORKS_NEARLINE_REDIS_URL, _GATEWAY_URL)")
     setup_logging("nearline-worker", "INFO")
+    try:
+        callbacks = load_callbacks(args.tenants_file)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"error: cannot read the callbacks of {args.tenants_file}: {exc}") from None
 
     async def main() -> None:
         queue = AsyncQueue.from_url(args.redis_url, ttl_s=args.result_ttl_s)
         worker = NearlineWorker(queue, args.gateway_url, concurrency=args.concurrency, deadline_s=args.deadline_s,
-                                claim_idle_s=args.claim_idle_s)  # fmt: skip
+                                claim_idle_s=args.claim_idle_s,
+                                callbacks=CallbackSender(callbacks, timeout_s=args.callback_timeout_s,
+                                                         attempts=args.callback_attempts))  # fmt: skip
         if args.metrics_port:
             serve_metrics_or_warn(args.metrics_port)
         stop = asyncio.Event()

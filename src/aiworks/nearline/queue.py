@@ -2,7 +2,8 @@
 
 Keys (prefix ``aiworks:async:``):
 
-- ``requests``: the stream (one entry per request: id, path, body, credential), read by the
+- ``requests``: the stream (one entry per request: id, path, body, credential, the deadline
+  and the callback URL), read by the
   consumer group ``workers``; an entry is deleted once its result is stored;
 - ``req:{id}``: hash, the request's record (tenant, status, result), expiring ``ttl_s`` after its
   last change.
@@ -37,6 +38,9 @@ class Queued:
     created_at: float
     content_type: str = "application/json"
     header_length: str = ""
+    deadline_at: float = 0.0  # Unix time after which it is not run (0: none, from a gateway without deadlines)
+    callback: str = ""
+    tenant: str = ""
 
 
 class AsyncQueue:
@@ -63,16 +67,19 @@ class AsyncQueue:
         return int(await self.redis.xlen(self.stream))
 
     async def enqueue(self, tenant: str, path: str, body: bytes, credential: str | None, *,
-                      content_type: str = "application/json", header_length: str = "") -> tuple[str, int]:  # fmt: skip
-        """Queue one request; ``(request id, backlog after it)``. Refused when the stream is full."""
+                      content_type: str = "application/json", header_length: str = "", deadline_s: float = 0.0,
+                      callback: str = "") -> tuple[str, int]:  # fmt: skip
+        """Queue one request; ``(request id, backlog after it)``. It must be taken within ``deadline_s`` (0: no limit)."""
         request_id = "req_" + secrets.token_hex(12)
         now = time.time()
+        deadline_at = now + deadline_s if deadline_s > 0 else 0.0
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(self._record(request_id), mapping={"tenant": tenant, "status": "queued", "created_at": now})
             pipe.pexpire(self._record(request_id), int(self.ttl_s * 1000))
             pipe.xadd(self.stream, {"id": request_id, "path": path, "body": body, "credential": credential or "",
                                     "created_at": now, "content_type": content_type,
-                                    "header_length": header_length})  # fmt: skip
+                                    "header_length": header_length, "deadline_at": deadline_at,
+                                    "callback": callback, "tenant": tenant})  # fmt: skip
             pipe.xlen(self.stream)
             *_, length = await pipe.execute()
         return request_id, int(length)
@@ -80,6 +87,16 @@ class AsyncQueue:
     async def get(self, request_id: str) -> dict | None:
         doc = await self.redis.hgetall(self._record(request_id))
         return {k.decode(): v for k, v in doc.items()} if doc else None
+
+    async def note(self, request_id: str, **fields) -> None:
+        """Add fields to a request's record (the callback's outcome), if it still exists."""
+        record = self._record(request_id)
+        if not await self.redis.exists(record):
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(record, mapping=fields)
+            pipe.pexpire(record, int(self.ttl_s * 1000))
+            await pipe.execute()
 
     async def ensure_group(self) -> None:
         try:
@@ -121,4 +138,6 @@ def _queued(entry: bytes, fields: dict) -> Queued:
         entry.decode(), fields[b"id"].decode(), fields[b"path"].decode(), fields[b"body"],
         fields[b"credential"].decode(), float(fields[b"created_at"]),
         fields.get(b"content_type", b"application/json").decode(), fields.get(b"header_length", b"").decode(),
+        float(fields.get(b"deadline_at", b"0")), fields.get(b"callback", b"").decode(),
+        fields.get(b"tenant", b"").decode(),
     )  # fmt: skip
