@@ -58,3 +58,25 @@ def test_multipart_uploads_are_parsed_and_bad_ones_refused():
     no_file = b"--XX\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--XX--\r\n"
     with pytest.raises(InvalidArgument, match="no 'file' field"):
         parse_upload("multipart/form-data; boundary=XX", no_file)
+
+
+def test_async_in_the_body_without_a_queue_is_refused_naming_the_setting():
+    """An explicit body flag is not a preference: with no queue it is a 400, never a silent synchronous answer."""
+    from starlette.testclient import TestClient
+
+    from aiworks.gateway.dataplane import GatewayDataPlane
+
+    app = create_app(GatewayDataPlane(scheduler=None, routing=None), max_request_bytes=1 << 20)
+    inputs = [{"name": "input", "datatype": "FP32", "shape": [1, 1], "data": [0.0]}]
+    with TestClient(app) as client:
+        for body in ({"async": True, "inputs": inputs}, {"inputs": inputs, "parameters": {"async": True}}):
+            reply = client.post("/v2/models/digits/infer", json=body)
+            assert reply.status_code == 400, reply.text
+            assert "AIWORKS_GATEWAY_ASYNC_REQUESTS" in reply.json()["error"]
+        binary = b'{"async":true,"inputs":[{"name":"input","datatype":"FP32","shape":[1,1],' \
+                 b'"parameters":{"binary_data_size":4}}]}'  # fmt: skip
+        reply = client.post("/v2/models/digits/infer", content=binary + b"\x00" * 4,
+                            headers={"inference-header-content-length": str(len(binary))})  # fmt: skip
+        assert reply.status_code == 400 and "AIWORKS_GATEWAY_ASYNC_REQUESTS" in reply.json()["error"]
+        wrong = client.post("/v2/models/digits/infer", json={"async": 1, "inputs": inputs})
+        assert wrong.status_code == 400 and "'async' must be true or false" in wrong.json()["error"]
