@@ -38,6 +38,11 @@ def test_a_mention_elsewhere_leaves_the_body_as_it_is():
     found = take_async_flag(body, None)
     assert found.flag is None and found.body is body
     assert not mentions_async(_json({"inputs": INPUTS}), None)
+    # Past the letter-by-letter hits (text full of "y"), the plain search still finds it, and only in the header.
+    text = _json({"inputs": [{"name": "s", "datatype": "BYTES", "shape": [1], "data": ["y" * 500]}]})
+    assert not mentions_async(text, None)
+    assert mentions_async(text[:-1] + b',"async":true}', None)
+    assert mentions_async(b'{"async":true}', None) and mentions_async(b'"async"', None)
 
 
 def test_a_flag_that_is_not_a_boolean_is_refused():

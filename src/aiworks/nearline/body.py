@@ -20,6 +20,8 @@ from aiworks.core.options import parse_timeout_us
 
 KEY = "async"
 _MARK = b'"async"'
+# Hits of the letter "y" checked one by one before a plain substring search takes over (bounds hostile text).
+_Y_HITS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +42,23 @@ def _header_end(body: bytes, header_length: str | None) -> int:
 
 
 def mentions_async(body: bytes, header_length: str | None) -> bool:
-    """Whether the JSON header holds the bytes ``"async"``: the fast path's only cost (a substring search)."""
-    return body.find(_MARK, 0, _header_end(body, header_length)) >= 0
+    """Whether the JSON header holds the bytes ``"async"``: the fast path's only cost.
+
+    ``bytes.find`` of the 7-byte mark runs at about 1 GB/s here; a single byte
+    is found at memchr speed. So the search goes from one ``y`` to the next
+    (numeric JSON has a few, in keys such as ``datatype``) and looks for the
+    mark around each; after ``_Y_HITS`` of them (text data) the rest is one
+    ``find``. A 1.3 MB FP32 body: 11 µs instead of 1 ms (docs/tiers.md).
+    """
+    end = _header_end(body, header_length)
+    at = body.find(b"y", 0, end)
+    for _ in range(_Y_HITS):
+        if at < 0:
+            return False
+        if body.startswith(_MARK, max(0, at - 3), end):
+            return True
+        at = body.find(b"y", at + 1, end)
+    return at >= 0 and body.find(_MARK, max(0, at - 3), end) >= 0
 
 
 def _split(body: bytes, header_length: str | None) -> tuple[object, bytes]:
