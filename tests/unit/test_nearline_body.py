@@ -114,3 +114,12 @@ def test_names_resolving_to_loopback_are_refused_except_localhost():
         pytest.skip(f"this machine's name {name!r} does not resolve to a loopback address")
     with pytest.raises(OSError, match="loopback or link-local"):
         asyncio.run(resolve(name))
+
+
+def test_async_never_travels_to_a_model_and_is_refused_where_nothing_queues():
+    from aiworks.core.options import GATEWAY_PARAMETERS, Priority, read_options
+
+    assert "async" in GATEWAY_PARAMETERS  # consumed by the gateway: not copied into the runtime's request
+    with pytest.raises(InvalidArgument, match="only POST /v2/models/\\{model\\}/infer queues them"):
+        read_options({"async": True}, default=Priority.STANDARD)
+    assert read_options({"async": False}, default=Priority.STANDARD).priority == Priority.STANDARD

@@ -108,7 +108,7 @@ def parse_timeout_us(value) -> int:
 # OIP request parameters the gateway consumes; the others travel to the runtime for the model
 # (aiworks.runtime.v1.InferRequest.parameters): sequence flags, sampling settings.
 GATEWAY_PARAMETERS = frozenset(
-    {"priority", "timeout", "binary_data_output", "sequence_id", "sequence_start", "sequence_end"}
+    {"priority", "timeout", "binary_data_output", "sequence_id", "sequence_start", "sequence_end", "async"}
 )
 # Longest string correlation id accepted: ids are keys of per-replica tables, not payloads.
 MAX_SEQUENCE_ID_CHARS = 256
@@ -194,6 +194,12 @@ def read_options(
     deadline's time left; the earlier of it and ``timeout`` wins. Bad values
     are INVALID_ARGUMENT naming the parameter.
     """
+    if parameters and parameters.get("async") is True:
+        # The HTTP infer route takes the flag out and queues the request (aiworks.nearline.body); here it
+        # came some other way (gRPC, generate): refused rather than answered synchronously without a word.
+        raise InvalidArgument(
+            "parameter 'async' asks for an asynchronous request; only POST /v2/models/{model}/infer queues them"
+        )
     asked = parse_priority(parameters.get("priority")) if parameters else None
     priority = default if asked is None else asked
     clamped = False
