@@ -121,7 +121,7 @@ class AsyncInferFront:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        parsed = take_async_flag(body, headers.get(HEADER_LENGTH))  # an "async" key never reaches the queue
+        parsed = take_async_flag(body, headers.get(HEADER_LENGTH), self.dataplane.limits)  # an "async" key never reaches the queue
         return await self.accept(principal, headers, model, version, parsed)
 
     async def accept(self, principal, headers, model: str, version: str, parsed: AsyncBody) -> Accepted:

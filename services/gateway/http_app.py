@@ -113,7 +113,7 @@ async def _infer(
             body = await inflate(body, encoding, limit, principal.tenant_id)
         header_length = headers.get(HEADER_LENGTH)
         if mentions_async(body, header_length):
-            parsed = take_async_flag(body, header_length)
+            parsed = take_async_flag(body, header_length, dataplane.limits)
             body, header_length = parsed.body, parsed.header_length
             if parsed.flag:
                 if submit_async is None:

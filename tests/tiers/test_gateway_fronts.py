@@ -80,3 +80,18 @@ def test_async_in_the_body_without_a_queue_is_refused_naming_the_setting():
         assert reply.status_code == 400 and "AIWORKS_GATEWAY_ASYNC_REQUESTS" in reply.json()["error"]
         wrong = client.post("/v2/models/digits/infer", json={"async": 1, "inputs": inputs})
         assert wrong.status_code == 400 and "'async' must be true or false" in wrong.json()["error"]
+
+
+def test_the_flag_parse_keeps_the_parsers_bounds_and_messages():
+    """Only a body mentioning "async" is parsed twice: within the same value cap, and errors left to the parser."""
+    from aiworks.core.errors import PayloadTooLarge
+    from aiworks.gateway.filters import InputLimits
+    from aiworks.nearline.body import take_async_flag
+
+    limits = InputLimits(max_listed_values=10)
+    hostile = b'{"async": true, "inputs": [' + b"0," * 100 + b"0]}"
+    with pytest.raises(PayloadTooLarge, match="max_listed_values"):
+        take_async_flag(hostile, None, limits)
+    broken = b'{"async": true, "inputs": ['
+    assert take_async_flag(broken, None, limits).body is broken  # the parser reports the malformed JSON
+    assert take_async_flag(b'{"async": true}', "x9", limits).flag is None  # and the bad header length

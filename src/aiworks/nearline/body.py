@@ -61,12 +61,24 @@ def mentions_async(body: bytes, header_length: str | None) -> bool:
     return at >= 0 and body.find(_MARK, max(0, at - 3), end) >= 0
 
 
-def _split(body: bytes, header_length: str | None) -> tuple[object, bytes]:
+def _split(body: bytes, header_length: str | None, limits=None) -> tuple[object, bytes] | None:
+    """The JSON header parsed and the binary rest; None when the header is unreadable (the parser says why).
+
+    ``limits`` (the gateway's input limits: ``max_listed_values``, ``check_listed``)
+    bounds the values the parse may build, as the request's parser does.
+    """
+    if header_length is not None and (len(header_length) > 20 or not header_length.isdigit()
+                                      or not 0 < int(header_length) <= len(body)):  # fmt: skip
+        return None
     end = _header_end(body, header_length)
+    cap = getattr(limits, "max_listed_values", None)
+    if cap is not None and end > 2 * cap:
+        head = body[:end]
+        limits.check_listed(head.count(b",") + head.count(b"[") + head.count(b"{") + 1, "the request's JSON")
     try:
         return orjson.loads(memoryview(body)[:end]), body[end:]
-    except orjson.JSONDecodeError as exc:
-        raise InvalidArgument(f"malformed JSON in request body: {exc}") from None
+    except orjson.JSONDecodeError:
+        return None
 
 
 def _join(doc: dict, tail: bytes, header_length: str | None) -> tuple[bytes, str | None]:
@@ -90,15 +102,16 @@ def _pop_flag(doc: dict) -> bool | None:
     return any(found) if found else None
 
 
-def take_async_flag(body: bytes, header_length: str | None) -> AsyncBody:
+def take_async_flag(body: bytes, header_length: str | None, limits=None) -> AsyncBody:
     """The body without its ``async`` key, the flag, and the request's own ``parameters.timeout`` (µs, 0: none).
 
-    A body whose JSON is not an object is returned as it is (the request's
-    parser refuses it with its own message).
+    A body whose header is unreadable or not a JSON object is returned as it
+    is (the request's parser refuses it with its own message).
     """
-    doc, tail = _split(body, header_length)
-    if type(doc) is not dict:
+    split = _split(body, header_length, limits)
+    if split is None or type(split[0]) is not dict:
         return AsyncBody(None, body, header_length)
+    doc, tail = split
     flag = _pop_flag(doc)
     params = doc.get("parameters")
     timeout_us = parse_timeout_us(params.get("timeout")) if type(params) is dict else 0
@@ -113,9 +126,10 @@ def replay_body(body: bytes, header_length: str | None, timeout_us: int) -> tupl
 
     A timeout the request set itself is kept when it is shorter.
     """
-    doc, tail = _split(body, header_length)
-    if type(doc) is not dict:
+    split = _split(body, header_length)
+    if split is None or type(split[0]) is not dict:
         return body, header_length
+    doc, tail = split
     _pop_flag(doc)
     params = doc.get("parameters")
     if params is None:
