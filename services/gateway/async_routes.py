@@ -144,7 +144,10 @@ class AsyncInferFront:
         )  # fmt: skip
         doc = orjson.dumps({"id": request_id, "status": "queued"})
         location = f"/v2/requests/{request_id}".encode()
-        return Accepted(202, doc, [_JSON, (b"location", location), (b"preference-applied", b"respond-async")])
+        headers_out = [_JSON, (b"location", location)]
+        if "respond-async" in (headers.get("prefer") or "").lower():  # applied only where it was asked for
+            headers_out.append((b"preference-applied", b"respond-async"))
+        return Accepted(202, doc, headers_out)
 
     async def _result(self, request_id: str, scope):
         principal = self.dataplane.authenticate(Headers(scope=scope))

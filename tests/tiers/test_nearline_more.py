@@ -65,6 +65,7 @@ def test_async_true_in_the_body_queues_the_request_and_the_replay_is_never_queue
     for reply in (top, nested, binary):
         assert reply.status_code == 202, reply.text
         assert reply.headers["location"] == f"/v2/requests/{reply.json()['id']}"
+        assert "preference-applied" not in reply.headers  # no Prefer was sent
     # "async": false and a mere mention of "async" are answered at once, as always.
     assert _same(_infer(batch_suite, "carol", {**_body(row), "async": False}).json()["outputs"], sync)
     assert _same(_infer(batch_suite, "carol", {**_body(row), "parameters": {"tag": "async"}}).json()["outputs"], sync)

@@ -191,6 +191,6 @@ class CallbackSender:
                     if reply.status < 500 and reply.status != 429:
                         break  # a redirect or a refusal: trying again would get the same
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                why = f"{type(exc).__name__}: {str(exc)[:200]}"
+                why = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"  # one line: it becomes a header
         log.warning("nearline callback for %s to %s failed: %s", request_id, urlsplit(url).hostname, why)
         return f"failed: {why}"
