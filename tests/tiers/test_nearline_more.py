@@ -194,3 +194,54 @@ def test_results_are_posted_signed_to_allow_listed_callbacks(batch_suite, worker
     assert delivered["body"] == stored.content and delivered["headers"]["aiworks-request-id"] == ok.json()["id"]
     assert delivered["headers"]["aiworks-request-status"] == "completed"
     assert delivered["headers"]["aiworks-result-status"] == "200"
+
+
+class _Gateway(BaseHTTPRequestHandler):
+    """Stands where the worker expects the gateway: records what it is sent, answers 200."""
+
+    seen: list[tuple[str, dict, bytes, float]] = []
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers["content-length"]))
+        _Gateway.seen.append((self.path, dict(self.headers), body, time.monotonic()))
+        answer = b'{"outputs": [], "recorded": true}'
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_the_worker_sends_the_time_left_as_the_timeout_and_no_async_key(batch_suite, workers):
+    import orjson
+
+    row = _digits(1)[0]
+    json_req = _infer(batch_suite, "carol", {**_body(row), "async": True, "parameters": {"timeout": 5_000_000}})
+    body, headers = _binary(row, {"parameters": {"async": True, "timeout": 5_000_000}})
+    binary_req = _infer(batch_suite, "carol", body, headers)
+    assert json_req.status_code == 202 and binary_req.status_code == 202, binary_req.text
+    submitted = time.monotonic()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Gateway)
+    _Gateway.seen = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        workers("recorded", "--gateway-url", f"http://127.0.0.1:{server.server_address[1]}")
+        for reply in (json_req, binary_req):
+            assert _result(batch_suite, "carol", reply.json()["id"]).json()["recorded"] is True
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(_Gateway.seen) == 2
+    for path, sent_headers, sent, arrived in _Gateway.seen:
+        queued_us = (arrived - submitted) * 1e6  # at least this long in the queue (the worker started meanwhile)
+        assert path == "/v2/models/digits/versions/1/infer" and "prefer" not in {k.lower() for k in sent_headers}
+        length = {k.lower(): v for k, v in sent_headers.items()}.get("inference-header-content-length")
+        header = orjson.loads(sent[: int(length)] if length else sent)
+        assert "async" not in header and "async" not in header["parameters"]
+        assert queued_us > 100_000
+        assert 0 < header["parameters"]["timeout"] <= 5_000_000 - queued_us + 100_000  # the time left, not all 5 s
+        if length:
+            assert sent[int(length):] == row.astype("<f4").tobytes()
