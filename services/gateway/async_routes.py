@@ -121,7 +121,8 @@ class AsyncInferFront:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        parsed = take_async_flag(body, headers.get(HEADER_LENGTH), self.dataplane.limits)  # an "async" key never reaches the queue
+        # The body's own "async" key, if any, is taken out here: it never reaches the queue.
+        parsed = take_async_flag(body, headers.get(HEADER_LENGTH), self.dataplane.limits)
         return await self.accept(principal, headers, model, version, parsed)
 
     async def accept(self, principal, headers, model: str, version: str, parsed: AsyncBody) -> Accepted:

@@ -357,7 +357,8 @@ def create_app(
         args = (dataplane, max_request_bytes, model, version, request.headers, request.stream())
         result = await _infer(*args)
         if isinstance(result, Accepted):  # not reached: InferFastPath answers these paths first
-            return Response(result.body, status_code=result.status, headers={k.decode(): v.decode() for k, v in result.headers})
+            headers = {k.decode(): v.decode() for k, v in result.headers}
+            return Response(result.body, status_code=result.status, headers=headers)
         payload, header_length, encoding = result
         headers = {} if encoding is None else {"Content-Encoding": encoding}
         if header_length is None:

@@ -89,7 +89,7 @@ def _join(doc: dict, tail: bytes, header_length: str | None) -> tuple[bytes, str
 
 
 def _pop_flag(doc: dict) -> bool | None:
-    """Remove ``async`` from the top level and from ``parameters``; true when either is true, None when neither is set."""
+    """Remove ``async`` from the top level and from ``parameters``: true when either is true, None when unset."""
     found = []
     if KEY in doc:
         found.append(doc.pop(KEY))

@@ -69,7 +69,7 @@ class AsyncQueue:
     async def enqueue(self, tenant: str, path: str, body: bytes, credential: str | None, *,
                       content_type: str = "application/json", header_length: str = "", deadline_s: float = 0.0,
                       callback: str = "") -> tuple[str, int]:  # fmt: skip
-        """Queue one request; ``(request id, backlog after it)``. It must be taken within ``deadline_s`` (0: no limit)."""
+        """Queue one request: ``(request id, backlog after it)``; to be taken within ``deadline_s`` (0: no limit)."""
         request_id = "req_" + secrets.token_hex(12)
         now = time.time()
         deadline_at = now + deadline_s if deadline_s > 0 else 0.0

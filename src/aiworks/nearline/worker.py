@@ -120,7 +120,7 @@ class NearlineWorker:
             task.add_done_callback(self._deliveries.discard)
 
     async def _send(self, item: Queued, deadline_at: float) -> tuple[int, bytes, str, str]:
-        """Send the request through the gateway with the time left as its timeout; retried on load until the deadline."""
+        """Send it through the gateway with the time left as its timeout; retried on load until the deadline."""
         headers = {"content-type": item.content_type}
         if item.credential:
             headers["authorization"] = item.credential
