@@ -69,6 +69,10 @@ class NearlineWorker:
         next_backlog = 0.0
         try:
             while not stop.is_set():
+                if len(self._deliveries) >= 4 * self.concurrency:
+                    # Callbacks are slow to answer: take no more until some are done (memory stays bounded).
+                    await asyncio.wait(self._deliveries, return_when=asyncio.FIRST_COMPLETED)
+                    continue
                 free = self.concurrency - len(tasks)
                 if free <= 0:
                     await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
