@@ -83,10 +83,27 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
+# A token bucket's (tokens, ts) refilled to now: full and new when absent. Holds the rate and tokens-per-minute
+# buckets alike (cap tokens, per_ms tokens a millisecond).
+_REFILL = """
+local function refill(key, cap, per_ms)
+  local b = redis.call('HMGET', key, 'tokens', 'ts')
+  local left, ts = tonumber(b[1]), tonumber(b[2])
+  if left == nil or ts == nil then
+    return cap, now
+  end
+  if now > ts then
+    left, ts = math.min(cap, left + (now - ts) * per_ms), now
+  end
+  return left, ts
+end
+"""
+
 # KEYS: bucket, leases, quota, tokens. ARGV: rate, burst, max_concurrent, lease, lease_ttl_ms, quota_s, window_ms,
 # tokens_per_minute, reserve. Checks first, effects after, so a refused request consumes nothing.
 _ADMIT = (
     _NOW_MS
+    + _REFILL
     + """
 local rate, burst, max_conc = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local lease_ttl, quota, window_ms = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -109,15 +126,7 @@ if max_conc > 0 then
   end
 end
 if rate > 0 then
-  local b = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
-  local tokens, ts = tonumber(b[1]), tonumber(b[2])
-  if tokens == nil or ts == nil then
-    tokens, ts = burst, now
-  end
-  if now > ts then
-    tokens = math.min(burst, tokens + (now - ts) * rate / 1000)
-    ts = now
-  end
+  local tokens, ts = refill(KEYS[1], burst, rate / 1000)
   if tokens < 1 then
     return {'rate', math.ceil((1 - tokens) * 1000 / rate), ''}
   end
@@ -125,15 +134,7 @@ if rate > 0 then
 end
 local tpm, reserve = tonumber(ARGV[8]), tonumber(ARGV[9])
 if tpm > 0 and reserve > 0 then
-  local g = redis.call('HMGET', KEYS[4], 'tokens', 'ts')
-  local left, gts = tonumber(g[1]), tonumber(g[2])
-  if left == nil or gts == nil then
-    left, gts = tpm, now
-  end
-  if now > gts then
-    left = math.min(tpm, left + (now - gts) * tpm / 60000)
-    gts = now
-  end
+  local left, gts = refill(KEYS[4], tpm, tpm / 60000)
   local need = math.min(reserve, tpm)
   if left < need then
     return {'tokens', math.ceil((need - left) * 60000 / tpm), tostring(math.floor(left))}
@@ -160,6 +161,7 @@ return {'ok', 0, ''}
 # (tokens given back to the bucket: the reserve less the tokens used; below 0 takes more).
 _RELEASE = (
     _NOW_MS
+    + _REFILL
     + """
 if ARGV[1] ~= '' then
   redis.call('ZREM', KEYS[1], ARGV[1])
@@ -176,15 +178,7 @@ if seconds > 0 and quota > 0 then
 end
 local tpm, refund = tonumber(ARGV[5]), tonumber(ARGV[6])
 if tpm > 0 and refund ~= 0 then
-  local g = redis.call('HMGET', KEYS[3], 'tokens', 'ts')
-  local left, gts = tonumber(g[1]), tonumber(g[2])
-  if left == nil or gts == nil then
-    left, gts = tpm, now
-  end
-  if now > gts then
-    left = math.min(tpm, left + (now - gts) * tpm / 60000)
-    gts = now
-  end
+  local left, gts = refill(KEYS[3], tpm, tpm / 60000)
   left = math.min(tpm, left + refund)
   redis.call('HSET', KEYS[3], 'tokens', tostring(left), 'ts', tostring(gts))
   redis.call('PEXPIRE', KEYS[3], math.ceil((tpm - left) * 60000 / tpm) + 1000)
