@@ -107,8 +107,8 @@ class InputColumns:
 
 def check_mapping(input_columns: object) -> dict[str, list[str]]:
     """The submitted ``input_columns`` in one shape (input name to column names), or a 400 saying what is wrong."""
-    if input_columns is None:
-        return {}
+    if input_columns is None or input_columns == {}:
+        return {}  # the default: each column the input of its name
     if not isinstance(input_columns, dict) or not 1 <= len(input_columns) <= MAX_INPUTS:
         raise InvalidArgument(f"input_columns must be an object of 1 to {MAX_INPUTS} inputs")
     mapping = {}
