@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -118,3 +119,32 @@ def test_the_output_table_has_row_custom_id_and_a_column_per_output():
     assert pq.ParquetFile(io.BytesIO(write_output(chunks))).metadata.num_row_groups == 2  # one per chunk with rows
     empty = pq.read_table(io.BytesIO(write_output([b""])))
     assert empty.num_rows == 0 and empty.schema.names == ["row", "custom_id"]
+
+
+def test_without_pyarrow_a_parquet_job_is_refused_with_501_naming_the_extra(tmp_path):
+    import subprocess
+    import sys
+
+    path = _write(tmp_path / "a.parquet", pa.table({"input": [1.0]}))
+    code = (
+        "import sys; sys.modules['pyarrow'] = None\n"  # as if the parquet extra were not installed
+        "from aiworks.batch.tables import check_input\n"
+        "from aiworks.core.errors import AIWorksError\n"
+        "try:\n"
+        f"    check_input({path!r}, {{}})\n"
+        "except AIWorksError as exc:\n"
+        "    print(exc.status.http, exc.message)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("501 ") and "aiworks[parquet]" in done.stdout, done.stdout
+
+
+def test_rows_larger_than_a_request_are_refused_from_the_footer(tmp_path):
+    zeros = pa.array([np.zeros(9_000_000, np.float32)], pa.list_(pa.float32()))  # 36 MB a row, a few KB compressed
+    path = _write(tmp_path / "big.parquet", pa.table({"input": zeros}))
+    assert (tmp_path / "big.parquet").stat().st_size < 1 << 20
+    with pytest.raises(InvalidArgument, match="bytes a row decoded, more than the 33554432"):
+        check_input(path, {})
+    with pytest.raises(InvalidArgument, match="bytes a row decoded"):
+        ParquetInput(path, {})

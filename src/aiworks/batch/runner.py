@@ -34,7 +34,7 @@ from aiworks.batch.jobs import TERMINAL, FileRecord, Job, JobStore
 from aiworks.batch.lines import Line, chunk_bounds, parse_line, split_lines
 from aiworks.batch.pacing import PacedGate, Pacer
 from aiworks.batch.settings import BatchSettings
-from aiworks.core.errors import AIWorksError
+from aiworks.core.errors import AIWorksError, InvalidArgument
 from aiworks.core.metrics import BATCH_CHUNKS, BATCH_JOBS_FINISHED, BATCH_ROWS
 
 log = logging.getLogger(__name__)
@@ -164,7 +164,9 @@ class BatchRunner:
         expires_at = job.created_at + int(job.completion_window[:-1]) * 3600
         expired = None  # the first chunk not run once the completion window ended
         for index in range(len(bounds)):
-            make = await asyncio.to_thread(next, chunks)  # reads the chunk (Parquet: decodes its record batches)
+            make = await self._next_chunk(job, chunks)  # reads the chunk (Parquet: decodes its record batches)
+            if make is None:
+                return
             if index in done:
                 continue
             if time.time() >= expires_at:
@@ -197,8 +199,22 @@ class BatchRunner:
                 index += 1
                 if index >= len(bounds):
                     break
-                make = await asyncio.to_thread(next, chunks)
+                make = await self._next_chunk(job, chunks)
+                if make is None:
+                    return
         await self._finalize(job.id, unsent)
+
+    async def _next_chunk(self, job: Job, chunks: Iterator[Callable[[], list[Line]]]):
+        """The next chunk's maker; None, with the job ended ``failed``, when the input cannot be read that far."""
+        try:
+            make = await asyncio.to_thread(next, chunks, None)
+            if make is None:
+                raise InvalidArgument("the input file ended before the rows its footer counts")
+        except AIWorksError as exc:
+            await self.store.finish(job.id, "failed", error=f"cannot read the input file: {exc.message}")
+            BATCH_JOBS_FINISHED.labels("failed").inc()
+            return None
+        return make
 
     async def _chunk(self, job: Job, parsed: list[Line], headers: dict) -> tuple[bytes, bytes, int, int]:
         async def one(line: Line) -> tuple[bool, bytes]:

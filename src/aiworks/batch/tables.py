@@ -43,6 +43,7 @@ FORMATS = ("jsonl", "parquet")
 CUSTOM_ID = "custom_id"
 MAX_INPUTS = 64
 MAX_COLUMNS_PER_INPUT = 16_384
+MAX_ROW_BYTES = 32 << 20  # decoded, on average over a row group: the gateway's default largest request
 MEDIA_TYPES = {"jsonl": "application/jsonl", "parquet": "application/vnd.apache.parquet"}
 
 
@@ -175,10 +176,38 @@ def open_file(url: str):
         raise InvalidArgument(f"the input file is not a readable Parquet file: {str(exc)[:300]}") from None
 
 
+_WIDTHS = {"BOOLEAN": 1, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8, "INT96": 12}
+
+
+def check_sizes(metadata) -> None:
+    """Refuse row groups whose rows, decoded, are larger on average than a request may be.
+
+    This bounds what one chunk costs the runner to decode before any row of
+    it is looked at: a list of nine million zeros compresses to a few
+    hundred bytes. Decoded size is the column's number of values times its
+    width (strings: their encoded size, at least 8 bytes a value).
+    """
+    for index in range(metadata.num_row_groups):
+        group = metadata.row_group(index)
+        decoded = 0
+        for c in range(group.num_columns):
+            column = group.column(c)
+            width = _WIDTHS.get(column.physical_type)
+            if width is None:
+                decoded += max(column.total_uncompressed_size, 8 * column.num_values)
+            else:
+                decoded += width * column.num_values
+        per_row = decoded / max(1, group.num_rows)
+        if per_row > MAX_ROW_BYTES:
+            raise InvalidArgument(f"row group {index} holds {per_row:.0f} bytes a row decoded, more than the "
+                                  f"{MAX_ROW_BYTES} a batch row may hold")  # fmt: skip
+
+
 def check_input(url: str, input_columns: dict[str, list[str]]) -> int:
     """Submission's check of a Parquet input (its footer only): the columns exist and fit; its number of rows."""
     parquet = open_file(url)
     plan(parquet.schema_arrow, input_columns)
+    check_sizes(parquet.metadata)
     return parquet.metadata.num_rows
 
 
@@ -189,6 +218,7 @@ class ParquetInput:
         self.file = open_file(url)
         schema = self.file.schema_arrow
         self.plans = plan(schema, input_columns)
+        check_sizes(self.file.metadata)
         self.has_custom_id = CUSTOM_ID in schema.names
         wanted = {c for p in self.plans for c in p.columns} | ({CUSTOM_ID} if self.has_custom_id else set())
         self.columns = [name for name in schema.names if name in wanted]
@@ -204,7 +234,15 @@ class ParquetInput:
         """
         pa, _ = _arrow()
         pending, held, first = [], 0, 1
-        for batch in self.file.iter_batches(batch_size=chunk_size, columns=self.columns):
+        batches = self.file.iter_batches(batch_size=chunk_size, columns=self.columns)
+        while True:
+            try:
+                batch = next(batches, None)
+            except (pa.ArrowException, OSError) as exc:
+                raise InvalidArgument(f"the input file cannot be read past row {first + held - 1}: "
+                                      f"{str(exc)[:300]}") from None  # fmt: skip
+            if batch is None:
+                break
             while batch.num_rows:
                 take = min(chunk_size - held, batch.num_rows)
                 pending.append(batch.slice(0, take))
