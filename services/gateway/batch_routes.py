@@ -95,8 +95,8 @@ def add_batch_routes(app: FastAPI, dataplane: GatewayDataPlane, batch: BatchServ
     @app.get("/v1/files/{file_id}/content")
     async def file_content(file_id: str, request: Request):
         principal, service = caller(request)
-        data = await service.content(principal.tenant_id, file_id)
-        return Response(data, media_type="application/jsonl")
+        data, media_type = await service.content(principal.tenant_id, file_id)
+        return Response(data, media_type=media_type)
 
     @app.post("/v1/batches")
     async def create_batch(request: Request):

@@ -64,3 +64,43 @@ def test_a_job_reads_and_writes_s3(batch_suite, runners, s3, monkeypatch):
     lines = [orjson.loads(line) for line in out.getvalue().splitlines()]
     assert [o["line"] for o in lines] == list(range(1, 301))
     assert [orjson.loads(line)["line"] for line in err.getvalue().splitlines()] == [301]
+
+
+def test_a_parquet_job_reads_and_writes_s3_and_answers_as_the_jsonl_job(batch_suite, runners, s3, monkeypatch):
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    x = _digits(200)
+    table = pa.table({"custom_id": [f"row-{i}" for i in range(200)], "input": pa.array(list(x), pa.list_(pa.float32()))})
+    sink = io.BytesIO()
+    pq.write_table(table, sink, row_group_size=64)
+    s3.put("in/digits.parquet", sink.getvalue())
+    s3.put("in/digits.jsonl", _jsonl([_line(i, row) for i, row in enumerate(x)]))
+    with pytest.raises(Exception, match="column 'pixels' is not in the file"):
+        _submit(batch_suite, input_url="s3://jobs/in/digits.parquet", output_url="s3://jobs/o", error_url="s3://jobs/e",
+                input_columns={"input": "pixels"})  # fmt: skip
+    jobs = [
+        _submit(batch_suite, input_url=f"s3://jobs/in/digits.{form}", output_url=f"s3://jobs/out/result.{form}",
+                error_url=f"s3://jobs/out/errors-{form}.jsonl", chunk_size=50)  # fmt: skip
+        for form in ("parquet", "jsonl")
+    ]
+    assert [job.format for job in jobs] == ["parquet", "jsonl"]  # by the input's extension
+    runners("s3-parquet-runner", env=s3.env())
+    for job in jobs:
+        done = wait_batch(batch_suite, "alice", job.id, lambda d: d["status"] in ("completed", "cancelled"))
+        assert done["status"] == "completed" and done["request_counts"] == {"total": 200, "completed": 200, "failed": 0}
+    client = S3Client("jobs", S3Config(endpoint=s3.endpoint, access_key=s3.env()["AWS_ACCESS_KEY_ID"],
+                                       secret_key=s3.env()["AWS_SECRET_ACCESS_KEY"]))  # fmt: skip
+    out, expected = io.BytesIO(), io.BytesIO()
+    client.download("out/result.parquet", out, 1 << 30)
+    client.download("out/result.jsonl", expected, 1 << 30)
+    answers = pq.read_table(io.BytesIO(out.getvalue()))
+    lines = [orjson.loads(line) for line in expected.getvalue().splitlines()]
+    assert answers.column("row").to_pylist() == [o["line"] for o in lines] == list(range(1, 201))
+    assert answers.column("custom_id").to_pylist() == [o["custom_id"] for o in lines]
+    labels = [o["response"]["outputs"][0]["data"][0] for o in lines]  # the JSONL lines ask for label only
+    assert answers.column("label").to_pylist() == labels and len(set(labels)) == 10
+    assert np.asarray(answers.column("probabilities").to_pylist()).shape == (200, 10)

@@ -142,3 +142,50 @@ async def test_a_job_over_the_tenants_request_rate_for_its_window_is_refused_at_
     assert job.status == "validating"
     unlimited = await service.create_batch("t", {**body, "input_file_id": five.id}, None)  # no rate: no bound
     assert unlimited.status == "validating"
+
+
+async def test_a_parquet_job_expires_row_by_row_and_an_unreadable_one_fails(store, tmp_path):
+    """Parquet input: the job keeps its format and mapping in Redis; expiry and a broken file end it as JSONL's do."""
+    import time
+
+    import orjson
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from aiworks.batch.runner import BatchRunner
+    from aiworks.batch.settings import BatchSettings
+
+    table = pa.table({"custom_id": ["a", None, "c"], "x": pa.array([[1.0], None, [3.0]], pa.list_(pa.float32()))})
+    pq.write_table(table, tmp_path / "in.parquet", row_group_size=2)
+    service = BatchService(store, None)
+    job = await service.submit("t", "m", str(tmp_path / "in.parquet"), str(tmp_path / "out.parquet"),
+                               str(tmp_path / "err.jsonl"), chunk_size=2, completion_window="1h",
+                               input_columns={"input": "x"})  # fmt: skip
+    stored = await store.get(job.id)
+    assert (stored.format, stored.input_columns) == ("parquet", {"input": ["x"]})
+    await store.update(job.id, created_at=time.time() - 3601)
+    rate = {"requests_per_second": 0.0001, "burst": 0}  # 0.36 rows in a 1 h window: 3 rows are too many
+    upload = await BatchService(store, str(tmp_path / "files")).upload("t", "in.parquet", "batch",
+                                                                         (tmp_path / "in.parquet").read_bytes())  # fmt: skip
+    with pytest.raises(ResourceExhausted, match="the job has 3 lines"):
+        await BatchService(store, str(tmp_path / "files")).create_batch(
+            "t", {"endpoint": "/v2/models/m/infer", "completion_window": "1h", "input_file_id": upload.id}, None, **rate
+        )  # fmt: skip
+    runner = BatchRunner(store, BatchSettings(redis_url="redis://unused", gateway_url="http://127.0.0.1:9"))
+    try:
+        assert await runner.run_once()
+        ended = await store.get(job.id)
+        assert ended.status == "expired" and ended.total == 3
+        assert pq.read_table(tmp_path / "out.parquet").num_rows == 0
+        errors = [orjson.loads(line) for line in (tmp_path / "err.jsonl").read_bytes().splitlines()]
+        assert [(e["line"], e["custom_id"], e["error"]["code"]) for e in errors] == [
+            (1, "a", "batch_expired"), (2, None, "batch_expired"), (3, "c", "batch_expired")
+        ]  # fmt: skip
+        broken = await service.submit("t", "m", str(tmp_path / "in.parquet"), str(tmp_path / "o2.parquet"),
+                                      str(tmp_path / "e2.jsonl"))  # fmt: skip
+        (tmp_path / "in.parquet").write_bytes(b"PAR1 not any more")  # replaced after the submission
+        assert await runner.run_once()
+        failed = await store.get(broken.id)
+        assert failed.status == "failed" and "not a readable Parquet file" in failed.error
+    finally:
+        await runner.close()

@@ -36,8 +36,14 @@ def add_batch_parser(sub) -> None:
         p.add_argument("--api-key-file", help="file holding the API key (default: env AIWORKS_API_KEY)")
         p.add_argument("-o", "--output", choices=["text", "json"], default="text", help="output format")
 
-    sm = actions.add_parser("submit", help="upload a JSONL file of OIP requests and start a batch job")
-    sm.add_argument("input", help="JSONL file: one OIP inference request per line, optional custom_id")
+    sm = actions.add_parser("submit", help="upload a JSONL or Parquet file and start a batch job")
+    sm.add_argument("input", help="JSONL file (one OIP inference request per line, optional custom_id) or Parquet "
+                    "file (columns are the model's inputs, optional custom_id column; docs/tiers.md)")  # fmt: skip
+    sm.add_argument("--format", choices=["jsonl", "parquet"], help="input format (default: by the extension, "
+                    ".parquet or JSONL); a Parquet job's output file is Parquet")  # fmt: skip
+    sm.add_argument("--input-column", action="append", default=[], metavar="INPUT=COL[,COL...]",
+                    help="Parquet: fill model input INPUT from these columns (repeat per input; default: each "
+                    "column is the input of its name)")  # fmt: skip
     sm.add_argument("-m", "--model", required=True, help="model name")
     sm.add_argument("-x", "--model-version", default="", help="model version (default: the served one)")
     sm.add_argument("--chunk-size", type=int, help="lines per checkpointed chunk (gateway default 100)")
@@ -177,8 +183,16 @@ def cmd_submit(args) -> None:
     path = Path(args.input)
     if not path.is_file():
         raise SystemExit(f"error: input file {args.input} does not exist")
+    form = args.format or ("parquet" if path.suffix.lower() in (".parquet", ".pq") else "jsonl")
+    input_columns = {}
+    for spec in args.input_column:
+        name, sep, columns = spec.partition("=")
+        if not sep or not name or not columns:
+            raise SystemExit(f"error: --input-column takes INPUT=COL[,COL...], not '{spec}'")
+        input_columns[name] = columns.split(",")
+    media_type = "application/vnd.apache.parquet" if form == "parquet" else "application/jsonl"
     with path.open("rb") as f:
-        files = {"file": (path.name, f, "application/jsonl")}
+        files = {"file": (path.name, f, media_type)}
         uploaded = _check(session.post(f"{args.url}/v1/files", data={"purpose": "batch"}, files=files, timeout=300))
     uploaded = uploaded.json()
     version = f"/versions/{args.model_version}" if args.model_version else ""
@@ -186,6 +200,10 @@ def cmd_submit(args) -> None:
             "completion_window": args.completion_window}  # fmt: skip
     if args.chunk_size:
         body["chunk_size"] = args.chunk_size
+    if args.format:
+        body["format"] = args.format
+    if input_columns:
+        body["input_columns"] = input_columns
     batch = _check(session.post(f"{args.url}/v1/batches", json=body, timeout=60)).json()
     if args.wait:
         batch = _watch(args, session, batch["id"])

@@ -51,6 +51,9 @@ return status or ''
 """
 
 
+_JSON_FIELDS = ("metadata", "input_columns")
+
+
 def new_id(kind: str) -> str:
     return f"{kind}_{secrets.token_hex(12)}"
 
@@ -73,6 +76,8 @@ class Job:
     output_file_id: str = ""
     error_file_id: str = ""
     metadata: dict = field(default_factory=dict)
+    format: str = "jsonl"  # of the input and output files; the error file is always JSONL
+    input_columns: dict = field(default_factory=dict)  # Parquet: input name -> column names (aiworks.batch.tables)
     total: int = 0
     completed: int = 0
     failed: int = 0
@@ -95,7 +100,8 @@ class Job:
 
     def to_hash(self) -> dict[str, str]:
         doc = asdict(self)
-        doc["metadata"] = orjson.dumps(self.metadata).decode()
+        for name in _JSON_FIELDS:
+            doc[name] = orjson.dumps(doc[name]).decode()
         return {k: str(v) for k, v in doc.items()}
 
     @classmethod
@@ -105,7 +111,7 @@ class Job:
             if f.name not in doc:
                 continue
             raw = doc[f.name]
-            if f.name == "metadata":
+            if f.name in _JSON_FIELDS:
                 values[f.name] = orjson.loads(raw) if raw else {}
             elif f.type == "int":
                 values[f.name] = int(raw)

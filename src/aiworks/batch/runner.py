@@ -13,7 +13,9 @@ flight: once its lease expires another runner (or the same one restarted)
 takes the job and skips the recorded chunks. Cancel is checked between
 chunks. When every chunk is in, the runner writes the output file (one line
 per successful input line, in input order) and the error file (one line per
-refused or failed input line, with its line number and reason).
+refused or failed input line, with its line number and reason). A Parquet
+job (:mod:`aiworks.batch.tables`) is read one chunk of rows at a time and its
+output file is a Parquet table; its chunks are recorded as JSONL all the same.
 """
 
 from __future__ import annotations
@@ -22,17 +24,17 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import aiohttp
 import orjson
 
-from aiworks.batch import objects
+from aiworks.batch import objects, tables
 from aiworks.batch.jobs import TERMINAL, FileRecord, Job, JobStore
 from aiworks.batch.lines import Line, chunk_bounds, parse_line, split_lines
 from aiworks.batch.pacing import PacedGate, Pacer
 from aiworks.batch.settings import BatchSettings
-from aiworks.core.errors import AIWorksError
+from aiworks.core.errors import AIWorksError, InvalidArgument
 from aiworks.core.metrics import BATCH_CHUNKS, BATCH_JOBS_FINISHED, BATCH_ROWS
 
 log = logging.getLogger(__name__)
@@ -144,15 +146,13 @@ class BatchRunner:
 
     async def _run(self, job: Job) -> None:
         try:
-            data = await asyncio.to_thread(objects.read_bytes, job.input_url)
+            total, chunks = await asyncio.to_thread(_open_input, job)
         except AIWorksError as exc:
             await self.store.finish(job.id, "failed", error=f"cannot read the input file: {exc.message}")
             BATCH_JOBS_FINISHED.labels("failed").inc()
             return
-        lines = split_lines(data)
-        del data
-        bounds = chunk_bounds(len(lines), job.chunk_size)
-        fields = {"total": len(lines), "chunks_total": len(bounds)}
+        bounds = chunk_bounds(total, job.chunk_size)
+        fields = {"total": total, "chunks_total": len(bounds)}
         if job.status == "validating":
             fields |= {"status": "in_progress", "in_progress_at": time.time()}
         await self.store.update(job.id, **fields)
@@ -162,18 +162,21 @@ class BatchRunner:
         if credential:
             headers["authorization"] = credential
         expires_at = job.created_at + int(job.completion_window[:-1]) * 3600
-        expired = False
-        for index, (start, end) in enumerate(bounds):
+        expired = None  # the first chunk not run once the completion window ended
+        for index in range(len(bounds)):
+            make = await self._next_chunk(job, chunks)  # reads the chunk (Parquet: decodes its record batches)
+            if make is None:
+                return
             if index in done:
                 continue
             if time.time() >= expires_at:
-                expired = True
+                expired = index, make
                 break
             current = await self.store.get(job.id)
             if current is None or current.status != "in_progress":
                 break  # cancelling (or gone): keep what finished
             self.seen[job.id] = current
-            parsed = [parse_line(start + i + 1, raw, job.infer_path) for i, raw in enumerate(lines[start:end])]
+            parsed = await asyncio.to_thread(make)
             out, err, ok, bad = await self._chunk(job, parsed, headers)
             recorded = await self.store.record_chunk(job.id, self.runner_id, index, out, err, ok, bad)
             if recorded < 0:
@@ -184,15 +187,34 @@ class BatchRunner:
             if self.on_chunk is not None:
                 self.on_chunk(job, index)
         unsent = None
-        if expired:  # every line not answered goes to the error file, so each input line is still in one file
+        if expired is not None:  # every line not answered goes to the error file, so each input line is still in one file
             done = await self.store.done_chunks(job.id)
-            unsent = {
-                index: b"".join(_error_line(parse_line(start + i + 1, raw, job.infer_path), "batch_expired",
-                                            f"the job's completion window ({job.completion_window}) ended first")
-                                for i, raw in enumerate(lines[start:end]))
-                for index, (start, end) in enumerate(bounds) if index not in done
-            }  # fmt: skip
+            reason = f"the job's completion window ({job.completion_window}) ended first"
+            unsent = {}
+            index, make = expired
+            while True:
+                if index not in done:
+                    lines = await asyncio.to_thread(make)
+                    unsent[index] = b"".join(_error_line(line, "batch_expired", reason) for line in lines)
+                index += 1
+                if index >= len(bounds):
+                    break
+                make = await self._next_chunk(job, chunks)
+                if make is None:
+                    return
         await self._finalize(job.id, unsent)
+
+    async def _next_chunk(self, job: Job, chunks: Iterator[Callable[[], list[Line]]]):
+        """The next chunk's maker; None, with the job ended ``failed``, when the input cannot be read that far."""
+        try:
+            make = await asyncio.to_thread(next, chunks, None)
+            if make is None:
+                raise InvalidArgument("the input file ended before the rows its footer counts")
+        except AIWorksError as exc:
+            await self.store.finish(job.id, "failed", error=f"cannot read the input file: {exc.message}")
+            BATCH_JOBS_FINISHED.labels("failed").inc()
+            return None
+        return make
 
     async def _chunk(self, job: Job, parsed: list[Line], headers: dict) -> tuple[bytes, bytes, int, int]:
         async def one(line: Line) -> tuple[bool, bytes]:
@@ -255,15 +277,19 @@ class BatchRunner:
             out, err = await self.store.chunk_results(job.id, index)
             outs.append(out)
             errs.append(err)
-        output, errors = b"".join(outs), b"".join(errs)
+        errors = b"".join(errs)
         try:
+            if job.format == "parquet":
+                output = await asyncio.to_thread(tables.write_output, outs)
+            else:
+                output = b"".join(outs)
             await asyncio.to_thread(objects.write_bytes, job.output_url, output)
             await asyncio.to_thread(objects.write_bytes, job.error_url, errors)
         except AIWorksError as exc:
             await self.store.finish(job.id, "failed", error=f"cannot write the results: {exc.message}")
             return
         for file_id, url, data, name in (
-            (output_file_id(job.id), job.output_url, output, "output.jsonl"),
+            (output_file_id(job.id), job.output_url, output, f"output.{job.format}"),
             (error_file_id(job.id), job.error_url, errors, "errors.jsonl"),
         ):
             record = FileRecord(file_id, job.tenant, f"{job.id}-{name}", "batch_output", url, len(data))
@@ -274,6 +300,22 @@ class BatchRunner:
         BATCH_JOBS_FINISHED.labels(final).inc()
         self.seen.pop(job.id, None)
         log.info("batch job %s %s: %d lines answered, %d failed", job.id, final, job.completed, job.failed)
+
+
+def _open_input(job: Job) -> tuple[int, Iterator[Callable[[], list[Line]]]]:
+    """The job's number of input lines (rows), and one callable per chunk, in order, that makes its lines."""
+    if job.format == "parquet":
+        source = tables.ParquetInput(job.input_url, job.input_columns)
+        return source.total, source.chunks(job.chunk_size)
+    lines = split_lines(objects.read_bytes(job.input_url))
+
+    def chunks() -> Iterator[Callable[[], list[Line]]]:
+        for start, end in chunk_bounds(len(lines), job.chunk_size):
+            yield lambda start=start, end=end: [
+                parse_line(start + i + 1, raw, job.infer_path) for i, raw in enumerate(lines[start:end])
+            ]
+
+    return len(lines), chunks()
 
 
 def _output_line(line: Line, response: bytes) -> bytes:

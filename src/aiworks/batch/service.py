@@ -12,7 +12,7 @@ import asyncio
 import re
 import time
 
-from aiworks.batch import objects
+from aiworks.batch import objects, tables
 from aiworks.batch.jobs import CANCELLABLE, TERMINAL, FileRecord, Job, JobStore, new_id
 from aiworks.core.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from aiworks.core.names import check_model_name, check_version
@@ -40,8 +40,10 @@ def check_window(window: str) -> str:
     return window
 
 
-def _count_lines(url: str) -> int:
-    """Lines of an input file, as the runner will cut it (a final newline ends the last line)."""
+def _count_lines(url: str, form: str = "jsonl", input_columns: dict | None = None) -> int:
+    """Lines (Parquet: rows) of an input file, as the runner will cut it (a final newline ends the last line)."""
+    if form == "parquet":
+        return tables.check_input(url, input_columns or {})
     data = objects.read_bytes(url)
     return data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
 
@@ -92,7 +94,7 @@ class BatchService:
         if purpose != "batch":
             raise InvalidArgument(f"purpose must be 'batch', not '{purpose[:40]}'")
         file_id = new_id("file")
-        url = self._where(tenant, f"{file_id}.jsonl")
+        url = self._where(tenant, f"{file_id}.{tables.format_of(filename or '')}")
         await asyncio.to_thread(objects.write_bytes, url, data)
         name = (filename or "upload.jsonl")[:256]
         return await self.store.add_file(FileRecord(file_id, tenant, name, purpose, url, len(data)))
@@ -103,15 +105,21 @@ class BatchService:
             raise NotFound(f"no file '{file_id[:80]}'")
         return record
 
-    async def content(self, tenant: str, file_id: str) -> bytes:
+    async def content(self, tenant: str, file_id: str) -> tuple[bytes, str]:
+        """The file's bytes and media type (JSONL or Parquet, by its name)."""
         record = await self.file(tenant, file_id)
-        return await asyncio.to_thread(objects.read_bytes, record.url)
+        data = await asyncio.to_thread(objects.read_bytes, record.url)
+        return data, tables.MEDIA_TYPES[tables.format_of(record.filename)]
 
     # ---- jobs ------------------------------------------------------------------------------------------
 
     async def create_batch(self, tenant: str, body: dict, credential: str | None, *,
                            requests_per_second: float | None = None, burst: int = 0) -> Job:  # fmt: skip
         """``POST /v1/batches``: ``input_file_id``, ``endpoint``, ``completion_window``, optional ``metadata``.
+
+        Parquet input (:mod:`aiworks.batch.tables`): ``format`` (``jsonl`` or
+        ``parquet``; by default the uploaded file name's extension) and
+        ``input_columns``. A Parquet job's output file is Parquet too.
 
         ``requests_per_second`` and ``burst``: the tenant's request rate, when
         it has one. A job with more lines than that rate lets through in its
@@ -129,20 +137,25 @@ class BatchService:
             raise InvalidArgument("metadata must be an object of at most 16 keys")
         chunk_size = body.get("chunk_size", self.chunk_size)
         record = await self.file(tenant, file_id)
+        form = tables.format_of(record.filename, body.get("format"))
+        input_columns = body.get("input_columns")
         if requests_per_second:
-            await self._check_rate(tenant, record.url, window, requests_per_second, burst)
+            await self._check_rate(tenant, record.url, window, requests_per_second, burst, form, input_columns)
         job_id = new_id("batch")
         return await self.submit(
-            tenant, model, record.url, self._where(tenant, f"{job_id}/output.jsonl"),
+            tenant, model, record.url, self._where(tenant, f"{job_id}/output.{form}"),
             self._where(tenant, f"{job_id}/errors.jsonl"), version=version, chunk_size=chunk_size,
             credential=credential, metadata=metadata, completion_window=window, input_file_id=file_id, job_id=job_id,
+            format=form, input_columns=input_columns,
         )  # fmt: skip
 
     @staticmethod
-    async def _check_rate(tenant: str, url: str, window: str, requests_per_second: float, burst: int) -> None:
+    async def _check_rate(tenant: str, url: str, window: str, requests_per_second: float, burst: int,
+                          form: str = "jsonl", input_columns: object = None) -> None:  # fmt: skip
         window_s = int(window[:-1]) * 3600
         allowed = int(burst + requests_per_second * window_s)
-        lines = await asyncio.to_thread(_count_lines, url)
+        columns = tables.check_mapping(input_columns) if form == "parquet" else None
+        lines = await asyncio.to_thread(_count_lines, url, form, columns)
         if lines > allowed:
             raise ResourceExhausted(
                 f"the job has {lines} lines, more than tenant '{tenant}' may send in its completion window "
@@ -154,8 +167,19 @@ class BatchService:
     async def submit(self, tenant: str, model: str, input_url: str, output_url: str, error_url: str, *,
                      version: str = "", chunk_size: int | None = None, credential: str | None = None,
                      metadata: dict | None = None, completion_window: str = "24h", input_file_id: str = "",
-                     job_id: str | None = None) -> Job:  # fmt: skip
-        """A new job, queued for a runner; a missing input file is refused here, not discovered later."""
+                     job_id: str | None = None, format: str | None = None,
+                     input_columns: object = None) -> Job:  # fmt: skip
+        """A new job, queued for a runner; a missing input file is refused here, not discovered later.
+
+        ``format``: ``jsonl`` or ``parquet``, by default ``input_url``'s
+        extension. A Parquet input's columns are checked against
+        ``input_columns`` here (a 400 names a missing column), from the
+        file's footer.
+        """
+        form = tables.format_of(input_url, format)
+        columns = tables.check_mapping(input_columns)
+        if columns and form != "parquet":
+            raise InvalidArgument("input_columns applies to Parquet input only")
         check_model_name(model)
         check_version(version)
         chunk_size = self.chunk_size if chunk_size is None else chunk_size
@@ -170,10 +194,13 @@ class BatchService:
             )  # fmt: skip
         if not await asyncio.to_thread(objects.exists, input_url):
             raise NotFound("input file does not exist" + ("" if input_file_id else f": {input_url}"))
+        if form == "parquet":
+            await asyncio.to_thread(tables.check_input, input_url, columns)
         job = Job(
             id=job_id or new_id("batch"), tenant=tenant, model=model, version=version, input_url=input_url,
             output_url=output_url, error_url=error_url, chunk_size=chunk_size, metadata=metadata or {},
-            completion_window=completion_window, input_file_id=input_file_id, created_at=time.time(),
+            completion_window=completion_window, input_file_id=input_file_id, created_at=time.time(), format=form,
+            input_columns=columns,
         )  # fmt: skip
         return await self.store.create(job, credential)
 
