@@ -956,8 +956,10 @@ def tiers() -> Board:
                 w=8,
             ),
             target(rate("aiworks_nearline_requests_total", by="status"), "{{status}}"),
-            target(rate_or_zero("aiworks_nearline_callbacks_total", "status", "aiworks_nearline_requests_total"),
-                   "callback {{status}}"),  # fmt: skip
+            target(
+                rate_or_zero("aiworks_nearline_callbacks_total", "status", "aiworks_nearline_requests_total"),
+                "callback {{status}}",
+            ),
         )
         .row("Offline")
         .panel(
@@ -965,10 +967,15 @@ def tiers() -> Board:
             target(f"sum({select('aiworks_batch_jobs_active')})"),
         )
         .panel(
-            graph("Rows/s", "Input lines of batch jobs answered per second, by outcome (ok or failed).", "short",
-                  stack=True, w=10),
+            graph(
+                "Rows/s",
+                "Input lines of batch jobs answered per second, by outcome (ok or failed).",
+                "short",
+                stack=True,
+                w=10,
+            ),
             target(rate("aiworks_batch_rows_total", by="status"), "{{status}}"),
-        )  # fmt: skip
+        )
         .panel(
             graph(
                 "In-flight limit",
@@ -984,11 +991,15 @@ def tiers() -> Board:
             target(f"max by (job, tenant) ({select('aiworks_batch_job_progress_ratio')})", "{{job}} {{tenant}}"),
         )
         .panel(
-            graph("Jobs ended and chunks", "Batch jobs ended per second by final status, and chunks recorded.",
-                  "short", w=12),
+            graph(
+                "Jobs ended and chunks",
+                "Batch jobs ended per second by final status, and chunks recorded.",
+                "short",
+                w=12,
+            ),
             target(rate("aiworks_batch_jobs_finished_total", by="status"), "jobs {{status}}"),
             target(rate("aiworks_batch_chunks_total"), "chunks"),
-        )  # fmt: skip
+        )
         .row("Result streams")
         .panel(
             graph(
@@ -999,22 +1010,31 @@ def tiers() -> Board:
                 w=8,
             ),
             target(rate("aiworks_stream_published_total"), "published"),
-            target(rate_or_zero("aiworks_stream_publish_dropped_total", "reason", "aiworks_stream_published_total"),
-                   "dropped {{reason}}"),  # fmt: skip
+            target(
+                rate_or_zero("aiworks_stream_publish_dropped_total", "reason", "aiworks_stream_published_total"),
+                "dropped {{reason}}",
+            ),
         )
         .panel(
-            graph("Subscribers", "SSE subscribers connected, and those the gateway dropped (slow or failed).",
-                  "short", w=8),
+            graph(
+                "Subscribers",
+                "SSE subscribers connected, and those the gateway dropped (slow or failed).",
+                "short",
+                w=8,
+            ),
             target(f"sum({select('aiworks_stream_subscribers')})", "connected"),
-            target(rate_or_zero("aiworks_stream_subscribers_dropped_total", "reason", "aiworks_stream_events_sent_total"),
-                   "dropped/s {{reason}}"),  # fmt: skip
-        )  # fmt: skip
+            target(
+                rate_or_zero("aiworks_stream_subscribers_dropped_total", "reason", "aiworks_stream_events_sent_total"),
+                "dropped/s {{reason}}",
+            ),
+        )
         .panel(
-            graph("Events/s", "Stream entries written to subscribers, and events raised by stream rules.",
-                  "short", w=8),
+            graph(
+                "Events/s", "Stream entries written to subscribers, and events raised by stream rules.", "short", w=8
+            ),
             target(rate("aiworks_stream_events_sent_total"), "sent"),
             target(rate("aiworks_stream_rule_events_total"), "rule events"),
-        )  # fmt: skip
+        )
     )
 
 
