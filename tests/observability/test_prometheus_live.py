@@ -491,6 +491,18 @@ def test_every_panel_query_of_every_dashboard_returns_data(observed):
     )
 
 
+def test_the_tiers_did_real_work(observed):
+    """The Tiers panels had data because each tier worked: a job ended, requests were queued and published,
+    and the subscriber read events (the counts also show in the panel test's failure message)."""
+    deadline = time.monotonic() + DEADLINE_S
+    wanted = ("job completed", "async 202", "publish 200", "subscribe 200", "event")
+    while not all(observed.tiers.outcomes[name] for name in wanted) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert all(observed.tiers.outcomes[name] for name in wanted), dict(observed.tiers.outcomes)
+    answered = observed.api.query('sum(aiworks_nearline_requests_total{status="completed"})')
+    assert answered and float(answered[0]["value"][1]) > 0, "the nearline worker answered nothing"
+
+
 def test_every_recording_rule_has_series_and_every_rule_evaluates(observed):
     recorded = {rule["record"]: rule["record"] for rule in rules("record")}
     empty = wait_for_data(observed, lambda: recorded)
