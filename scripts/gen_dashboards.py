@@ -104,6 +104,15 @@ def ratio_or_zero(metric: str, part: str, whole: str, by: str | None = None) -> 
     return f"({numerator} or {zero}) / {denominator}"
 
 
+def rate_or_zero(metric: str, by: str, base: str) -> str:
+    """Rate of ``metric`` by ``by``, or 0 while it has no series yet (nothing dropped, no callback sent).
+
+    A labelled counter exports nothing until its first event; ``base`` is an
+    always-present counter of the same process whose rate times 0 stands in.
+    """
+    return f"{rate(metric, by=by)} or {rate(base)} * 0"
+
+
 def mean(histogram: str, selector: str = "", by: str | None = None) -> str:
     return f"{rate(histogram + '_sum', selector, by)} / {rate(histogram + '_count', selector, by)}"
 
@@ -880,6 +889,155 @@ def generation() -> Board:
     )
 
 
+def tiers() -> Board:
+    online = "aiworks_scheduler_requests_total"
+    wait = "aiworks_nearline_queue_wait_seconds"
+    return (
+        Board(
+            "aiworks-tiers",
+            "AIWorks / Tiers",
+            "The three tiers and the result streams side by side (docs/tiers.md): online requests by class, "
+            "the nearline queue of asynchronous requests, the offline batch jobs, and the streams twins read.",
+        )
+        .row("Online")
+        .panel(
+            graph(
+                "Requests/s by class",
+                "Requests the replicas' queues took, by priority class (realtime, standard, batch: the batch "
+                "runner's chunks and the nearline worker's requests come as batch and standard work).",
+                "reqps",
+                stack=True,
+                w=8,
+            ),
+            target(rate(online, by="priority"), "{{priority}}"),
+        )
+        .panel(
+            graph(
+                "Queue wait p99 by class",
+                "99th percentile of the time a request waited in a replica's queue before its batch ran, by class: "
+                "batch work yields to online traffic, so its wait grows first.",
+                "s",
+                w=8,
+            ),
+            target(quantile(0.99, "aiworks_scheduler_queue_duration_seconds", by="priority"), "p99 {{priority}}"),
+        )
+        .panel(
+            graph("Request latency p99", "99th percentile of the gateway's request duration, by protocol.", "s", w=8),
+            target(quantile(0.99, "aiworks_gateway_request_duration_seconds", by="protocol"), "p99 {{protocol}}"),
+        )
+        .row("Nearline")
+        .panel(
+            graph(
+                "Backlog and oldest age",
+                "Asynchronous requests queued and not yet answered, and the age of the oldest one a worker took "
+                "(alert: AIWorksNearlineOldestAgeHigh when it stays above the nearline deadline).",
+                "short",
+                w=8,
+            ),
+            target(f"max({select('aiworks_nearline_backlog')})", "backlog"),
+            target(f"max({select('aiworks_nearline_oldest_age_seconds')})", "oldest age (s)"),
+        )
+        .panel(
+            graph(
+                "Queue wait",
+                "Time an asynchronous request waited in the Redis stream before a worker took it: p50 and p99.",
+                "s",
+                w=8,
+            ),
+            target(quantile(0.5, wait), "p50"),
+            target(quantile(0.99, wait), "p99"),
+        )
+        .panel(
+            graph(
+                "Requests/s by outcome",
+                "Asynchronous requests answered: completed, failed (an error stored as the result) and expired "
+                "(taken after their deadline); and callbacks delivered or failed after their retries.",
+                "reqps",
+                w=8,
+            ),
+            target(rate("aiworks_nearline_requests_total", by="status"), "{{status}}"),
+            target(
+                rate_or_zero("aiworks_nearline_callbacks_total", "status", "aiworks_nearline_requests_total"),
+                "callback {{status}}",
+            ),
+        )
+        .row("Offline")
+        .panel(
+            single("Active jobs", "Batch jobs not yet ended (queued, running, cancelling).", "short"),
+            target(f"sum({select('aiworks_batch_jobs_active')})"),
+        )
+        .panel(
+            graph(
+                "Rows/s",
+                "Input lines of batch jobs answered per second, by outcome (ok or failed).",
+                "short",
+                stack=True,
+                w=10,
+            ),
+            target(rate("aiworks_batch_rows_total", by="status"), "{{status}}"),
+        )
+        .panel(
+            graph(
+                "In-flight limit",
+                "Requests each runner may have in flight now: its AIMD limit, cut when online traffic needs the "
+                "replicas and grown back while they are idle.",
+                "short",
+                w=10,
+            ),
+            target(f"max by (instance) ({select('aiworks_batch_in_flight_limit')})", "{{instance}}"),
+        )
+        .panel(
+            graph("Job progress", "Lines done / lines of each job not yet ended.", "percentunit", w=12),
+            target(f"max by (job, tenant) ({select('aiworks_batch_job_progress_ratio')})", "{{job}} {{tenant}}"),
+        )
+        .panel(
+            graph(
+                "Jobs ended and chunks",
+                "Batch jobs ended per second by final status, and chunks recorded.",
+                "short",
+                w=12,
+            ),
+            target(rate("aiworks_batch_jobs_finished_total", by="status"), "jobs {{status}}"),
+            target(rate("aiworks_batch_chunks_total"), "chunks"),
+        )
+        .row("Result streams")
+        .panel(
+            graph(
+                "Published and dropped/s",
+                "Result records appended to streams, and those not published (by reason: the publisher's queue "
+                "full, a Redis error).",
+                "short",
+                w=8,
+            ),
+            target(rate("aiworks_stream_published_total"), "published"),
+            target(
+                rate_or_zero("aiworks_stream_publish_dropped_total", "reason", "aiworks_stream_published_total"),
+                "dropped {{reason}}",
+            ),
+        )
+        .panel(
+            graph(
+                "Subscribers",
+                "SSE subscribers connected, and those the gateway dropped (slow or failed).",
+                "short",
+                w=8,
+            ),
+            target(f"sum({select('aiworks_stream_subscribers')})", "connected"),
+            target(
+                rate_or_zero("aiworks_stream_subscribers_dropped_total", "reason", "aiworks_stream_events_sent_total"),
+                "dropped/s {{reason}}",
+            ),
+        )
+        .panel(
+            graph(
+                "Events/s", "Stream entries written to subscribers, and events raised by stream rules.", "short", w=8
+            ),
+            target(rate("aiworks_stream_events_sent_total"), "sent"),
+            target(rate("aiworks_stream_rule_events_total"), "rule events"),
+        )
+    )
+
+
 DASHBOARDS: dict[str, Callable[[], Board]] = {
     "aiworks-overview.json": overview,
     "aiworks-models.json": models,
@@ -888,6 +1046,7 @@ DASHBOARDS: dict[str, Callable[[], Board]] = {
     "aiworks-scheduler.json": scheduler,
     "aiworks-replicas.json": replicas,
     "aiworks-generation.json": generation,
+    "aiworks-tiers.json": tiers,
 }
 
 

@@ -42,6 +42,7 @@ def test_the_dashboards_cover_the_views_the_suite_needs():
         "aiworks-scheduler",
         "aiworks-replicas",
         "aiworks-generation",
+        "aiworks-tiers",
     }
 
 
@@ -123,6 +124,24 @@ def test_the_dashboards_answer_the_questions_of_the_issue():
         "aiworks_runtime_llm_sequences",
         "aiworks_tenant_tokens_total",
     } <= shown["aiworks-generation"]
+    assert {
+        "aiworks_scheduler_requests_total",
+        "aiworks_nearline_backlog",
+        "aiworks_nearline_oldest_age_seconds",
+        "aiworks_nearline_queue_wait_seconds_bucket",
+        "aiworks_nearline_requests_total",
+        "aiworks_nearline_callbacks_total",
+        "aiworks_batch_jobs_active",
+        "aiworks_batch_rows_total",
+        "aiworks_batch_job_progress_ratio",
+        "aiworks_batch_in_flight_limit",
+        "aiworks_stream_published_total",
+        "aiworks_stream_publish_dropped_total",
+        "aiworks_stream_subscribers",
+        "aiworks_stream_events_sent_total",
+    } <= shown["aiworks-tiers"]
+    rows = [p["title"] for p in load_dashboards()["aiworks-tiers"]["panels"] if p["type"] == "row"]
+    assert rows == ["Online", "Nearline", "Offline", "Result streams"]
     heatmaps = {p["title"] for p in panels(load_dashboards()["aiworks-replicas"]) if p["type"] == "heatmap"}
     assert heatmaps == {"Health score by replica"}
     tenant_queries = panel_queries(load_dashboards()["aiworks-tenants"])

@@ -9,7 +9,11 @@ happen for real: hits and misses of the result cache, two model versions,
 three priorities, malformed requests and unknown models, requests whose
 deadline passes, bursts that overflow a short queue, retries and ejections
 of the hanging replica, a replica killed and restarted by the monitor, and
-generations of a tiny random-weight ``codegen`` (the Generation dashboard).
+generations of a tiny random-weight ``codegen`` (the Generation dashboard),
+and the tiers (the Tiers dashboard): a private redis-server, a real
+``aiworks batch runner`` working through one small batch job after another,
+a real ``aiworks nearline worker`` answering asynchronous requests, and
+results published to a stream that an SSE subscriber reads.
 
 Then each panel query of each committed dashboard, with its template
 variables set to real values read from Prometheus as Grafana would, must
@@ -19,9 +23,12 @@ return a number, and each recording rule must have series.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -29,9 +36,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import numpy as np
 import onnx
 import pytest
+import requests
+from cache.support import RedisServer
 from onnx import TensorProto, helper
 
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -58,6 +68,15 @@ SUITE_ENV = {
     "AIWORKS_GATEWAY_CACHE_LOOKUP_TIMEOUT_S": "0.5",
 }
 SLOW_REPLICA_ENV = {"AIWORKS_RUNTIME_DEBUG_DELAY_MS": "1500"}
+
+# The tiers (docs/tiers.md), on a private Redis given at start: the Batch API's files, asynchronous
+# requests (a deadline long enough for a loaded machine) and result streams.
+TIERS_ENV = {
+    "AIWORKS_GATEWAY_ASYNC_REQUESTS": "true",
+    "AIWORKS_GATEWAY_ASYNC_DEADLINE_S": "30",
+    "AIWORKS_GATEWAY_RESULT_STREAMS": "true",
+}
+STREAM = "twin"
 
 # What Grafana puts for $__rate_interval with a 1 s scrape interval is 4 s; a little more keeps
 # quantiles of bursty histograms defined between two polls.
@@ -204,6 +223,108 @@ class Load:
             await client.close()
 
 
+@dataclass
+class TierLoad:
+    """The tiers at work from threads of their own until stopped: batch jobs one after another (a runner
+    answers them), asynchronous requests (a nearline worker answers them), and results published to a
+    stream while an SSE subscriber reads it."""
+
+    base: str  # the gateway's http://host:port
+    outcomes: Counter = field(default_factory=Counter)
+    stop: threading.Event = field(default_factory=threading.Event)
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    def start(self) -> None:
+        for work in (self._jobs, self._requests, self._subscribe):
+            thread = threading.Thread(target=self._guarded, args=(work,), name=work.__name__, daemon=True)
+            thread.start()
+            self.threads.append(thread)
+
+    def close(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(30)
+
+    def _guarded(self, work: Callable[[], None]) -> None:
+        while not self.stop.is_set():
+            try:
+                work()
+            except (requests.RequestException, httpx.HTTPError) as exc:  # counted; the panels show what is missing
+                self.outcomes[f"{work.__name__} {type(exc).__name__}"] += 1
+                self.stop.wait(0.5)
+
+    @staticmethod
+    def _body(rng: np.random.Generator) -> dict:
+        return {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": rng.random(4).tolist()}]}
+
+    def _jobs(self) -> None:
+        """A 400-line job on ``scale``, then wait for its end: progress, rows/s, chunks and jobs ended."""
+        rng = np.random.default_rng(11)
+        lines = b"".join(json.dumps({"custom_id": f"row-{i}", **self._body(rng)}).encode() + b"\n" for i in range(400))
+        uploaded = requests.post(f"{self.base}/v1/files", data={"purpose": "batch"},
+                                 files={"file": ("input.jsonl", lines, "application/jsonl")}, timeout=30)  # fmt: skip
+        uploaded.raise_for_status()
+        body = {"input_file_id": uploaded.json()["id"], "endpoint": f"/v2/models/{MODEL}/infer",
+                "completion_window": "24h"}  # fmt: skip
+        job = requests.post(f"{self.base}/v1/batches", json=body, timeout=30)
+        job.raise_for_status()
+        while not self.stop.wait(0.5):
+            status = requests.get(f"{self.base}/v1/batches/{job.json()['id']}", timeout=10).json()["status"]
+            if status in ("completed", "failed", "expired", "cancelled"):
+                self.outcomes[f"job {status}"] += 1
+                return
+
+    def _requests(self) -> None:
+        """Asynchronous requests (202, answered by the worker) and synchronous ones published to the stream."""
+        rng = np.random.default_rng(13)
+        with requests.Session() as http:
+            while not self.stop.wait(0.2):
+                queued = http.post(f"{self.base}/v2/models/{MODEL}/infer", json=self._body(rng),
+                                   headers={"prefer": "respond-async"}, timeout=10)  # fmt: skip
+                self.outcomes[f"async {queued.status_code}"] += 1
+                published = http.post(f"{self.base}/v2/models/{MODEL}/infer",
+                                      json={**self._body(rng), "parameters": {"publish": STREAM}}, timeout=10)  # fmt: skip
+                self.outcomes[f"publish {published.status_code}"] += 1
+
+    def _subscribe(self) -> None:
+        """An SSE subscriber of the stream, reconnecting every few seconds: subscribers and events sent."""
+        url = f"{self.base}/v2/streams/{STREAM}"
+        with httpx.stream("GET", url, timeout=httpx.Timeout(10.0, read=5.0)) as reply:
+            self.outcomes[f"subscribe {reply.status_code}"] += 1
+            if reply.status_code != 200:
+                self.stop.wait(1.0)
+                return
+            for line in reply.iter_lines():
+                if line.startswith("data"):
+                    self.outcomes["event"] += 1
+                if self.stop.is_set():
+                    return
+
+
+class TierProcess:
+    """One ``aiworks batch runner`` or ``aiworks nearline worker`` process serving /metrics on ``metrics_port``."""
+
+    def __init__(self, argv: list[str], log_path: Path):
+        self.metrics_port = free_port()
+        command = [sys.executable, "-m", "aiworks", *argv, "--metrics-port", str(self.metrics_port)]
+        env = {**os.environ, "AIWORKS_BATCH_POLL_INTERVAL_S": "0.2"}
+        with log_path.open("ab") as out:
+            self.process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.metrics_port}"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
 # ---- the suite, Prometheus and the load ---------------------------------------------------------
 
 
@@ -213,6 +334,7 @@ class Observed:
     prometheus: PrometheusProcess
     api: PrometheusAPI
     load: Load
+    tiers: TierLoad
     started_s: float  # wall-clock time the load began
 
 
@@ -231,24 +353,37 @@ def _wait_registered(supervisor: Supervisor, replica_id: str, timeout_s: float =
 @pytest.fixture(scope="module")
 def observed(prometheus_binaries, tmp_path_factory) -> Iterator[Observed]:
     work = tmp_path_factory.mktemp("observed")
+    redis = RedisServer(work / "redis")
+    redis.start()
+    tiers_env = {
+        **TIERS_ENV,
+        "AIWORKS_GATEWAY_REDIS_URL": redis.url,
+        "AIWORKS_GATEWAY_BATCH_FILES_URL": str(work / "files"),
+    }
     config = SuiteConfig.on_free_ports(
         model_repository=write_repository(work / "models"),
         replicas=1,
         log_dir=work / "logs",
         log_level="WARNING",
         monitor=True,
-        extra_env=dict(SUITE_ENV),
+        extra_env={**SUITE_ENV, **tiers_env},
     )
     supervisor = Supervisor(config)
     prometheus = None
     load = None
+    tiers = TierLoad(f"http://127.0.0.1:{config.http_port}")
+    processes: list[TierProcess] = []
     try:
         supervisor.start()
         supervisor.start_runtime(SLOW_REPLICA, models=[MODEL], env=SLOW_REPLICA_ENV)
         _wait_registered(supervisor, SLOW_REPLICA)
-        prometheus = PrometheusProcess(
-            supervisor.metrics_targets(), free_port(), work / "prometheus", work / "logs" / "prometheus.log"
-        )
+        common = ["--redis-url", redis.url, "--gateway-url", tiers.base]
+        runner = TierProcess(["batch", "runner", *common], work / "logs" / "batch-runner.log")
+        processes.append(runner)
+        worker = TierProcess(["nearline", "worker", *common], work / "logs" / "nearline-worker.log")
+        processes.append(worker)
+        targets = {**supervisor.metrics_targets(), "batch": [runner.target], "nearline": [worker.target]}
+        prometheus = PrometheusProcess(targets, free_port(), work / "prometheus", work / "logs" / "prometheus.log")
         prometheus.start()
 
         def kill_slow_replica() -> None:
@@ -257,13 +392,18 @@ def observed(prometheus_binaries, tmp_path_factory) -> Iterator[Observed]:
         load = Load(f"127.0.0.1:{config.grpc_port}", f"127.0.0.1:{config.http_port}", kill_slow_replica)
         started_s = time.time()
         load.start()
-        yield Observed(supervisor, prometheus, PrometheusAPI(prometheus.url), load, started_s)
+        tiers.start()
+        yield Observed(supervisor, prometheus, PrometheusAPI(prometheus.url), load, tiers, started_s)
     finally:
+        tiers.close()
         if load is not None:
             load.close()
+        for process in processes:
+            process.stop()
         if prometheus is not None:
             prometheus.stop()
         supervisor.stop()
+        redis.stop()
 
 
 # ---- template variables, as Grafana resolves them -----------------------------------------------
@@ -345,9 +485,22 @@ def test_every_panel_query_of_every_dashboard_returns_data(observed):
 
     empty = wait_for_data(observed, queries, may_be_empty)
     assert not empty, (
-        f"{len(empty)} panel queries returned no data (load outcomes {dict(observed.load.outcomes)}):\n"
+        f"{len(empty)} panel queries returned no data (load outcomes {dict(observed.load.outcomes)}, "
+        f"tiers {dict(observed.tiers.outcomes)}):\n"
         + "\n".join(f"- {name}\n    ran as: {expr}" for name, expr in empty.items())
     )
+
+
+def test_the_tiers_did_real_work(observed):
+    """The Tiers panels had data because each tier worked: a job ended, requests were queued and published,
+    and the subscriber read events (the counts also show in the panel test's failure message)."""
+    deadline = time.monotonic() + DEADLINE_S
+    wanted = ("job completed", "async 202", "publish 200", "subscribe 200", "event")
+    while not all(observed.tiers.outcomes[name] for name in wanted) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert all(observed.tiers.outcomes[name] for name in wanted), dict(observed.tiers.outcomes)
+    answered = observed.api.query('sum(aiworks_nearline_requests_total{status="completed"})')
+    assert answered and float(answered[0]["value"][1]) > 0, "the nearline worker answered nothing"
 
 
 def test_every_recording_rule_has_series_and_every_rule_evaluates(observed):
@@ -367,7 +520,7 @@ def test_every_recording_rule_has_series_and_every_rule_evaluates(observed):
 
 
 def test_prometheus_scrapes_every_kind_of_service(observed):
-    kinds = {"gateway", "scheduler", "runtime", "cache", "monitor"}
+    kinds = {"gateway", "scheduler", "runtime", "cache", "monitor", "batch", "nearline"}
     deadline = time.monotonic() + 30
     while True:  # Prometheus applies new scrape targets every 5 s
         targets = observed.api.targets()
