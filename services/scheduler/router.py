@@ -33,7 +33,7 @@
    the comparisons while the other has fewer in flight: it gets about 1/k as
    many requests.
 
-6. **KV room** (generative versions, whose replicas report it in their
+6. **KV room**, before steps 4 and 5 (generative versions, whose replicas report it in their
    heartbeats and the routing table carries): when every candidate left has
    figures younger than :data:`KV_STALE_S`, the one with the most free KV
    tokens wins, among all of them when they are at most
@@ -41,9 +41,11 @@
    those it reported, less an estimate of what each generation this gateway
    sent it since then reserves (prompt + ``max_tokens``), less a whole
    budget per sequence waiting there for room (a queue is worse than any
-   room elsewhere); ties go to the lower cost of step 4. Figures missing on
-   any candidate, or stale, and it is step 4 as for any model. Other models
-   pay one set lookup.
+   room elsewhere); ties go to the lower cost of step 4. Probation (step 5)
+   holds back only replicas never measured: a faded average says nothing
+   against a replica whose heartbeats report room. Figures missing on any
+   candidate, or stale, and it is steps 4 and 5 as for any model. Other
+   models pay one set lookup.
 
 No replica is reserved and nothing waits here: requests queue at the
 replica, where the batcher forms batches by class and deadline.
@@ -176,12 +178,15 @@ class Router:
         measured = [r.health.latency_s[key] for r in candidates if key in r.health.latency_s]
         unmeasured_s = min(measured) / 2 if measured else 1e-3
         expected = {r.replica_id: self._latency(r, key, now, unmeasured_s) for r in candidates}
-        # Probation: one request at a time for a replica not (or no longer) known to answer.
-        candidates = [r for r in candidates if not (expected[r.replica_id][1] and r.outstanding)] or candidates
         if self.catalog.kv_keys and key in self.catalog.kv_keys:
-            chosen = self._most_kv_room(key, candidates, expected, now)
+            # Probation for replicas never measured only: one whose heartbeats report room is no suspect for a
+            # faded average (generations come in bursts after quiet spells).
+            trusted = [r for r in candidates if key in r.health.latency_s or not r.outstanding] or candidates
+            chosen = self._most_kv_room(key, trusted, expected, now)
             if chosen is not None:
                 return chosen
+        # Probation: one request at a time for a replica not (or no longer) known to answer.
+        candidates = [r for r in candidates if not (expected[r.replica_id][1] and r.outstanding)] or candidates
         if len(candidates) > 2:
             candidates = self._rng.sample(candidates, 2)
         elif len(candidates) == 2 and self._rng.random() < 0.5:

@@ -173,3 +173,22 @@ def test_the_registry_publishes_changed_figures_and_refreshes_unchanged_ones():
     g = reg.generation
     reg.heartbeat("a", [spec()])
     assert reg.generation == g  # a replica without figures changes nothing
+
+
+def test_a_faded_average_does_not_hold_back_a_replica_with_room_but_a_never_measured_one_waits():
+    clock = FakeClock()
+    cat = catalog(clock, {"full": (0, 5), "roomy": (1000, 0)})
+    for replica in cat.replicas.values():
+        replica.health.latency_s[KEY], replica.health.latency_at_s[KEY] = 0.01, clock() - 60  # long faded
+    r = router(cat, clock)
+    for _ in range(5):  # a burst after a quiet minute: all to the replica with room, not one at a time
+        chosen = r.pick(KEY)
+        r.sent(chosen, KEY, 10)
+        assert chosen.replica_id == "roomy"
+    fresh = catalog(clock, {"full": (0, 5), "new": (1000, 0)})
+    fresh.replicas["full"].health.latency_s[KEY] = 0.01
+    fresh.replicas["full"].health.latency_at_s[KEY] = clock()
+    r = router(fresh, clock)
+    first = r.pick(KEY)
+    r.sent(first, KEY, 10)
+    assert first.replica_id == "new" and r.pick(KEY).replica_id == "full"  # "new" holds one until it answers
