@@ -493,6 +493,16 @@ class RuntimeDataPlane:
                     out.append(v.spec.with_state(ModelState.LOADING, "its backend is recovering"))
         return out
 
+    def kv_room(self) -> list[tuple[str, str, int, int, int]]:
+        """(model, version, free KV tokens, KV budget, waiting sequences) of each loaded generative version; no I/O."""
+        out = []
+        for versions in self._models.values():
+            for v in versions.values():
+                room = getattr(v.model, "kv_room", None)
+                if room is not None:
+                    out.append((v.spec.name, v.spec.version, *room()))
+        return out
+
     def unhealthy_versions(self) -> list[tuple[str, str, bool]]:
         """(model, version, recovering) of each loaded version whose backend is unhealthy; no I/O."""
         return [

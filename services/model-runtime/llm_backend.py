@@ -220,6 +220,11 @@ class LlmModel:
         """(KV tokens reserved, the budget)."""
         return self.engine.used_tokens, self.engine.kv_budget_tokens
 
+    def kv_room(self) -> tuple[int, int, int]:
+        """(KV tokens free, the budget, sequences waiting for room): what the heartbeat reports for routing."""
+        engine = self.engine
+        return max(0, engine.kv_budget_tokens - engine.used_tokens), engine.kv_budget_tokens, len(engine.waiting)
+
     def close(self) -> None:
         if self._async is not None:
             self._async.close()

@@ -85,6 +85,12 @@ class Registrar:
         queues.sweep()
         return [spb.QueueStatus(**vars(q)) for q in queues.stats()]
 
+    def _kv(self):
+        return [
+            spb.KvStatus(model=m, version=v, free_tokens=free, budget_tokens=budget, waiting_sequences=waiting)
+            for m, v, free, budget, waiting in self._dataplane.kv_room()
+        ]
+
     async def register(self) -> None:
         reply = await self._scheduler.register_replica(
             spb.ReplicaInfo(models=self._models(), gpus=gpu_messages(self._gpus), **self._info), timeout_s=5
@@ -108,6 +114,7 @@ class Registrar:
                     models=self._models(),
                     gpus=gpu_messages(self._gpus),
                     queues=self._queues(),
+                    kv=self._kv(),
                 ),
                 timeout_s=max(self.interval_s * 3, 1.0),
             )

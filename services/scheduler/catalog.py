@@ -45,6 +45,12 @@ class Replica:
     queues: list = field(default_factory=list)
     # The GPUs of a "gpu" replica as of its last heartbeat (GpuInfo fields), for status.
     gpus: list[dict] = field(default_factory=list)
+    # Generative versions' KV room (aiworks.scheduler.views.KvRoom by key; None: it reports none) and when it
+    # was read (the scheduler: the heartbeat's arrival; a gateway: that, on its own clock, from the table).
+    kv: dict | None = None
+    kv_at_s: float = 0.0
+    # A gateway's: (when, model version, KV tokens) of each generation it sent since the figures were read.
+    kv_sent: list = field(default_factory=list)
     # A gateway's: requests it has in flight there, since when it has had some and when it last answered
     # one (a replica that stopped answering is noticed before any timeout), and its health as it sees it.
     outstanding: int = 0
@@ -74,6 +80,8 @@ class Catalog:
         self.known: dict[Key, ModelSpec | None] = {}
         self.closing: set[Key] = set()
         self.retiring: dict[Key, dict[str, ModelSpec]] = {}  # key -> replica id -> the spec it held
+        # Versions some replica reports KV room for (generative ones): only these are routed by it.
+        self.kv_keys: set[Key] = set()
 
     def draining(self, key: Key) -> bool:
         return key in self.closing or key in self.retiring

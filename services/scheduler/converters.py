@@ -12,6 +12,7 @@ from aiworks.scheduler.views import (
     DrainingVersion,
     EjectionOrder,
     GatewayView,
+    KvRoom,
     QueueView,
     ReplicaView,
     RouteReplica,
@@ -118,12 +119,21 @@ def policy_from_pb(message: pb.RoutingPolicy) -> RoutingPolicy:
     return RoutingPolicy(**values)
 
 
+def kv_to_pb(room: KvRoom) -> pb.KvStatus:
+    return pb.KvStatus(**vars(room))
+
+
+def kv_from_pb(message: pb.KvStatus) -> KvRoom:
+    return KvRoom(**_fields(message, KvRoom))
+
+
 def table_to_pb(table: RoutingTable) -> pb.RoutingTable:
     return pb.RoutingTable(
         generation=table.generation,
         replicas=[
             pb.RouteReplica(replica_id=r.replica_id, address=r.address, device=r.device, labels=r.labels,
-                            models=[from_model_spec(s) for s in r.models])  # fmt: skip
+                            models=[from_model_spec(s) for s in r.models], kv=[kv_to_pb(k) for k in r.kv],
+                            kv_age_s=r.kv_age_s)  # fmt: skip
             for r in table.replicas
         ],
         traffic=[traffic_to_pb(p) for p in table.traffic],
@@ -143,7 +153,8 @@ def table_from_pb(message: pb.RoutingTable) -> RoutingTable:
     return RoutingTable(
         generation=message.generation,
         replicas=[
-            RouteReplica(r.replica_id, r.address, r.device, dict(r.labels), tuple(to_model_spec(s) for s in r.models))
+            RouteReplica(r.replica_id, r.address, r.device, dict(r.labels), tuple(to_model_spec(s) for s in r.models),
+                         tuple(kv_from_pb(k) for k in r.kv), r.kv_age_s)  # fmt: skip
             for r in message.replicas
         ],
         traffic=[traffic_from_pb(p) for p in message.traffic],

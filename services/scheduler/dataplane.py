@@ -111,7 +111,8 @@ class Scheduler:
             generation=registry.generation,
             replicas=[
                 RouteReplica(r.replica_id, r.address, r.device, dict(r.labels),
-                             tuple(s for k, s in r.models.items() if _routable(s) and self._published(k)))  # fmt: skip
+                             tuple(s for k, s in r.models.items() if _routable(s) and self._published(k)),
+                             tuple(r.kv.values()) if r.kv else (), now - r.kv_at_s if r.kv else 0.0)  # fmt: skip
                 for r in registry.live()
             ],
             traffic=self.traffic.policies(),

@@ -50,7 +50,7 @@ from aiworks.scheduler.pipeline import PipelineRunner, is_pipeline
 from aiworks.scheduler.policy import RoutingPolicy
 from aiworks.scheduler.replica_state import OutlierDetector
 from aiworks.scheduler.retry_state import RetryBudget
-from aiworks.scheduler.router import PoolPolicy, Recovering, Router
+from aiworks.scheduler.router import PoolPolicy, Recovering, Router, kv_reserve
 from aiworks.scheduler.sequence_routing import SequenceRouting
 from aiworks.scheduler.shadow import ShadowMirror
 from aiworks.scheduler.traffic_state import TrafficState
@@ -201,7 +201,10 @@ class Dispatcher:
                     continue
                 answers = 0
                 heard = False  # the replica answered something, an error of its own included
-                self.router.sent(replica)
+                if key in self.mirror.kv_keys:  # a generation: count its KV reserve there until the next figures
+                    self.router.sent(replica, key, kv_reserve(request))
+                else:
+                    self.router.sent(replica)
                 started = self.clock()
                 try:
                     async with contextlib.aclosing(replica.client.infer_stream(request, options, work)) as stream:

@@ -52,6 +52,8 @@ class RoutingMirror(Catalog):
     def apply(self, table: RoutingTable) -> None:
         """Make the mirror match ``table``."""
         current = {}
+        now = time.monotonic()
+        kv_keys = set()
         for route in table.replicas:
             replica = self.replicas.get(route.replica_id)
             if replica is None or replica.address != route.address:
@@ -61,8 +63,14 @@ class RoutingMirror(Catalog):
                 log.info("routing to replica %s at %s", route.replica_id, route.address)
             replica.device, replica.labels, replica.live = route.device, dict(route.labels), True
             replica.models = {(s.name, s.version): s for s in route.models}
+            if route.kv:  # generative versions: their KV room, read kv_age_s ago (on this gateway's clock)
+                read_s = now - route.kv_age_s
+                replica.kv, replica.kv_at_s = {(k.model, k.version): k for k in route.kv}, read_s
+                replica.kv_sent = [sent for sent in replica.kv_sent if sent[0] > read_s]  # the rest it counted
+                kv_keys.update(replica.kv)
+            elif replica.kv is not None:
+                replica.kv, replica.kv_sent = None, []
             current[route.replica_id] = replica
-        now = time.monotonic()
         for replica_id, replica in self.replicas.items():
             if replica_id not in current:
                 log.info("replica %s left the routing table", replica_id)
@@ -72,6 +80,7 @@ class RoutingMirror(Catalog):
             if replica_id in current or now - left_s > DEPARTED_KEPT_S:
                 del self.departed[replica_id]
         self.replicas = current
+        self.kv_keys = kv_keys
         self.known = {key: None for key in table.known}
         for replica in current.values():
             for key, spec in replica.models.items():

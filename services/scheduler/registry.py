@@ -63,12 +63,23 @@ class ReplicaRegistry(Catalog):
         return replica
 
     def heartbeat(self, replica_id: str, specs: list[ModelSpec], gpus: list[dict] = (), *, inflight_batches: int = 0,
-                  queues: list | None = None) -> bool:  # fmt: skip
+                  queues: list | None = None, kv: list | None = None, kv_refresh_s: float = 2.0) -> bool:  # fmt: skip
+        """A replica's heartbeat; ``kv``: its generative versions' :class:`~aiworks.scheduler.views.KvRoom`.
+
+        New KV figures change the routing table when they differ from those last published, or when those are
+        ``kv_refresh_s`` old: gateways judge their age, so figures that stay the same are refreshed too.
+        """
         replica = self.replicas.get(replica_id)
         if replica is None:
             return False
         replica.gpus = list(gpus)
-        replica.last_heartbeat_s = self._clock()
+        now = self._clock()
+        replica.last_heartbeat_s = now
+        if kv or replica.kv is not None:
+            figures = {(k.model, k.version): k for k in kv} if kv else None
+            if figures != replica.kv or now - replica.kv_at_s >= kv_refresh_s:
+                replica.kv, replica.kv_at_s = figures, now
+                self._notify()
         replica.inflight_batches = inflight_batches
         replica.queues = queues or []
         if not replica.live:

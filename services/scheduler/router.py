@@ -33,6 +33,20 @@
    the comparisons while the other has fewer in flight: it gets about 1/k as
    many requests.
 
+6. **KV room**, before steps 4 and 5 (generative versions, whose replicas report it in their
+   heartbeats and the routing table carries): when every candidate left has
+   figures younger than :data:`KV_STALE_S`, the one with the most free KV
+   tokens wins, among all of them when they are at most
+   :data:`KV_ALL_UP_TO`, else among two random ones. Its free tokens are
+   those it reported, less an estimate of what each generation this gateway
+   sent it since then reserves (prompt + ``max_tokens``), less a whole
+   budget per sequence waiting there for room (a queue is worse than any
+   room elsewhere); ties go to the lower cost of step 4. Probation (step 5)
+   holds back only replicas never measured: a faded average says nothing
+   against a replica whose heartbeats report room. Figures missing on any
+   candidate, or stale, and it is steps 4 and 5 as for any model. Other
+   models pay one set lookup.
+
 No replica is reserved and nothing waits here: requests queue at the
 replica, where the batcher forms batches by class and deadline.
 """
@@ -45,6 +59,7 @@ from collections.abc import Callable
 
 from aiworks.core import metrics
 from aiworks.core.errors import AIWorksError, Unavailable
+from aiworks.core.inference import InferRequest
 from aiworks.core.options import Priority
 from aiworks.scheduler.catalog import Catalog, Key, Replica
 from aiworks.scheduler.replica_state import OutlierDetector
@@ -55,6 +70,16 @@ DOWN_S = 1.0
 # Half-life of a latency average that is not refreshed: it fades towards the optimistic guess for unmeasured
 # replicas, so a replica once slow is tried again (and, if still bad, ejected) rather than avoided for ever.
 FADE_S = 2.0
+# KV figures older than this (three heartbeats at the default 1 s, and the scheduler republishes unchanged ones
+# every two) are not routed by: the replica, or this gateway's watch of the scheduler, has gone quiet.
+KV_STALE_S = 3.5
+# Up to this many candidates, a generation goes to the one with the most KV room of all; above, of two random.
+KV_ALL_UP_TO = 4
+# Bytes of prompt per token, for the estimate of a generation's reserve (byte-level BPE: 3 to 4 on code, so
+# the estimate errs high).
+KV_BYTES_PER_TOKEN = 3
+# The reserve estimated when a request names no max_tokens (the llm backend's default default_max_tokens).
+KV_DEFAULT_MAX_TOKENS = 16
 
 
 class Recovering(Unavailable):
@@ -153,6 +178,13 @@ class Router:
         measured = [r.health.latency_s[key] for r in candidates if key in r.health.latency_s]
         unmeasured_s = min(measured) / 2 if measured else 1e-3
         expected = {r.replica_id: self._latency(r, key, now, unmeasured_s) for r in candidates}
+        if self.catalog.kv_keys and key in self.catalog.kv_keys:
+            # Probation for replicas never measured only: one whose heartbeats report room is no suspect for a
+            # faded average (generations come in bursts after quiet spells).
+            trusted = [r for r in candidates if key in r.health.latency_s or not r.outstanding] or candidates
+            chosen = self._most_kv_room(key, trusted, expected, now)
+            if chosen is not None:
+                return chosen
         # Probation: one request at a time for a replica not (or no longer) known to answer.
         candidates = [r for r in candidates if not (expected[r.replica_id][1] and r.outstanding)] or candidates
         if len(candidates) > 2:
@@ -161,17 +193,37 @@ class Router:
             candidates = [candidates[1], candidates[0]]  # ties go either way
         return min(candidates, key=lambda r: (self._cost(expected[r.replica_id][0], r, now), r.outstanding))
 
+    def _most_kv_room(self, key: Key, candidates: list[Replica], expected: dict, now: float) -> Replica | None:
+        """Step 6 of the module docstring; None when some candidate has no fresh KV figures for ``key``."""
+        room = {}
+        for r in candidates:
+            figures = r.kv.get(key) if r.kv is not None else None
+            if figures is None or now - r.kv_at_s > KV_STALE_S:
+                return None
+            reserved = sum(tokens for _, k, tokens in r.kv_sent if k == key)
+            room[r.replica_id] = figures.free_tokens - reserved - figures.waiting_sequences * figures.budget_tokens
+        if len(candidates) > KV_ALL_UP_TO:
+            candidates = self._rng.sample(candidates, 2)
+        return max(candidates, key=lambda r: (room[r.replica_id], -self._cost(expected[r.replica_id][0], r, now),
+                                              -r.outstanding))  # fmt: skip
+
     def is_down(self, replica: Replica) -> bool:
         """``replica`` could not be reached a moment ago (:data:`DOWN_S`)."""
         return self._down_until.get(replica.replica_id, 0.0) > self._clock()
 
     # ---- outcomes ------------------------------------------------------------------------
 
-    def sent(self, replica: Replica) -> None:
-        """A request leaves for ``replica``."""
+    def sent(self, replica: Replica, key: Key | None = None, kv_tokens: int = 0) -> None:
+        """A request leaves for ``replica``; ``kv_tokens``: a generation's estimated KV reserve there."""
+        now = self._clock()
         if not replica.outstanding:
-            replica.busy_since_s = self._clock()
+            replica.busy_since_s = now
         replica.outstanding += 1
+        if kv_tokens:
+            sent = replica.kv_sent
+            sent.append((now, key, kv_tokens))
+            if len(sent) > 256:  # no new figures for long: entries older than any usable figures count for nothing
+                sent[:] = [s for s in sent if now - s[0] <= KV_STALE_S]
 
     def answered(self, replica: Replica) -> None:
         """``replica`` answered a request (whatever the answer)."""
@@ -198,3 +250,12 @@ class Router:
             metrics.SCHEDULER_EJECTIONS.labels(replica.replica_id, "outlier").inc()
         if exc.status is Unavailable.status:
             self._down_until[replica.replica_id] = self._clock() + DOWN_S
+
+
+def kv_reserve(request: InferRequest) -> int:
+    """The KV tokens a generation is likely to reserve on its replica: its prompt's (estimated) and max_tokens."""
+    prompt_bytes = sum(len(t.raw) for t in request.inputs if t.name == "text_input")
+    max_tokens = request.parameters.get("max_tokens", KV_DEFAULT_MAX_TOKENS)
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        max_tokens = KV_DEFAULT_MAX_TOKENS  # the runtime refuses it; the estimate need not
+    return prompt_bytes // KV_BYTES_PER_TOKEN + 1 + min(max_tokens, 1 << 20)

@@ -14,6 +14,7 @@ from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
 from aiworks.pb.scheduler.v1 import scheduler_pb2_grpc
 from aiworks.scheduler.converters import (
     gpus_from_pb,
+    kv_from_pb,
     report_from_pb,
     shadow_from_pb,
     status_to_pb,
@@ -153,6 +154,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             gpus_from_pb(request.gpus),
             inflight_batches=request.inflight_batches,
             queues=list(request.queues),
+            kv=[kv_from_pb(k) for k in request.kv],
+            kv_refresh_s=2 * self.scheduler.settings.heartbeat_interval_s,
         )
         return pb.HeartbeatResponse(known=known)
 

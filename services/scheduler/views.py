@@ -74,12 +74,26 @@ class StatusView:
 
 
 @dataclass(frozen=True)
+class KvRoom:
+    """The KV-cache room of one generative model version on one replica (the proto's KvStatus)."""
+
+    model: str
+    version: str
+    free_tokens: int
+    budget_tokens: int
+    waiting_sequences: int = 0
+
+
+@dataclass(frozen=True)
 class RouteReplica:
     replica_id: str
     address: str
     device: str
     labels: dict[str, str]
     models: tuple[ModelSpec, ...]
+    # Generative versions' KV room from the replica's last heartbeat, and that heartbeat's age at build time.
+    kv: tuple[KvRoom, ...] = ()
+    kv_age_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -142,18 +142,34 @@ class RegisterReplicaResponse(_message.Message):
     def __init__(self, heartbeat_interval_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("replica_id", "inflight_batches", "models", "gpus", "queues")
+    __slots__ = ("replica_id", "inflight_batches", "models", "gpus", "queues", "kv")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     INFLIGHT_BATCHES_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
+    KV_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     inflight_batches: int
     models: _containers.RepeatedCompositeFieldContainer[_runtime_pb2.ModelSpec]
     gpus: _containers.RepeatedCompositeFieldContainer[GpuInfo]
     queues: _containers.RepeatedCompositeFieldContainer[QueueStatus]
-    def __init__(self, replica_id: _Optional[str] = ..., inflight_batches: _Optional[int] = ..., models: _Optional[_Iterable[_Union[_runtime_pb2.ModelSpec, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[QueueStatus, _Mapping]]] = ...) -> None: ...
+    kv: _containers.RepeatedCompositeFieldContainer[KvStatus]
+    def __init__(self, replica_id: _Optional[str] = ..., inflight_batches: _Optional[int] = ..., models: _Optional[_Iterable[_Union[_runtime_pb2.ModelSpec, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[QueueStatus, _Mapping]]] = ..., kv: _Optional[_Iterable[_Union[KvStatus, _Mapping]]] = ...) -> None: ...
+
+class KvStatus(_message.Message):
+    __slots__ = ("model", "version", "free_tokens", "budget_tokens", "waiting_sequences")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    FREE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: str
+    free_tokens: int
+    budget_tokens: int
+    waiting_sequences: int
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., free_tokens: _Optional[int] = ..., budget_tokens: _Optional[int] = ..., waiting_sequences: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("known",)
@@ -372,7 +388,7 @@ class EjectReplicaResponse(_message.Message):
     def __init__(self, ejected: _Optional[bool] = ..., ejected_for_s: _Optional[float] = ..., message: _Optional[str] = ...) -> None: ...
 
 class RouteReplica(_message.Message):
-    __slots__ = ("replica_id", "address", "device", "labels", "models")
+    __slots__ = ("replica_id", "address", "device", "labels", "models", "kv", "kv_age_s")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -385,12 +401,16 @@ class RouteReplica(_message.Message):
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
+    KV_FIELD_NUMBER: _ClassVar[int]
+    KV_AGE_S_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     address: str
     device: str
     labels: _containers.ScalarMap[str, str]
     models: _containers.RepeatedCompositeFieldContainer[_runtime_pb2.ModelSpec]
-    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., models: _Optional[_Iterable[_Union[_runtime_pb2.ModelSpec, _Mapping]]] = ...) -> None: ...
+    kv: _containers.RepeatedCompositeFieldContainer[KvStatus]
+    kv_age_s: float
+    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., models: _Optional[_Iterable[_Union[_runtime_pb2.ModelSpec, _Mapping]]] = ..., kv: _Optional[_Iterable[_Union[KvStatus, _Mapping]]] = ..., kv_age_s: _Optional[float] = ...) -> None: ...
 
 class DrainingVersion(_message.Message):
     __slots__ = ("model", "version", "closing", "retiring_on", "spec")

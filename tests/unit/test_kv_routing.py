@@ -1,0 +1,194 @@
+"""KV-aware routing of generations: the gateway's choice on fake routing tables and a fake clock (pure logic).
+
+Replicas of a generative version report their free KV tokens and waiting
+sequences in heartbeats; the scheduler puts them in the routing table; the
+gateway's router sends a new generation to the replica with the most room
+(docs/generation.md, "Routing by KV room").
+"""
+
+import random
+
+from routing_support import FakeClock, spec
+
+from aiworks.core.datatypes import Tensor
+from aiworks.core.inference import InferRequest
+from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
+from aiworks.scheduler.catalog import Catalog, Replica
+from aiworks.scheduler.converters import kv_from_pb, kv_to_pb, table_from_pb, table_to_pb
+from aiworks.scheduler.mirror import RoutingMirror
+from aiworks.scheduler.policy import RoutingPolicy
+from aiworks.scheduler.registry import ReplicaRegistry
+from aiworks.scheduler.replica_state import OutlierDetector, OutlierPolicy
+from aiworks.scheduler.router import KV_STALE_S, Router, kv_reserve
+from aiworks.scheduler.views import KvRoom, RouteReplica, RoutingTable
+
+KEY = ("m", "1")
+
+
+def catalog(clock, rooms: dict[str, tuple[int, int] | None], *, budget=1000, age_s=0.0) -> Catalog:
+    """Replicas serving m/1; ``rooms``: replica -> (free tokens, waiting sequences), None for no figures."""
+    cat = Catalog()
+    for rid, room in rooms.items():
+        r = Replica(rid, f"{rid}:1", models={KEY: spec()})
+        if room is not None:
+            r.kv = {KEY: KvRoom("m", "1", room[0], budget, room[1])}
+            r.kv_at_s = clock() - age_s
+            cat.kv_keys.add(KEY)
+        cat.replicas[rid] = r
+    return cat
+
+
+def router(cat: Catalog, clock, seed=1) -> Router:
+    return Router(cat, outliers=OutlierDetector(OutlierPolicy(), clock), rng=random.Random(seed), clock=clock)
+
+
+def picks(r: Router, n: int) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for _ in range(n):
+        chosen = r.pick(KEY)
+        counts[chosen.replica_id] = counts.get(chosen.replica_id, 0) + 1
+    return counts
+
+
+def test_the_replica_with_the_most_free_kv_gets_the_generation():
+    clock = FakeClock()
+    cat = catalog(clock, {"a": (100, 0), "b": (900, 0), "c": (400, 0)})
+    r = router(cat, clock)
+    # b is slower (the latency rule alone would avoid it), but it has the room.
+    cat.replicas["b"].health.latency_s[KEY] = 5.0
+    cat.replicas["b"].health.latency_at_s[KEY] = clock()
+    assert picks(r, 20) == {"b": 20}
+
+
+def test_a_waiting_sequence_outweighs_any_room():
+    clock = FakeClock()
+    cat = catalog(clock, {"a": (900, 1), "b": (10, 0)})
+    assert picks(router(cat, clock), 10) == {"b": 10}
+
+
+def test_generations_sent_since_the_figures_count_so_a_burst_spreads():
+    clock = FakeClock()
+    cat = catalog(clock, {"a": (1000, 0), "b": (700, 0)})
+    for replica in cat.replicas.values():  # measured: no probation (one request at a time) in the way
+        replica.health.latency_s[KEY], replica.health.latency_at_s[KEY] = 0.01, clock()
+    r = router(cat, clock)
+    sent = {"a": 0, "b": 0}
+    for _ in range(8):  # each reserves 100 tokens: a until it has less room left than b, then in turns
+        replica = r.pick(KEY)
+        r.sent(replica, KEY, 100)
+        sent[replica.replica_id] += 1
+    assert sent == {"a": 5, "b": 3} or sent == {"a": 6, "b": 2}, sent
+    assert abs((1000 - 100 * sent["a"]) - (700 - 100 * sent["b"])) <= 100
+
+
+def test_stale_or_missing_figures_fall_back_to_the_latency_rule():
+    clock = FakeClock()
+    for rooms, age_s in (({"a": (1000, 0), "b": (0, 3)}, KV_STALE_S + 0.5), ({"a": (1000, 0), "b": None}, 0.0)):
+        cat = catalog(clock, rooms, age_s=age_s)
+        for rid, latency_s in (("a", 1.0), ("b", 0.01)):  # a is 100x slower: the latency rule picks b
+            cat.replicas[rid].health.latency_s[KEY] = latency_s
+            cat.replicas[rid].health.latency_at_s[KEY] = clock()
+        assert picks(router(cat, clock), 20) == {"b": 20}, rooms
+
+
+def test_models_without_figures_route_as_before():
+    clock = FakeClock()
+    cat = catalog(clock, {"a": None, "b": None})
+    assert not cat.kv_keys
+    counts = picks(router(cat, clock), 200)
+    assert set(counts) == {"a", "b"} and min(counts.values()) > 50  # two unmeasured replicas: either
+
+
+def test_many_replicas_use_two_random_choices():
+    clock = FakeClock()
+    cat = catalog(clock, {f"r{i}": (100 * i, 0) for i in range(10)})
+    counts = picks(router(cat, clock), 400)
+    assert "r0" not in counts  # never the better of two
+    assert len(counts) >= 5  # not always the single best one
+    top, bottom = (sum(counts.get(f"r{i}", 0) for i in ids) for ids in ((7, 8, 9), (1, 2, 3)))
+    assert top > 3 * bottom, counts  # expected shares: 24/45 against 6/45
+
+
+def test_the_reserve_estimate_is_prompt_plus_max_tokens():
+    prompt = Tensor("text_input", "BYTES", (1,), b"\x0c\x00\x00\x00def fib(n):\n")
+    assert kv_reserve(InferRequest("m", inputs=[prompt], parameters={"max_tokens": 50})) == 16 // 3 + 1 + 50
+    assert kv_reserve(InferRequest("m", inputs=[prompt], parameters={"max_tokens": "x"})) == 16 // 3 + 1 + 16
+
+
+def test_the_table_carries_kv_figures_and_the_mirror_dates_them():
+    room = KvRoom("m", "1", 300, 1000, 2)
+    assert kv_from_pb(kv_to_pb(room)) == room
+    table = RoutingTable(
+        generation=3,
+        replicas=[
+            RouteReplica("a", "a:1", "cpu", {}, (spec(),), (room,), 1.5),
+            RouteReplica("b", "b:1", "cpu", {}, (spec(),)),
+        ],  # fmt: skip
+        traffic=[],
+        draining=[],
+        ejections=[],
+        known=[KEY],
+        policy=RoutingPolicy(),
+    )
+    back = table_from_pb(table_to_pb(table))
+    assert back.replicas[0].kv == (room,) and back.replicas[0].kv_age_s == 1.5
+    assert back.replicas[1].kv == () and not pb.RouteReplica().kv
+
+    mirror = RoutingMirror(lambda address: None)
+    mirror.apply(back)
+    a, b = mirror.replicas["a"], mirror.replicas["b"]
+    assert mirror.kv_keys == {KEY} and a.kv == {KEY: room} and b.kv is None
+    import time
+
+    now = time.monotonic()
+    assert now - 2.0 < a.kv_at_s < now - 1.4
+    a.kv_sent = [(a.kv_at_s - 1.0, KEY, 10), (a.kv_at_s + 0.5, KEY, 20)]  # before the figures: counted in them
+    mirror.apply(back)
+    assert [t for _, _, t in a.kv_sent] == [20]
+    back.replicas[0] = RouteReplica("a", "a:1", "cpu", {}, (spec(),))
+    mirror.apply(back)
+    assert a.kv is None and a.kv_sent == [] and not mirror.kv_keys
+
+
+def test_the_registry_publishes_changed_figures_and_refreshes_unchanged_ones():
+    clock = FakeClock()
+    reg = ReplicaRegistry(lambda address: None, clock=clock)
+    reg.register("a", "a:1", "cpu", {}, [spec()])
+    room = KvRoom("m", "1", 300, 1000, 0)
+    g = reg.generation
+    assert reg.heartbeat("a", [spec()], kv=[room], kv_refresh_s=2.0) and reg.generation > g
+    g = reg.generation
+    clock.now += 1.0
+    reg.heartbeat("a", [spec()], kv=[room], kv_refresh_s=2.0)
+    assert reg.generation == g  # the same figures, published a second ago: no new table
+    clock.now += 1.0
+    reg.heartbeat("a", [spec()], kv=[room], kv_refresh_s=2.0)
+    assert reg.generation > g and reg.replicas["a"].kv_at_s == clock.now  # refreshed, so gateways keep them
+    g = reg.generation
+    reg.heartbeat("a", [spec()], kv=[KvRoom("m", "1", 200, 1000, 0)], kv_refresh_s=2.0)
+    assert reg.generation > g
+    g = reg.generation
+    reg.heartbeat("a", [spec()])  # it reports none any more (the version was unloaded)
+    assert reg.generation > g and reg.replicas["a"].kv is None
+    g = reg.generation
+    reg.heartbeat("a", [spec()])
+    assert reg.generation == g  # a replica without figures changes nothing
+
+
+def test_a_faded_average_does_not_hold_back_a_replica_with_room_but_a_never_measured_one_waits():
+    clock = FakeClock()
+    cat = catalog(clock, {"full": (0, 5), "roomy": (1000, 0)})
+    for replica in cat.replicas.values():
+        replica.health.latency_s[KEY], replica.health.latency_at_s[KEY] = 0.01, clock() - 60  # long faded
+    r = router(cat, clock)
+    for _ in range(5):  # a burst after a quiet minute: all to the replica with room, not one at a time
+        chosen = r.pick(KEY)
+        r.sent(chosen, KEY, 10)
+        assert chosen.replica_id == "roomy"
+    fresh = catalog(clock, {"full": (0, 5), "new": (1000, 0)})
+    fresh.replicas["full"].health.latency_s[KEY] = 0.01
+    fresh.replicas["full"].health.latency_at_s[KEY] = clock()
+    r = router(fresh, clock)
+    first = r.pick(KEY)
+    r.sent(first, KEY, 10)
+    assert first.replica_id == "new" and r.pick(KEY).replica_id == "full"  # "new" holds one until it answers
