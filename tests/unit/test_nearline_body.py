@@ -13,7 +13,8 @@ import pytest
 
 from aiworks.core.errors import InvalidArgument
 from aiworks.nearline.body import mentions_async, replay_body, take_async_flag
-from aiworks.nearline.callbacks import CallbackConfig, GuardedResolver, check_callback_url, signature
+from aiworks.nearline.callbacks import CallbackConfig, check_callback_url, signature
+from aiworks.nearline.delivery import GuardedResolver
 
 INPUTS = [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1.0, 2.0]}]
 
@@ -123,3 +124,11 @@ def test_async_never_travels_to_a_model_and_is_refused_where_nothing_queues():
     with pytest.raises(InvalidArgument, match="only POST /v2/models/\\{model\\}/infer queues them"):
         read_options({"async": True}, default=Priority.STANDARD)
     assert read_options({"async": False}, default=Priority.STANDARD).priority == Priority.STANDARD
+
+
+@pytest.mark.parametrize("header_length", ["²", "٣", "12a", "-1", "9" * 30])
+def test_a_header_length_that_is_not_ascii_digits_is_no_error(header_length):
+    # "²".isdigit() is true but int("²") raises: the fuzzer found a 500 here (binary bodies).
+    body = b'{"inputs": [], "async": true}'
+    assert mentions_async(body, header_length)
+    take_async_flag(body, header_length)

@@ -34,11 +34,16 @@ class AsyncBody:
     timeout_us: int = 0
 
 
+def _header_size(header_length: str | None) -> int | None:
+    """The header length as a number, or None when absent or not plain ASCII digits (``"²".isdigit()`` is true)."""
+    if header_length is None or len(header_length) > 20 or not (header_length.isascii() and header_length.isdigit()):
+        return None
+    return int(header_length)
+
+
 def _header_end(body: bytes, header_length: str | None) -> int:
-    if header_length is None or len(header_length) > 20 or not header_length.isdigit():
-        return len(body)
-    size = int(header_length)
-    return size if 0 < size <= len(body) else len(body)
+    size = _header_size(header_length)
+    return size if size is not None and 0 < size <= len(body) else len(body)
 
 
 def mentions_async(body: bytes, header_length: str | None) -> bool:
@@ -67,8 +72,8 @@ def _split(body: bytes, header_length: str | None, limits=None) -> tuple[object,
     ``limits`` (the gateway's input limits: ``max_listed_values``, ``check_listed``)
     bounds the values the parse may build, as the request's parser does.
     """
-    if header_length is not None and (len(header_length) > 20 or not header_length.isdigit()
-                                      or not 0 < int(header_length) <= len(body)):  # fmt: skip
+    size = _header_size(header_length)
+    if header_length is not None and (size is None or not 0 < size <= len(body)):
         return None
     end = _header_end(body, header_length)
     cap = getattr(limits, "max_listed_values", None)

@@ -34,7 +34,8 @@ def cmd_worker(args) -> None:
 
     from aiworks.core.logging import setup_logging
     from aiworks.core.metrics import serve_metrics_or_warn
-    from aiworks.nearline.callbacks import CallbackSender, load_callbacks
+    from aiworks.nearline.callbacks import load_callbacks
+    from aiworks.nearline.delivery import CallbackSender
     from aiworks.nearline.queue import AsyncQueue
     from aiworks.nearline.worker import NearlineWorker
 

@@ -33,7 +33,7 @@ from aiworks.core.metrics import (
     NEARLINE_WAIT,
 )
 from aiworks.nearline.body import replay_body
-from aiworks.nearline.callbacks import CallbackSender
+from aiworks.nearline.delivery import CallbackSender
 from aiworks.nearline.queue import AsyncQueue, Queued
 
 log = logging.getLogger(__name__)
