@@ -53,7 +53,7 @@ def fast(monkeypatch):
     taken: list[tuple[str, str, bytes]] = []
     outcome: dict = {"result": (b'{"outputs": []}', None, None)}
 
-    async def fake_infer(dataplane, max_request_bytes, model, version, headers, body_stream):
+    async def fake_infer(dataplane, max_request_bytes, model, version, headers, body_stream, submit_async=None):
         body = b"".join([chunk async for chunk in body_stream])
         taken.append((model, version, body))
         if isinstance(outcome["result"], BaseException):
