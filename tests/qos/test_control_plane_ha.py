@@ -68,6 +68,16 @@ def wait_for(check, timeout_s: float, what: str):
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
+def gateway_sees_ready(grpc_url: str, model: str, versions: tuple[str, ...]) -> bool:
+    import tritonclient.grpc as tc
+
+    client = tc.InferenceServerClient(grpc_url)
+    try:
+        return all(client.is_model_ready(model, v) for v in versions)
+    finally:
+        client.close()
+
+
 def kill9(suite, name: str) -> None:
     child = suite.supervisor.child(name)
     os.kill(child.process.pid, signal.SIGKILL)
@@ -148,6 +158,14 @@ async def test_restarted_scheduler_keeps_its_weights_from_the_state_file(file_su
     # Back with the weights it had, before any runtime registered again (read at start).
     assert wait_for(lambda: get_weights(file_suite, sup.scheduler_address), 30, "the scheduler") == {"1": 90, "2": 10}
     wait_for(lambda: live_replicas(file_suite, sup.scheduler_address) >= 2, 15, "the runtimes to register again")
+    wait_for(lambda: gateway_sees_ready(file_suite.grpc_url, "digits", ("1", "2")), 15, "the gateway's table")
+    # Known defect (docs/scheduler.md): for a moment after the restart the gateway may send every request to the
+    # latest version (seen: up to 41 requests, about 0.1 s). Bounded here, then the split is measured.
+    started, window = time.monotonic(), 0
+    while (await digits_versions(file_suite.grpc_url, 1))["1"] == 0:
+        window += 1
+        assert time.monotonic() - started < 5, f"{window} requests went to the latest version after the restart"
+    print(f"after the restart, {window} request(s) went to the latest version before the weights applied")
     versions = await digits_versions(file_suite.grpc_url, 200)
     assert sum(versions.values()) == 200
     assert 170 <= versions["1"] <= 190 and 10 <= versions["2"] <= 30, versions
