@@ -1,4 +1,4 @@
-"""Shared fixtures: the demo model repository, built once per test session."""
+"""Shared fixtures: the demo model repository, built once per test session, and a private redis-server."""
 
 from __future__ import annotations
 
@@ -24,3 +24,14 @@ def model_repository(tmp_path_factory) -> Path:
     target = tmp_path_factory.mktemp("repo") / "model-repository"
     build_demo_repository(target, progress=lambda m: None)
     return target
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    """The URL of a redis-server of this test's own, on a free port, stopped after it (tests/cache/support.py)."""
+    from cache.support import RedisServer
+
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    yield server.url
+    server.stop()

@@ -22,14 +22,6 @@ from aiworks.security.audit_redis import RedisStreamSink, heads_key, verify_audi
 STREAM = "aiworks:audit"
 
 
-@pytest.fixture
-def redis_url(tmp_path):
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    yield server.url
-    server.stop()
-
-
 def writer(url: str, name: str, key: bytes | None = None) -> AuditLog:
     log = AuditLog(sink=RedisStreamSink(url, writer=name), key=key)
     log.open()

@@ -29,14 +29,6 @@ TENANTS = ("alice", "bob", "carol")
 CALLBACK_SECRET = "test-callback-secret-not-a-real-one"
 
 
-@pytest.fixture
-def redis_url(tmp_path):
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    yield server.url
-    server.stop()
-
-
 @dataclass
 class BatchSuite:
     suite: Suite
