@@ -194,6 +194,7 @@ def write_repository(module, feeds, repo: Path, *, gpu: bool, precision: str, ma
         cuda_graph_dims={"input_ids": [length], "attention_mask": [length]} if gpu else None,
         preferred_batch_sizes=sizes,
         instances=instances,
+        device="cuda:0" if gpu else "cpu",  # a CPU trace keeps transformers' mask constant on the CPU
     )
     log(exported.summary())
     return exported.config

@@ -31,6 +31,7 @@ from aiworks.core.inference import ModelStatistics
 from aiworks.core.load_overrides import LoadOverrides
 from aiworks.core.model_config import ModelSpec, ModelState
 from aiworks.core.names import check_model_name
+from aiworks.core.rpc import MAX_RECONNECT_BACKOFF_S
 from aiworks.scheduler.drain import Drainer
 from aiworks.scheduler.pipeline import is_pipeline, parse_steps
 from aiworks.scheduler.policy import RoutingPolicy
@@ -124,13 +125,22 @@ class Scheduler:
         )
 
     async def warmed_up(self, poll_s: float = 0.05) -> None:
-        """Return once a runtime is live or ``startup_grace_s`` passed since start (before the first table).
+        """Return when the first table may go out: a runtime is live and every running one had its
+        chance to register again, or ``startup_grace_s`` passed.
 
-        A scheduler that just (re)started knows no replica yet; the runtimes register again within a
-        heartbeat. A gateway failing over to it meanwhile keeps routing by the table it has rather than
-        take an empty one.
+        A scheduler that just (re)started knows no replica yet; the running runtimes register again
+        at their next heartbeat, one by one: within two heartbeat intervals, plus the channel's
+        longest reconnect backoff (:data:`aiworks.core.rpc.MAX_RECONNECT_BACKOFF_S`). A table holding
+        only the first of them would send a gateway every request to the versions that one holds (a
+        90/10 split became 0/100 for a moment, and a model on a later runtime had no replica).
+        Meanwhile a gateway keeps routing by the table it has. On a fresh start the runtimes load
+        their models first, so the wait mostly overlaps that.
         """
-        while not self.registry.live() and self.clock() - self.started_s < self.settings.startup_grace_s:
+        settle_s = min(2 * self.settings.heartbeat_interval_s + MAX_RECONNECT_BACKOFF_S, self.settings.startup_grace_s)
+        while True:
+            elapsed = self.clock() - self.started_s
+            if elapsed >= self.settings.startup_grace_s or (elapsed >= settle_s and self.registry.live()):
+                return
             await asyncio.sleep(poll_s)
 
     def _published(self, key: Key) -> bool:

@@ -28,11 +28,12 @@ class SchedulerSettings(ServiceSettings):
     heartbeat_interval_s: float = Field(1.0, description="Interval replicas are told to heartbeat at.")
     heartbeat_timeout_s: float = Field(3.5, description="A replica silent this long is removed.")
     startup_grace_s: float = Field(
-        2.0,
+        3.0,
         ge=0,
         description=(
-            "After start, gateways get no routing table until a runtime registered or this long passed, so a "
-            "restarted scheduler never hands them an empty one (runtimes re-register within a heartbeat)."
+            "After start, gateways get no routing table until a runtime registered and the running ones had "
+            "time to register again (two heartbeat intervals and a reconnect backoff), or until this long "
+            "passed, so a restarted scheduler never hands them an empty or partial one."
         ),
     )
     max_retries: int = Field(

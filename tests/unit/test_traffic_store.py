@@ -77,15 +77,24 @@ async def test_a_stored_policy_steers_the_gateways_table():
     assert suite.dispatcher.resolve("m", "").version == "2"  # the latest, with no policy
 
 
-async def test_a_fresh_scheduler_holds_the_first_table_until_a_runtime_registers_or_the_grace_ends():
+async def test_a_fresh_scheduler_holds_the_first_table_until_the_runtimes_registered_or_the_grace_ends():
     now = [100.0]
     registry = ReplicaRegistry(lambda a: FakeReplica(a), clock=lambda: now[0])
-    scheduler = Scheduler(SchedulerSettings(startup_grace_s=2.0), registry, clock=lambda: now[0])
+    settings = SchedulerSettings(startup_grace_s=5.0, heartbeat_interval_s=1.0)
+    scheduler = Scheduler(settings, registry, clock=lambda: now[0])
     waiting = asyncio.ensure_future(scheduler.warmed_up(poll_s=0.001))
     await asyncio.sleep(0.01)
     assert not waiting.done()  # no replica yet, within the grace
     registry.register("r", "r", "cpu", {}, [spec("1")])
-    await asyncio.wait_for(waiting, 1)  # a runtime registered: tables flow
+    await asyncio.sleep(0.01)
+    assert not waiting.done()  # one runtime back, but the others may be a heartbeat behind it
+    now[0] += 2.0
+    registry.register("s", "s", "cpu", {}, [spec("2")])
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    now[0] += 1.0  # two heartbeats and a reconnect backoff since start: every running runtime had its turn
+    await asyncio.wait_for(waiting, 1)
+    assert {r.replica_id for r in registry.live()} == {"r", "s"}
     empty = Scheduler(SchedulerSettings(startup_grace_s=2.0), ReplicaRegistry(lambda a: FakeReplica(a)),
                       clock=lambda: now[0])  # fmt: skip
     waiting = asyncio.ensure_future(empty.warmed_up(poll_s=0.001))

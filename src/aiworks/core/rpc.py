@@ -39,6 +39,9 @@ from aiworks.security.tls import TLSFiles, channel_credentials, server_credentia
 log = logging.getLogger(__name__)
 
 
+MAX_RECONNECT_BACKOFF_S = 1.0  # the longest a channel waits before trying a lost peer again
+
+
 def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
     return [
         ("grpc.max_send_message_length", max_message_bytes),
@@ -48,6 +51,11 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
         ("grpc.keepalive_timeout_ms", 5_000),
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.keepalive_permit_without_calls", 1),
+        # A restarted peer is found again within a second: gRPC's default backoff (1 s, ×1.6, up to 120 s)
+        # kept runtimes from registering with a restarted scheduler for seconds (docs/scheduler.md).
+        ("grpc.initial_reconnect_backoff_ms", 200),
+        ("grpc.min_reconnect_backoff_ms", 200),
+        ("grpc.max_reconnect_backoff_ms", int(MAX_RECONNECT_BACKOFF_S * 1000)),
     ]
 
 

@@ -144,6 +144,7 @@ def export_model(
     preferred_batch_sizes: list[int] | None = None,
     instances: int = 0,
     version: int = 1,
+    device: str = "cpu",
 ) -> TorchExport:
     """Trace or export ``module`` on ``example_inputs`` (batch first) and write the model folder.
 
@@ -152,7 +153,12 @@ def export_model(
     ``cuda_graph_dims`` turns CUDA graphs on, for inputs of those non-batch
     dims (``{"input_ids": [128], ...}``), at the preferred batch sizes or
     powers of two. ``instances`` sets ``instance_group.count`` (concurrent batches; on a GPU, CUDA streams).
+    ``device``: where to trace. A TorchScript trace keeps the device of tensors the module makes as it
+    runs (transformers' attention-mask constant is one), so a trace made on the CPU fails on a GPU:
+    trace on the device the model will serve on (``"cuda:0"``); the module is copied, not moved.
     """
+    import copy
+
     import torch
 
     if format not in FORMATS:
@@ -160,6 +166,9 @@ def export_model(
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
     module = module.eval()
+    if device != "cpu":
+        module = copy.deepcopy(module).to(device)
+        example_inputs = tuple(x.to(device) for x in example_inputs)
     names = _forward_names(module, len(example_inputs))
     dynamic = {k: set(v) for k, v in (dynamic or {}).items()}
     unknown = set(dynamic) - set(names)
