@@ -12,14 +12,18 @@ after the other:
   online      an open loop (Poisson arrivals, seeded) at ``--online-share`` (0.5) of capacity for
               ``--online-s``: p50 / p99 from each request's arrival time to its answer;
   beside      the same open loop while a ``--rows`` job (200,000 in full mode) runs, from the job's
-              first line to its last: online p50 / p99 against ``online`` (target: p99 within 15 %),
-              and whether the job finished;
+              first line to its last or for at most ``--beside-max-s`` (then the job is cancelled):
+              online p50 / p99 against ``online`` (target: p99 within 15 %), the job's rows/s, and
+              whether it finished while the online load ran;
   nearline    the worker's capacity: a burst of ``--nearline-burst`` async requests drained (rows/s from
               the first result to the last); then async requests at ``--nearline-factor`` (2) × that
               rate, open loop, for ``--nearline-s`` (10): all complete?, p50 / p99 from submission to the
               stored result (the record's ``completed_at``), and the gateway's and the worker's RSS
               before, at most during, and after.
 
+Jobs are submitted with ``chunk_size`` ``--chunk-size`` (1000): the runner
+sends one chunk at a time, and the tail of each chunk (its last requests
+finishing while no new ones start) costs throughput at 100 lines a chunk.
 The runner paces itself on the runtime's ``online_load`` signal
 (docs/tiers.md, "Online first"); ``--unguarded`` turns that and the
 runtime's share rule off, for comparison. The nearline class deadline is
@@ -27,7 +31,8 @@ runtime's share rule off, for comparison. The nearline class deadline is
 than expired; the statuses are counted). Prints one JSON object and writes
 it to ``bench/results/tiers-<time>.json``.
 
-Usage: python bench/tiers.py [--short] [--rows 200000] [--unguarded]   (full: about 6 min on 2 cores; --short: 2 min)
+Usage: python bench/tiers.py [--short] [--rows 200000] [--chunk-size 1000] [--unguarded]
+(full: at most about 7 min, --short about 2 min, on 2 cores; see docs/benchmarks.md, "Tiers")
 """
 
 from __future__ import annotations
@@ -141,10 +146,10 @@ async def open_loop(suite: TenantSuite, bodies: list[bytes], rate: float, until,
 # ---- batch jobs ----------------------------------------------------------------------------------
 
 
-def submit_job(suite: TenantSuite, data: bytes) -> str:
+def submit_job(suite: TenantSuite, data: bytes, chunk_size: int) -> str:
     uploaded = requests.post(f"{suite.base}/v1/files", headers=suite.headers, data={"purpose": "batch"},
                              files={"file": ("rows.jsonl", data)}, timeout=300).json()  # fmt: skip
-    body = {"input_file_id": uploaded["id"], "endpoint": ENDPOINT, "completion_window": "24h"}
+    body = {"input_file_id": uploaded["id"], "endpoint": ENDPOINT, "completion_window": "24h", "chunk_size": chunk_size}
     reply = requests.post(f"{suite.base}/v1/batches", headers=suite.headers, json=body, timeout=30)
     reply.raise_for_status()
     return reply.json()["id"]
@@ -206,25 +211,36 @@ class JobWatch:
                                     "min": min(limits, default=None), "max": max(limits, default=None)}}  # fmt: skip
 
 
-async def job_alone(suite: TenantSuite, data: bytes, metrics_port: int) -> dict:
-    watch = JobWatch(suite, await asyncio.to_thread(submit_job, suite, data), metrics_port)
+async def job_alone(suite: TenantSuite, data: bytes, metrics_port: int, chunk_size: int) -> dict:
+    watch = JobWatch(suite, await asyncio.to_thread(submit_job, suite, data, chunk_size), metrics_port)
     await watch.ended.wait()
     return watch.summary()
 
 
-async def job_beside_online(suite: TenantSuite, data: bytes, metrics_port: int, bodies, rate: float) -> dict:
-    watch = JobWatch(suite, await asyncio.to_thread(submit_job, suite, data), metrics_port)
-    await watch.started.wait()  # the job's first lines are in: the online load starts now and lasts to its end
-    online = await open_loop(suite, bodies, rate, lambda: watch.last is not None)
+async def job_beside_online(suite: TenantSuite, data: bytes, metrics_port: int, bodies, rate: float, args) -> dict:
+    """The online open loop from the job's first lines to its last, or ``--beside-max-s`` (then the job is cancelled)."""
+    watch = JobWatch(suite, await asyncio.to_thread(submit_job, suite, data, args.chunk_size), metrics_port)
+    await watch.started.wait()
+    stop_at = time.monotonic() + args.beside_max_s
+    online = await open_loop(suite, bodies, rate, lambda: watch.last is not None or time.monotonic() >= stop_at)
+    finished = watch.last is not None
+    if not finished:
+        watch.last = (time.monotonic(), sum(watch.doc["request_counts"][k] for k in ("completed", "failed")))
+        cancel = f"{suite.base}/v1/batches/{watch.job_id}/cancel"
+        await asyncio.to_thread(requests.post, cancel, headers=suite.headers, timeout=30)
     await watch.ended.wait()
-    return {"online": online, "job": watch.summary()}
+    return {"online": online, "job": {**watch.summary(), "finished_beside_online": finished}}
 
 
 # ---- nearline ------------------------------------------------------------------------------------
 
 
-async def submit_async(suite: TenantSuite, bodies: list[bytes], count: int, rate: float | None) -> list[tuple]:
-    """``count`` async requests, open loop at ``rate``/s (None: as fast as 32 submitters go); (id, sent_at) each."""
+async def submit_async(suite: TenantSuite, bodies: list[bytes], count: int, rate: float | None,
+                       refused: dict[int, int]) -> list[tuple]:  # fmt: skip
+    """``count`` async requests, open loop at ``rate``/s (None: as fast as 32 submitters go); (id, sent_at) each.
+
+    Submissions not answered 202 are counted in ``refused`` by status.
+    """
     headers = {**suite.headers, "content-type": "application/json", "prefer": "respond-async"}
     sent: list[tuple[str, float]] = []
     gaps = np.random.default_rng(11)
@@ -232,9 +248,13 @@ async def submit_async(suite: TenantSuite, bodies: list[bytes], count: int, rate
     async def one(session: aiohttp.ClientSession, i: int) -> None:
         at = time.time()
         async with session.post(suite.base + ENDPOINT, data=bodies[i % len(bodies)], headers=headers) as reply:
-            doc = await reply.json()
-            assert reply.status == 202, (reply.status, doc)
-        sent.append((doc["id"], at))
+            doc = await reply.read()
+            if reply.status != 202:
+                refused[reply.status] = refused.get(reply.status, 0) + 1
+                if len(refused) == 1 and refused[reply.status] == 1:
+                    print(f"nearline: submission answered {reply.status}: {doc[:200]!r}", file=sys.stderr)
+                return
+        sent.append((orjson.loads(doc)["id"], at))
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0 if rate else 32)) as session:
         if rate is None:
@@ -272,7 +292,8 @@ def results(store: redis.Redis, sent: list[tuple[str, float]], timeout_s: float)
 
 async def nearline(suite: TenantSuite, bodies: list[bytes], worker: subprocess.Popen, args) -> dict:
     store = redis.Redis.from_url(suite.redis_url)
-    burst = await submit_async(suite, bodies, args.nearline_burst, None)
+    refused: dict[int, int] = {}
+    burst = await submit_async(suite, bodies, args.nearline_burst, None, refused)
     _, statuses = await asyncio.to_thread(results, store, burst, 120)
     with store.pipeline(transaction=False) as pipe:
         for request_id, _ in burst:
@@ -294,7 +315,7 @@ async def nearline(suite: TenantSuite, bodies: list[bytes], worker: subprocess.P
     rate = args.nearline_factor * capacity
     count = int(rate * args.nearline_s)
     began = time.monotonic()
-    sent = await submit_async(suite, bodies, count, rate)
+    sent = await submit_async(suite, bodies, count, rate, refused)
     submitted_s = time.monotonic() - began
     waits, statuses = await asyncio.to_thread(results, store, sent, args.nearline_deadline_s + 30)
     drained_s = time.monotonic() - began
@@ -304,13 +325,20 @@ async def nearline(suite: TenantSuite, bodies: list[bytes], worker: subprocess.P
     return {
         "capacity_per_s": round(capacity, 1), "burst": len(burst), "rate": round(rate, 1), "sent": len(sent),
         "submitted_in_s": round(submitted_s, 1), "all_answered_in_s": round(drained_s, 1), "statuses": statuses,
-        "all_completed": statuses.get("completed", 0) == len(sent), "submit_to_result": _pcts(waits),
+        "refused": refused, "all_completed": not refused and statuses.get("completed", 0) == len(sent),
+        "submit_to_result": _pcts(waits),
         "rss_mb": {"before": rss_before, "peak": peak,
                    "after": {"gateway": _rss_mb(gateway), "worker": _rss_mb(worker.pid)}},
     }  # fmt: skip
 
 
 # ---- the run -------------------------------------------------------------------------------------
+
+
+def _say(phase: str, doc):
+    """A phase's result on stderr as it ends (the JSON on stdout comes at the end)."""
+    print(f"{time.strftime('%H:%M:%S')} {phase}: {json.dumps(doc)}", file=sys.stderr, flush=True)
+    return doc
 
 
 def _process(args: list[str], env: dict, log: Path) -> subprocess.Popen:
@@ -328,6 +356,7 @@ async def run(suite: TenantSuite, args) -> dict:
 
     await closed_loop(suite, bodies, 4, 2.0)  # warm-up
     probes = [await closed_loop(suite, bodies, c, args.probe_s) for c in args.concurrencies]
+    _say("capacity", probes)
     best = max(probes, key=lambda p: p["rows_per_s"])
     capacity = best["rows_per_s"]
     metrics_port = free_port()
@@ -342,12 +371,13 @@ async def run(suite: TenantSuite, args) -> dict:
                        "--concurrency", str(args.nearline_concurrency), "--deadline-s", str(args.nearline_deadline_s)],
                       {}, suite.work / "worker.log")  # fmt: skip
     try:
-        alone = await job_alone(suite, job_data(args.alone_rows), metrics_port)
+        alone = _say("job alone", await job_alone(suite, job_data(args.alone_rows), metrics_port, args.chunk_size))
         rate = args.online_share * capacity
         started = time.monotonic()
         online = await open_loop(suite, bodies, rate, lambda: time.monotonic() - started >= args.online_s)
-        beside = await job_beside_online(suite, job_data(args.rows), metrics_port, bodies, rate)
-        near = await nearline(suite, bodies, worker, args)
+        _say("online alone", online)
+        beside = _say("beside", await job_beside_online(suite, job_data(args.rows), metrics_port, bodies, rate, args))
+        near = _say("nearline", await nearline(suite, bodies, worker, args))
     finally:
         for process in (runner, worker):
             process.terminate()
@@ -373,8 +403,12 @@ def main() -> None:
     parser.add_argument("--short", action="store_true", help="a short run (about 2 min): fewer rows, shorter phases")
     parser.add_argument("--rows", type=int, help="lines of the job beside online load (default 200000; short 10000)")
     parser.add_argument("--alone-rows", type=int, help="lines of the job alone (default 30000; short 6000)")
-    parser.add_argument("--concurrencies", default="4,8,16,32", help="closed-loop clients probed for capacity")
-    parser.add_argument("--probe-s", type=float, help="seconds per probe (default 5; short 3)")
+    parser.add_argument(
+        "--chunk-size", type=int, default=1000, help="the jobs' chunk_size (the gateway's default: 100)"
+    )
+    parser.add_argument("--beside-max-s", type=float, help="longest online load beside the job (default 240; short 30)")
+    parser.add_argument("--concurrencies", default="4,8,16,32,64", help="closed-loop clients probed for capacity")
+    parser.add_argument("--probe-s", type=float, help="seconds per probe (default 5; short 2.5)")
     parser.add_argument("--online-share", type=float, default=0.5, help="the open loop's rate, a share of capacity")
     parser.add_argument("--online-s", type=float, help="seconds of online load alone (default 30; short 10)")
     parser.add_argument("--job-concurrency", type=int, help="the runner's ceiling (default: the best concurrency)")
@@ -393,8 +427,9 @@ def main() -> None:
     short = args.short
     args.rows = args.rows or (10_000 if short else 200_000)
     args.alone_rows = args.alone_rows or (6_000 if short else 30_000)
-    args.probe_s = args.probe_s or (3.0 if short else 5.0)
+    args.probe_s = args.probe_s or (2.5 if short else 5.0)
     args.online_s = args.online_s or (10.0 if short else 30.0)
+    args.beside_max_s = args.beside_max_s or (30.0 if short else 240.0)
     args.nearline_burst = args.nearline_burst or (1500 if short else 3000)
     args.concurrencies = [int(c) for c in args.concurrencies.split(",")]
 
