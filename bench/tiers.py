@@ -402,15 +402,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--short", action="store_true", help="a short run (about 2 min): fewer rows, shorter phases")
     parser.add_argument("--rows", type=int, help="lines of the job beside online load (default 200000; short 10000)")
-    parser.add_argument("--alone-rows", type=int, help="lines of the job alone (default 30000; short 6000)")
+    parser.add_argument("--alone-rows", type=int, help="lines of the job alone (default 20000; short 6000)")
     parser.add_argument(
         "--chunk-size", type=int, default=1000, help="the jobs' chunk_size (the gateway's default: 100)"
     )
-    parser.add_argument("--beside-max-s", type=float, help="longest online load beside the job (default 240; short 30)")
+    parser.add_argument("--beside-max-s", type=float, help="longest online load beside the job (default 150; short 30)")
     parser.add_argument("--concurrencies", default="4,8,16,32,64", help="closed-loop clients probed for capacity")
     parser.add_argument("--probe-s", type=float, help="seconds per probe (default 5; short 2.5)")
     parser.add_argument("--online-share", type=float, default=0.5, help="the open loop's rate, a share of capacity")
-    parser.add_argument("--online-s", type=float, help="seconds of online load alone (default 30; short 10)")
+    parser.add_argument("--online-s", type=float, help="seconds of online load alone (default 20; short 10)")
     parser.add_argument("--job-concurrency", type=int, help="the runner's ceiling (default: the best concurrency)")
     parser.add_argument(
         "--nearline-burst", type=int, help="async requests drained for capacity (default 3000; short 1500)"
@@ -426,10 +426,10 @@ def main() -> None:
     args = parser.parse_args()
     short = args.short
     args.rows = args.rows or (10_000 if short else 200_000)
-    args.alone_rows = args.alone_rows or (6_000 if short else 30_000)
+    args.alone_rows = args.alone_rows or (6_000 if short else 20_000)
     args.probe_s = args.probe_s or (2.5 if short else 5.0)
-    args.online_s = args.online_s or (10.0 if short else 30.0)
-    args.beside_max_s = args.beside_max_s or (30.0 if short else 240.0)
+    args.online_s = args.online_s or (10.0 if short else 20.0)
+    args.beside_max_s = args.beside_max_s or (30.0 if short else 150.0)
     args.nearline_burst = args.nearline_burst or (1500 if short else 3000)
     args.concurrencies = [int(c) for c in args.concurrencies.split(",")]
 
