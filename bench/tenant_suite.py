@@ -4,13 +4,16 @@
 its files in a temporary folder), writes a tenants file with the tenant
 ``bench`` allowed ``digits`` and a fresh API key, and starts the suite
 (gateway, scheduler, runtime replicas; no cache) with the gateway on that
-Redis and the extra environment given. Everything is stopped on the way out.
+Redis and the extra environment given. Everything is stopped on the way out,
+and the temporary folder removed (kept, and its logs named, after a failure).
 """
 
 from __future__ import annotations
 
 import contextlib
+import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -69,10 +72,16 @@ def tenant_suite(prefix: str, env: dict[str, str] | Callable[[Path], dict[str, s
     config = SuiteConfig.on_free_ports(model_repository=models, log_dir=work / "logs", replicas=replicas, cache=False,
                                        extra_env=suite_env)  # fmt: skip
     supervisor = Supervisor(config)
+    failed = True
     try:
         supervisor.start()
         yield TenantSuite(work, redis_url, key, tenants, f"http://127.0.0.1:{config.http_port}", supervisor)
+        failed = False
     finally:
         supervisor.stop()
         redis.terminate()
         redis.wait(10)
+        if failed:
+            print(f"the suite's logs: {work / 'logs'}", file=sys.stderr)
+        else:  # a job's input and files can be hundreds of MB
+            shutil.rmtree(work, ignore_errors=True)
