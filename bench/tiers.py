@@ -32,7 +32,7 @@ than expired; the statuses are counted). Prints one JSON object and writes
 it to ``bench/results/tiers-<time>.json``.
 
 Usage: python bench/tiers.py [--short] [--rows 200000] [--chunk-size 1000] [--unguarded]
-(full: at most about 7 min, --short about 2 min, on 2 cores; see docs/benchmarks.md, "Tiers")
+(full: about 6 min, --short about 2 min, on a quiet 2-core machine; docs/benchmarks.md, "Tiers")
 """
 
 from __future__ import annotations
