@@ -20,20 +20,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
-import tempfile
 import time
-from pathlib import Path
 
 import aiohttp
 import numpy as np
 import orjson
 import redis.asyncio as redis
-import yaml
+from tenant_suite import tenant_suite
 
-from aiworks.demo.models import build_demo_repository, digits_split
-from aiworks.gateway.auth import generate_api_key
-from aiworks.supervisor.supervisor import SuiteConfig, Supervisor, free_port
+from aiworks.demo.models import digits_split
 
 STREAM = "bench"
 
@@ -146,30 +141,11 @@ def main() -> None:
     parser.add_argument("--repository", help="a prebuilt demo repository (default: built in a temporary folder)")
     args = parser.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="aiworks-streams-"))
-    repository = Path(args.repository) if args.repository else work / "repository"
-    if not args.repository:
-        build_demo_repository(repository, progress=lambda m: None)
-    redis_port = free_port()
-    server = subprocess.Popen(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
-                               "--appendonly", "no", "--dir", str(work)], stdout=subprocess.DEVNULL)  # fmt: skip
-    redis_url = f"redis://127.0.0.1:{redis_port}/0"
-    key, digest = generate_api_key()
-    tenants = work / "tenants.yaml"
-    tenants.write_text(yaml.safe_dump({"tenants": [{"id": "bench", "models": ["digits"], "api_keys": [digest]}]}))
-    env = {"AIWORKS_GATEWAY_TENANTS_FILE": str(tenants), "AIWORKS_GATEWAY_REDIS_URL": redis_url,
-           "AIWORKS_GATEWAY_RESULT_STREAMS": "true", "AIWORKS_GATEWAY_LIMITS_TIMEOUT_S": "0.5"}  # fmt: skip
-    config = SuiteConfig.on_free_ports(model_repository=repository, log_dir=work / "logs", replicas=1, cache=False,
-                                       extra_env=env)  # fmt: skip
-    supervisor = Supervisor(config)
-    try:
-        supervisor.start()
-        result = asyncio.run(_bench(f"http://127.0.0.1:{config.http_port}", key, redis_url, args))
+    with tenant_suite(
+        "aiworks-streams-", {"AIWORKS_GATEWAY_RESULT_STREAMS": "true"}, repository=args.repository
+    ) as suite:
+        result = asyncio.run(_bench(suite.base, suite.key, suite.redis_url, args))
         print(json.dumps(result, indent=2))
-    finally:
-        supervisor.stop()
-        server.terminate()
-        server.wait(10)
 
 
 if __name__ == "__main__":

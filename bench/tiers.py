@@ -1,73 +1,97 @@
-"""Batch jobs beside online traffic (issue #19), first part: job throughput and the online p99 it costs.
+"""The tiers side by side (issue #19's performance targets): online capacity, a batch job alone and beside online load, nearline.
 
-One suite (scheduler, runtime replicas, gateway with a tenants file, the
-Batch API and a private redis-server) and one ``aiworks batch runner``.
-Three phases, one after the other, on the same model (digits v1, one row per
-request):
+One suite (gateway with a tenants file, the Batch API, asynchronous
+requests, a private redis-server; digits v1, one row per request), one
+``aiworks batch runner`` and one ``aiworks nearline worker``. Phases, one
+after the other:
 
-  online      a closed loop of ``--online-concurrency`` clients for ``--duration-s``: p50 / p99 latency;
-  job         a ``--rows`` line batch job with nothing else running: rows/s from its submission
-              to its end as the client sees it (polling every 0.1 s), against the online loop's
-              rows/s at the runner's concurrency (``--job-concurrency`` clients, same duration);
-  both        the online loop again while a job of the same size runs: online p99 against ``online``,
-              and the job's rows/s against ``job``.
+  capacity    closed loops of each of ``--concurrencies`` clients for ``--probe-s``: the suite's online
+              capacity is the best rows/s, at the best concurrency (the runner's ``--concurrency``);
+  job alone   a ``--alone-rows`` job with nothing else running: its steady rows/s (first progress to
+              last line) against capacity (target: at least 0.8);
+  online      an open loop (Poisson arrivals, seeded) at ``--online-share`` (0.5) of capacity for
+              ``--online-s``: p50 / p99 from each request's arrival time to its answer;
+  beside      the same open loop while a ``--rows`` job (200,000 in full mode) runs, from the job's
+              first line to its last or for at most ``--beside-max-s`` (then the job is cancelled):
+              online p50 / p99 against ``online`` (target: p99 within 15 %), the job's rows/s, and
+              whether it finished while the online load ran;
+  nearline    the worker's capacity: a burst of ``--nearline-burst`` async requests drained (rows/s from
+              the first result to the last); then async requests at ``--nearline-factor`` (2) × that
+              rate, open loop, for ``--nearline-s`` (10): all complete?, p50 / p99 from submission to the
+              stored result (the record's ``completed_at``), and the gateway's and the worker's RSS
+              before, at most during, and after.
 
-Printed as ratios too: ``online_p99_beside_vs_alone`` (the issue's target:
-at most 1.15), ``job_vs_online_throughput`` (target: at least 0.8) and
-``job_beside_vs_alone``. The runner's AIMD limit of requests in flight is
-read from its /metrics at the end of each job phase. ``--unguarded`` runs
-the same with the protection off (``AIWORKS_RUNTIME_BATCH_SHARE_WHEN_ONLINE=1``,
-``AIWORKS_BATCH_ADAPTIVE=false``), for the before/after comparison.
+Jobs are submitted with ``chunk_size`` ``--chunk-size`` (1000): the runner
+sends one chunk at a time, and the tail of each chunk (its last requests
+finishing while no new ones start) costs throughput at 100 lines a chunk.
+The runner paces itself on the runtime's ``online_load`` signal
+(docs/tiers.md, "Online first"); ``--unguarded`` turns that and the
+runtime's share rule off, for comparison. The nearline class deadline is
+``--nearline-deadline-s`` (120 s here, so every request is answered rather
+than expired; the statuses are counted). Prints one JSON object and writes
+it to ``bench/results/tiers-<time>.json``.
 
-The issue's targets (a 200,000-row job, online p99 within 15 % at half the
-suite's capacity, job ≥ 80 % of online throughput) need a quiet machine and
-an open-loop online load; this script is the measurement they will grow
-from. Prints one JSON object.
-
-Usage: python bench/tiers.py [--rows 5000] [--duration-s 10] [--online-concurrency 2] [--job-concurrency 16]
-       [--replicas 1] [--repository DIR] [--unguarded]
+Usage: python bench/tiers.py [--short] [--rows 200000] [--chunk-size 1000] [--unguarded]
+(full: about 6 min, --short about 2 min, on a quiet 2-core machine; docs/benchmarks.md, "Tiers")
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
 import numpy as np
 import orjson
+import redis
 import requests
-import yaml
+from tenant_suite import TenantSuite, tenant_suite
 
-from aiworks.demo.models import build_demo_repository, digits_split
-from aiworks.gateway.auth import generate_api_key
-from aiworks.supervisor.supervisor import SuiteConfig, Supervisor, free_port
+from aiworks.demo.models import digits_split
+from aiworks.supervisor.supervisor import free_port
 
 ENDPOINT = "/v2/models/digits/versions/1/infer"
+ENDED = ("completed", "failed", "cancelled", "expired")
 
 
 def _body(row: np.ndarray) -> bytes:
     return orjson.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64], "data": row.tolist()}]})
 
 
-async def _loop(base: str, key: str, rows: np.ndarray, concurrency: int, duration_s: float) -> dict:
+def _pcts(seconds: list[float]) -> dict:
+    if not seconds:
+        return {"n": 0}
+    ms = np.asarray(seconds) * 1e3
+    return {"n": len(ms), "p50_ms": round(float(np.percentile(ms, 50)), 2),
+            "p99_ms": round(float(np.percentile(ms, 99)), 2), "max_ms": round(float(ms.max()), 1)}  # fmt: skip
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+# ---- online load ---------------------------------------------------------------------------------
+
+
+async def closed_loop(suite: TenantSuite, bodies: list[bytes], concurrency: int, duration_s: float) -> dict:
     latencies: list[float] = []
-    headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
-    bodies = [_body(r) for r in rows[:512]]
+    headers = {**suite.headers, "content-type": "application/json"}
     stop_at = time.monotonic() + duration_s
 
-    async def client(session: aiohttp.ClientSession, offset: int) -> None:
-        i = offset
+    async def client(session: aiohttp.ClientSession, i: int) -> None:
         while time.monotonic() < stop_at:
             start = time.perf_counter()
-            async with session.post(base + ENDPOINT, data=bodies[i % len(bodies)], headers=headers) as reply:
+            async with session.post(suite.base + ENDPOINT, data=bodies[i % len(bodies)], headers=headers) as reply:
                 await reply.read()
                 assert reply.status == 200, reply.status
             latencies.append(time.perf_counter() - start)
@@ -77,174 +101,356 @@ async def _loop(base: str, key: str, rows: np.ndarray, concurrency: int, duratio
         began = time.monotonic()
         await asyncio.gather(*(client(session, k) for k in range(concurrency)))
         elapsed = time.monotonic() - began
-    ms = np.array(latencies) * 1e3
-    p50, p99 = (round(float(np.percentile(ms, q)), 2) for q in (50, 99))
-    return {"requests": len(ms), "rows_per_s": round(len(ms) / elapsed, 1), "p50_ms": p50, "p99_ms": p99}
+    return {"concurrency": concurrency, "rows_per_s": round(len(latencies) / elapsed, 1), **_pcts(latencies)}
 
 
-def _submit(base: str, key: str, data: bytes) -> str:
-    headers = {"authorization": f"Bearer {key}"}
-    uploaded = requests.post(f"{base}/v1/files", headers=headers, data={"purpose": "batch"},
-                             files={"file": ("rows.jsonl", data)}, timeout=120).json()  # fmt: skip
-    body = {"input_file_id": uploaded["id"], "endpoint": ENDPOINT, "completion_window": "24h"}
-    reply = requests.post(f"{base}/v1/batches", headers=headers, json=body, timeout=30)
+async def open_loop(suite: TenantSuite, bodies: list[bytes], rate: float, until, seed: int = 7) -> dict:
+    """Requests at Poisson arrivals of ``rate``/s until ``until()`` is true; latency from each arrival time."""
+    headers = {**suite.headers, "content-type": "application/json"}
+    gaps = np.random.default_rng(seed)
+    latencies: list[float] = []
+    failures = 0
+    pending: set[asyncio.Task] = set()
+
+    async def one(session: aiohttp.ClientSession, body: bytes, due: float) -> None:
+        nonlocal failures
+        try:
+            async with session.post(suite.base + ENDPOINT, data=body, headers=headers) as reply:
+                await reply.read()
+                ok = reply.status == 200
+        except aiohttp.ClientError:
+            ok = False
+        if ok:
+            latencies.append(time.perf_counter() - due)
+        else:
+            failures += 1
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        began = due = time.perf_counter()
+        sent = 0
+        while not until():
+            due += gaps.exponential(1.0 / rate)
+            wait = due - time.perf_counter()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            task = asyncio.create_task(one(session, bodies[sent % len(bodies)], due))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+            sent += 1
+        elapsed = time.perf_counter() - began
+        await asyncio.gather(*pending)
+    return {"rate": round(rate, 1), "sent": sent, "sent_per_s": round(sent / elapsed, 1), "failed": failures,
+            "seconds": round(elapsed, 1), **_pcts(latencies)}  # fmt: skip
+
+
+# ---- batch jobs ----------------------------------------------------------------------------------
+
+
+def submit_job(suite: TenantSuite, data: bytes, chunk_size: int) -> str:
+    uploaded = requests.post(f"{suite.base}/v1/files", headers=suite.headers, data={"purpose": "batch"},
+                             files={"file": ("rows.jsonl", data)}, timeout=300).json()  # fmt: skip
+    body = {"input_file_id": uploaded["id"], "endpoint": ENDPOINT, "completion_window": "24h", "chunk_size": chunk_size}
+    reply = requests.post(f"{suite.base}/v1/batches", headers=suite.headers, json=body, timeout=30)
     reply.raise_for_status()
     return reply.json()["id"]
 
 
-def _wait(base: str, key: str, batch_id: str) -> dict:
-    while True:
-        headers = {"authorization": f"Bearer {key}"}
-        doc = requests.get(f"{base}/v1/batches/{batch_id}", headers=headers, timeout=10).json()
-        if doc["status"] in ("completed", "failed", "cancelled", "expired"):
-            return doc
-        time.sleep(0.1)
+class JobWatch:
+    """Polls a job (and the runner's in-flight limit) in the background: progress, steady rows/s, the end."""
+
+    def __init__(self, suite: TenantSuite, job_id: str, metrics_port: int):
+        self.suite, self.job_id, self.metrics_port = suite, job_id, metrics_port
+        self.doc: dict = {}
+        self.first: tuple[float, int] | None = None  # (when, lines done) at the first progress seen
+        self.last: tuple[float, int] | None = None  # the same when the last line was in
+        self.limits: list[float] = []
+        self.started = asyncio.Event()
+        self.ended = asyncio.Event()
+        self.task = asyncio.create_task(self._poll())
+
+    async def _poll(self) -> None:
+        url = f"{self.suite.base}/v1/batches/{self.job_id}"
+        metrics = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        next_limit = 0.0
+        async with aiohttp.ClientSession() as session:
+            while True:
+                async with session.get(url, headers=self.suite.headers) as reply:
+                    self.doc = await reply.json()
+                done = self.doc["request_counts"]["completed"] + self.doc["request_counts"]["failed"]
+                now = time.monotonic()
+                if self.first is None and done:
+                    self.first = (now, done)
+                    self.started.set()
+                if self.last is None and self.doc["status"] in ("finalizing", *ENDED):
+                    self.last = (now, done)
+                if self.doc["status"] in ENDED:
+                    self.started.set()
+                    self.ended.set()
+                    return
+                if now >= next_limit:
+                    next_limit = now + 1.0
+                    with contextlib.suppress(aiohttp.ClientError):
+                        async with session.get(metrics) as reply:
+                            for line in (await reply.text()).splitlines():
+                                if line.startswith("aiworks_batch_in_flight_limit "):
+                                    self.limits.append(float(line.split()[-1]))
+                await asyncio.sleep(0.1)
+
+    def steady_rows_per_s(self) -> float | None:
+        if self.first is None or self.last is None or self.last[0] <= self.first[0]:
+            return None
+        return round((self.last[1] - self.first[1]) / (self.last[0] - self.first[0]), 1)
+
+    def summary(self) -> dict:
+        counts = self.doc.get("request_counts", {})
+        limits = self.limits
+        return {"status": self.doc.get("status"), "completed": counts.get("completed"), "failed": counts.get("failed"),
+                "steady_rows_per_s": self.steady_rows_per_s(),
+                "seconds": round(self.last[0] - self.first[0], 1) if self.first and self.last else None,
+                "in_flight_limit": {"samples": len(limits), "median": float(np.median(limits)) if limits else None,
+                                    "min": min(limits, default=None), "max": max(limits, default=None)}}  # fmt: skip
 
 
-def _job(base: str, key: str, data: bytes) -> tuple[str, float]:
-    """Submit a job; (its id, the time it was submitted)."""
-    return _submit(base, key, data), time.monotonic()
+async def job_alone(suite: TenantSuite, data: bytes, metrics_port: int, chunk_size: int) -> dict:
+    watch = JobWatch(suite, await asyncio.to_thread(submit_job, suite, data, chunk_size), metrics_port)
+    await watch.ended.wait()
+    return watch.summary()
 
 
-def _job_rate(doc: dict, submitted: float) -> float:
-    """Rows/s from submission to the job's end as this client saw it (upload excluded; pick-up and polling in)."""
-    return round(doc["request_counts"]["completed"] / (time.monotonic() - submitted), 1)
+async def job_beside_online(suite: TenantSuite, data: bytes, metrics_port: int, bodies, rate: float, args) -> dict:
+    """The online open loop from the job's first lines to its last, or ``--beside-max-s`` (then the job is cancelled)."""
+    watch = JobWatch(suite, await asyncio.to_thread(submit_job, suite, data, args.chunk_size), metrics_port)
+    await watch.started.wait()
+    stop_at = time.monotonic() + args.beside_max_s
+    online = await open_loop(suite, bodies, rate, lambda: watch.last is not None or time.monotonic() >= stop_at)
+    finished = watch.last is not None
+    if not finished:
+        watch.last = (time.monotonic(), sum(watch.doc["request_counts"][k] for k in ("completed", "failed")))
+        cancel = f"{suite.base}/v1/batches/{watch.job_id}/cancel"
+        await asyncio.to_thread(requests.post, cancel, headers=suite.headers, timeout=30)
+    await watch.ended.wait()
+    return {"online": online, "job": {**watch.summary(), "finished_beside_online": finished}}
 
 
-def _runner_limit(port: int) -> float | None:
-    """The runner's AIMD limit of requests in flight now, from its /metrics."""
-    try:
-        text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-    except requests.RequestException:
-        return None
-    for line in text.splitlines():
-        if line.startswith("aiworks_batch_in_flight_limit "):
-            return float(line.split()[-1])
-    return None
+# ---- nearline ------------------------------------------------------------------------------------
 
 
-def _completed(base: str, key: str, batch_id: str) -> int:
-    headers = {"authorization": f"Bearer {key}"}
-    return requests.get(f"{base}/v1/batches/{batch_id}", headers=headers, timeout=10).json()["request_counts"][
-        "completed"
-    ]
+async def submit_async(suite: TenantSuite, bodies: list[bytes], count: int, rate: float | None,
+                       refused: dict[int, int]) -> list[tuple]:  # fmt: skip
+    """``count`` async requests, open loop at ``rate``/s (None: as fast as 32 submitters go); (id, sent_at) each.
 
-
-def _wait_limit(base: str, key: str, batch_id: str, port: int) -> tuple[dict, list[float], float | None]:
-    """Wait for the job's end as :func:`_wait`, reading the runner's limit about once a second meanwhile.
-
-    Also the job's steady rows/s: from the first progress seen to the last
-    line, so pick-up and the output files are not in it.
+    Submissions not answered 202 are counted in ``refused`` by status.
     """
-    limits: list[float] = []
-    last = 0.0
-    first: tuple[float, int] | None = None
+    headers = {**suite.headers, "content-type": "application/json", "prefer": "respond-async"}
+    sent: list[tuple[str, float]] = []
+    gaps = np.random.default_rng(11)
+
+    async def one(session: aiohttp.ClientSession, i: int) -> None:
+        at = time.time()
+        async with session.post(suite.base + ENDPOINT, data=bodies[i % len(bodies)], headers=headers) as reply:
+            doc = await reply.read()
+            if reply.status != 202:
+                refused[reply.status] = refused.get(reply.status, 0) + 1
+                if len(refused) == 1 and refused[reply.status] == 1:
+                    print(f"nearline: submission answered {reply.status}: {doc[:200]!r}", file=sys.stderr)
+                return
+        sent.append((orjson.loads(doc)["id"], at))
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0 if rate else 32)) as session:
+        if rate is None:
+            await asyncio.gather(*(one(session, i) for i in range(count)))
+        else:
+            tasks, due = [], time.perf_counter()
+            for i in range(count):
+                due += gaps.exponential(1.0 / rate)
+                wait = due - time.perf_counter()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                tasks.append(asyncio.create_task(one(session, i)))
+            await asyncio.gather(*tasks)
+    return sent
+
+
+def results(store: redis.Redis, sent: list[tuple[str, float]], timeout_s: float) -> tuple[list, dict]:
+    """Wait until every request has a stored result (or ``timeout_s``); (seconds from send to result, statuses)."""
+    give_up = time.monotonic() + timeout_s
     while True:
-        headers = {"authorization": f"Bearer {key}"}
-        doc = requests.get(f"{base}/v1/batches/{batch_id}", headers=headers, timeout=10).json()
-        completed = doc["request_counts"]["completed"]
-        if first is None and completed:
-            first = (time.monotonic(), completed)
-        if doc["status"] in ("completed", "failed", "cancelled", "expired", "finalizing"):
-            steady = None
-            if first is not None and time.monotonic() > first[0]:
-                steady = round((completed - first[1]) / (time.monotonic() - first[0]), 1)
-            if doc["status"] == "finalizing":
-                doc = _wait(base, key, batch_id)
-            return doc, limits, steady
-        if time.monotonic() - last >= 1.0:
-            last = time.monotonic()
-            limit = _runner_limit(port)
-            if limit is not None:
-                limits.append(limit)
-        time.sleep(0.1)
+        with store.pipeline(transaction=False) as pipe:
+            for request_id, _ in sent:
+                pipe.hmget(f"aiworks:async:req:{request_id}", "status", "completed_at")
+            rows = pipe.execute()
+        statuses: dict[str, int] = {}
+        for status, _ in rows:
+            key = status.decode() if status else "missing"
+            statuses[key] = statuses.get(key, 0) + 1
+        if statuses.get("queued", 0) == 0 or time.monotonic() > give_up:
+            break
+        time.sleep(0.5)
+    waits = [float(done) - at for (_, at), (_, done) in zip(sent, rows) if done]
+    return waits, statuses
+
+
+async def nearline(suite: TenantSuite, bodies: list[bytes], worker: subprocess.Popen, args) -> dict:
+    store = redis.Redis.from_url(suite.redis_url)
+    refused: dict[int, int] = {}
+    burst = await submit_async(suite, bodies, args.nearline_burst, None, refused)
+    _, statuses = await asyncio.to_thread(results, store, burst, 120)
+    with store.pipeline(transaction=False) as pipe:
+        for request_id, _ in burst:
+            pipe.hget(f"aiworks:async:req:{request_id}", "completed_at")
+        done = sorted(float(v) for v in pipe.execute() if v)
+    capacity = (len(done) - 1) / (done[-1] - done[0]) if len(done) > 1 and done[-1] > done[0] else 0.0
+    gateway = suite.pid("gateway")
+    rss_before = {"gateway": _rss_mb(gateway), "worker": _rss_mb(worker.pid)}
+    peak = dict(rss_before)
+    sampling = True
+
+    async def sample() -> None:
+        while sampling:
+            peak["gateway"] = max(peak["gateway"], _rss_mb(gateway))
+            peak["worker"] = max(peak["worker"], _rss_mb(worker.pid))
+            await asyncio.sleep(0.25)
+
+    sampler = asyncio.create_task(sample())
+    rate = args.nearline_factor * capacity
+    count = int(rate * args.nearline_s)
+    began = time.monotonic()
+    sent = await submit_async(suite, bodies, count, rate, refused)
+    submitted_s = time.monotonic() - began
+    waits, statuses = await asyncio.to_thread(results, store, sent, args.nearline_deadline_s + 30)
+    drained_s = time.monotonic() - began
+    sampling = False
+    await sampler
+    store.close()
+    return {
+        "capacity_per_s": round(capacity, 1), "burst": len(burst), "rate": round(rate, 1), "sent": len(sent),
+        "submitted_in_s": round(submitted_s, 1), "all_answered_in_s": round(drained_s, 1), "statuses": statuses,
+        "refused": refused, "all_completed": not refused and statuses.get("completed", 0) == len(sent),
+        "submit_to_result": _pcts(waits),
+        "rss_mb": {"before": rss_before, "peak": peak,
+                   "after": {"gateway": _rss_mb(gateway), "worker": _rss_mb(worker.pid)}},
+    }  # fmt: skip
+
+
+# ---- the run -------------------------------------------------------------------------------------
+
+
+def _say(phase: str, doc):
+    """A phase's result on stderr as it ends (the JSON on stdout comes at the end)."""
+    print(f"{time.strftime('%H:%M:%S')} {phase}: {json.dumps(doc)}", file=sys.stderr, flush=True)
+    return doc
+
+
+def _process(args: list[str], env: dict, log: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "aiworks", *args], env={**os.environ, **env},
+                            stdout=subprocess.DEVNULL, stderr=open(log, "ab"))  # noqa: SIM115  # fmt: skip
+
+
+async def run(suite: TenantSuite, args) -> dict:
+    _, x, _, _ = digits_split()
+    x = x.astype(np.float32)
+    bodies = [_body(r) for r in x[:512]]
+
+    def job_data(n: int) -> bytes:
+        return b"".join(_body(x[i % len(x)]) + b"\n" for i in range(n))
+
+    await closed_loop(suite, bodies, 4, 2.0)  # warm-up
+    probes = [await closed_loop(suite, bodies, c, args.probe_s) for c in args.concurrencies]
+    _say("capacity", probes)
+    best = max(probes, key=lambda p: p["rows_per_s"])
+    capacity = best["rows_per_s"]
+    metrics_port = free_port()
+    runner_env = {"AIWORKS_BATCH_POLL_INTERVAL_S": "0.1"}
+    if args.unguarded:
+        runner_env["AIWORKS_BATCH_ADAPTIVE"] = "false"
+    concurrency = args.job_concurrency or best["concurrency"]
+    runner = _process(["batch", "runner", "--redis-url", suite.redis_url, "--gateway-url", suite.base,
+                       "--concurrency", str(concurrency), "--metrics-port", str(metrics_port)],
+                      runner_env, suite.work / "runner.log")  # fmt: skip
+    worker = _process(["nearline", "worker", "--redis-url", suite.redis_url, "--gateway-url", suite.base,
+                       "--concurrency", str(args.nearline_concurrency), "--deadline-s", str(args.nearline_deadline_s)],
+                      {}, suite.work / "worker.log")  # fmt: skip
+    try:
+        alone = _say("job alone", await job_alone(suite, job_data(args.alone_rows), metrics_port, args.chunk_size))
+        rate = args.online_share * capacity
+        started = time.monotonic()
+        online = await open_loop(suite, bodies, rate, lambda: time.monotonic() - started >= args.online_s)
+        _say("online alone", online)
+        beside = _say("beside", await job_beside_online(suite, job_data(args.rows), metrics_port, bodies, rate, args))
+        near = _say("nearline", await nearline(suite, bodies, worker, args))
+    finally:
+        for process in (runner, worker):
+            process.terminate()
+            process.wait(10)
+    steady = alone["steady_rows_per_s"] or 0.0
+    return {
+        "capacity": {"rows_per_s": capacity, "best_concurrency": best["concurrency"], "probes": probes},
+        "job_alone": {**alone, "rows": args.alone_rows, "runner_concurrency": concurrency},
+        "online_alone": online, "online_beside_job": beside["online"], "job_beside_online": {**beside["job"], "rows": args.rows},
+        "nearline": near,
+        "ratios": {
+            "job_alone_vs_capacity": round(steady / capacity, 3),  # target >= 0.8
+            "online_p99_beside_vs_alone": round(beside["online"]["p99_ms"] / online["p99_ms"], 3),  # target <= 1.15
+            "online_p50_beside_vs_alone": round(beside["online"]["p50_ms"] / online["p50_ms"], 3),
+            "job_beside_vs_alone": round((beside["job"]["steady_rows_per_s"] or 0.0) / steady, 3) if steady else None,
+            "nearline_rate_vs_capacity": round(near["rate"] / near["capacity_per_s"], 2) if near["capacity_per_s"] else None,
+        },
+    }  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=5000)
-    parser.add_argument("--duration-s", type=float, default=10.0)
-    parser.add_argument("--online-concurrency", type=int, default=2)
-    parser.add_argument("--job-concurrency", type=int, default=16)
+    parser.add_argument("--short", action="store_true", help="a short run (about 2 min): fewer rows, shorter phases")
+    parser.add_argument("--rows", type=int, help="lines of the job beside online load (default 200000; short 10000)")
+    parser.add_argument("--alone-rows", type=int, help="lines of the job alone (default 20000; short 6000)")
+    parser.add_argument(
+        "--chunk-size", type=int, default=1000, help="the jobs' chunk_size (the gateway's default: 100)"
+    )
+    parser.add_argument("--beside-max-s", type=float, help="longest online load beside the job (default 150; short 30)")
+    parser.add_argument("--concurrencies", default="4,8,16,32,64", help="closed-loop clients probed for capacity")
+    parser.add_argument("--probe-s", type=float, help="seconds per probe (default 5; short 2.5)")
+    parser.add_argument("--online-share", type=float, default=0.5, help="the open loop's rate, a share of capacity")
+    parser.add_argument("--online-s", type=float, help="seconds of online load alone (default 20; short 10)")
+    parser.add_argument("--job-concurrency", type=int, help="the runner's ceiling (default: the best concurrency)")
+    parser.add_argument(
+        "--nearline-burst", type=int, help="async requests drained for capacity (default 3000; short 1500)"
+    )
+    parser.add_argument("--nearline-factor", type=float, default=2.0)
+    parser.add_argument("--nearline-s", type=float, default=10.0)
+    parser.add_argument("--nearline-concurrency", type=int, default=32, help="the worker's requests in flight")
+    parser.add_argument("--nearline-deadline-s", type=float, default=120.0)
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--repository", help="a prebuilt demo repository (default: built in a temporary folder)")
     parser.add_argument("--unguarded", action="store_true", help="no runtime share rule and no runner pacing")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"), help="folder for the JSON")
     args = parser.parse_args()
+    short = args.short
+    args.rows = args.rows or (10_000 if short else 200_000)
+    args.alone_rows = args.alone_rows or (6_000 if short else 20_000)
+    args.probe_s = args.probe_s or (2.5 if short else 5.0)
+    args.online_s = args.online_s or (10.0 if short else 20.0)
+    args.beside_max_s = args.beside_max_s or (30.0 if short else 150.0)
+    args.nearline_burst = args.nearline_burst or (1500 if short else 3000)
+    args.concurrencies = [int(c) for c in args.concurrencies.split(",")]
 
-    work = Path(tempfile.mkdtemp(prefix="aiworks-tiers-"))
-    repository = Path(args.repository) if args.repository else work / "repository"
-    if not args.repository:
-        build_demo_repository(repository, progress=lambda m: None)
-    redis_port = free_port()
-    redis = subprocess.Popen(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
-                              "--appendonly", "no", "--dir", str(work)], stdout=subprocess.DEVNULL)  # fmt: skip
-    redis_url = f"redis://127.0.0.1:{redis_port}/0"
-    key, digest = generate_api_key()
-    tenants = work / "tenants.yaml"
-    tenants.write_text(yaml.safe_dump({"tenants": [{"id": "bench", "models": ["digits"], "api_keys": [digest]}]}))
-    env = {"AIWORKS_GATEWAY_TENANTS_FILE": str(tenants), "AIWORKS_GATEWAY_REDIS_URL": redis_url,
-           "AIWORKS_GATEWAY_BATCH_FILES_URL": str(work / "files"),
-           "AIWORKS_GATEWAY_LIMITS_TIMEOUT_S": "0.5"}  # fmt: skip
-    if args.unguarded:
-        env["AIWORKS_RUNTIME_BATCH_SHARE_WHEN_ONLINE"] = "1"
-    config = SuiteConfig.on_free_ports(model_repository=repository, log_dir=work / "logs", replicas=args.replicas,
-                                       cache=False, extra_env=env)  # fmt: skip
-    supervisor = Supervisor(config)
-    runner = None
-    try:
-        supervisor.start()
-        base = f"http://127.0.0.1:{config.http_port}"
-        metrics_port = free_port()
-        runner_env = {**os.environ, "AIWORKS_BATCH_POLL_INTERVAL_S": "0.1"}
+    def env(work: Path) -> dict[str, str]:
+        values = {"AIWORKS_GATEWAY_BATCH_FILES_URL": str(work / "files"), "AIWORKS_GATEWAY_ASYNC_REQUESTS": "true",
+                  "AIWORKS_GATEWAY_ASYNC_DEADLINE_S": str(args.nearline_deadline_s)}  # fmt: skip
         if args.unguarded:
-            runner_env["AIWORKS_BATCH_ADAPTIVE"] = "false"
-        runner = subprocess.Popen(
-            [sys.executable, "-m", "aiworks", "batch", "runner", "--redis-url", redis_url, "--gateway-url", base,
-             "--concurrency", str(args.job_concurrency), "--metrics-port", str(metrics_port)],
-            env=runner_env, stdout=subprocess.DEVNULL,
-            stderr=open(work / "runner.log", "ab"),  # noqa: SIM115 - closed with the process
-        )  # fmt: skip
-        _, x, _, _ = digits_split()
-        rows = np.concatenate([x.astype(np.float32)] * (args.rows // len(x) + 1))[: args.rows]
-        data = b"\n".join(_body(r) for r in rows) + b"\n"
-        asyncio.run(_loop(base, key, rows, args.online_concurrency, 2.0))  # warm-up
-        online = asyncio.run(_loop(base, key, rows, args.online_concurrency, args.duration_s))
-        online_best = asyncio.run(_loop(base, key, rows, args.job_concurrency, args.duration_s))
-        first_id, first_at = _job(base, key, data)
-        job, limits_alone, steady_alone = _wait_limit(base, key, first_id, metrics_port)
-        job_rate = _job_rate(job, first_at)
-        beside_id, beside_at = _job(base, key, data)
-        while not _completed(base, key, beside_id):  # the job runs: now the online loop beside it
-            time.sleep(0.05)
-        began, done_before = time.monotonic(), _completed(base, key, beside_id)
-        both = asyncio.run(_loop(base, key, rows, args.online_concurrency, args.duration_s))
-        steady_beside = round((_completed(base, key, beside_id) - done_before) / (time.monotonic() - began), 1)
-        headers = {"authorization": f"Bearer {key}"}
-        status = requests.get(f"{base}/v1/batches/{beside_id}", headers=headers, timeout=10).json()["status"]
-        overlapped = status == "in_progress"  # False: the job ended inside the loop, use more --rows
-        job_beside, limits_beside, _ = _wait_limit(base, key, beside_id, metrics_port)
-        beside_rate = _job_rate(job_beside, beside_at)
-        result = {
-            "rows": args.rows, "guarded": not args.unguarded, "load_average": [round(v, 2) for v in os.getloadavg()],
-            "online_alone": online, "online_at_job_concurrency": online_best,
-            "job_alone_rows_per_s": job_rate,
-            "job_vs_online_throughput": round(job_rate / online_best["rows_per_s"], 3),
-            "online_beside_job": both, "job_beside_online_rows_per_s": beside_rate,
-            "online_p99_beside_vs_alone": round(both["p99_ms"] / online["p99_ms"], 3),
-            "online_p99_change": round(both["p99_ms"] / online["p99_ms"] - 1, 3),
-            "job_ran_through_online_loop": overlapped, "job_steady_alone_rows_per_s": steady_alone, "job_during_online_rows_per_s": steady_beside,
-            "job_beside_vs_alone": round(steady_beside / steady_alone, 3) if steady_alone else None,
-            "runner_in_flight_limit_alone": limits_alone, "runner_in_flight_limit_beside": limits_beside,
-            "job_failed_lines": job["request_counts"]["failed"] + job_beside["request_counts"]["failed"],
-        }  # fmt: skip
-        print(json.dumps(result, indent=2))
-    finally:
-        if runner is not None:
-            runner.terminate()
-            runner.wait(10)
-        supervisor.stop()
-        redis.terminate()
-        redis.wait(10)
+            values["AIWORKS_RUNTIME_BATCH_SHARE_WHEN_ONLINE"] = "1"
+        return values
+
+    began = time.time()
+    with tenant_suite("aiworks-tiers-", env, replicas=args.replicas, repository=args.repository) as suite:
+        result = asyncio.run(run(suite, args))
+    result = {"mode": "short" if short else "full", "guarded": not args.unguarded, "replicas": args.replicas,
+              "cpus": os.cpu_count(), "load_average": [round(v, 2) for v in os.getloadavg()],
+              "wall_s": round(time.time() - began, 1), "command": " ".join(sys.argv), **result}  # fmt: skip
+    text = json.dumps(result, indent=2)
+    print(text)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"tiers-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(text + "\n")
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ from aiworks.core.load_overrides import LoadOverrides
 from aiworks.core.looplag import offload
 from aiworks.core.model_config import ModelSpec
 from aiworks.core.names import check_model_name, check_version
-from aiworks.core.options import read_options
+from aiworks.core.options import ONLINE_LOAD, read_options
 from aiworks.gateway.auth import Authenticator, Headers, Principal
 from aiworks.gateway.diagnostics import Diagnostics, LogSettings, TraceSettings
 from aiworks.gateway.filters import InputFilter, InputLimits
@@ -427,7 +427,11 @@ class GatewayDataPlane:
 
             async def compute(req: InferRequest) -> InferResponse:
                 answer = await self.routing.infer(req, options, spec=spec, work=work)
-                return InferResponse(spec.name, spec.version, answer.outputs, id=req.id, compute_s=work.compute_s)
+                reply = InferResponse(spec.name, spec.version, answer.outputs, id=req.id, compute_s=work.compute_s)
+                online = answer.parameters.get(ONLINE_LOAD)
+                if online is not None:  # a batch-class answer's signal for its client (aiworks.batch.pacing)
+                    reply.parameters[ONLINE_LOAD] = online
+                return reply
 
             if self.cache is not None:
                 # ---- result cache hook (docs/cache.md): lookup, a replica on a miss, store in the background.

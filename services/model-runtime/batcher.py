@@ -53,7 +53,7 @@ from aiworks.core.datatypes import Tensor, split_rows
 from aiworks.core.errors import AIWorksError, DeadlineExceeded, Internal, PayloadTooLarge, Status, Unavailable
 from aiworks.core.inference import Answer, InferRequest
 from aiworks.core.model_config import ModelSpec
-from aiworks.core.options import Priority
+from aiworks.core.options import ONLINE_LOAD, Priority
 from aiworks.runtime.queue_state import Entry, QueueState
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,7 @@ class _Pending:
     trace_parent: SpanContext | None = None  # the caller's span (or only its propagated context)
     span: object = None  # the queue span while it waits, when tracing records
     queue_ns: int = 0
+    low: bool = False  # a batch-class request: its answer says whether online traffic is about (ONLINE_LOAD)
 
     def link(self) -> SpanContext | None:
         return self.span.get_span_context() if self.span is not None else self.trace_parent
@@ -185,7 +186,8 @@ class ModelQueue:
             tuple(sorted((t.name, t.shape[1:] if self.spec.max_batch_size > 0 else t.shape) for t in request.inputs)),
             tuple(request.outputs),
         )
-        pending = _Pending(request, rows, asyncio.get_running_loop().create_future(), tracing.current_span_context())
+        pending = _Pending(request, rows, asyncio.get_running_loop().create_future(), tracing.current_span_context(),
+                           low=priority is Priority.BATCH)  # fmt: skip
         entry = Entry(pending, priority, rows, nbytes, signature, now, deadline_s)
         state = self.state
         reason = "queue_full" if state.requests >= state.max_requests else "queue_bytes"
@@ -370,10 +372,13 @@ class ModelQueue:
         return joined
 
     def _deliver(self, batch: list[_Pending], rows: int, outputs: list[Tensor], compute_ns: int) -> None:
+        # Batch-class answers say whether online traffic is about now (the state the share rule reads): the
+        # runner's signal to back off, which its own latency cannot give it (one look per batch).
+        online = self.state.online_active(self._clock()) if any(p.low for p in batch) else False
         if len(batch) == 1:
             p = batch[0]
             if not p.future.done():
-                p.future.set_result(Answer(outputs, compute_ns, p.queue_ns))
+                p.future.set_result(Answer(outputs, compute_ns, p.queue_ns, {ONLINE_LOAD: online} if p.low else {}))
             return
         counts = [p.rows for p in batch]
         per_request: list[list[Tensor]] = [[] for _ in batch]
@@ -386,7 +391,8 @@ class ModelQueue:
                 per_request[i].append(Tensor(out.name, out.datatype, (counts[i], *out.shape[1:]), piece))
         for p, outs in zip(batch, per_request):
             if not p.future.done():
-                p.future.set_result(Answer(outs, compute_ns * p.rows // rows, p.queue_ns))
+                parameters = {ONLINE_LOAD: online} if p.low else {}
+                p.future.set_result(Answer(outs, compute_ns * p.rows // rows, p.queue_ns, parameters))
 
     async def drain(self, timeout_s: float) -> bool:
         """Take no new requests; wait until the queued and running ones are answered (True) or ``timeout_s``."""

@@ -19,6 +19,7 @@ import numpy as np
 import orjson
 import pytest
 import requests
+import tritonclient.grpc as grpcclient
 
 from aiworks.demo.models import digits_split
 from aiworks.supervisor.supervisor import free_port
@@ -88,10 +89,51 @@ def test_online_requests_go_ahead_of_a_running_batch_job(batch_suite, runners):
     scrape = requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
     limit = next(float(line.split()[-1]) for line in scrape.splitlines()
                  if line.startswith("aiworks_batch_in_flight_limit "))  # fmt: skip
-    assert 1 <= limit <= 16
+    # The runtime said online traffic was about, so the runner yielded: one request in flight at the end of the
+    # online client's run (a scrape moments later; it grows back by about one per round of answers).
+    assert 1 <= limit <= 4, limit
 
     print(f"online median alone {alone:.2f} ms, beside the job {beside:.2f} ms; runner in flight limit {limit:.0f}")
     assert beside <= 3 * alone + 15, (alone, beside)
 
     done = wait_batch(batch_suite, "alice", batch_id, lambda d: d["status"] == "completed", timeout_s=300)
     assert done["request_counts"] == {"total": JOB_ROWS, "completed": JOB_ROWS, "failed": 0}
+    output = requests.get(f"{batch_suite.base}/v1/files/{done['output_file_id']}/content",
+                          headers=batch_suite.headers("alice"), timeout=60)  # fmt: skip
+    assert output.status_code == 200
+    lines = output.content.splitlines()
+    assert len(lines) == JOB_ROWS and b"online_load" not in output.content  # the signal is the pacer's, not output
+
+
+def test_batch_class_answers_carry_the_online_load_signal_and_online_answers_do_not(batch_suite):
+    body = orjson.loads(_body(_rows(1)[0]))
+    headers = {**batch_suite.headers("bob"), "content-type": "application/json"}
+    url = batch_suite.base + ENDPOINT
+    time.sleep(0.2)  # past the runtime's 100 ms online window of earlier tests' requests
+    quiet = requests.post(url, json={**body, "parameters": {"priority": "batch"}}, headers=headers, timeout=30)
+    assert quiet.status_code == 200 and quiet.json()["parameters"] == {"online_load": False}, quiet.text
+    online = requests.post(url, json=body, headers=headers, timeout=30)
+    assert online.status_code == 200 and "online_load" not in online.json().get("parameters", {}), online.text
+    # Right after an online request (within the runtime's 100 ms window; a few tries, the machine may stall).
+    for _ in range(5):
+        requests.post(url, json=body, headers=headers, timeout=30)
+        busy = requests.post(url, json={**body, "parameters": {"priority": 3}}, headers=headers, timeout=30)
+        if busy.json()["parameters"] == {"online_load": True}:
+            break
+    assert busy.json()["parameters"] == {"online_load": True}, busy.text
+
+    client = grpcclient.InferenceServerClient(batch_suite.suite.grpc_url)  # the same over gRPC, with tritonclient
+    try:
+        inputs = [grpcclient.InferInput("input", [1, 64], "FP32")]
+        inputs[0].set_data_from_numpy(_rows(1).reshape(1, 64))
+        grpc_headers = batch_suite.headers("bob")
+        for _ in range(5):
+            client.infer("digits", inputs, model_version="1", headers=grpc_headers)  # online
+            batch = client.infer("digits", inputs, model_version="1", priority=3, headers=grpc_headers)
+            if batch.get_response().parameters["online_load"].bool_param:
+                break
+        assert batch.get_response().parameters["online_load"].bool_param is True
+        online = client.infer("digits", inputs, model_version="1", headers=grpc_headers)
+        assert "online_load" not in online.get_response().parameters
+    finally:
+        client.close()

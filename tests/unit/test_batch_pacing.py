@@ -137,3 +137,79 @@ def test_after_a_cut_the_average_starts_afresh_so_one_burst_cuts_once():
     assert pacer.allowed == 8
     calm(pacer, 16, 0.011)  # the load is gone: a stale average (still near 20 ms) would cut again
     assert pacer.cuts == 1 and pacer.allowed > 8
+
+
+# ---- the runtime's online_load signal ------------------------------------------------------------
+
+
+def test_with_the_signal_its_own_latency_never_cuts_the_limit():
+    pacer = Pacer(16, initial=4, tolerance=2.0, smoothing=1.0)
+    latency = 0.002
+    for _ in range(400):  # the job alone: each answer slower than the last (its own load), no online traffic
+        pacer.answered(latency, online=False)
+        latency *= 1.01
+    assert pacer.allowed == 16 and pacer.cuts == 0 and pacer.signalled == 400
+
+
+def test_the_signal_cuts_once_per_round_and_its_absence_grows_again():
+    pacer = Pacer(16, initial=16)
+    for _ in range(16):  # a round with nothing online
+        pacer.answered(0.01, online=False)
+    assert pacer.allowed == 16
+    pacer.answered(0.01, online=True)  # the first answer that says so cuts at once
+    assert pacer.allowed == 8 and pacer.cuts == 1
+    for _ in range(7):  # the rest of the round: requests sent before the cut
+        pacer.answered(0.01, online=True)
+    assert pacer.allowed == 8
+    pacer.answered(0.01, online=True)
+    assert pacer.allowed == 4 and pacer.cuts == 2
+    for _ in range(40):
+        pacer.answered(0.01, online=True)
+    assert pacer.allowed == 1  # never under one: the job goes on
+    for _ in range(8):
+        pacer.answered(0.5, online=False)  # slow, but nothing online: grows
+    assert pacer.allowed >= 3
+
+
+def test_answers_without_the_signal_fall_back_to_latency():
+    pacer = Pacer(16, initial=16, tolerance=2.0, smoothing=1.0)
+    calm(pacer, 16, 0.010)
+    pacer.answered(0.050)  # no signal (an older runtime, a cache hit): the latency rule applies
+    assert pacer.allowed == 8 and pacer.cuts == 1 and pacer.signalled == 0
+
+
+class FakeSuite:
+    """A suite on a fake clock: answers take ``latency_s`` × (1 + requests in flight / 4); online traffic comes and goes."""
+
+    def __init__(self, online_between: tuple[float, float]):
+        self.now = 0.0
+        self.online_between = online_between
+
+    def online(self) -> bool:
+        start, end = self.online_between
+        return start <= self.now < end
+
+    def run(self, pacer: Pacer, until_s: float, latency_s: float = 0.002) -> list[tuple[float, int]]:
+        """Rounds of ``pacer.allowed`` requests sent together and answered together; (time, limit) per round."""
+        seen = []
+        while self.now < until_s:
+            sent = pacer.allowed
+            self.now += latency_s * (1 + sent / 4)  # the job's own load makes it slower
+            for _ in range(sent):
+                pacer.answered(latency_s * (1 + sent / 4), online=self.online())
+            seen.append((self.now, pacer.allowed))
+        return seen
+
+
+def test_on_a_fake_clock_the_job_yields_while_online_traffic_is_about_and_takes_everything_after():
+    suite = FakeSuite(online_between=(1.0, 2.0))
+    pacer = Pacer(16)
+    seen = suite.run(pacer, 3.0)
+    before = [limit for t, limit in seen if 0.5 <= t < 1.0]
+    during = [limit for t, limit in seen if 1.1 <= t < 2.0]
+    after = [limit for t, limit in seen if 2.5 <= t]
+    assert set(before) == {16}  # alone, at the ceiling although its latency is 5x the quiet one
+    assert set(during) == {1}  # online traffic: down to one request in flight within 0.1 s
+    assert set(after) == {16}  # back to the ceiling within half a second
+    first_cut = next(t for t, limit in seen if t >= 1.0 and limit < 16)
+    assert first_cut - 1.0 < 0.02

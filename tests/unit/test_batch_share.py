@@ -13,7 +13,7 @@ import pytest
 from aiworks.core.datatypes import Tensor
 from aiworks.core.inference import InferRequest
 from aiworks.core.model_config import BatchingConfig, ModelSpec, TensorSpec
-from aiworks.core.options import Priority
+from aiworks.core.options import ONLINE_LOAD, Priority
 from aiworks.runtime.batcher import ModelQueue, QueueLimits, batch_slot_cap
 from aiworks.runtime.queue_state import Entry, QueueState
 
@@ -184,5 +184,78 @@ async def test_batch_work_takes_every_slot_again_once_the_window_has_passed():
         assert sorted(model.running) == [10.0, 11.0]
         model.release.set()
         await asyncio.gather(*jobs)
+    finally:
+        await q.close()
+
+
+# ---- the online_load signal on batch-class answers ----------------------------------------------
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def signalling_queue(clock: Clock, *, share=1.0, window_s=0.1, max_batch_size=0) -> ModelQueue:
+    spec = ModelSpec(
+        "m", "1", max_batch_size=max_batch_size, inputs=(TensorSpec("x", "FP32", (2,)),),
+        outputs=(TensorSpec("y", "FP32", (2,)),), batching=BatchingConfig(max_batch_size > 0, 0, ()),
+    )  # fmt: skip
+    limits = QueueLimits(aging_s=0.1, batch_share_when_online=share, online_window_s=window_s)
+    return ModelQueue(spec, Stepped(), batching=max_batch_size > 0, limits=limits, clock=clock)
+
+
+@pytest.mark.parametrize("share", [1.0, 0.25])  # the signal does not depend on the share rule being on
+async def test_batch_answers_say_whether_online_traffic_is_within_the_window(share):
+    clock = Clock()
+    q = signalling_queue(clock, share=share)
+    q._run_batch.release.set()
+    try:
+        assert (await submit(q, 1.0, BATCH)).parameters == {ONLINE_LOAD: False}  # nothing online yet
+        assert (await submit(q, 2.0, ONLINE)).parameters == {}  # online answers carry nothing
+        clock.now += 0.05  # within the 100 ms window of that online request
+        assert (await submit(q, 3.0, BATCH)).parameters == {ONLINE_LOAD: True}
+        clock.now += 0.06  # past it
+        assert (await submit(q, 4.0, BATCH)).parameters == {ONLINE_LOAD: False}
+    finally:
+        await q.close()
+
+
+async def test_an_online_request_queued_when_the_batch_ends_sets_the_signal():
+    clock = Clock()
+    q = signalling_queue(clock, window_s=0.0)  # no window: only queued online requests count
+    model = q._run_batch
+    try:
+        job = submit(q, 10.0, BATCH)
+        await settle()
+        assert model.running == [10.0]
+        online = submit(q, 1.0, ONLINE)  # waits behind the running batch request (one slot)
+        await settle()
+        model.release.set()
+        answer = await job
+        assert answer.parameters == {ONLINE_LOAD: True}
+        assert (await online).parameters == {}
+        assert (await submit(q, 11.0, BATCH)).parameters == {ONLINE_LOAD: False}
+    finally:
+        await q.close()
+
+
+async def test_in_a_mixed_batch_only_the_batch_class_rows_carry_the_signal():
+    clock = Clock()
+    q = signalling_queue(clock, max_batch_size=8)
+    model = q._run_batch
+    try:
+        first = submit(q, 9.0, BATCH)  # holds the one slot while the others queue
+        await settle()
+        rest = [submit(q, 1.0, ONLINE), submit(q, 10.0, BATCH), submit(q, 11.0, BATCH)]
+        await settle()
+        model.release.set()
+        answers = [await first] + [await r for r in rest]
+        assert [a.outputs[0].to_numpy()[0, 0] for a in answers] == [9.0, 1.0, 10.0, 11.0]  # each its own row back
+        assert [a.parameters for a in answers] == [{ONLINE_LOAD: True}, {}, {ONLINE_LOAD: True}, {ONLINE_LOAD: True}]
+        assert q.batches == 2  # the three queued ones ran as one batch
     finally:
         await q.close()

@@ -1,19 +1,35 @@
 """How many requests a batch runner keeps in flight: additive increase, multiplicative decrease (AIMD).
 
 The runner is a plain client of the gateway and sees only its own requests,
-so it paces itself on what it sees, as TCP's congestion control does:
+so it paces itself on what comes back, as TCP's congestion control does on
+its acknowledgements.
+
+**The runtime's signal.** A runtime marks each ``batch``-class answer with the
+response parameter ``online_load`` (:data:`aiworks.core.options.ONLINE_LOAD`):
+whether online requests were queued on the model version, or one arrived
+within its online window, when the answer's batch ended. The gateway passes
+it through. That is the congestion signal: on ``true`` the limit is cut to
+``decrease`` × itself; on ``false`` it grows by 1 / limit (about one request
+per round of answers), up to ``ceiling``. The job's own load does not count:
+the latency it causes itself (a busy gateway, a busy runner) never cuts the
+limit, so with no online traffic the job keeps ``ceiling`` requests in
+flight.
+
+**A 429 or 503 answer** (a full queue, a quota, a replica not ready) cuts it
+the same way.
+
+**Without the signal** (an answer with no ``online_load``: a runtime that
+does not send it, a cache hit), the answer's latency decides instead:
 
 - the latency of each answered request, smoothed, against the lowest
   smoothed latency seen so far (the latency of a quiet suite; the minimum of
   the average, not of single answers, so one lucky answer does not set a
   baseline nothing can meet again). When the smoothed latency goes above
   ``tolerance`` × that minimum, the suite is busy, with online traffic or
-  with this job: the limit is cut to ``decrease`` × itself;
-- a 429 or 503 answer (a full queue, a quota, a replica not ready) cuts it
-  the same way;
-- otherwise each answer adds 1 / limit, so the limit grows by one request
-  per round of answers while it is calm, up to ``ceiling`` (the runner's
-  ``concurrency``).
+  with this job: the limit is cut;
+- otherwise the answer grows it as a ``false`` signal does. This rule
+  cannot tell online load from the job's own, so it stops the job where
+  its latency reaches ``tolerance`` × the quiet one.
 
 A cut happens at most once per round (``limit`` answers since the last one),
 and the smoothed latency starts afresh after it: the answers of requests
@@ -51,6 +67,7 @@ class Pacer:
         self.min_latency_s = math.inf
         self.smoothed_s = 0.0
         self.cuts = 0
+        self.signalled = 0  # answers that carried the runtime's signal
         self._since_cut = 0
         self._averaged = 0  # answers in the smoothed latency since it started afresh
 
@@ -59,9 +76,17 @@ class Pacer:
         """Requests that may be in flight now (at least one)."""
         return max(1, int(self.limit))
 
-    def answered(self, latency_s: float) -> None:
-        """A request was answered (200) after ``latency_s``."""
+    def answered(self, latency_s: float, online: bool | None = None) -> None:
+        """A request was answered (200) after ``latency_s``; ``online``: its ``online_load`` (None: not given)."""
         if not self.adaptive:
+            return
+        if online is not None:
+            self.signalled += 1
+            self._since_cut += 1
+            if online:
+                self._cut()
+            else:
+                self._grow()
             return
         smoothed = self.smoothed_s
         self.smoothed_s = smoothed = latency_s if not smoothed else smoothed + self.smoothing * (latency_s - smoothed)
@@ -73,8 +98,8 @@ class Pacer:
             self.min_latency_s = smoothed
         if smoothed > self.tolerance * self.min_latency_s:
             self._cut()
-        elif self.limit < self.ceiling:
-            self.limit = min(float(self.ceiling), self.limit + 1.0 / self.limit)
+        else:
+            self._grow()
 
     def refused(self) -> None:
         """A request was refused for load (429 or 503)."""
@@ -82,6 +107,10 @@ class Pacer:
             return
         self._since_cut += 1
         self._cut()
+
+    def _grow(self) -> None:
+        if self.limit < self.ceiling:
+            self.limit = min(float(self.ceiling), self.limit + 1.0 / self.limit)
 
     def _cut(self) -> None:
         if self._since_cut < self.allowed:

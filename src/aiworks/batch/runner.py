@@ -6,8 +6,8 @@ scheduler serves its requests after online traffic (docs/scheduler.md).
 
 A job is cut into chunks of ``chunk_size`` input lines, fixed by the input
 alone. The runner sends one chunk at a time, at most ``concurrency`` requests
-in flight (fewer while the suite is busy: :mod:`aiworks.batch.pacing` paces
-them on the latency and the 429/503 answers the runner sees), and records the chunk's output and error lines in Redis at once
+in flight (fewer while online traffic is about: :mod:`aiworks.batch.pacing` paces
+them on the runtimes' ``online_load`` signal and the 429/503 answers the runner sees), and records the chunk's output and error lines in Redis at once
 (:meth:`JobStore.record_chunk`). A runner that dies loses only the chunk in
 flight: once its lease expires another runner (or the same one restarted)
 takes the job and skips the recorded chunks. Cancel is checked between
@@ -36,12 +36,14 @@ from aiworks.batch.pacing import PacedGate, Pacer
 from aiworks.batch.settings import BatchSettings
 from aiworks.core.errors import AIWorksError, InvalidArgument
 from aiworks.core.metrics import BATCH_CHUNKS, BATCH_JOBS_FINISHED, BATCH_ROWS
+from aiworks.core.options import ONLINE_LOAD
 
 log = logging.getLogger(__name__)
 
 _TRANSIENT = (429, 502, 503, 504)
 _OVERLOAD = (429, 503)  # answers that say the suite is busy: the pacer backs off
 _MAX_BACKOFF_S = 5.0
+_ONLINE_LOAD_KEY = b'"' + ONLINE_LOAD.encode() + b'"'
 
 
 def output_file_id(job_id: str) -> str:
@@ -245,7 +247,8 @@ class BatchRunner:
                 reason, code, delay = f"gateway unreachable ({type(exc).__name__})", "unavailable", None
             else:
                 if status == 200:
-                    pacer.answered(time.perf_counter() - started)
+                    online, content = take_online_load(content)
+                    pacer.answered(time.perf_counter() - started, online)
                     return True, _output_line(line, content)
                 if status in _OVERLOAD:
                     pacer.refused()
@@ -316,6 +319,27 @@ def _open_input(job: Job) -> tuple[int, Iterator[Callable[[], list[Line]]]]:
             ]
 
     return len(lines), chunks()
+
+
+def take_online_load(response: bytes) -> tuple[bool | None, bytes]:
+    """The runtime's ``online_load`` signal in a JSON answer (None: absent), and the answer without it.
+
+    The signal is for the pacer, not the job's output: the output line is the
+    answer as an online caller gets it. Answers without it pass untouched.
+    """
+    if _ONLINE_LOAD_KEY not in response:
+        return None, response
+    try:
+        doc = orjson.loads(response)
+    except orjson.JSONDecodeError:
+        return None, response
+    parameters = doc.get("parameters") if isinstance(doc, dict) else None
+    if not isinstance(parameters, dict) or ONLINE_LOAD not in parameters:
+        return None, response
+    online = parameters.pop(ONLINE_LOAD)
+    if not parameters:
+        del doc["parameters"]
+    return (online if isinstance(online, bool) else None), orjson.dumps(doc)
 
 
 def _output_line(line: Line, response: bytes) -> bytes:

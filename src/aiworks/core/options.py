@@ -110,6 +110,10 @@ def parse_timeout_us(value) -> int:
 GATEWAY_PARAMETERS = frozenset(
     {"priority", "timeout", "binary_data_output", "sequence_id", "sequence_start", "sequence_end", "async"}
 )
+# Response parameter of a ``batch``-class answer (a bool): online requests were queued on the runtime's model
+# version, or one arrived within its online window, when the answer's batch ended. A batch client (the runner's
+# pacer, aiworks.batch.pacing) backs off on it; the gateway passes it through, and only it, to the caller.
+ONLINE_LOAD = "online_load"
 # Longest string correlation id accepted: ids are keys of per-replica tables, not payloads.
 MAX_SEQUENCE_ID_CHARS = 256
 

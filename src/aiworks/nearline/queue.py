@@ -54,8 +54,15 @@ class AsyncQueue:
         self.stream = prefix + "requests"
 
     @classmethod
-    def from_url(cls, url: str, **kwargs) -> AsyncQueue:
-        return cls(redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5), **kwargs)
+    def from_url(cls, url: str, *, max_connections: int = 64, **kwargs) -> AsyncQueue:
+        """A queue on a bounded pool: a burst of callers waits (up to 10 s) for a connection rather than failing.
+
+        (redis-py's default pool raises MaxConnectionsError past 100 connections in use: a gateway under
+        a burst of asynchronous submissions answered 500 with it; bench/tiers.py's nearline phase.)
+        """
+        pool = redis.BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=10,
+                                                     socket_timeout=10, socket_connect_timeout=5)  # fmt: skip
+        return cls(redis.Redis(connection_pool=pool), **kwargs)
 
     async def close(self) -> None:
         await self.redis.aclose()

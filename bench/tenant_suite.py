@@ -1,0 +1,87 @@
+"""A suite with one tenant and a private redis-server, for the benchmarks of the tiers (bench/tiers.py, bench/streams.py).
+
+:func:`tenant_suite` starts a redis-server on a free port (no persistence,
+its files in a temporary folder), writes a tenants file with the tenant
+``bench`` allowed ``digits`` and a fresh API key, and starts the suite
+(gateway, scheduler, runtime replicas; no cache) with the gateway on that
+Redis and the extra environment given. Everything is stopped on the way out,
+and the temporary folder removed (kept, and its logs named, after a failure).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from aiworks.demo.models import build_demo_repository
+from aiworks.gateway.auth import generate_api_key
+from aiworks.supervisor.supervisor import SuiteConfig, Supervisor, free_port
+
+TENANT = "bench"
+
+
+@dataclass
+class TenantSuite:
+    work: Path  # the temporary folder: repository, logs, tenants file, redis files
+    redis_url: str
+    key: str  # the tenant's API key (a bearer token)
+    tenants_file: Path
+    base: str  # the gateway's HTTP address
+    supervisor: Supervisor
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.key}"}
+
+    def pid(self, name: str) -> int:
+        """The process id of one of the suite's services (``gateway``, ``runtime-0`` ...)."""
+        return self.supervisor.child(name).process.pid
+
+
+@contextlib.contextmanager
+def tenant_suite(prefix: str, env: dict[str, str] | Callable[[Path], dict[str, str]] | None = None, *, replicas: int = 1,
+                 repository: str | None = None, tenant: dict | None = None) -> Iterator[TenantSuite]:  # fmt: skip
+    """The running suite.
+
+    ``env``: more environment for the suite's services, or a function of the
+    work folder that gives it (for paths in it); ``tenant``: more fields of
+    the tenant's entry in the tenants file.
+    """
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    models = Path(repository) if repository else work / "repository"
+    if not repository:
+        build_demo_repository(models, progress=lambda m: None)
+    redis_port = free_port()
+    redis = subprocess.Popen(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                              "--appendonly", "no", "--dir", str(work)], stdout=subprocess.DEVNULL)  # fmt: skip
+    redis_url = f"redis://127.0.0.1:{redis_port}/0"
+    key, digest = generate_api_key()
+    tenants = work / "tenants.yaml"
+    entry = {"id": TENANT, "models": ["digits"], "api_keys": [digest], **(tenant or {})}
+    tenants.write_text(yaml.safe_dump({"tenants": [entry]}))
+    suite_env = {"AIWORKS_GATEWAY_TENANTS_FILE": str(tenants), "AIWORKS_GATEWAY_REDIS_URL": redis_url,
+                 "AIWORKS_GATEWAY_LIMITS_TIMEOUT_S": "0.5", **((env(work) if callable(env) else env) or {})}  # fmt: skip
+    config = SuiteConfig.on_free_ports(model_repository=models, log_dir=work / "logs", replicas=replicas, cache=False,
+                                       extra_env=suite_env)  # fmt: skip
+    supervisor = Supervisor(config)
+    failed = True
+    try:
+        supervisor.start()
+        yield TenantSuite(work, redis_url, key, tenants, f"http://127.0.0.1:{config.http_port}", supervisor)
+        failed = False
+    finally:
+        supervisor.stop()
+        redis.terminate()
+        redis.wait(10)
+        if failed:
+            print(f"the suite's logs: {work / 'logs'}", file=sys.stderr)
+        else:  # a job's input and files can be hundreds of MB
+            shutil.rmtree(work, ignore_errors=True)
