@@ -1,5 +1,6 @@
 #!/bin/sh
-# `make images`: builds the five service images and the tiers image (batch runner, nearline worker) with whatever engine is here (docker with a running
+# `make images`: builds the five service images and the tiers image (batch runner, nearline worker) with
+# whatever engine is here (docker with a running
 # daemon, else podman, else buildah). Each image holds only its service's dependencies.
 #
 #   AIWORKS_TAG          image tag (default: the chart's appVersion, 0.1.0)
