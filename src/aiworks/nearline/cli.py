@@ -24,7 +24,7 @@ def add_nearline_parser(sub) -> None:
     wk.add_argument("--claim-idle-s", type=float, default=30.0,
                     help="take over requests a dead worker left pending this long (default 30)")  # fmt: skip
     wk.add_argument("--result-ttl-s", type=float, default=3600.0, help="how long results are kept (default 3600)")
-    wk.add_argument("--metrics-port", type=int, default=int(os.environ.get("AIWORKS_NEARLINE_METRICS_PORT") or 0),
+    wk.add_argument("--metrics-port", type=int, default=os.environ.get("AIWORKS_NEARLINE_METRICS_PORT", "0"),
                     help="serve Prometheus /metrics on this port (env AIWORKS_NEARLINE_METRICS_PORT; 0: none)")  # fmt: skip
     wk.add_argument("--metrics-host", default=os.environ.get("AIWORKS_NEARLINE_METRICS_HOST", "127.0.0.1"),
                     help="address /metrics listens on (env AIWORKS_NEARLINE_METRICS_HOST; default %(default)s)")  # fmt: skip
