@@ -1,12 +1,13 @@
 #!/bin/sh
-# `make images`: builds the five service images with whatever engine is here (docker with a running
+# `make images`: builds the five service images and the tiers image (batch runner, nearline worker) with
+# whatever engine is here (docker with a running
 # daemon, else podman, else buildah). Each image holds only its service's dependencies.
 #
 #   AIWORKS_TAG          image tag (default: the chart's appVersion, 0.1.0)
 #   AIWORKS_REGISTRY     prefix, e.g. registry.example.com/team (default: none)
 #   AIWORKS_BASE_IMAGE   PYTHON_IMAGE build argument (default: the Dockerfiles' official Python image);
 #                        `scripts/build-base-image.sh python` makes one from Debian's packages
-#   AIWORKS_IMAGES       which ones (default: gateway scheduler model-runtime cache monitor)
+#   AIWORKS_IMAGES       which ones (default: gateway scheduler model-runtime cache monitor tiers)
 #   ENGINE               force docker, podman or buildah
 set -eu
 
@@ -14,7 +15,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 TAG=${AIWORKS_TAG:-0.1.0}
 PREFIX=${AIWORKS_REGISTRY:+$AIWORKS_REGISTRY/}aiworks
-IMAGES=${AIWORKS_IMAGES:-gateway scheduler model-runtime cache monitor}
+IMAGES=${AIWORKS_IMAGES:-gateway scheduler model-runtime cache monitor tiers}
 
 if [ -z "${ENGINE:-}" ]; then
     if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
@@ -60,7 +61,7 @@ BUILD="$ENGINE build"
 for image in $IMAGES; do
     case "$image" in
         model-runtime) folder=model-runtime ;;
-        gateway|scheduler|cache|monitor) folder=$image ;;
+        gateway|scheduler|cache|monitor|tiers) folder=$image ;;
         *) echo "unknown image '$image'" >&2; exit 2 ;;
     esac
     echo "==> $PREFIX/$image:$TAG ($ENGINE)" >&2

@@ -6,13 +6,17 @@ scheduler, runtime and cache through ``grpc.health.v1``, over mutual TLS with
 the service's own certificate when TLS is set (a plain probe cannot pass the
 handshake); the gateway through ``/v2/health/ready`` (HTTPS when it has a
 certificate; the chain is checked against its CA, not the name, since the
-probe dials 127.0.0.1 itself); the monitor through ``/healthz``.
+probe dials 127.0.0.1 itself); the monitor through ``/healthz``; the batch
+runner and the nearline worker (the tiers image) through their ``/metrics``,
+on ``AIWORKS_BATCH_METRICS_PORT`` / ``AIWORKS_NEARLINE_METRICS_PORT``: they
+serve nothing else, so this says the process is up, not that its jobs move.
 
 Exit status 0: serving; 1: not serving or unreachable, with the reason on stderr.
 """
 
 from __future__ import annotations
 
+import os
 import ssl
 import sys
 import urllib.request
@@ -20,7 +24,9 @@ import urllib.request
 from pydantic import ValidationError
 
 GRPC_SERVICES = ("scheduler", "runtime", "cache")
-SERVICES = (*GRPC_SERVICES, "gateway", "monitor")
+# The tiers' processes: their /metrics port's variable (the tiers image sets both).
+TIER_PORTS = {"batch-runner": "AIWORKS_BATCH_METRICS_PORT", "nearline-worker": "AIWORKS_NEARLINE_METRICS_PORT"}
+SERVICES = (*GRPC_SERVICES, "gateway", "monitor", *TIER_PORTS)
 
 
 def _settings(service: str):
@@ -39,6 +45,12 @@ def _settings(service: str):
 
 def probe(service: str, timeout_s: float = 3.0) -> str:
     """What the service answered (``SERVING``, ``200``); raises on anything but serving."""
+    if service in TIER_PORTS:
+        port = int(os.environ.get(TIER_PORTS[service]) or 0)
+        if not port:
+            raise RuntimeError(f"{TIER_PORTS[service]} is not set: {service} serves no /metrics to ask")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout_s) as resp:
+            return str(resp.status)
     settings = _settings(service)
     if service in GRPC_SERVICES:
         from grpc_health.v1 import health_pb2, health_pb2_grpc

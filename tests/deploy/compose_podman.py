@@ -24,7 +24,7 @@ def sh(*command: str, timeout: float = 600, check: bool = True) -> subprocess.Co
     return done
 
 
-ONE_SHOT = ("certs", "models")
+ONE_SHOT = ("certs", "models", "gateway-ca")
 
 
 def failed_containers(project: str) -> list[str]:
@@ -82,6 +82,60 @@ def infer(model: str, ca: str) -> dict:
     return {"http": over_http, "grpc": over_grpc}
 
 
+def tiers(ca: str, timeout_s: float) -> dict:
+    """The tiers through the gateway's HTTPS, as a client sees them: one asynchronous request answered by the
+    nearline worker, and a three-line batch job run by the batch runner (the Batch API's files on their volume)."""
+    import requests
+
+    base = "https://localhost:8000"
+    rows = np.random.default_rng(2).random((3, 4), dtype=np.float32).tolist()
+    requests_ = [{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 4], "data": row}]} for row in rows]
+    session = requests.Session()
+    session.verify = ca
+    session.trust_env = False  # REQUESTS_CA_BUNDLE (a TLS-inspecting proxy's, on these machines) would replace `ca`
+    found: dict = {}
+    deadline = time.monotonic() + timeout_s
+
+    def label(answer: dict) -> list:
+        return next(o["data"] for o in answer["outputs"] if o["name"] == "label")
+
+    found["sync"] = [label(session.post(f"{base}/v2/models/iris/infer", json=r, timeout=30).json()) for r in requests_]
+    queued = session.post(f"{base}/v2/models/iris/infer", json=requests_[0], headers={"prefer": "respond-async"},
+                          timeout=30)  # fmt: skip
+    found["async_submit"] = queued.status_code
+    request_id = queued.json()["id"]
+    while True:
+        reply = session.get(f"{base}/v2/requests/{request_id}", timeout=30)
+        if reply.status_code != 202:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"asynchronous request {request_id} still queued: is the nearline worker up?")
+        time.sleep(0.5)
+    found["async"] = {"status": reply.status_code, "request_status": reply.headers.get("aiworks-request-status"),
+                      "label": label(reply.json()) if reply.status_code == 200 else reply.text}  # fmt: skip
+
+    lines = "".join(json.dumps({"custom_id": f"row-{i}", **r}) + "\n" for i, r in enumerate(requests_))
+    upload = session.post(f"{base}/v1/files", data={"purpose": "batch"}, files={"file": ("rows.jsonl", lines)},
+                          timeout=30)  # fmt: skip
+    assert upload.status_code == 200, upload.text
+    batch = session.post(f"{base}/v1/batches", json={"input_file_id": upload.json()["id"], "completion_window": "24h",
+                                                    "endpoint": "/v2/models/iris/infer"}, timeout=30)  # fmt: skip
+    assert batch.status_code == 200, batch.text
+    batch_id = batch.json()["id"]
+    while True:
+        job = session.get(f"{base}/v1/batches/{batch_id}", timeout=30).json()
+        if job["status"] in ("completed", "failed", "cancelled", "expired"):
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"batch job {batch_id} is {job['status']}: is the batch runner up?")
+        time.sleep(1)
+    found["batch"] = {"status": job["status"], "counts": job["request_counts"]}
+    if job.get("output_file_id"):
+        output = session.get(f"{base}/v1/files/{job['output_file_id']}/content", timeout=30).text
+        found["batch"]["labels"] = {d["custom_id"]: label(d["response"]) for d in map(json.loads, output.splitlines())}
+    return found
+
+
 def main(plan_path: str, result_path: str) -> None:
     plan = json.loads(Path(plan_path).read_text())
     compose, project = plan["compose"], plan["project"]
@@ -107,14 +161,19 @@ def main(plan_path: str, result_path: str) -> None:
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"{model} never answered: {last}") from None
                     time.sleep(2)
+        result["tiers"] = tiers(ca, timeout_s=120)
+        result["tiers_s"] = round(time.monotonic() - started, 1)
         ps = sh("podman", "ps", "-a", "--filter", f"label=io.podman.compose.project={project}",
                 "--format", "{{.Names}} {{.Status}}", check=False)  # fmt: skip
         result["containers"] = ps.stdout.splitlines()
-        for name in ("gateway", "cache", "monitor"):
+        for name in ("gateway", "cache", "monitor", "batch-runner"):
             probe = sh("podman", "exec", f"{project}_{name}_1", "python", "-c",
                        "import importlib.util as u; print(bool(u.find_spec('onnxruntime')), bool(u.find_spec('torch')))",
                        check=False)  # fmt: skip
             result[f"{name}_heavy"] = probe.stdout.strip()
+        # Still up after their work: a role that exited (a bad setting, a missing module) shows here.
+        result["tiers_up"] = {name: sh("podman", "inspect", "--format", "{{.State.Status}}", f"{project}_{name}_1",
+                                       check=False).stdout.strip() for name in ("batch-runner", "nearline-worker")}  # fmt: skip
     except Exception as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
         result["trace"] = traceback.format_exc()[-2000:]

@@ -24,6 +24,13 @@ CONTRACT_PORTS = {
     "cache": {"grpc": 8030, "metrics": 8031},
     "monitor": {"http": 8040, "metrics": 8040},
 }
+# The tiers' processes (one image, services/tiers): component -> their one port, /metrics.
+TIER_PORTS = {
+    "batch-runner": {"metrics": 8050},
+    "nearline-worker": {"metrics": 8051},
+}
+# What each tier process runs: the tiers image's entrypoint is `aiworks`, these are its first arguments.
+TIER_COMMANDS = {"batch-runner": ["batch", "runner"], "nearline-worker": ["nearline", "worker"]}
 # Folder under services/ of each component.
 SERVICE_FOLDERS = {
     "gateway": "gateway",
@@ -32,6 +39,8 @@ SERVICE_FOLDERS = {
     "cache": "cache",
     "monitor": "monitor",
 }
+# Folder under services/ of each image: the services' and the tiers' one.
+IMAGE_FOLDERS = {**SERVICE_FOLDERS, "tiers": "tiers"}
 # API groups served by CRDs: kubernetes-validate has no schema for them, so the
 # Istio and prometheus-operator models check them instead.
 CRD_GROUPS = {"networking.istio.io", "security.istio.io", "monitoring.coreos.com", "cert-manager.io",

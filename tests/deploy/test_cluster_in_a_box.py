@@ -145,3 +145,22 @@ def test_two_schedulers_survive_a_kill_under_load_and_keep_and_obey_the_canary_w
     after = found["after_change"]
     assert after["failed"] == [] and after["ok"] >= 100, after
     assert _binomial_ok(after, 50), after
+
+
+def test_the_tiers_answer_async_requests_and_run_batch_jobs(tmp_path: Path) -> None:
+    """batchRunner and nearlineWorker on (the tiers image's pods), the default install otherwise: a request with
+    `Prefer: respond-async` and a three-line job through the Batch API, answered as the online calls are."""
+    values = {**SHARED_MACHINE,
+              "batchRunner": {"enabled": True, "files": {"url": "/var/lib/aiworks/batch/files",
+                                                         "volume": {"persistentVolumeClaim": {"claimName": "batch-files"}}}},
+              "nearlineWorker": {"enabled": True, "deadlineSeconds": 30}}  # fmt: skip
+    result = run_box(tmp_path / "box", values, ["tiers_serve"], prepare="batch_files", timeout_s=600)
+    found = scenario(result, "tiers_serve")
+    print(json.dumps({k: found[k] for k in ("ready_after_s", "seconds") if k in found}))
+    assert found["async_submit"] == 202, found
+    assert found["async"] == {"status": 200, "request_status": "completed", "label": found["sync"][0]}, found
+    assert found["batch"]["status"] == "completed", found
+    assert found["batch"]["counts"] == {"total": 3, "completed": 3, "failed": 0}, found
+    assert found["batch"]["labels"] == {f"row-{i}": label for i, label in enumerate(found["sync"])}, found
+    assert found["tier_pods"] == {"batch-runner": [True], "nearline-worker": [True]}, found
+    assert found["files_on_claim"], "the job's files are on the claim the gateway and the runner share"

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from .support import CONTRACT_PORTS, REPO, SERVICE_FOLDERS
+from .support import CONTRACT_PORTS, REPO, SERVICE_FOLDERS, TIER_COMMANDS, TIER_PORTS
 
 SUITE = {
     "gateway": "gateway",
@@ -18,9 +18,11 @@ SUITE = {
     "cache": "cache",
     "monitor": "monitor",
 }
+# The tiers: one image (services/tiers), two roles.
+TIERS = {"batch-runner": "batch-runner", "nearline-worker": "nearline-worker"}
 INFRA = {"redis", "prometheus", "grafana", "envoy"}
 # One-shot jobs -> the image they run.
-ONE_SHOT = {"certs": "gateway", "models": "runtime"}
+ONE_SHOT = {"certs": "gateway", "models": "runtime", "gateway-ca": "gateway"}
 
 
 def services(project: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -28,12 +30,16 @@ def services(project: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_every_service_is_there(compose_project: dict[str, Any]) -> None:
-    assert set(services(compose_project)) == set(SUITE) | INFRA | set(ONE_SHOT)
+    assert set(services(compose_project)) == set(SUITE) | set(TIERS) | INFRA | set(ONE_SHOT)
 
 
 def test_suite_images_build_from_the_service_dockerfiles(compose_project: dict[str, Any]) -> None:
     for name, service in services(compose_project).items():
         component = SUITE.get(name, ONE_SHOT.get(name))
+        if name in TIERS:
+            assert service["build"]["dockerfile"] == "services/tiers/Dockerfile", name
+            assert service["command"] == TIER_COMMANDS[name], "the tiers image runs `aiworks`: the role comes first"
+            continue
         if component is None:
             assert ":" in service["image"] and not service["image"].endswith(":latest"), name
             continue
@@ -141,9 +147,9 @@ def test_every_internal_hop_is_mutual_tls_with_the_jobs_certificates(compose_pro
     monitor = project["monitor"]
     [mount] = [m for m in monitor["volumes"] if m["source"] == job_mount["source"]]
     assert monitor["environment"]["AIWORKS_MONITOR_INTERNAL_TOKEN_FILE"] == token.replace(out_dir, mount["target"])
-    # Only the suite and Envoy see the keys.
+    # Only the suite and Envoy see the keys (and the job that copies the CA's certificate out, for the tiers).
     readers = {n for n, svc in project.items() for m in svc.get("volumes", []) if m["source"] == job_mount["source"]}
-    assert readers == set(SUITE) | {"envoy", "certs"}
+    assert readers == set(SUITE) | {"envoy", "certs", "gateway-ca"}
 
 
 def test_envoy_reaches_the_gateway_over_tls_checked_against_the_ca(compose_project: dict[str, Any]) -> None:
@@ -192,6 +198,8 @@ def test_prometheus_scrapes_every_metrics_port(compose_project: dict[str, Any]) 
         assert port in project[host]["expose"], target
     for name, component in SUITE.items():
         assert f"{name}:{CONTRACT_PORTS[component]['metrics']}" in targets
+    for name in TIERS:
+        assert f"{name}:{TIER_PORTS[name]['metrics']}" in targets
 
 
 def test_rules_files_are_valid_rule_groups() -> None:
@@ -235,3 +243,37 @@ def test_the_monitor_watches_every_suite_service_where_prometheus_scrapes_it(com
         port = next(v for k, v in services(compose_project)[name]["environment"].items() if k.endswith("METRICS_PORT"))
         assert service.metrics_address == f"{name}:{port}" and service.metrics_address in targets
     assert watched["runtime-1"].replica_id == "runtime-1"  # what the runtime registers as, so ejection finds it
+
+
+def test_the_tiers_share_the_gateways_redis_and_files_and_check_its_certificate(compose_project: dict[str, Any]) -> None:
+    """The batch runner and the nearline worker: the gateway's Redis database (the jobs and the queue it writes),
+    the Batch API's files on one volume, and the gateway's certificate checked against the CA alone (the
+    `gateway-ca` job copies ca.crt out of the certs volume, so no tier container can read a private key)."""
+    project = services(compose_project)
+    gateway = project["gateway"]["environment"]
+    assert gateway["AIWORKS_GATEWAY_ASYNC_REQUESTS"] == "true"
+    [gateway_files] = [m for m in project["gateway"]["volumes"] if m["source"] == "batch-files"]
+    assert gateway["AIWORKS_GATEWAY_BATCH_FILES_URL"].startswith(gateway_files["target"] + "/")
+    [runner_files] = [m for m in project["batch-runner"]["volumes"] if m["source"] == "batch-files"]
+    assert runner_files["target"] == gateway_files["target"], "job inputs and results at the same paths"
+    job = project["gateway-ca"]
+    assert job["network_mode"] == "none" and job["entrypoint"][0] == "cp"
+    [certs] = [m for m in job["volumes"] if m["source"] == "certs"]
+    assert certs["read_only"] and job["entrypoint"][1] == f"{certs['target']}/gateway/ca.crt"
+    [out] = [m for m in job["volumes"] if m["source"] == "gateway-ca"]
+    copied = Path(job["entrypoint"][2])
+    assert str(copied.parent) == out["target"]
+    for name, prefix in (("batch-runner", "AIWORKS_BATCH_"), ("nearline-worker", "AIWORKS_NEARLINE_")):
+        service = project[name]
+        env = service["environment"]
+        assert env[prefix + "REDIS_URL"] == gateway["AIWORKS_GATEWAY_REDIS_URL"], name
+        assert env[prefix + "GATEWAY_URL"] == "https://gateway:8000", name
+        [ca] = [m for m in service["volumes"] if m["source"] == "gateway-ca"]
+        assert ca["read_only"] and env[prefix + "CA_FILE"] == f"{ca['target']}/{copied.name}", name
+        assert "certs" not in {m["source"] for m in service["volumes"]}, f"{name} must not see the keys"
+        port = str(TIER_PORTS[name]["metrics"])
+        assert (service["expose"], env[prefix + "METRICS_PORT"], env[prefix + "METRICS_HOST"]) == ([port], port, "0.0.0.0")
+        assert service["healthcheck"]["test"] == ["CMD", "aiworks", "probe", "--quiet", name]
+        assert service["read_only"] and service["cap_drop"] == ["ALL"]
+        assert service["depends_on"]["gateway"]["condition"] == "service_healthy"
+        assert service["depends_on"]["gateway-ca"]["condition"] == "service_completed_successfully"

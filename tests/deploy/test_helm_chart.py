@@ -9,9 +9,10 @@ import helm_python as helm
 import pytest
 import yaml
 
-from .support import CHART, CONTRACT_PORTS, NAMESPACE, RELEASE, REPO, Rendered
+from .support import CHART, CONTRACT_PORTS, NAMESPACE, RELEASE, REPO, TIER_COMMANDS, TIER_PORTS, Rendered
 
 SERVICES = ("gateway", "scheduler", "runtime", "cache", "monitor")
+TIERS = tuple(TIER_PORTS)  # the batch runner and the nearline worker: the tiers image, off by default
 GRPC_SERVICES = ("scheduler", "runtime", "cache")
 
 
@@ -93,16 +94,21 @@ def test_services_select_pods_and_name_their_ports(rendered: Rendered) -> None:
 
 
 def test_containers_keep_the_image_entrypoint(rendered: Rendered) -> None:
-    """The images run `aiworks <service>`; the chart may add flags, never a command."""
+    """The images run `aiworks <service>`; the chart may add flags, never a command. The tiers image runs
+    `aiworks`: its role's words come first."""
     for deployment in rendered.of_kind("Deployment"):
+        role = TIER_COMMANDS.get(component(deployment), [])
         for container in containers(deployment):
             assert "command" not in container
-            assert all(arg.startswith("--") for arg in container.get("args", [])), container["args"]
+            args = container.get("args", [])
+            assert args[: len(role)] == role, args
+            assert all(arg.startswith("--") or args[i - 1].startswith("--") for i, arg in enumerate(args)
+                       if i >= len(role)), args  # fmt: skip
 
 
 def test_ports_follow_the_contract(rendered: Rendered) -> None:
     for deployment in rendered.of_kind("Deployment"):
-        expected = set(CONTRACT_PORTS[component(deployment)].values())
+        expected = set({**CONTRACT_PORTS, **TIER_PORTS}[component(deployment)].values())
         declared = {p["containerPort"] for c in containers(deployment) for p in c["ports"]}
         assert declared == expected, deployment["metadata"]["name"]
 
@@ -113,6 +119,10 @@ def test_probes_use_grpc_health(rendered: Rendered) -> None:
     for deployment in rendered.of_kind("Deployment"):
         service = component(deployment)
         [container] = containers(deployment)
+        if service in TIERS:  # they serve only /metrics
+            assert container["readinessProbe"]["httpGet"] == container["livenessProbe"]["httpGet"] == {
+                "path": "/metrics", "port": "metrics"}
+            continue
         ports = CONTRACT_PORTS[service]
         tls = f"AIWORKS_{service.upper()}_TLS_CERT" in env_of(container)
         if service in GRPC_SERVICES:
@@ -164,7 +174,7 @@ def scheduler_addresses(rendered: Rendered) -> str:
 def test_services_get_their_peers_and_settings(rendered: Rendered) -> None:
     scheduler = scheduler_addresses(rendered)
     workloads = rendered.of_kind("Deployment") + [s for s in rendered.of_kind("StatefulSet") if component(s) in SERVICES]
-    by_component = {component(d): env_of(containers(d)[0]) for d in workloads}
+    by_component = {component(d): env_of(containers(d)[0]) for d in workloads if component(d) in SERVICES}
     gateway = by_component["gateway"]
     assert gateway["AIWORKS_GATEWAY_HTTP_PORT"] == "8000"
     assert gateway["AIWORKS_GATEWAY_SCHEDULER_ADDRESS"] == scheduler
@@ -345,7 +355,8 @@ def test_monitoring_objects(full: Rendered) -> None:
     # One Service exposes each workload's metrics: the ServiceMonitor selects all of them, so a second
     # (the scheduler's headless one) would scrape it twice.
     scraped = {s["metadata"]["name"] for s in full.of_kind("Service") if any(p["name"] == "http-metrics" for p in s["spec"]["ports"])}
-    suite = {s["metadata"]["name"] for s in full.of_kind("Service") if component(s) in SERVICES}
+    suite = {s["metadata"]["name"] for s in full.of_kind("Service") if component(s) in SERVICES + TIERS}
+    assert {f"{RELEASE}-{tier}" for tier in TIERS} <= suite, "every feature on: the tiers are scraped too"
     assert scraped == suite - {f"{RELEASE}-scheduler-headless"}
     rules_on_disk = []
     for path in sorted((REPO / "deploy" / "prometheus" / "rules").glob("*.yml")):

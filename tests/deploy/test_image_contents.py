@@ -18,7 +18,7 @@ import tomllib
 import pytest
 from packaging.requirements import Requirement
 
-from .support import REPO, SERVICE_FOLDERS
+from .support import IMAGE_FOLDERS, REPO
 
 # What each image must be able to import, beyond `aiworks --help`.
 MODULES = {
@@ -35,7 +35,16 @@ MODULES = {
                 "aiworks.runtime.llm_backend", "tokenizers"],
     "cache": ["aiworks.cache.server", "aiworks.cache.redis_store", "redis.asyncio", "aiworks.probe"],
     "monitor": ["aiworks.monitor.server", "aiworks.monitor.k8s", "kubernetes.client", "kubernetes.config"],
+    # The batch runner and the nearline worker: what `aiworks batch runner` and `aiworks nearline worker` import
+    # when they start (cmd_runner, cmd_worker) and what a job imports later (Parquet tables, S3 objects).
+    "tiers": ["aiworks.batch.runner", "aiworks.batch.jobs", "aiworks.batch.metrics", "aiworks.batch.settings",
+              "aiworks.batch.tables", "aiworks.batch.objects", "aiworks.storage.s3", "pyarrow.parquet",
+              "aiworks.nearline.worker", "aiworks.nearline.queue", "aiworks.nearline.callbacks",
+              "aiworks.nearline.delivery", "aiworks.core.logging", "aiworks.core.metrics", "aiworks.probe",
+              "redis.asyncio", "aiohttp"],
 }
+# Imported when a Parquet job is submitted (the Batch API's checks): the gateway image carries pyarrow for it.
+MODULES["gateway"] += ["aiworks.batch.service", "aiworks.batch.tables", "pyarrow.parquet"]
 HEAVY = {"onnxruntime", "torch", "sklearn", "scipy", "tensorflow", "transformers"}
 MAY_CARRY_HEAVY = {"runtime"}
 
@@ -103,9 +112,9 @@ def top_level_modules(distributions: set[str]) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("component", sorted(SERVICE_FOLDERS))
+@pytest.mark.parametrize("component", sorted(IMAGE_FOLDERS))
 def test_service_imports_only_its_image(component: str) -> None:
-    allowed = top_level_modules(closure(requirements(SERVICE_FOLDERS[component]))) | {"aiworks"}
+    allowed = top_level_modules(closure(requirements(IMAGE_FOLDERS[component]))) | {"aiworks"}
     done = subprocess.run(
         [sys.executable, "-c", CHECK, json.dumps(sorted(allowed)), json.dumps(MODULES[component])],
         capture_output=True, text=True, timeout=120,
@@ -118,11 +127,13 @@ def test_service_imports_only_its_image(component: str) -> None:
         assert not HEAVY & allowed, f"the {component} image would install {HEAVY & allowed}"
 
 
-@pytest.mark.parametrize("component", sorted(SERVICE_FOLDERS))
+@pytest.mark.parametrize("component", sorted(IMAGE_FOLDERS))
 def test_image_pins_match_the_project(component: str) -> None:
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-    pins = {Requirement(d).name.lower(): str(Requirement(d).specifier) for d in project}
-    for req in requirements(SERVICE_FOLDERS[component]):
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    # The dependencies, and the parquet extra (pyarrow, in the gateway and tiers images).
+    pins = {Requirement(d).name.lower(): str(Requirement(d).specifier)
+            for d in project["dependencies"] + project["optional-dependencies"]["parquet"]}  # fmt: skip
+    for req in requirements(IMAGE_FOLDERS[component]):
         assert str(req.specifier).startswith("=="), req
         assert pins.get(req.name.lower()) == str(req.specifier), f"{req} differs from pyproject.toml"
-    assert re.search(r"pip install[^\n]*--no-deps \.", (REPO / "services" / SERVICE_FOLDERS[component] / "Dockerfile").read_text())
+    assert re.search(r"pip install[^\n]*--no-deps \.", (REPO / "services" / IMAGE_FOLDERS[component] / "Dockerfile").read_text())

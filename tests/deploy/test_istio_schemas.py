@@ -60,9 +60,13 @@ CALL_GRAPH = {
     },
     ("admin", "gateway"): {"/v2/health/ready", "/v2/health/live"},
     ("admin", "monitor"): {"/v1/*", "/healthz"},
+    # The tiers (every feature on): each line of a job, each queued request, sent as an inference.
+    ("batch-runner", "gateway"): {"/v2/models/*"},
+    ("nearline-worker", "gateway"): {"/v2/models/*"},
 }
 # Plain TCP callers (no paths): (caller, callee) -> ports.
-TCP_GRAPH = {("gateway", "redis"): {"6379"}, ("cache", "redis"): {"6379"}, ("scheduler", "redis"): {"6379"}}
+TCP_GRAPH = {("gateway", "redis"): {"6379"}, ("cache", "redis"): {"6379"}, ("scheduler", "redis"): {"6379"},
+             ("batch-runner", "redis"): {"6379"}, ("nearline-worker", "redis"): {"6379"}}  # fmt: skip
 GRPC_PATH = re.compile(r"^/[a-z][a-z0-9_]*(\.[a-z0-9_]+)*\.[A-Z][A-Za-z0-9]*/([A-Z][A-Za-z0-9]*|\*)$")
 
 
@@ -119,11 +123,17 @@ def test_mtls_is_strict(full: Rendered, render: Any, all_features_values: dict[s
 
 
 def test_services_trust_the_mesh_for_caller_identity(full: Rendered) -> None:
-    """With Istio, every service reads its caller from the sidecar; no certificates of its own."""
+    """With Istio, every service reads its caller from the sidecar; no certificates of its own. The tiers
+    serve no API (only /metrics): they call the gateway in plain HTTP, which the sidecars make mutual TLS."""
     for deployment in full.of_kind("Deployment"):
         component = deployment["metadata"]["labels"]["app.kubernetes.io/component"]
         [container] = deployment["spec"]["template"]["spec"]["containers"]
         env = {e["name"]: e.get("value") for e in container["env"]}
+        if component in ("batch-runner", "nearline-worker"):
+            prefix = {"batch-runner": "AIWORKS_BATCH_", "nearline-worker": "AIWORKS_NEARLINE_"}[component]
+            assert env[prefix + "GATEWAY_URL"] == f"http://{RELEASE}-gateway:8000", component
+            assert prefix + "CA_FILE" not in env, component
+            continue
         prefix = f"AIWORKS_{component.upper()}_"
         assert env[prefix + "MESH_MTLS"] == "true", component
         assert not {prefix + "TLS_CERT", prefix + "INSECURE"} & set(env), component
@@ -218,11 +228,14 @@ def test_authorization_allows_only_the_call_graph(
     assert tcp == (TCP_GRAPH if full.of_kind("StatefulSet") else {}), "only the gateways and caches reach Redis"
     assert {pair: paths for pair, paths in internal.items() if pair not in tcp} == CALL_GRAPH
     for (caller, _), paths in CALL_GRAPH.items():
-        assert caller == "admin" or all(GRPC_PATH.match(p) for p in paths)
+        # Internal calls are gRPC methods; the admin and the tiers call the gateway's public HTTP API.
+        assert caller in ("admin", "batch-runner", "nearline-worker") or all(GRPC_PATH.match(p) for p in paths)
     external = {pair: paths for pair, paths in allowed.items() if "/" in pair[0]}
     for (caller, callee), paths in external.items():
         if caller == "cluster.local/ns/istio-ingress/sa/istio-ingressgateway":  # Istio's Helm-installed gateway
-            assert (callee, paths) == ("gateway", {"/v2", "/v2/*", "/inference.GRPCInferenceService/*"})
+            # With the Batch API on (every feature), its routes too.
+            assert (callee, paths) == ("gateway", {"/v2", "/v2/*", "/inference.GRPCInferenceService/*", "/v1/files",
+                                                   "/v1/files/*", "/v1/batches", "/v1/batches/*"})  # fmt: skip
         else:
             assert paths == {"/metrics"}, f"{caller} may only scrape {callee}"
 

@@ -7,23 +7,31 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 from typing import Any
 
 import dockerfile
 import pytest
 from pydantic_settings import BaseSettings
 
-from .support import REPO, SERVICE_FOLDERS, Rendered
+from .support import IMAGE_FOLDERS, REPO, SERVICE_FOLDERS, TIER_PORTS, Rendered
 
 # Settings the deployment files already pass but the services do not define
 # yet. Each is ignored until its service reads it; none is pending now.
 PENDING: set[str] = set()
 COMPOSE_SERVICES = {"gateway": "gateway", "scheduler": "scheduler", "runtime-1": "runtime", "runtime-2": "runtime",
-                    "cache": "cache", "monitor": "monitor"}
+                    "cache": "cache", "monitor": "monitor", **{tier: tier for tier in TIER_PORTS}}
+
+
+# The tiers' processes -> their package (aiworks.batch has a Settings class; the nearline worker reads its
+# variables in its CLI, checked against the names there).
+# The tiers image's ENV serves both.
+TIER_PACKAGES = {"batch-runner": "batch", "nearline-worker": "nearline", "tiers": "batch"}
 
 
 def settings_class(component: str) -> type[BaseSettings] | None:
     """The service's Settings class, or None while the service has no settings module."""
+    component = TIER_PACKAGES.get(component, component)
     name = f"aiworks.{component}.settings"
     if importlib.util.find_spec(f"aiworks.{component}") is None or importlib.util.find_spec(name) is None:
         return None
@@ -38,10 +46,14 @@ def settings_class(component: str) -> type[BaseSettings] | None:
 
 
 def check(component: str, env: dict[str, Any], monkeypatch: pytest.MonkeyPatch, complete: bool) -> None:
+    if component in ("nearline-worker", "tiers"):
+        read = set(re.findall(r"AIWORKS_NEARLINE_[A-Z_]+", (REPO / "src/aiworks/nearline/cli.py").read_text()))
+        unknown = {k for k in env if k.startswith("AIWORKS_NEARLINE_")} - read
+        assert not unknown, f"aiworks nearline worker reads no {sorted(unknown)}"
     cls = settings_class(component)
     if cls is None:
         return
-    prefix = f"AIWORKS_{component.upper()}_"
+    prefix = f"AIWORKS_{TIER_PACKAGES.get(component, component).upper()}_"
     ours = {k: v for k, v in env.items() if k.startswith(prefix)}
     unknown = {k for k in ours if k[len(prefix):].lower() not in cls.model_fields} - PENDING
     assert not unknown, f"{cls.__name__} has no setting for {sorted(unknown)}"
@@ -71,7 +83,8 @@ def test_chart_environment_matches_settings(rendered: Rendered, monkeypatch: pyt
 
 
 def test_image_environment_matches_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    for component, folder in SERVICE_FOLDERS.items():
+    assert set(IMAGE_FOLDERS) - set(SERVICE_FOLDERS) == {"tiers"}
+    for component, folder in IMAGE_FOLDERS.items():
         env: dict[str, Any] = {}
         for command in dockerfile.parse_file(str(REPO / "services" / folder / "Dockerfile")):
             if command.cmd == "ENV":

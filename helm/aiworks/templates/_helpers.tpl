@@ -31,6 +31,8 @@ scheduler: {grpc: 8010, metrics: 8011}
 runtime: {grpc: 8020, metrics: 8021}
 cache: {grpc: 8030, metrics: 8031}
 monitor: {http: 8040, metrics: 8040}
+batch-runner: {metrics: 8050}
+nearline-worker: {metrics: 8051}
 {{- end }}
 
 {{/* Object name of one service: <fullname>-<component>. */}}
@@ -350,7 +352,8 @@ startupProbe:
 
 {{/* Whether the release has a Redis at all ("true"/"false"). */}}
 {{- define "aiworks.hasRedis" -}}
-{{- or .Values.redis.enabled .Values.redis.external.existingSecret .Values.redis.external.url | toString -}}
+{{- /* `or` returns its first true argument (a Secret's name), not a boolean. */ -}}
+{{- if or .Values.redis.enabled .Values.redis.external.existingSecret .Values.redis.external.url }}true{{ else }}false{{ end -}}
 {{- end }}
 
 {{/* The tenants written to tenants.yaml: config.tenants, or one tenant with no limits when that list is empty. */}}

@@ -27,7 +27,10 @@ def add_batch_parser(sub) -> None:
     rn.add_argument("--gateway-url", help="the gateway's HTTP base URL (env AIWORKS_BATCH_GATEWAY_URL)")
     rn.add_argument("--concurrency", type=int, help="requests in flight per chunk (env AIWORKS_BATCH_CONCURRENCY)")
     rn.add_argument("--lease-ttl-s", type=float, help="life of a job's lease (env AIWORKS_BATCH_LEASE_TTL_S)")
-    rn.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: none)")
+    rn.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: none; env "
+                    "AIWORKS_BATCH_METRICS_PORT)")  # fmt: skip
+    rn.add_argument("--metrics-host", help="address /metrics listens on (env AIWORKS_BATCH_METRICS_HOST; default "
+                    "127.0.0.1)")  # fmt: skip
     rn.set_defaults(func=cmd_runner)
 
     def client(p) -> None:
@@ -88,7 +91,7 @@ def cmd_runner(args) -> None:
 
     overrides = {k: v for k, v in {
         "redis_url": args.redis_url, "gateway_url": args.gateway_url, "concurrency": args.concurrency,
-        "lease_ttl_s": args.lease_ttl_s,
+        "lease_ttl_s": args.lease_ttl_s, "metrics_port": args.metrics_port, "metrics_host": args.metrics_host,
     }.items() if v is not None}  # fmt: skip
     try:
         settings = BatchSettings(**overrides)
@@ -99,8 +102,8 @@ def cmd_runner(args) -> None:
     async def main() -> None:
         store = JobStore.from_url(settings.redis_url)
         runner = BatchRunner(store, settings)
-        if args.metrics_port:
-            serve_runner_metrics(runner, args.metrics_port)
+        if settings.metrics_port:
+            serve_runner_metrics(runner, settings.metrics_port, settings.metrics_host)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

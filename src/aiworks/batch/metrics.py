@@ -50,10 +50,10 @@ class BatchCollector(ScrapeCollector):
             yield limit
 
 
-def serve_runner_metrics(runner, port: int):
+def serve_runner_metrics(runner, port: int, host: str = "127.0.0.1"):
     """/metrics for one runner; the job gauges come from the runner's event loop."""
     collector = BatchCollector(
         on_loop(asyncio.get_running_loop(), lambda: list(runner.seen.values())), lambda: runner.pacer.allowed
     )
     collector.register()
-    return serve_metrics_or_warn(port)
+    return serve_metrics_or_warn(port, host)

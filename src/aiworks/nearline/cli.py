@@ -24,7 +24,13 @@ def add_nearline_parser(sub) -> None:
     wk.add_argument("--claim-idle-s", type=float, default=30.0,
                     help="take over requests a dead worker left pending this long (default 30)")  # fmt: skip
     wk.add_argument("--result-ttl-s", type=float, default=3600.0, help="how long results are kept (default 3600)")
-    wk.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics on this port (0: none)")
+    wk.add_argument("--metrics-port", type=int, default=os.environ.get("AIWORKS_NEARLINE_METRICS_PORT", "0"),
+                    help="serve Prometheus /metrics on this port (env AIWORKS_NEARLINE_METRICS_PORT; 0: none)")  # fmt: skip
+    wk.add_argument("--metrics-host", default=os.environ.get("AIWORKS_NEARLINE_METRICS_HOST", "127.0.0.1"),
+                    help="address /metrics listens on (env AIWORKS_NEARLINE_METRICS_HOST; default %(default)s)")  # fmt: skip
+    wk.add_argument("--ca-file", default=os.environ.get("AIWORKS_NEARLINE_CA_FILE"),
+                    help="CA that signs the gateway's certificate, for an https:// gateway URL "
+                    "(env AIWORKS_NEARLINE_CA_FILE; default: the system's CAs)")  # fmt: skip
     wk.set_defaults(func=cmd_worker)
 
 
@@ -50,11 +56,11 @@ def cmd_worker(args) -> None:
     async def main() -> None:
         queue = AsyncQueue.from_url(args.redis_url, ttl_s=args.result_ttl_s)
         worker = NearlineWorker(queue, args.gateway_url, concurrency=args.concurrency, deadline_s=args.deadline_s,
-                                claim_idle_s=args.claim_idle_s,
+                                claim_idle_s=args.claim_idle_s, ca_file=args.ca_file,
                                 callbacks=CallbackSender(callbacks, timeout_s=args.callback_timeout_s,
                                                          attempts=args.callback_attempts))  # fmt: skip
         if args.metrics_port:
-            serve_metrics_or_warn(args.metrics_port)
+            serve_metrics_or_warn(args.metrics_port, args.metrics_host)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 import uuid
 
@@ -46,7 +47,7 @@ class NearlineWorker:
 
     def __init__(self, queue: AsyncQueue, gateway_url: str, *, concurrency: int = 32, deadline_s: float = 30.0,
                  claim_idle_s: float = 30.0, request_timeout_s: float = 60.0, consumer: str | None = None,
-                 callbacks: CallbackSender | None = None):  # fmt: skip
+                 callbacks: CallbackSender | None = None, ca_file: str | None = None):  # fmt: skip
         self.queue = queue
         self.callbacks = callbacks or CallbackSender({})
         self._deliveries: set[asyncio.Task] = set()
@@ -55,12 +56,14 @@ class NearlineWorker:
         self.deadline_s = deadline_s
         self.claim_idle_s = claim_idle_s
         self.request_timeout_s = request_timeout_s
+        self.ca_file = ca_file  # the gateway's CA (https://); callbacks keep the system's CAs
         self.consumer = consumer or f"worker-{uuid.uuid4().hex[:12]}"
         self._client: aiohttp.ClientSession | None = None
 
     async def run_forever(self, stop: asyncio.Event) -> None:
+        ssl_context = ssl.create_default_context(cafile=self.ca_file) if self.ca_file else None
         self._client = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=self.concurrency),
+            connector=aiohttp.TCPConnector(limit=self.concurrency, ssl=ssl_context),
             timeout=aiohttp.ClientTimeout(total=self.request_timeout_s),
         )
         await self.queue.ensure_group()

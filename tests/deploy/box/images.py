@@ -25,6 +25,7 @@ SUITE_IMAGES = {
     "aiworks/model-runtime": "model-runtime",
     "aiworks/cache": "cache",
     "aiworks/monitor": "monitor",
+    "aiworks/tiers": "tiers",
 }
 THIRD_PARTY = {"redis": {"entrypoint": [], "cmd": ["redis-server"], "env": {}}}
 

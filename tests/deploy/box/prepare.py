@@ -58,3 +58,8 @@ def external_stores(box: Box, workdir: Path, extra: dict) -> None:
     secret = random.token_bytes(32)
     box.api.put_secret(box.namespace, "aiworks-jwt", {"hmac.key": secret})
     extra["jwt_secret"] = secret.hex()
+
+
+def batch_files(box: Box, workdir: Path, extra: dict) -> None:
+    """The claim the gateway and batch runner pods share for the Batch API's files (a ReadWriteMany volume)."""
+    box.add_claim("batch-files")

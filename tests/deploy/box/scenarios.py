@@ -419,7 +419,79 @@ def scheduler_failover_and_canary(box: Box, ctx: dict) -> dict:
     return out
 
 
+def _call(gateway: Gateway, method: str, path: str, body: bytes | None = None,
+          headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:  # fmt: skip
+    """One HTTP call to the gateway's Service, over its TLS when it has one, with the install's key."""
+    import http.client
+
+    if gateway.ca_path:
+        connection = http.client.HTTPSConnection(gateway.address, 8000, timeout=30, context=gateway.ssl_context())
+    else:
+        connection = http.client.HTTPConnection(gateway.address, 8000, timeout=30)
+    try:
+        connection.request(method, path, body=body, headers={**gateway.headers, **(headers or {})})
+        reply = connection.getresponse()
+        return reply.status, {k.lower(): v for k, v in reply.getheaders()}, reply.read()
+    finally:
+        connection.close()
+
+
+def tiers_serve(box: Box, ctx: dict) -> dict:
+    """batchRunner and nearlineWorker on: an asynchronous request answered by a worker pod as the synchronous call
+    is, and a batch job (the Batch API's files on a claim the gateway and runner pods share) run by a runner pod,
+    each line's answer the online one; both pods called the gateway as the install's key."""
+    gateway = Gateway(box, ctx["values"])
+    box.wait_ready(300)
+    wait_for_inference(gateway, "iris", 120)
+    out: dict[str, Any] = {"ready_after_s": round(time.monotonic() - ctx["t0"], 1)}
+    rows = np.random.default_rng(3).random((3, 4), dtype=np.float32).tolist()
+    bodies = [{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 4], "data": row}]} for row in rows]
+
+    def label(answer: bytes) -> list:
+        return next(o["data"] for o in json.loads(answer)["outputs"] if o["name"] == "label")
+
+    json_type = {"content-type": "application/json"}
+    out["sync"] = [label(_call(gateway, "POST", "/v2/models/iris/infer", json.dumps(b).encode(), json_type)[2])
+                   for b in bodies]  # fmt: skip
+    status, _, answer = _call(gateway, "POST", "/v2/models/iris/infer", json.dumps(bodies[0]).encode(),
+                              {**json_type, "prefer": "respond-async"})  # fmt: skip
+    out["async_submit"] = status
+    request_id = json.loads(answer)["id"]
+    out["async"] = _until(lambda: (lambda r: r if r[0] != 202 else None)(
+        _call(gateway, "GET", f"/v2/requests/{request_id}")), 60, "the asynchronous answer")  # fmt: skip
+    out["async"] = {"status": out["async"][0], "request_status": out["async"][1].get("aiworks-request-status"),
+                    "label": label(out["async"][2]) if out["async"][0] == 200 else out["async"][2].decode()}  # fmt: skip
+
+    lines = "".join(json.dumps({"custom_id": f"row-{i}", **b}) + "\n" for i, b in enumerate(bodies)).encode()
+    boundary = "aiworks-box-boundary"
+    form = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"rows.jsonl\"\r\n"
+            f"Content-Type: application/jsonl\r\n\r\n").encode() + lines + f"\r\n--{boundary}--\r\n".encode()
+    status, _, answer = _call(gateway, "POST", "/v1/files", form,
+                              {"content-type": f"multipart/form-data; boundary={boundary}"})  # fmt: skip
+    assert status == 200, answer
+    job = {"input_file_id": json.loads(answer)["id"], "endpoint": "/v2/models/iris/infer", "completion_window": "24h"}
+    status, _, answer = _call(gateway, "POST", "/v1/batches", json.dumps(job).encode(), json_type)
+    assert status == 200, answer
+    batch_id = json.loads(answer)["id"]
+
+    def finished():
+        batch = json.loads(_call(gateway, "GET", f"/v1/batches/{batch_id}")[2])
+        return batch if batch["status"] in ("completed", "failed", "cancelled", "expired") else None
+
+    batch = _until(finished, 120, "the batch job")
+    out["batch"] = {"status": batch["status"], "counts": batch["request_counts"]}
+    if batch.get("output_file_id"):
+        output = _call(gateway, "GET", f"/v1/files/{batch['output_file_id']}/content")[2].decode()
+        out["batch"]["labels"] = {d["custom_id"]: next(o["data"] for o in d["response"]["outputs"] if o["name"] == "label")
+                                  for d in map(json.loads, output.splitlines())}  # fmt: skip
+    out["tier_pods"] = {c: [p.ready for p in box.pods_of(c)] for c in ("batch-runner", "nearline-worker")}
+    out["files_on_claim"] = sorted(p.name for p in box.claim("batch-files").rglob("*") if p.is_file())
+    return out
+
+
 SCENARIOS: dict[str, Callable[[Box, dict], dict]] = {
+    "tiers_serve": tiers_serve,
     "values_install_serves": values_install_serves,
     "default_install_serves": default_install_serves,
     "shared_limits": shared_limits,
