@@ -49,6 +49,10 @@ def check_name(name: object, what: str = "stream name") -> str:
     return name
 
 
+def is_stream_name(name: object) -> bool:
+    return isinstance(name, str) and _NAME.fullmatch(name) is not None
+
+
 def check_entry_id(value: str) -> str:
     """A Redis Stream entry id (``ms`` or ``ms-seq``) a subscriber resumes after; 400 otherwise."""
     if not _ENTRY_ID.fullmatch(value):
@@ -220,6 +224,33 @@ class Reader:
         reply = await self.redis.xread({key: last_id}, count=count, block=block_ms)
         return [(entry.decode(), fields.get(FIELD, b"null")) for _, entries in reply or [] for entry, fields in entries]
 
+    async def after_checked(self, key: str, last_id: str, count: int) -> tuple[str | None, list[tuple[str, bytes]]]:
+        """What :meth:`after` reads (without waiting) and, seen at the same instant (MULTI), whether
+        entries after ``last_id`` were trimmed before they were read: the first kept id if so, else None."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.xinfo_stream(key)
+            pipe.xread({key: last_id}, count=count)
+            info, reply = await pipe.execute(raise_on_error=False)
+        entries = [] if isinstance(reply, Exception) else [
+            (entry.decode(), fields.get(FIELD, b"null")) for _, entries in reply or [] for entry, fields in entries
+        ]  # fmt: skip
+        return (None if isinstance(info, Exception) else _trimmed_after(info, last_id)), entries
+
+    async def group_gap(self, key: str, group: str) -> dict | None:
+        """``{"after", "first"}`` when entries after ``group``'s position were trimmed before it read them."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.xinfo_stream(key)
+            pipe.xinfo_groups(key)
+            info, groups = await pipe.execute(raise_on_error=False)
+        if isinstance(info, Exception) or isinstance(groups, Exception):
+            return None
+        for entry in groups:
+            if _text(entry.get("name")) == group:
+                position = _text(entry.get("last-delivered-id"))
+                first = _trimmed_after(info, position)
+                return None if first is None else {"after": position, "first": first}
+        return None
+
     async def last_id(self, key: str) -> str:
         """The id of the stream's newest entry (``0-0`` when empty): where ``$`` stands now."""
         newest = await self.redis.xrevrange(key, count=1)
@@ -247,3 +278,22 @@ class Reader:
     async def ack(self, key: str, group: str, ids: list[str]) -> None:
         if ids:
             await self.redis.xack(key, group, *ids)
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _trimmed_after(info: dict, position: str) -> str | None:
+    """The stream's first kept id when an entry after ``position`` was removed (XINFO STREAM's
+    ``max-deleted-entry-id``, Redis 7), else None."""
+    deleted = info.get("max-deleted-entry-id")
+    if deleted is None or _id_key(position) >= _id_key(_text(deleted)):
+        return None
+    first = info.get("first-entry")
+    return _text(first[0]) if first else _text(info.get("last-generated-id"))
