@@ -134,6 +134,7 @@ class Subscription:
         """
         hub, reader, key, group = self.hub, self.hub.reader, self.key, self.group
         loop = asyncio.get_running_loop()
+        me = asyncio.current_task()
         quiet_since = loop.time()
         if self.gap is not None:
             metrics.STREAM_GAPS.inc()
@@ -152,6 +153,8 @@ class Subscription:
                 self.announce = True
             else:
                 entries = await reader.after(key, self.last, hub.buffer_events, hub.block_ms)
+            if me.cancelling():  # redis-py (8.1) can swallow a cancellation that arrives as a reply does
+                raise asyncio.CancelledError
             if not entries:
                 self.behind = False
                 if loop.time() - quiet_since >= hub.heartbeat_s:
