@@ -196,7 +196,8 @@ class Subscription:
     async def _drop(self, send: Send) -> str:
         metrics.STREAM_SUBSCRIBERS_DROPPED.labels("slow").inc()
         note = orjson.dumps({"reason": f"the subscriber did not read for {self.hub.send_timeout_s:g} s"})
-        with contextlib.suppress(TimeoutError):
+        # Offered only: the transport may refuse it outright (gRPC: the timed-out write is still pending).
+        with contextlib.suppress(Exception):
             async with asyncio.timeout(0.2):
                 await send(Event(DROPPED, data=note))
         return DROPPED_ENDING
