@@ -194,3 +194,17 @@ def test_a_group_member_acknowledges_what_it_sent_and_a_late_group_gets_its_gap(
         await client.aclose()
 
     asyncio.run(run())
+
+
+def test_stream_policies_in_the_tenants_file_are_validated_and_looked_up_per_stream():
+    from aiworks.gateway.tenancy import parse_tenants
+
+    config = parse_tenants({"tenants": [{"id": "plant", "stream_policies": {"twin": "pause", "*": "drop"}},
+                                        {"id": "lab", "stream_policies": {"*": "pause"}}, {"id": "shop"}]}, "t.yaml")  # fmt: skip
+    plant, lab, shop = (config.tenants[t] for t in ("plant", "lab", "shop"))
+    assert (plant.stream_policy("twin"), plant.stream_policy("alerts")) == ("pause", "drop")
+    assert (lab.stream_policy("twin"), shop.stream_policy("twin")) == ("pause", "drop")
+    for policies, named in (({"twin": "wait"}, "stream_policies"), ({"no good": "pause"}, "'no good', not a stream")):
+        with pytest.raises(InvalidArgument, match=named) as caught:
+            parse_tenants({"tenants": [{"id": "plant", "stream_policies": policies}]}, "t.yaml")
+        assert "plant" in caught.value.message and "t.yaml" in caught.value.message

@@ -72,8 +72,11 @@ def test_results_arrive_over_grpc_server_streaming_and_resume_after_an_id(batch_
             assert [e.id for e in await _read(resumed, 3)] == ids[3:]
             resumed.cancel()
             # The same entries over SSE, field for field.
-            sse = await asyncio.to_thread(lambda: Subscriber(
-                f"{batch_suite.base}/v2/streams/g-line?from={ids[2]}", batch_suite.headers("alice"), count=3).wait())
+            sse = await asyncio.to_thread(
+                lambda: Subscriber(
+                    f"{batch_suite.base}/v2/streams/g-line?from={ids[2]}", batch_suite.headers("alice"), count=3
+                ).wait()
+            )
             assert [e["id"] for e in sse] == ids[3:] and [orjson.loads(e["data"]) for e in sse] == [
                 orjson.loads(e.data) for e in events[3:]]  # fmt: skip
 
@@ -210,7 +213,8 @@ def test_a_grpc_subscriber_that_stops_reading_is_dropped_on_a_drop_stream(batch_
     async def run():
         async with grpc.aio.insecure_channel(batch_suite.suite.grpc_url) as channel:
             call = streams_pb2_grpc.ResultStreamsStub(channel).Subscribe(
-                pb.SubscribeRequest(name="g-firehose"), metadata=_metadata(batch_suite, "alice"))
+                pb.SubscribeRequest(name="g-firehose"), metadata=_metadata(batch_suite, "alice")
+            )
             await asyncio.sleep(0.5)
             await asyncio.to_thread(_flood, store, key, 1000, 32_000)  # 32 MB: far more than HTTP/2 windows hold
             deadline = time.monotonic() + 30
@@ -245,7 +249,8 @@ def test_a_subscriber_that_stops_reading_is_paused_on_a_pause_stream_and_misses_
     async def run():
         async with grpc.aio.insecure_channel(batch_suite.suite.grpc_url) as channel:
             call = streams_pb2_grpc.ResultStreamsStub(channel).Subscribe(
-                pb.SubscribeRequest(name="patient"), metadata=_metadata(batch_suite, "alice"))
+                pb.SubscribeRequest(name="patient"), metadata=_metadata(batch_suite, "alice")
+            )
             await asyncio.sleep(0.5)
             ids = await asyncio.to_thread(_flood, store, key, 1000, 32_000)
             await asyncio.sleep(3.0)  # not reading for three times the send timeout: still served
