@@ -16,7 +16,7 @@ import redis.asyncio as redis
 from aiworks.core import metrics
 from aiworks.core.errors import InvalidArgument, NotFound, ResourceExhausted
 from aiworks.streams.store import FIELD, Reader, stream_key
-from aiworks.streams.subscription import DROPPED, DROPPED_ENDING, GAP, RECORD, Event, Subscriptions
+from aiworks.streams.subscription import DROPPED, DROPPED_ENDING, GAP, HEARTBEAT, RECORD, Event, Subscriptions
 
 
 class Transport:
@@ -208,3 +208,24 @@ def test_stream_policies_in_the_tenants_file_are_validated_and_looked_up_per_str
         with pytest.raises(InvalidArgument, match=named) as caught:
             parse_tenants({"tenants": [{"id": "plant", "stream_policies": policies}]}, "t.yaml")
         assert "plant" in caught.value.message and "t.yaml" in caught.value.message
+
+
+def test_a_quiet_stream_sends_heartbeats_and_then_what_comes(redis_url):
+    async def run():
+        client = redis.Redis.from_url(redis_url)
+        key = stream_key("alice", "twin")
+        await _fill(client, key, 1)
+        hub = Subscriptions(Reader(client), heartbeat_s=0.1, block_ms=50)
+        transport = Transport(100)
+        subscription = await hub.open("alice", "twin")
+        task = asyncio.create_task(subscription.run(transport.send))
+        assert [e.kind for e in await transport.take(2)] == [HEARTBEAT, HEARTBEAT]
+        new = await _fill(client, key, 1)
+        got = await transport.take_until(new[0])
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        subscription.close()
+        assert {e.kind for e in got[:-1]} <= {HEARTBEAT} and got[-1].kind == RECORD
+        await client.aclose()
+
+    asyncio.run(run())
