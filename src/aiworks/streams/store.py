@@ -215,8 +215,8 @@ class Reader:
     def __init__(self, client: redis.Redis, *, claim_idle_s: float = 30.0):
         self.redis = client
         self.claim_idle_s = claim_idle_s
-        # Scripts, not MULTI pipelines: one command each, and redis-py's pipelines can swallow a
-        # cancellation (a subscriber that left would go on reading).
+        # The gap checks read XINFO STREAM and the entries at one instant: a script each (Redis >= 7.0
+        # for the counts they compare; on an older one they never find a gap).
         self._after_checked = client.register_script(_AFTER_CHECKED) if client is not None else None
         self._group_position = client.register_script(_GROUP_POSITION) if client is not None else None
 
@@ -314,7 +314,7 @@ local info = redis.call('XINFO', 'STREAM', KEYS[1])
 local facts = {}
 for i = 1, #info, 2 do facts[info[i]] = info[i + 1] end
 local first = facts['first-entry'] and facts['first-entry'][1] or facts['last-generated-id']
-local ids = {first, facts['entries-added'] - facts['length'], facts['max-deleted-entry-id'] or '0-0'}
+local ids = {first, (facts['entries-added'] or facts['length']) - facts['length'], facts['max-deleted-entry-id'] or '0-0'}
 """
 
 # Those facts, and up to ARGV[2] entries after ARGV[1], at one instant.
