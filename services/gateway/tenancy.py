@@ -101,8 +101,8 @@ class Tenant(_Section):
         (), description="Rules on its result streams: an output element compared with a value appends an event "
         "to another of its streams (docs/tiers.md).",
     )  # fmt: skip
-    stream_policies: dict[str, Literal["drop", "pause"]] = Field(
-        default_factory=dict, description="What happens to a subscriber of one of its result streams that stops "
+    stream_policies: tuple[tuple[str, Literal["drop", "pause"]], ...] = Field(
+        (), description="What happens to a subscriber of one of its result streams that stops "
         "reading, per stream name (\"*\": the others): drop (the default) or pause (docs/tiers.md).",
     )  # fmt: skip
     callbacks: CallbackConfig | None = Field(
@@ -117,10 +117,18 @@ class Tenant(_Section):
                 raise ValueError(f"'{name}' is not a model name (or \"*\" for all models)")
         return value
 
+    @field_validator("stream_policies", mode="before")
+    @classmethod
+    def _stream_policies_mapping(cls, value: Any) -> Any:
+        # Written as a mapping {stream: policy}; kept as pairs so that a tenant stays hashable.
+        if not isinstance(value, Mapping):
+            raise ValueError("expected a mapping of stream names to drop or pause")
+        return tuple(value.items())
+
     @field_validator("stream_policies")
     @classmethod
-    def _stream_names(cls, value: dict[str, str]) -> dict[str, str]:
-        for name in value:
+    def _stream_names(cls, value: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+        for name, _ in value:
             if name != "*" and not is_stream_name(name):
                 raise ValueError(f"stream_policies names '{name[:64]}', not a stream: names are {NAME_RULE}")
         return value
@@ -175,7 +183,8 @@ class Tenant(_Section):
 
     def stream_policy(self, name: str) -> str:
         """The slow-consumer policy of its stream ``name``: ``drop`` or ``pause``."""
-        return self.stream_policies.get(name) or self.stream_policies.get("*") or "drop"
+        policies = dict(self.stream_policies)
+        return policies.get(name) or policies.get("*") or "drop"
 
     def allows(self, model: str) -> bool:
         return "*" in self.models or model in self.models
