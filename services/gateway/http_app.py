@@ -277,9 +277,9 @@ def create_app(
     """The gateway's HTTP app: the FastAPI routes, with the infer fast path in front.
 
     ``batch``: the Batch API's :class:`aiworks.batch.service.BatchService`; ``nearline``: the
-    :class:`aiworks.nearline.queue.AsyncQueue` of asynchronous requests; ``streams``: the keyword
-    arguments of :class:`aiworks.gateway.stream_routes.StreamFront` (its ``reader`` and bounds); None
-    when not configured.
+    :class:`aiworks.nearline.queue.AsyncQueue` of asynchronous requests; ``streams``: the gateway's
+    :class:`aiworks.streams.subscription.Subscriptions` (shared with the gRPC front); None when not
+    configured.
     """
     app = FastAPI(title="AIWorks gateway", description="KServe v2 / Open Inference Protocol", docs_url="/docs")
 
@@ -510,5 +510,5 @@ def create_app(
                                 nearline_deadline_s)  # docs/tiers.md  # fmt: skip
         fast.submit_async = front.accept
     if streams is not None:
-        front = StreamFront(front, dataplane, **streams)  # GET /v2/streams/{name}, docs/tiers.md
+        front = StreamFront(front, dataplane, streams)  # GET /v2/streams/{name}, docs/tiers.md
     return front

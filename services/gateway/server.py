@@ -26,11 +26,14 @@ from aiworks.gateway.http_app import create_app
 from aiworks.gateway.http_protocol import bounded_protocol
 from aiworks.gateway.settings import GatewaySettings
 from aiworks.gateway.shared_memory import SharedMemoryRegistry
+from aiworks.gateway.stream_grpc import ResultStreamsServicer
 from aiworks.nearline.queue import AsyncQueue
+from aiworks.pb.streams.v1 import streams_pb2_grpc
 from aiworks.scheduler.client import Routing, SchedulerClient
 from aiworks.security.callers import own_caller
 from aiworks.security.tls import uvicorn_ssl_options
 from aiworks.streams.store import Publisher, Reader
+from aiworks.streams.subscription import Subscriptions
 
 log = logging.getLogger("aiworks.gateway")
 
@@ -82,7 +85,7 @@ async def serve(settings: GatewaySettings) -> None:
             tls=internal_tls,
         )
     diagnostics = Diagnostics(settings.trace_file.name if settings.trace_file else "")
-    publisher = reader = None
+    publisher = subscriptions = None
     if settings.result_streams:
         if not settings.redis_url:
             raise SystemExit("AIWORKS_GATEWAY_RESULT_STREAMS needs AIWORKS_GATEWAY_REDIS_URL: the streams are in Redis")
@@ -96,6 +99,11 @@ async def serve(settings: GatewaySettings) -> None:
             fail_fast_redis(settings.redis_url, max_connections=settings.stream_max_subscribers + 4, timeout_s=5.0),
             claim_idle_s=settings.stream_claim_idle_s,
         )
+        # One set of subscribers for both front ends (SSE and gRPC): one bound, one policy.
+        subscriptions = Subscriptions(
+            reader, buffer_events=settings.stream_buffer_events, send_timeout_s=settings.stream_send_timeout_s,
+            max_subscribers=settings.stream_max_subscribers,
+        )  # fmt: skip
     dataplane = GatewayDataPlane(
         scheduler, routing, settings.server_name, cache=cache, tenancy=tenancy, diagnostics=diagnostics,
         max_load_file_bytes=settings.max_load_file_bytes,
@@ -105,6 +113,10 @@ async def serve(settings: GatewaySettings) -> None:
     grpc_server, health = create_server(settings.max_request_bytes, max_metadata_bytes=settings.max_header_bytes)
     servicer = InferenceServicer(dataplane, settings.max_request_bytes)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, grpc_server)
+    if subscriptions is not None:
+        streams_pb2_grpc.add_ResultStreamsServicer_to_server(
+            ResultStreamsServicer(dataplane, subscriptions), grpc_server
+        )
     grpc_port = add_port(grpc_server, f"{settings.host}:{settings.grpc_port}", public_tls, require_client_cert=False)
     await grpc_server.start()
 
@@ -125,10 +137,7 @@ async def serve(settings: GatewaySettings) -> None:
         dataplane, max_request_bytes=settings.max_request_bytes, batch=batch,
         batch_max_file_bytes=settings.batch_max_file_bytes, nearline=nearline,
         nearline_max_backlog=settings.async_max_backlog, nearline_deadline_s=settings.async_deadline_s,
-        streams=None if reader is None else {
-            "reader": reader, "buffer_events": settings.stream_buffer_events,
-            "send_timeout_s": settings.stream_send_timeout_s, "max_subscribers": settings.stream_max_subscribers,
-        },
+        streams=subscriptions,
     )  # fmt: skip
     http = _HttpServer(
         uvicorn.Config(
@@ -182,7 +191,7 @@ async def serve(settings: GatewaySettings) -> None:
     if publisher is not None:
         await publisher.close()
         await publisher.redis.aclose()
-        await reader.redis.aclose()
+        await subscriptions.reader.redis.aclose()
     await tenancy.close()  # the last usage to Redis, the last audit lines to disk
     lag.stop()
     await stop_metrics(metrics)

@@ -42,7 +42,7 @@ from aiworks.core.errors import InvalidArgument
 from aiworks.core.options import Priority as OptionPriority
 from aiworks.gateway.filters import compile_deny_list
 from aiworks.nearline.callbacks import CallbackConfig
-from aiworks.streams.store import StreamRule
+from aiworks.streams.store import NAME_RULE, StreamRule, is_stream_name
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +101,10 @@ class Tenant(_Section):
         (), description="Rules on its result streams: an output element compared with a value appends an event "
         "to another of its streams (docs/tiers.md).",
     )  # fmt: skip
+    stream_policies: tuple[tuple[str, Literal["drop", "pause"]], ...] = Field(
+        (), description="What happens to a subscriber of one of its result streams that stops "
+        "reading, per stream name (\"*\": the others): drop (the default) or pause (docs/tiers.md).",
+    )  # fmt: skip
     callbacks: CallbackConfig | None = Field(
         None, description="Hosts its asynchronous requests' callback URLs may name, and its signing secret's source.",
     )
@@ -111,6 +115,22 @@ class Tenant(_Section):
         for name in value:
             if name != "*" and not _MODEL_NAME_RE.match(name):
                 raise ValueError(f"'{name}' is not a model name (or \"*\" for all models)")
+        return value
+
+    @field_validator("stream_policies", mode="before")
+    @classmethod
+    def _stream_policies_mapping(cls, value: Any) -> Any:
+        # Written as a mapping {stream: policy}; kept as pairs so that a tenant stays hashable.
+        if not isinstance(value, Mapping):
+            raise ValueError("expected a mapping of stream names to drop or pause")
+        return tuple(value.items())
+
+    @field_validator("stream_policies")
+    @classmethod
+    def _stream_names(cls, value: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+        for name, _ in value:
+            if name != "*" and not is_stream_name(name):
+                raise ValueError(f"stream_policies names '{name[:64]}', not a stream: names are {NAME_RULE}")
         return value
 
     @field_validator("api_keys")
@@ -160,6 +180,11 @@ class Tenant(_Section):
     def limits_requests(self) -> bool:
         """Whether a limit applies to every request (rate, concurrency, quota), not only to generations' tokens."""
         return bool(self.requests_per_second or self.max_concurrent_requests or self.compute_quota)
+
+    def stream_policy(self, name: str) -> str:
+        """The slow-consumer policy of its stream ``name``: ``drop`` or ``pause``."""
+        policies = dict(self.stream_policies)
+        return policies.get(name) or policies.get("*") or "drop"
 
     def allows(self, model: str) -> bool:
         return "*" in self.models or model in self.models

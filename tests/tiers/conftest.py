@@ -82,9 +82,10 @@ def batch_suite(model_repository, tmp_path_factory):
     for tenant in TENANTS:
         keys[tenant], digest = generate_api_key()
         tenants.append({"id": tenant, "models": ["digits", "iris"], "api_keys": [digest], "stream_rules": [
-            # Result streams (test_streams.py): a digit read as 3 on stream "twin" raises an event on "alerts".
+            # Result streams (test_streams.py): a digit read as 3 on stream "twin" raises an event on "alerts";
+            # stream "patient" pauses a slow subscriber instead of dropping it (test_streams_grpc.py).
             {"stream": "twin", "output": "label", "index": 0, "op": "==", "value": 3, "event_stream": "alerts"},
-        ]})  # fmt: skip
+        ], "stream_policies": {"patient": "pause"}})  # fmt: skip
     # Asynchronous requests' callbacks (test_nearline_more.py): alice may name this machine, bob no host at all.
     tenants[0]["callbacks"] = {"hosts": ["127.0.0.1"], "secret_file": str(work / "callback-secret")}
     tenants_file = work / "tenants.yaml"

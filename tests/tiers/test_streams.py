@@ -28,12 +28,16 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 class Subscriber:
-    """One SSE subscription read in a thread: it ends after ``count`` events, or ``idle_s`` without one."""
+    """One SSE subscription read in a thread: it ends after ``count`` events, or ``idle_s`` without one.
 
-    def __init__(self, url: str, headers: dict, count: int | None = None, idle_s: float = 3.0):
+    ``stall_s``: the reader stops reading that long after its first event (a consumer that falls behind).
+    """
+
+    def __init__(self, url: str, headers: dict, count: int | None = None, idle_s: float = 3.0, stall_s: float = 0.0):
         self.events: queue.Queue[dict] = queue.Queue()
         self.status: int | None = None
         self.opened = threading.Event()
+        self.stall_s = stall_s
         self._thread = threading.Thread(target=self._read, args=(url, headers, count, idle_s), daemon=True)
         self._thread.start()
         assert self.opened.wait(30), "the subscription never answered"
@@ -55,6 +59,8 @@ class Subscriber:
                     if "data" in event:
                         self.events.put(event)
                         seen += 1
+                        if seen == 1 and self.stall_s:
+                            time.sleep(self.stall_s)
                     event = {}
                     if count is not None and seen >= count:
                         return

@@ -279,11 +279,16 @@ STREAM_PUBLISH_DROPPED = Counter(
     "aiworks_stream_publish_dropped_total", "Result records not published, by reason.", ["reason"]
 )  # reason: queue_full (the publisher's queue), redis_error, error
 STREAM_RULE_EVENTS = Counter("aiworks_stream_rule_events_total", "Events appended by stream rules that matched.")
-STREAM_SUBSCRIBERS = Gauge("aiworks_stream_subscribers", "Subscribers connected to result streams (SSE).")
+STREAM_SUBSCRIBERS = Gauge("aiworks_stream_subscribers", "Subscribers connected to result streams (SSE and gRPC).")
 STREAM_EVENTS_SENT = Counter("aiworks_stream_events_sent_total", "Stream entries written to subscribers.")
 STREAM_SUBSCRIBERS_DROPPED = Counter(
     "aiworks_stream_subscribers_dropped_total", "Subscribers disconnected by the gateway, by reason.", ["reason"]
 )  # reason: slow (the socket backed up), error
+STREAM_SUBSCRIBER_PAUSES = Counter(
+    "aiworks_stream_subscriber_pauses_total",
+    "Sends to a subscriber of a 'pause' stream that waited stream_send_timeout_s or more (reading stopped meanwhile).",
+)
+STREAM_GAPS = Counter("aiworks_stream_gaps_total", "Gap events: entries trimmed before a subscriber read them.")
 
 # ---- monitor -------------------------------------------------------------------------------
 

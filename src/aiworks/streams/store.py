@@ -49,10 +49,14 @@ def check_name(name: object, what: str = "stream name") -> str:
     return name
 
 
+def is_stream_name(name: object) -> bool:
+    return isinstance(name, str) and _NAME.fullmatch(name) is not None
+
+
 def check_entry_id(value: str) -> str:
     """A Redis Stream entry id (``ms`` or ``ms-seq``) a subscriber resumes after; 400 otherwise."""
     if not _ENTRY_ID.fullmatch(value):
-        raise InvalidArgument(f"'{value[:64]}' is not a stream entry id (Last-Event-ID or from=): ms or ms-seq")
+        raise InvalidArgument(f"'{value[:64]}' is not a stream entry id (Last-Event-ID, from= or from_id): ms or ms-seq")
     return value
 
 
@@ -211,6 +215,10 @@ class Reader:
     def __init__(self, client: redis.Redis, *, claim_idle_s: float = 30.0):
         self.redis = client
         self.claim_idle_s = claim_idle_s
+        # The gap checks read XINFO STREAM and the entries at one instant: a script each (Redis >= 7.0
+        # for the counts they compare; on an older one they never find a gap).
+        self._after_checked = client.register_script(_AFTER_CHECKED) if client is not None else None
+        self._group_position = client.register_script(_GROUP_POSITION) if client is not None else None
 
     async def exists(self, key: str) -> bool:
         return bool(await self.redis.exists(key))
@@ -219,6 +227,28 @@ class Reader:
         """Up to ``count`` entries after ``last_id`` (``$``: only new ones), waiting up to ``block_ms``."""
         reply = await self.redis.xread({key: last_id}, count=count, block=block_ms)
         return [(entry.decode(), fields.get(FIELD, b"null")) for _, entries in reply or [] for entry, fields in entries]
+
+    async def after_checked(self, key: str, last_id: str, count: int) -> tuple[str | None, list[tuple[str, bytes]]]:
+        """What :meth:`after` reads (without waiting) and, seen at the same instant (one script), whether
+        entries after ``last_id`` were trimmed before they were read: the first kept id if so, else None."""
+        try:
+            ids, entries = await self._after_checked(keys=[key], args=[last_id, count])
+        except ResponseError:  # the stream is gone (XINFO on no key): nothing to read, no gap to tell
+            return None, []
+        found = [(entry.decode(), dict(_pairs(fields)).get(FIELD, b"null")) for entry, fields in entries]
+        return _trimmed_after(ids, last_id), found
+
+    async def group_gap(self, key: str, group: str) -> dict | None:
+        """``{"after", "first"}`` when entries after ``group``'s position were trimmed before it read them."""
+        try:
+            found = await self._group_position(keys=[key], args=[group])
+        except ResponseError:
+            return None
+        if not found:
+            return None
+        ids, position = found
+        first_kept = _trimmed_after(ids, _text(position))
+        return None if first_kept is None else {"after": _text(position), "first": first_kept}
 
     async def last_id(self, key: str) -> str:
         """The id of the stream's newest entry (``0-0`` when empty): where ``$`` stands now."""
@@ -247,3 +277,57 @@ class Reader:
     async def ack(self, key: str, group: str, ids: list[str]) -> None:
         if ids:
             await self.redis.xack(key, group, *ids)
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _pairs(flat: list) -> list[tuple]:
+    return list(zip(flat[::2], flat[1::2], strict=True))
+
+
+def _trimmed_after(ids: list, position: str) -> str | None:
+    """The stream's first kept id when entries after ``position`` were removed before they were read.
+
+    ``ids``: what the scripts below return first, ``[first, removed, max_deleted]``. Trimming
+    removes the oldest entries (and does not move XINFO's ``max-deleted-entry-id`` in Redis 7.0;
+    XDEL does), so entries were lost after ``position`` when some were ever removed and the first
+    kept one is after ``position`` (or when a deleted entry is). A position that is exactly the
+    last entry trimmed cannot be told apart from an older one: it gets a gap event too.
+    """
+    first, removed, deleted = _text(ids[0]) if ids[0] else None, int(ids[1]), _text(ids[2]) if ids[2] else "0-0"
+    at = _id_key(position)
+    if (removed and first is not None and at < _id_key(first)) or at < _id_key(deleted):
+        return first or deleted
+    return None
+
+
+# The stream's first kept id, how many entries were ever removed, its max-deleted-entry-id.
+_POSITION_FACTS = """
+local info = redis.call('XINFO', 'STREAM', KEYS[1])
+local facts = {}
+for i = 1, #info, 2 do facts[info[i]] = info[i + 1] end
+local first = facts['first-entry'] and facts['first-entry'][1] or facts['last-generated-id']
+local ids = {first, (facts['entries-added'] or facts['length']) - facts['length'], facts['max-deleted-entry-id'] or '0-0'}
+"""
+
+# Those facts, and up to ARGV[2] entries after ARGV[1], at one instant.
+_AFTER_CHECKED = _POSITION_FACTS + """
+return {ids, redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', ARGV[2])}
+"""
+
+# Those facts, and the last-delivered-id of the group ARGV[1] (nil without that group).
+_GROUP_POSITION = _POSITION_FACTS + """
+for _, group in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  local fields = {}
+  for i = 1, #group, 2 do fields[group[i]] = group[i + 1] end
+  if fields['name'] == ARGV[1] then return {ids, fields['last-delivered-id']} end
+end
+return false
+"""
