@@ -38,6 +38,7 @@ class Subscriber:
 
     def __init__(self, session: aiohttp.ClientSession, url: str, key: str):
         self.arrivals: list[tuple[float, bytes]] = []
+        self.events: list[str] = []  # the other events (gap, dropped), in order
         self.ready = asyncio.Event()
         self.task = asyncio.create_task(self._read(session, url, key))
 
@@ -45,9 +46,17 @@ class Subscriber:
         async with session.get(url, headers={"authorization": f"Bearer {key}"}, timeout=aiohttp.ClientTimeout()) as r:
             assert r.status == 200, await r.text()
             self.ready.set()
+            kind = b""
             async for line in r.content:
-                if line.startswith(b"data: "):
-                    self.arrivals.append((time.time(), line[6:]))
+                if line.startswith(b"event: "):  # gap or dropped: its data line is no record
+                    kind = line[7:].strip()
+                elif line.startswith(b"data: "):
+                    if not kind:
+                        self.arrivals.append((time.time(), line[6:]))
+                    else:
+                        self.events.append(kind.decode())
+                elif line == b"\n":
+                    kind = b""
 
     def since(self, t: float) -> list[tuple[float, bytes]]:
         return [a for a in self.arrivals if a[0] >= t]
@@ -114,7 +123,8 @@ async def _end_to_end(session, base: str, key: str, subscribers: list[Subscriber
             if record["id"] != "x":
                 from_send.append(arrived - float(record["id"]))
                 from_answer.append(arrived - record["time"])
-        result["subscribers"].append({"send_to_event": _pcts(from_send), "answer_to_event": _pcts(from_answer)})
+        result["subscribers"].append({"send_to_event": _pcts(from_send), "answer_to_event": _pcts(from_answer),
+                                      "other_events": s.events})  # fmt: skip
     return result
 
 
