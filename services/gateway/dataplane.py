@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,7 +58,7 @@ from aiworks.gateway.masking import MaskingPolicies
 from aiworks.gateway.metering import UsageMeter
 from aiworks.gateway.settings import GatewaySettings
 from aiworks.gateway.shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegistry
-from aiworks.gateway.telemetry import GatewayTelemetry, short
+from aiworks.gateway.telemetry import GatewayTelemetry, TokenCount, short
 from aiworks.gateway.tenancy import PRIORITY_CLAMPED, demo_config, load_tenancy, tenant_classes
 from aiworks.runtime.client import Work, outstanding_compute_s
 from aiworks.scheduler.client import Routing, SchedulerClient
@@ -211,6 +211,25 @@ def token_reserve(tenant, spec: ModelSpec, request: InferRequest) -> int:
 
 
 TOKEN_COUNT_OUTPUT = "token_count"  # a text model's tokens per input row (minilm's), metered as prompt tokens
+TEXT_MARKS = 2  # tokens a tokenizer adds to each text ([CLS] and [SEP]), in a text's estimate
+
+
+def text_token_reserve(tenant, spec: ModelSpec, request: InferRequest) -> int:
+    """Tokens a request to a text model reserves from its tenant's tokens-per-minute bucket (0: none).
+
+    Only models that count their input's tokens (an INT64 ``token_count``
+    output: ``minilm``) draw on the bucket, on every front end. The estimate
+    is the BYTES inputs' UTF-8 bytes / 4 (rounded up) plus 2 per text; the
+    release settles it to the model's count.
+    """
+    if tenant.max_tokens_per_minute is None:
+        return 0
+    if not any(t.name == TOKEN_COUNT_OUTPUT and t.datatype == "INT64" for t in spec.outputs):
+        return 0
+    texts = [t for t in request.inputs if t.datatype == "BYTES"]
+    elements = sum(element_count(t.shape) for t in texts)
+    text_bytes = sum(max(0, len(t.raw) - 4 * element_count(t.shape)) for t in texts)  # less each length prefix
+    return -(-text_bytes // PROMPT_BYTES_PER_TOKEN) + TEXT_MARKS * elements
 
 
 def counted_tokens(response: InferResponse) -> int:
@@ -219,32 +238,6 @@ def counted_tokens(response: InferResponse) -> int:
         if t.name == TOKEN_COUNT_OUTPUT and t.datatype == "INT64":
             return int(np.frombuffer(t.raw, dtype="<i8").sum()) if len(t.raw) % 8 == 0 else 0
     return 0
-
-
-class TokenCount:
-    """A generation's token counts from its responses' parameters (the ``llm`` backend's contract).
-
-    ``prompt_tokens`` comes on the first response, ``completion_tokens`` on
-    the last. A stream stopped before its last response (the client went
-    away) counts one completion token per response that carried output, as
-    each of the backend's responses is one decoding step's text.
-    """
-
-    __slots__ = ("prompt", "completion", "_steps", "_final")
-
-    def __init__(self) -> None:
-        self.prompt = self.completion = self._steps = 0
-        self._final = False
-
-    def see(self, parameters: Mapping, has_output: bool) -> None:
-        if "prompt_tokens" in parameters:
-            self.prompt = _count(parameters["prompt_tokens"])
-        if has_output:
-            self._steps += 1
-        if "completion_tokens" in parameters:
-            self.completion, self._final = _count(parameters["completion_tokens"]), True
-        elif not self._final:
-            self.completion = self._steps
 
 
 def _count(value) -> int:
@@ -420,7 +413,7 @@ class GatewayDataPlane:
         tenant, spec, rows, options = await self._checked(
             request, principal, pending, request_id, transport_deadline_s, one_answer=api
         )
-        admission = await tenancy.limiter.admit(tenant)
+        admission = await tenancy.limiter.admit(tenant, text_token_reserve(tenant, spec, request), "text")
         work = Work()
         response = None
         try:
@@ -435,10 +428,12 @@ class GatewayDataPlane:
             else:
                 response = await compute(request)
         finally:  # the Redis round trip of a release stays off the answer's latency
+            prompt_tokens = counted_tokens(response) if response is not None else 0
+            admission.used_tokens = prompt_tokens  # a text model's reserve settles to its count (0: failed)
             self._settle(admission, spec.name, work, answered=response is not None)
         # A cache hit cost no runtime time: work.compute_s is 0 then.
         tenancy.meter.record(tenant.id, spec.name, rows=rows, compute_s=work.compute_s, cache_hit=response.cache_hit,
-                             prompt_tokens=counted_tokens(response))  # fmt: skip
+                             prompt_tokens=prompt_tokens)  # fmt: skip
         if options.clamped:
             response.parameters[PRIORITY_CLAMPED] = options.priority.label
         response = await tenancy.masking.mask_async(spec, response)

@@ -86,6 +86,7 @@ class Generation:
                 call.request_id = headers.get(REQUEST_ID_HEADER, "")
                 call.tenant = principal.tenant_id
                 call.request = request
+                call.generation()  # its audit line: tokens, finish reason, time to first token
                 stream = dataplane.infer_stream(request, principal, None, request_id=call.request_id)
                 async with contextlib.aclosing(stream) as answers:
                     async for response in answers:

@@ -200,6 +200,8 @@ class _Stream:
         with dataplane.telemetry.infer("grpc", msg.model_name, msg.model_version, self.carrier) as call:
             call.request_id = self.request_id
             call.tenant = principal.tenant_id
+            if decoupled:
+                call.generation()  # its audit line: tokens, finish reason, time to first token
             dataplane.authorize(principal, msg.model_name, msg.model_version)
             if principal.tenant.max_request_bytes:
                 check_body_size(msg.ByteSize(), request_limit(principal, self.owner.max_request_bytes), call.tenant)

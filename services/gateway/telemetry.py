@@ -9,7 +9,11 @@ A server-side failure is logged here, inside the request's trace, so the
 line carries its trace id (a successful request, at DEBUG only). With an
 audit log configured, every inference, answered or refused, is appended to it
 here as well: tenant, model, version, status, latency and request id, never
-the payload. Requests without valid credentials are not audited (nor logged
+the payload. A generation's line (a decoupled model's stream, on any front
+end) also has, in ``details``, its prompt and completion tokens, its finish
+reason (``stop`` or ``length`` as the model said, ``cancelled`` when the
+client left or cancelled, ``error``), its time to first token and how many
+responses it sent; never the prompt or the text. Requests without valid credentials are not audited (nor logged
 one by one): anyone can send them, so they would let anyone grow the audit
 log; they are counted in ``aiworks_gateway_refused_requests_total``.
 
@@ -27,7 +31,7 @@ import time
 from collections.abc import Mapping
 
 from aiworks.core import metrics, tracing
-from aiworks.core.errors import AIWorksError
+from aiworks.core.errors import AIWorksError, Status
 from aiworks.core.inference import InferRequest, InferResponse
 from aiworks.security.audit import AuditLog
 
@@ -42,6 +46,51 @@ _AUDIT_TEXT = 256
 def short(text: str, limit: int = _AUDIT_TEXT) -> str:
     """``text`` cut to ``limit`` characters: client-chosen strings stay bounded in logs and the audit log."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _count(value) -> int:
+    try:
+        return max(0, int(value))
+    except (TypeError, ValueError):
+        return 0
+
+
+class TokenCount:
+    """A generation's token counts from its responses' parameters (the ``llm`` backend's contract).
+
+    ``prompt_tokens`` comes on the first response, ``completion_tokens`` and
+    ``finish_reason`` on the last. A stream stopped before its last response
+    (the client went away) counts one completion token per response that
+    carried output, as each of the backend's responses is one decoding step's text.
+    """
+
+    __slots__ = ("prompt", "completion", "_steps", "_final", "finish_reason")
+
+    def __init__(self) -> None:
+        self.prompt = self.completion = self._steps = 0
+        self._final = False
+        self.finish_reason = ""
+
+    def see(self, parameters: Mapping, has_output: bool) -> None:
+        if "prompt_tokens" in parameters:
+            self.prompt = _count(parameters["prompt_tokens"])
+        if has_output:
+            self._steps += 1
+        if "completion_tokens" in parameters:
+            self.completion, self._final = _count(parameters["completion_tokens"]), True
+        elif not self._final:
+            self.completion = self._steps
+        if "finish_reason" in parameters:
+            self.finish_reason = short(str(parameters["finish_reason"]), 32)
+
+
+def finish_reason(tokens: TokenCount, error: BaseException | None) -> str:
+    """How a generation ended: the model's reason, ``cancelled`` (the client left or cancelled), or ``error``."""
+    if error is None:
+        return tokens.finish_reason or "stop"
+    if isinstance(error, asyncio.CancelledError) or getattr(error, "status", None) is Status.CANCELLED:
+        return "cancelled"
+    return "error"
 
 
 class GatewayTelemetry:
@@ -90,12 +139,20 @@ class GatewayTelemetry:
         # A caller that never proved who it is costs no audit line (each is written and fsynced): it is
         # counted in aiworks_gateway_refused_requests_total{reason="unauthenticated"} instead.
         if self.audit is not None and call.tenant is not None:
-            self._audit(call, status, elapsed_s)
+            self._audit(call, status, elapsed_s, error)
         return status
 
-    def _audit(self, call: InferCall, status: str, elapsed_s: float) -> None:
+    def _audit(self, call: InferCall, status: str, elapsed_s: float, error: BaseException | None) -> None:
         request, response = call.request, call.response
         request_id = call.request_id or (request.id if request is not None else "")
+        details = None
+        if call.tokens is not None:  # a generation: what it cost and how it ended, never its text
+            tokens = call.tokens
+            details = {
+                "prompt_tokens": tokens.prompt, "completion_tokens": tokens.completion,
+                "finish_reason": finish_reason(tokens, error), "responses": call.responses,
+                "ttft_ms": None if call.first_s is None else round(call.first_s * 1e3, 3),
+            }  # fmt: skip
         try:
             self.audit.inference(
                 tenant=call.tenant,
@@ -104,6 +161,7 @@ class GatewayTelemetry:
                 status=status,
                 latency_ms=elapsed_s * 1e3,
                 request_id=short(request_id) if request_id else None,
+                details=details,
             )
         except AIWorksError as exc:  # the log is closed (shutting down) or refused a field: the answer stands
             log.warning("audit of a %s inference of %s failed: %s", call.protocol, short(call.model, 64), exc)
@@ -113,12 +171,14 @@ class InferCall:
     """One request in flight: set ``tenant`` once authenticated, ``request`` once parsed, ``response`` once answered.
 
     ``tenant`` stays None while the caller is unknown (no or bad credentials);
-    it is ``""`` in demo mode.
+    it is ``""`` in demo mode. A front end that runs a generation (a decoupled
+    model's stream) calls :meth:`generation` first: its audit line then carries
+    the tokens, finish reason and time to first token.
     """
 
     __slots__ = (
         "_owner", "protocol", "model", "version", "tenant", "request_id", "request", "response", "_started", "_scope",
-        "responses",
+        "responses", "tokens", "first_s",
     )  # fmt: skip
 
     def __init__(
@@ -133,8 +193,14 @@ class InferCall:
         self.request: InferRequest | None = None
         self.response: InferResponse | None = None
         self.responses = 0  # sent on a stream so far
+        self.tokens: TokenCount | None = None  # a generation's counts (see generation())
+        self.first_s: float | None = None  # seconds from receipt to the first response sent
         attributes = {"aiworks.model": model, "aiworks.protocol": protocol} if tracing.enabled() else None
         self._scope = tracing.server_span("gateway infer", carrier, attributes)
+
+    def generation(self) -> None:
+        """This request is a generation: count its tokens from the responses it streams."""
+        self.tokens = TokenCount()
 
     def streamed(self, response: InferResponse) -> None:
         """One response of this request left on a stream (``ModelStreamInfer``): counted, the first one timed."""
@@ -144,8 +210,11 @@ class InferCall:
         tenant = self.tenant or ""
         owner._stream_responses(model, version, tenant).inc()
         if not self.responses:
-            owner._first_response(model, version, tenant).observe(time.perf_counter() - self._started)
+            self.first_s = time.perf_counter() - self._started
+            owner._first_response(model, version, tenant).observe(self.first_s)
         self.responses += 1
+        if self.tokens is not None:
+            self.tokens.see(response.parameters, bool(response.outputs))
 
     def __enter__(self) -> InferCall:
         self._started = time.perf_counter()
