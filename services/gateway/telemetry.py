@@ -31,7 +31,7 @@ import time
 from collections.abc import Mapping
 
 from aiworks.core import metrics, tracing
-from aiworks.core.errors import AIWorksError, Status
+from aiworks.core.errors import AIWorksError
 from aiworks.core.inference import InferRequest, InferResponse
 from aiworks.security.audit import AuditLog
 
@@ -88,7 +88,7 @@ def finish_reason(tokens: TokenCount, error: BaseException | None) -> str:
     """How a generation ended: the model's reason, ``cancelled`` (the client left or cancelled), or ``error``."""
     if error is None:
         return tokens.finish_reason or "stop"
-    if isinstance(error, asyncio.CancelledError) or getattr(error, "status", None) is Status.CANCELLED:
+    if isinstance(error, asyncio.CancelledError):  # the client left or cancelled: its task was cancelled
         return "cancelled"
     return "error"
 
