@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,7 +58,7 @@ from aiworks.gateway.masking import MaskingPolicies
 from aiworks.gateway.metering import UsageMeter
 from aiworks.gateway.settings import GatewaySettings
 from aiworks.gateway.shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegistry
-from aiworks.gateway.telemetry import GatewayTelemetry, TokenCount, short
+from aiworks.gateway.telemetry import GatewayTelemetry, short
 from aiworks.gateway.tenancy import PRIORITY_CLAMPED, demo_config, load_tenancy, tenant_classes
 from aiworks.runtime.client import Work, outstanding_compute_s
 from aiworks.scheduler.client import Routing, SchedulerClient
@@ -238,6 +238,32 @@ def counted_tokens(response: InferResponse) -> int:
         if t.name == TOKEN_COUNT_OUTPUT and t.datatype == "INT64":
             return int(np.frombuffer(t.raw, dtype="<i8").sum()) if len(t.raw) % 8 == 0 else 0
     return 0
+
+
+class TokenCount:
+    """A generation's token counts from its responses' parameters (the ``llm`` backend's contract).
+
+    ``prompt_tokens`` comes on the first response, ``completion_tokens`` on
+    the last. A stream stopped before its last response (the client went
+    away) counts one completion token per response that carried output, as
+    each of the backend's responses is one decoding step's text.
+    """
+
+    __slots__ = ("prompt", "completion", "_steps", "_final")
+
+    def __init__(self) -> None:
+        self.prompt = self.completion = self._steps = 0
+        self._final = False
+
+    def see(self, parameters: Mapping, has_output: bool) -> None:
+        if "prompt_tokens" in parameters:
+            self.prompt = _count(parameters["prompt_tokens"])
+        if has_output:
+            self._steps += 1
+        if "completion_tokens" in parameters:
+            self.completion, self._final = _count(parameters["completion_tokens"]), True
+        elif not self._final:
+            self.completion = self._steps
 
 
 def _count(value) -> int:
@@ -456,7 +482,7 @@ class GatewayDataPlane:
 
     async def infer_stream(
         self, request: InferRequest, principal: Principal | None = None, pending: PendingInputs | None = None, *,
-        request_id: str = "", transport_deadline_s: float | None = None,
+        request_id: str = "", transport_deadline_s: float | None = None, tokens: TokenCount | None = None,
     ) -> AsyncIterator[InferResponse]:  # fmt: skip
         """One inference whose responses may be many (a decoupled model's), yielded as they come.
 
@@ -466,7 +492,8 @@ class GatewayDataPlane:
         once. Each response is masked; all but the last have ``final`` unset.
         A model that is not decoupled gives one response. Close the iterator
         (``contextlib.aclosing``) to stop early: that cancels the request at
-        its replica.
+        its replica. ``tokens`` counts the generation's tokens (the front
+        end's, for its audit line; else one of its own).
         """
         tenancy = self.tenancy
         if PUBLISH_PARAMETER in request.parameters:
@@ -474,7 +501,7 @@ class GatewayDataPlane:
         tenant, spec, rows, options = await self._checked(request, principal, pending, request_id, transport_deadline_s)
         admission = await tenancy.limiter.admit(tenant, token_reserve(tenant, spec, request))
         work = Work()
-        tokens = TokenCount()
+        tokens = tokens if tokens is not None else TokenCount()
         finished = False
         try:
             stream = self.routing.infer_stream(request, options, spec=spec, work=work)

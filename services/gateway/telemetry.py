@@ -13,9 +13,10 @@ the payload. A generation's line (a decoupled model's stream, on any front
 end) also has, in ``details``, its prompt and completion tokens, its finish
 reason (``stop`` or ``length`` as the model said, ``cancelled`` when the
 client left or cancelled, ``error``), its time to first token and how many
-responses it sent; never the prompt or the text. Requests without valid credentials are not audited (nor logged
-one by one): anyone can send them, so they would let anyone grow the audit
-log; they are counted in ``aiworks_gateway_refused_requests_total``.
+responses it sent; never the prompt or the text. Requests without valid
+credentials are not audited (nor logged one by one): anyone can send them,
+so they would let anyone grow the audit log; they are counted in
+``aiworks_gateway_refused_requests_total``.
 
 Label values stay bounded whatever clients send: a model name (and a
 version) becomes a label only once this gateway has answered with it;
@@ -29,6 +30,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
+from typing import Protocol
 
 from aiworks.core import metrics, tracing
 from aiworks.core.errors import AIWorksError
@@ -48,46 +50,18 @@ def short(text: str, limit: int = _AUDIT_TEXT) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _count(value) -> int:
-    try:
-        return max(0, int(value))
-    except (TypeError, ValueError):
-        return 0
+class Counted(Protocol):
+    """A generation's token counts as the data plane keeps them (:class:`aiworks.gateway.dataplane.TokenCount`)."""
+
+    prompt: int
+    completion: int
 
 
-class TokenCount:
-    """A generation's token counts from its responses' parameters (the ``llm`` backend's contract).
-
-    ``prompt_tokens`` comes on the first response, ``completion_tokens`` and
-    ``finish_reason`` on the last. A stream stopped before its last response
-    (the client went away) counts one completion token per response that
-    carried output, as each of the backend's responses is one decoding step's text.
-    """
-
-    __slots__ = ("prompt", "completion", "_steps", "_final", "finish_reason")
-
-    def __init__(self) -> None:
-        self.prompt = self.completion = self._steps = 0
-        self._final = False
-        self.finish_reason = ""
-
-    def see(self, parameters: Mapping, has_output: bool) -> None:
-        if "prompt_tokens" in parameters:
-            self.prompt = _count(parameters["prompt_tokens"])
-        if has_output:
-            self._steps += 1
-        if "completion_tokens" in parameters:
-            self.completion, self._final = _count(parameters["completion_tokens"]), True
-        elif not self._final:
-            self.completion = self._steps
-        if "finish_reason" in parameters:
-            self.finish_reason = short(str(parameters["finish_reason"]), 32)
-
-
-def finish_reason(tokens: TokenCount, error: BaseException | None) -> str:
-    """How a generation ended: the model's reason, ``cancelled`` (the client left or cancelled), or ``error``."""
+def finish_reason(said: str, error: BaseException | None) -> str:
+    """How a generation ended: the model's reason (``said``), ``cancelled`` (the client left or cancelled), or
+    ``error``."""
     if error is None:
-        return tokens.finish_reason or "stop"
+        return said or "stop"
     if isinstance(error, asyncio.CancelledError):  # the client left or cancelled: its task was cancelled
         return "cancelled"
     return "error"
@@ -150,7 +124,7 @@ class GatewayTelemetry:
             tokens = call.tokens
             details = {
                 "prompt_tokens": tokens.prompt, "completion_tokens": tokens.completion,
-                "finish_reason": finish_reason(tokens, error), "responses": call.responses,
+                "finish_reason": finish_reason(call.finish_reason, error), "responses": call.responses,
                 "ttft_ms": None if call.first_s is None else round(call.first_s * 1e3, 3),
             }  # fmt: skip
         try:
@@ -178,7 +152,7 @@ class InferCall:
 
     __slots__ = (
         "_owner", "protocol", "model", "version", "tenant", "request_id", "request", "response", "_started", "_scope",
-        "responses", "tokens", "first_s",
+        "responses", "tokens", "first_s", "finish_reason",
     )  # fmt: skip
 
     def __init__(
@@ -193,14 +167,15 @@ class InferCall:
         self.request: InferRequest | None = None
         self.response: InferResponse | None = None
         self.responses = 0  # sent on a stream so far
-        self.tokens: TokenCount | None = None  # a generation's counts (see generation())
+        self.tokens: Counted | None = None  # a generation's counts (see generation())
         self.first_s: float | None = None  # seconds from receipt to the first response sent
+        self.finish_reason = ""  # a generation's, as the model said it
         attributes = {"aiworks.model": model, "aiworks.protocol": protocol} if tracing.enabled() else None
         self._scope = tracing.server_span("gateway infer", carrier, attributes)
 
-    def generation(self) -> None:
-        """This request is a generation: count its tokens from the responses it streams."""
-        self.tokens = TokenCount()
+    def generation(self, tokens: Counted) -> None:
+        """This request is a generation whose tokens ``tokens`` counts (the data plane's counter, shared)."""
+        self.tokens = tokens
 
     def streamed(self, response: InferResponse) -> None:
         """One response of this request left on a stream (``ModelStreamInfer``): counted, the first one timed."""
@@ -213,8 +188,8 @@ class InferCall:
             self.first_s = time.perf_counter() - self._started
             owner._first_response(model, version, tenant).observe(self.first_s)
         self.responses += 1
-        if self.tokens is not None:
-            self.tokens.see(response.parameters, bool(response.outputs))
+        if self.tokens is not None and "finish_reason" in response.parameters:
+            self.finish_reason = short(str(response.parameters["finish_reason"]), 32)
 
     def __enter__(self) -> InferCall:
         self._started = time.perf_counter()

@@ -80,6 +80,7 @@ class Sequence:
     reserve: int  # KV tokens held while admitted
     rng: np.random.Generator
     slot: int = -1
+    rank: int = 1  # the request's QoS class (0 realtime, 1 standard, 2 batch): admission order
     length: int = 0  # tokens in its cache slot
     next_id: int = -1  # the sampled token not yet in the cache
     generated: list[int] = field(default_factory=list)
@@ -89,7 +90,6 @@ class Sequence:
     finish_reason: str = ""
     error: str = ""
     heal: bool = False  # the prompt's trailing space was taken off (Engine.prepare)
-    rank: int = 1  # the request's QoS class (0 realtime, 1 standard, 2 batch): admission order
 
 
 @dataclass(frozen=True)
@@ -375,7 +375,7 @@ class AsyncEngine:
                     queue.put_nowait(event)
 
     async def generate(self, prompt: np.ndarray, sampling: Sampling, heal: bool = False, rank: int = 1):
-        """The :class:`Event` s of one generation (``rank``: its class); leaving the iteration early cancels it."""
+        """The :class:`Event` s of one generation; leaving the iteration early cancels it."""
         seq = self.engine.add(prompt, sampling, heal, rank)
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[id(seq)] = queue
