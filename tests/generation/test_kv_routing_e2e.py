@@ -130,13 +130,17 @@ async def test_new_generations_go_to_the_replica_with_kv_room(suite):
 
         # A realtime generation sent to the full replica is admitted before the standard ones queued there.
         done_before = sum(f.done() for f in fill)
+        ahead = llm_metrics(full.metrics_port)[("aiworks_runtime_llm_sequences", "waiting")]
         request = InferRequest("codegen", "1", [Tensor.from_numpy("text_input", text)],
                                parameters={"max_tokens": 4, "ignore_eos": True})  # fmt: skip
         async for _ in client.infer_stream(request, RequestOptions(Priority.REALTIME, time.monotonic() + 300)):
             pass
-        overtaken = sum(not f.done() for f in fill)
-        # Admitted once a running sequence ended: at most the two running (and one admitted meanwhile) finished.
-        assert sum(f.done() for f in fill) - done_before <= 3 and overtaken >= 2, (done_before, overtaken)
+        finished = sum(f.done() for f in fill) - done_before
+        # Admitted once a running sequence ended, not after the `ahead` waiting ones: first come first served
+        # would have finished them all first. (The fill ends several a second, two at a time, so some end
+        # while the realtime request travels; 6 to 10 here.)
+        assert ahead >= 20 and finished < ahead / 2, (ahead, finished)
+        print("realtime request: the fill had", ahead, "waiting;", finished, "ended meanwhile")
     finally:
         for f in fill:
             f.cancel()
