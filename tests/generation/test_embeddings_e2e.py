@@ -3,9 +3,12 @@ tokens-per-minute bucket it draws on."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import openai
 import pytest
+import redis
 import requests
 import yaml
 from cache.support import RedisServer
@@ -84,19 +87,26 @@ def limited_suite(minilm_repo, tmp_path_factory):
     except Exception:
         store.stop()
         raise
-    yield s, key
+    yield s, key, store.url
     s.supervisor.stop()
     store.stop()
 
 
 def test_embeddings_draw_on_the_tokens_per_minute_bucket_and_settle_to_the_models_count(limited_suite):
-    suite, key = limited_suite
+    suite, key, redis_url = limited_suite
     base = f"http://{suite.http_url}"
     client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
     # 1. Estimated at 202 bytes / 4 + 2 = 53 tokens (of the 60 in the bucket), counted 4:
     #    [CLS] x y [SEP]. The settle gives 49 back.
     sparse = client.embeddings.create(model="minilm", input="x" + " " * 200 + "y")
     assert sparse.usage.prompt_tokens == 4
+    # The release goes out as the answer does, a Redis round trip later (a few ms here); a client quicker than
+    # that would find the reserve still taken (the safe side).
+    bucket = redis.Redis.from_url(redis_url)
+    deadline = time.monotonic() + 10
+    while float(bucket.hget("aiworks:limits:v1:{emb}:tokens", "tokens")) < 50 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert 55 <= float(bucket.hget("aiworks:limits:v1:{emb}:tokens", "tokens")) <= 60
     # 2. Reserves 4 x 27 bytes / 4 + 4 x 2 = 35: it fits only because the first request settled (60 - 4 = 56 left;
     #    unsettled, 60 - 53 = 7 and a token a second).
     question = "How do I reset my password?"
