@@ -437,6 +437,10 @@ class TenantLimiter:
                 await self._redis.ping()
                 if self._pipe is not None:
                     await self._pipe.call("PING")
+                    # Loaded now, so that a script's first EVALSHA does not come back NOSCRIPT and go again
+                    # behind calls sent after it (a release overtaken by the next admission).
+                    for script in (self._admit, self._release, self._renew):
+                        await self._pipe.call("SCRIPT", "LOAD", script.script)
         except (RedisError, OSError, TimeoutError) as exc:
             self._failed(exc)
         self._renewer = asyncio.get_running_loop().create_task(self._renew_loop())
