@@ -18,7 +18,9 @@ it is skipped when there is nothing to give back (a rate limit alone), and
 the gateway sends it without waiting (:meth:`TenantLimiter.release_soon`), so
 a request's latency carries one round trip. Both scripts travel on one
 pipelined connection per replica (:class:`RedisPipe`), not redis-py's pool: the
-pool's bookkeeping cost more CPU than the round trip itself.
+pool's bookkeeping cost more CPU than the round trip itself. They are loaded
+into Redis at start, so that calls keep their order on the pipe (a script
+Redis does not know is sent again, behind the calls made meanwhile).
 
 - **Rate**: a token bucket of ``burst`` tokens refilled at
   ``requests_per_second``; an empty bucket answers 429 with the time until
