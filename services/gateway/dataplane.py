@@ -211,6 +211,25 @@ def token_reserve(tenant, spec: ModelSpec, request: InferRequest) -> int:
 
 
 TOKEN_COUNT_OUTPUT = "token_count"  # a text model's tokens per input row (minilm's), metered as prompt tokens
+TEXT_MARKS = 2  # tokens a tokenizer adds to each text ([CLS] and [SEP]), in a text's estimate
+
+
+def text_token_reserve(tenant, spec: ModelSpec, request: InferRequest) -> int:
+    """Tokens a request to a text model reserves from its tenant's tokens-per-minute bucket (0: none).
+
+    Only models that count their input's tokens (an INT64 ``token_count``
+    output: ``minilm``) draw on the bucket, on every front end. The estimate
+    is the BYTES inputs' UTF-8 bytes / 4 (rounded up) plus 2 per text; the
+    release settles it to the model's count.
+    """
+    if tenant.max_tokens_per_minute is None:
+        return 0
+    if not any(t.name == TOKEN_COUNT_OUTPUT and t.datatype == "INT64" for t in spec.outputs):
+        return 0
+    texts = [t for t in request.inputs if t.datatype == "BYTES"]
+    elements = sum(element_count(t.shape) for t in texts)
+    text_bytes = sum(max(0, len(t.raw) - 4 * element_count(t.shape)) for t in texts)  # less each length prefix
+    return -(-text_bytes // PROMPT_BYTES_PER_TOKEN) + TEXT_MARKS * elements
 
 
 def counted_tokens(response: InferResponse) -> int:
@@ -420,7 +439,7 @@ class GatewayDataPlane:
         tenant, spec, rows, options = await self._checked(
             request, principal, pending, request_id, transport_deadline_s, one_answer=api
         )
-        admission = await tenancy.limiter.admit(tenant)
+        admission = await tenancy.limiter.admit(tenant, text_token_reserve(tenant, spec, request), "text")
         work = Work()
         response = None
         try:
@@ -439,10 +458,12 @@ class GatewayDataPlane:
             else:
                 response = await compute(request)
         finally:  # the Redis round trip of a release stays off the answer's latency
+            prompt_tokens = counted_tokens(response) if response is not None else 0
+            admission.used_tokens = prompt_tokens  # a text model's reserve settles to its count (0: failed)
             self._settle(admission, spec.name, work, answered=response is not None)
         # A cache hit cost no runtime time: work.compute_s is 0 then.
         tenancy.meter.record(tenant.id, spec.name, rows=rows, compute_s=work.compute_s, cache_hit=response.cache_hit,
-                             prompt_tokens=counted_tokens(response))  # fmt: skip
+                             prompt_tokens=prompt_tokens)  # fmt: skip
         if options.clamped:
             response.parameters[PRIORITY_CLAMPED] = options.priority.label
         response = await tenancy.masking.mask_async(spec, response)
@@ -465,7 +486,7 @@ class GatewayDataPlane:
 
     async def infer_stream(
         self, request: InferRequest, principal: Principal | None = None, pending: PendingInputs | None = None, *,
-        request_id: str = "", transport_deadline_s: float | None = None,
+        request_id: str = "", transport_deadline_s: float | None = None, tokens: TokenCount | None = None,
     ) -> AsyncIterator[InferResponse]:  # fmt: skip
         """One inference whose responses may be many (a decoupled model's), yielded as they come.
 
@@ -475,7 +496,8 @@ class GatewayDataPlane:
         once. Each response is masked; all but the last have ``final`` unset.
         A model that is not decoupled gives one response. Close the iterator
         (``contextlib.aclosing``) to stop early: that cancels the request at
-        its replica.
+        its replica. ``tokens`` counts the generation's tokens (the front
+        end's, for its audit line; else one of its own).
         """
         tenancy = self.tenancy
         if PUBLISH_PARAMETER in request.parameters:
@@ -483,7 +505,7 @@ class GatewayDataPlane:
         tenant, spec, rows, options = await self._checked(request, principal, pending, request_id, transport_deadline_s)
         admission = await tenancy.limiter.admit(tenant, token_reserve(tenant, spec, request))
         work = Work()
-        tokens = TokenCount()
+        tokens = tokens if tokens is not None else TokenCount()
         finished = False
         try:
             stream = self.routing.infer_stream(request, options, spec=spec, work=work)

@@ -32,7 +32,7 @@ import orjson
 from aiworks.core.datatypes import Tensor, deserialize_bytes, serialize_items
 from aiworks.core.errors import AIWorksError, InvalidArgument
 from aiworks.core.inference import InferRequest, InferResponse
-from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
+from aiworks.gateway.dataplane import GatewayDataPlane, TokenCount, request_limit
 from aiworks.gateway.filters import read_body
 from aiworks.gateway.telemetry import REQUEST_ID_HEADER
 
@@ -86,7 +86,9 @@ class Generation:
                 call.request_id = headers.get(REQUEST_ID_HEADER, "")
                 call.tenant = principal.tenant_id
                 call.request = request
-                stream = dataplane.infer_stream(request, principal, None, request_id=call.request_id)
+                tokens = TokenCount()
+                call.generation(tokens)  # its audit line: tokens, finish reason, time to first token
+                stream = dataplane.infer_stream(request, principal, None, request_id=call.request_id, tokens=tokens)
                 async with contextlib.aclosing(stream) as answers:
                     async for response in answers:
                         if response.final and not response.outputs:

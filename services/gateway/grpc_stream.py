@@ -40,7 +40,7 @@ from aiworks.core.errors import AIWorksError, InvalidArgument
 from aiworks.core.inference import InferResponse
 from aiworks.core.tracing import carrier_from_metadata
 from aiworks.gateway.converters import from_infer_response, output_refs, to_infer_request_header
-from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
+from aiworks.gateway.dataplane import GatewayDataPlane, TokenCount, request_limit
 from aiworks.gateway.filters import check_body_size
 from aiworks.gateway.shared_memory import store_outputs
 from aiworks.gateway.telemetry import REQUEST_ID_HEADER
@@ -200,6 +200,9 @@ class _Stream:
         with dataplane.telemetry.infer("grpc", msg.model_name, msg.model_version, self.carrier) as call:
             call.request_id = self.request_id
             call.tenant = principal.tenant_id
+            tokens = TokenCount()
+            if decoupled:
+                call.generation(tokens)  # its audit line: tokens, finish reason, time to first token
             dataplane.authorize(principal, msg.model_name, msg.model_version)
             if principal.tenant.max_request_bytes:
                 check_body_size(msg.ByteSize(), request_limit(principal, self.owner.max_request_bytes), call.tenant)
@@ -222,8 +225,9 @@ class _Stream:
                     await store_outputs(call.response.outputs, placements)
                 return _answer(call.response, refs)
             responses = dataplane.infer_stream(
-                call.request, principal, pending, request_id=call.request_id, transport_deadline_s=deadline_s
-            )
+                call.request, principal, pending, request_id=call.request_id, transport_deadline_s=deadline_s,
+                tokens=tokens,
+            )  # fmt: skip
             async with contextlib.aclosing(responses) as answers:
                 async for response in answers:
                     if response.final and not response.outputs and not empty_final:

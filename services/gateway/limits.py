@@ -18,7 +18,9 @@ it is skipped when there is nothing to give back (a rate limit alone), and
 the gateway sends it without waiting (:meth:`TenantLimiter.release_soon`), so
 a request's latency carries one round trip. Both scripts travel on one
 pipelined connection per replica (:class:`RedisPipe`), not redis-py's pool: the
-pool's bookkeeping cost more CPU than the round trip itself.
+pool's bookkeeping cost more CPU than the round trip itself. They are loaded
+into Redis at start, so that calls keep their order on the pipe (a script
+Redis does not know is sent again, behind the calls made meanwhile).
 
 - **Rate**: a token bucket of ``burst`` tokens refilled at
   ``requests_per_second``; an empty bucket answers 429 with the time until
@@ -39,7 +41,12 @@ pool's bookkeeping cost more CPU than the round trip itself.
   are left; a reserve larger than the whole bucket waits for a full bucket.
   When the generation ends, its release settles the reserve to the tokens
   the model counted (prompt plus completion): the difference goes back, or
-  is taken, leaving the bucket in debt that later requests wait out.
+  is taken, leaving the bucket in debt that later requests wait out. A text
+  model that counts its input's tokens (``token_count``: embeddings) draws on
+  the same bucket: an estimate of its text at admission, settled to its count.
+
+  The 429 names what the request reserved (``RESERVES``: a generation's prompt
+  and ``max_tokens``, or a text's estimate).
 
 **Fallback.** Every Redis call is bounded by ``timeout_s`` (a few ms). When
 one fails, a circuit breaker switches this replica to in-process counters
@@ -227,10 +234,18 @@ def _quota_message(tenant: Tenant, used: float, reset_s: float, note: str) -> st
     )
 
 
-def _tokens_message(tenant: Tenant, reserve: int, left: float, retry_after_s: float, note: str) -> str:
+# What a reserve is made of, by kind, in the 429's words.
+RESERVES = {
+    "generation": "this generation reserves {n} tokens (prompt and max_tokens)",
+    "text": "this request reserves {n} tokens (an estimate of its input text's)",
+}
+
+
+def _tokens_message(tenant: Tenant, reserve: int, left: float, retry_after_s: float, note: str,
+                    kind: str = "generation") -> str:  # fmt: skip
     return (
         f"tenant '{tenant.id}' exceeded its limit of {tenant.max_tokens_per_minute} tokens per minute "
-        f"(rule max_tokens_per_minute): this generation reserves {reserve} tokens (prompt and max_tokens) and "
+        f"(rule max_tokens_per_minute): {RESERVES[kind].format(n=reserve)} and "
         f"{max(0, math.floor(left))} are left{note}; retry after {retry_after_s:.2f} s"
     )
 
@@ -305,7 +320,7 @@ class LocalLimits:
         state.gen_refilled = now
         return size
 
-    def admit(self, tenant: Tenant, reserve: int = 0) -> Admission:
+    def admit(self, tenant: Tenant, reserve: int = 0, kind: str = "generation") -> Admission:
         state = self._states[tenant.id]
         if tenant.compute_quota is not None:
             _, reset_s = self._window(tenant, state)
@@ -333,7 +348,8 @@ class LocalLimits:
             need = min(reserve, size)
             if state.gen_left < need:
                 retry = (need - state.gen_left) * 60 / size
-                raise resource_exhausted(_tokens_message(tenant, reserve, state.gen_left, retry, self._note()), retry)
+                message = _tokens_message(tenant, reserve, state.gen_left, retry, self._note(), kind)
+                raise resource_exhausted(message, retry)
             state.gen_left -= reserve
         if tenant.requests_per_second is not None:
             state.tokens -= 1
@@ -423,6 +439,10 @@ class TenantLimiter:
                 await self._redis.ping()
                 if self._pipe is not None:
                     await self._pipe.call("PING")
+                    # Loaded now, so that a script's first EVALSHA does not come back NOSCRIPT and go again
+                    # behind calls sent after it (a release overtaken by the next admission).
+                    for script in (self._admit, self._release, self._renew):
+                        await self._pipe.call("SCRIPT", "LOAD", script.script)
         except (RedisError, OSError, TimeoutError) as exc:
             self._failed(exc)
         self._renewer = asyncio.get_running_loop().create_task(self._renew_loop())
@@ -481,16 +501,17 @@ class TenantLimiter:
 
     # ---- admission ---------------------------------------------------------------------------------
 
-    async def admit(self, tenant: Tenant, reserve: int = 0) -> Admission:
+    async def admit(self, tenant: Tenant, reserve: int = 0, kind: str = "generation") -> Admission:
         """Let one request of ``tenant`` in, or raise RESOURCE_EXHAUSTED (429) naming the limit.
 
-        ``reserve``: the tokens a generation takes from its tenant's tokens-per-minute bucket now (0: none).
+        ``reserve``: the tokens the request takes from its tenant's tokens-per-minute bucket now (0: none);
+        ``kind`` (a key of :data:`RESERVES`) says what they are for in the 429's message.
         """
         reserve = max(0, int(reserve)) if tenant.max_tokens_per_minute else 0
         if not tenant.limited or (not reserve and not tenant.limits_requests):
             return Admission(tenant, "none")  # nothing to check: no round trip
         if self._redis is None or not self._breaker.allow():
-            return self.local.admit(tenant, reserve)
+            return self.local.admit(tenant, reserve, kind)
         self._tenants[tenant.id] = tenant
         lease = os.urandom(9).hex() if tenant.max_concurrent_requests else ""
         quota = tenant.compute_quota
@@ -510,7 +531,7 @@ class TenantLimiter:
             verdict, retry_ms, detail = await self._call(self._admit, [bucket, leases, quota_key, tokens_key], args)
         except (RedisError, OSError, TimeoutError) as exc:
             self._failed(exc)
-            return self.local.admit(tenant, reserve)
+            return self.local.admit(tenant, reserve, kind)
         self._succeeded()
         if verdict == b"ok":
             admission = Admission(tenant, "redis", lease, reserved_tokens=reserve)
@@ -524,7 +545,7 @@ class TenantLimiter:
             raise resource_exhausted(_concurrency_message(tenant, int(detail), ""), CONCURRENCY_RETRY_AFTER_S)
         if verdict == b"tokens":
             retry = int(retry_ms) / 1000
-            raise resource_exhausted(_tokens_message(tenant, reserve, float(detail), retry, ""), retry)
+            raise resource_exhausted(_tokens_message(tenant, reserve, float(detail), retry, "", kind), retry)
         reset = int(retry_ms) / 1000
         raise resource_exhausted(_quota_message(tenant, float(detail), reset, ""), reset)
 

@@ -46,6 +46,7 @@ from aiworks.core.inference import InferRequest
 from aiworks.gateway import generate
 from aiworks.gateway.dataplane import TOKEN_COUNT_OUTPUT, GatewayDataPlane, counted_tokens, request_limit
 from aiworks.gateway.filters import read_body
+from aiworks.gateway.telemetry import REQUEST_ID_HEADER
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream", "stream_options", "n",
            "user", "presence_penalty", "frequency_penalty", "logprobs", "ignore_eos"}  # fmt: skip
@@ -117,9 +118,9 @@ def chat_prompt(messages) -> str:
     return "".join(lines) + "assistant:"
 
 
-def _request(model: str, prompt: str, params: dict) -> InferRequest:
+def _request(model: str, prompt: str, params: dict, ident: str) -> InferRequest:
     raw = serialize_items([prompt.encode("utf-8")])
-    return InferRequest(model, "", [Tensor(generate.TEXT_INPUT, "BYTES", (1,), raw)], parameters=params)
+    return InferRequest(model, "", [Tensor(generate.TEXT_INPUT, "BYTES", (1,), raw)], id=ident, parameters=params)
 
 
 def _usage(first, last) -> dict:
@@ -156,9 +157,9 @@ def add_openai_routes(app: FastAPI, dataplane: GatewayDataPlane, max_request_byt
             if not isinstance(prompt, str):
                 raise InvalidArgument("'prompt' must be a string (or a list of one)")
             extra = None
-        infer = _request(doc["model"], prompt, sampling_parameters(doc, extra))
+        ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"  # the audit's request id without a header
+        infer = _request(doc["model"], prompt, sampling_parameters(doc, extra), ident)
         running = generate.Generation(dataplane, principal, infer, request.headers)
-        ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         created = int(time.time())
         if doc.get("stream"):
             first, rest = await generate.first_and_rest(running)
@@ -251,7 +252,10 @@ def add_openai_routes(app: FastAPI, dataplane: GatewayDataPlane, max_request_byt
             raise InvalidArgument(f"model '{doc['model']}' is not a text-embedding model (one BYTES input, one output)")
         raw = serialize_items([t.encode("utf-8") for t in texts])
         infer = InferRequest(doc["model"], "", [Tensor(meta["inputs"][0]["name"], "BYTES", (len(texts), 1), raw)])
-        response = await dataplane.infer(infer, principal, None, api="/v1/embeddings")
+        with dataplane.telemetry.infer("http", doc["model"], "", request.headers) as call:  # metrics, audit line
+            call.request_id = request.headers.get(REQUEST_ID_HEADER, "")
+            call.tenant, call.request = principal.tenant_id, infer
+            call.response = response = await dataplane.infer(infer, principal, None, api="/v1/embeddings")
         out = next((t for t in response.outputs if t.name == vectors_out[0]), None)
         if out is None or out.datatype != "FP32":
             raise InvalidArgument(f"model '{doc['model']}' does not answer FP32 embeddings")

@@ -9,9 +9,14 @@ A server-side failure is logged here, inside the request's trace, so the
 line carries its trace id (a successful request, at DEBUG only). With an
 audit log configured, every inference, answered or refused, is appended to it
 here as well: tenant, model, version, status, latency and request id, never
-the payload. Requests without valid credentials are not audited (nor logged
-one by one): anyone can send them, so they would let anyone grow the audit
-log; they are counted in ``aiworks_gateway_refused_requests_total``.
+the payload. A generation's line (a decoupled model's stream, on any front
+end) also has, in ``details``, its prompt and completion tokens, its finish
+reason (``stop`` or ``length`` as the model said, ``cancelled`` when the
+client left or cancelled, ``error``), its time to first token and how many
+responses it sent; never the prompt or the text. Requests without valid
+credentials are not audited (nor logged one by one): anyone can send them,
+so they would let anyone grow the audit log; they are counted in
+``aiworks_gateway_refused_requests_total``.
 
 Label values stay bounded whatever clients send: a model name (and a
 version) becomes a label only once this gateway has answered with it;
@@ -25,6 +30,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
+from typing import Protocol
 
 from aiworks.core import metrics, tracing
 from aiworks.core.errors import AIWorksError
@@ -42,6 +48,23 @@ _AUDIT_TEXT = 256
 def short(text: str, limit: int = _AUDIT_TEXT) -> str:
     """``text`` cut to ``limit`` characters: client-chosen strings stay bounded in logs and the audit log."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class Counted(Protocol):
+    """A generation's token counts as the data plane keeps them (:class:`aiworks.gateway.dataplane.TokenCount`)."""
+
+    prompt: int
+    completion: int
+
+
+def finish_reason(said: str, error: BaseException | None) -> str:
+    """How a generation ended: the model's reason (``said``), ``cancelled`` (the client left or cancelled), or
+    ``error``."""
+    if error is None:
+        return said or "stop"
+    if isinstance(error, asyncio.CancelledError):  # the client left or cancelled: its task was cancelled
+        return "cancelled"
+    return "error"
 
 
 class GatewayTelemetry:
@@ -90,12 +113,20 @@ class GatewayTelemetry:
         # A caller that never proved who it is costs no audit line (each is written and fsynced): it is
         # counted in aiworks_gateway_refused_requests_total{reason="unauthenticated"} instead.
         if self.audit is not None and call.tenant is not None:
-            self._audit(call, status, elapsed_s)
+            self._audit(call, status, elapsed_s, error)
         return status
 
-    def _audit(self, call: InferCall, status: str, elapsed_s: float) -> None:
+    def _audit(self, call: InferCall, status: str, elapsed_s: float, error: BaseException | None) -> None:
         request, response = call.request, call.response
         request_id = call.request_id or (request.id if request is not None else "")
+        details = None
+        if call.tokens is not None:  # a generation: what it cost and how it ended, never its text
+            tokens = call.tokens
+            details = {
+                "prompt_tokens": tokens.prompt, "completion_tokens": tokens.completion,
+                "finish_reason": finish_reason(call.finish_reason, error), "responses": call.responses,
+                "ttft_ms": None if call.first_s is None else round(call.first_s * 1e3, 3),
+            }  # fmt: skip
         try:
             self.audit.inference(
                 tenant=call.tenant,
@@ -104,6 +135,7 @@ class GatewayTelemetry:
                 status=status,
                 latency_ms=elapsed_s * 1e3,
                 request_id=short(request_id) if request_id else None,
+                details=details,
             )
         except AIWorksError as exc:  # the log is closed (shutting down) or refused a field: the answer stands
             log.warning("audit of a %s inference of %s failed: %s", call.protocol, short(call.model, 64), exc)
@@ -113,12 +145,14 @@ class InferCall:
     """One request in flight: set ``tenant`` once authenticated, ``request`` once parsed, ``response`` once answered.
 
     ``tenant`` stays None while the caller is unknown (no or bad credentials);
-    it is ``""`` in demo mode.
+    it is ``""`` in demo mode. A front end that runs a generation (a decoupled
+    model's stream) calls :meth:`generation` first: its audit line then carries
+    the tokens, finish reason and time to first token.
     """
 
     __slots__ = (
         "_owner", "protocol", "model", "version", "tenant", "request_id", "request", "response", "_started", "_scope",
-        "responses",
+        "responses", "tokens", "first_s", "finish_reason",
     )  # fmt: skip
 
     def __init__(
@@ -133,8 +167,15 @@ class InferCall:
         self.request: InferRequest | None = None
         self.response: InferResponse | None = None
         self.responses = 0  # sent on a stream so far
+        self.tokens: Counted | None = None  # a generation's counts (see generation())
+        self.first_s: float | None = None  # seconds from receipt to the first response sent
+        self.finish_reason = ""  # a generation's, as the model said it
         attributes = {"aiworks.model": model, "aiworks.protocol": protocol} if tracing.enabled() else None
         self._scope = tracing.server_span("gateway infer", carrier, attributes)
+
+    def generation(self, tokens: Counted) -> None:
+        """This request is a generation whose tokens ``tokens`` counts (the data plane's counter, shared)."""
+        self.tokens = tokens
 
     def streamed(self, response: InferResponse) -> None:
         """One response of this request left on a stream (``ModelStreamInfer``): counted, the first one timed."""
@@ -144,8 +185,11 @@ class InferCall:
         tenant = self.tenant or ""
         owner._stream_responses(model, version, tenant).inc()
         if not self.responses:
-            owner._first_response(model, version, tenant).observe(time.perf_counter() - self._started)
+            self.first_s = time.perf_counter() - self._started
+            owner._first_response(model, version, tenant).observe(self.first_s)
         self.responses += 1
+        if self.tokens is not None and "finish_reason" in response.parameters:
+            self.finish_reason = short(str(response.parameters["finish_reason"]), 32)
 
     def __enter__(self) -> InferCall:
         self._started = time.perf_counter()

@@ -199,7 +199,7 @@ class LlmModel:
         first = True
         last_s = time.perf_counter()
         self._tokens[0].inc(int(prompt.shape[0]))
-        async for event in self._async.generate(prompt, sampling, heal):
+        async for event in self._async.generate(prompt, sampling, heal, int(options.priority)):
             if event.seq.error:
                 raise Internal(f"model '{self.name}': {event.seq.error}")
             now_s = time.perf_counter()

@@ -3,9 +3,12 @@
 :class:`Engine` is the scheduler, with no asyncio in it: each :meth:`Engine.step`
 
 1. drops cancelled sequences (their cache slot and KV budget come back at once);
-2. admits waiting sequences, first come first served, while a cache slot is
-   free and their reservation (prompt + ``max_tokens`` tokens) fits the
-   replica's KV budget: a sequence that does not fit waits;
+2. admits waiting sequences, most urgent class first (the request's QoS
+   class: realtime, standard, batch; first come first served within one),
+   while a cache slot is free and their reservation (prompt + ``max_tokens``
+   tokens) fits the replica's KV budget: the first in that order that does
+   not fit waits, and so does everyone behind it, so that freed room goes to
+   the most urgent sequence waiting rather than to a smaller, later one;
 3. runs one prefill batch: at most ``prefill_chunk`` prompt tokens in all,
    taken from the oldest sequences still reading their prompts, so a long
    prompt costs the others one chunk's time per step, not its whole length,
@@ -77,6 +80,7 @@ class Sequence:
     reserve: int  # KV tokens held while admitted
     rng: np.random.Generator
     slot: int = -1
+    rank: int = 1  # the request's QoS class (0 realtime, 1 standard, 2 batch): admission order
     length: int = 0  # tokens in its cache slot
     next_id: int = -1  # the sampled token not yet in the cache
     generated: list[int] = field(default_factory=list)
@@ -147,7 +151,8 @@ class Engine:
             ids = [self.eos_id if self.eos_id is not None else 0]
         return np.asarray(ids, dtype=np.int64)
 
-    def add(self, prompt: np.ndarray, sampling: Sampling, heal: bool = False) -> Sequence:
+    def add(self, prompt: np.ndarray, sampling: Sampling, heal: bool = False, rank: int = 1) -> Sequence:
+        """Queue a sequence for admission; ``rank`` is its class (lower first), arrival orders one class."""
         n = int(prompt.shape[0])
         if n >= self.context:
             raise InvalidArgument(f"the prompt is {n} tokens; the context window is {self.context} tokens")
@@ -157,13 +162,21 @@ class Engine:
                 f"prompt ({n} tokens) + max_tokens ({sampling.max_tokens}) exceed the KV budget of "
                 f"{self.kv_budget_tokens} tokens"
             )
-        seq = Sequence(prompt, sampling, reserve, np.random.default_rng(sampling.seed))
+        seq = Sequence(prompt, sampling, reserve, np.random.default_rng(sampling.seed), rank=rank)
         if heal:
             seq.heal, seq.emitted = True, 1  # the first token's leading space is the prompt's
             self._space_tokens()
         with self._lock:
-            self.waiting.append(seq)
+            self._enqueue(seq)
         return seq
+
+    def _enqueue(self, seq: Sequence) -> None:
+        """Put ``seq`` behind every waiting sequence of its class or a more urgent one (under the lock)."""
+        waiting = self.waiting
+        at = len(waiting)
+        while at > 0 and waiting[at - 1].rank > seq.rank:  # usually 0 steps: most arrivals share a class
+            at -= 1
+        waiting.insert(at, seq)
 
     def cancel(self, seq: Sequence) -> None:
         """Stop ``seq``; a waiting one leaves now, a running one before the next step."""
@@ -361,9 +374,9 @@ class AsyncEngine:
                 if queue is not None:
                     queue.put_nowait(event)
 
-    async def generate(self, prompt: np.ndarray, sampling: Sampling, heal: bool = False):
+    async def generate(self, prompt: np.ndarray, sampling: Sampling, heal: bool = False, rank: int = 1):
         """The :class:`Event` s of one generation; leaving the iteration early cancels it."""
-        seq = self.engine.add(prompt, sampling, heal)
+        seq = self.engine.add(prompt, sampling, heal, rank)
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[id(seq)] = queue
         if self._task is None or self._task.done():

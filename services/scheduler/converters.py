@@ -72,12 +72,13 @@ def gpus_from_pb(messages) -> list[dict]:
 
 def _replica_to_pb(view: ReplicaView) -> pb.ReplicaStatus:
     values = vars(view)
-    return pb.ReplicaStatus(**{**values, "gpus": [pb.GpuInfo(**g) for g in values["gpus"]]})
+    return pb.ReplicaStatus(**{**values, "gpus": [pb.GpuInfo(**g) for g in values["gpus"]],
+                               "kv": [kv_to_pb(k) for k in values["kv"]]})  # fmt: skip
 
 
 def _replica_from_pb(message: pb.ReplicaStatus) -> ReplicaView:
     return ReplicaView(**{**_fields(message, ReplicaView), "models": list(message.models), "labels": dict(message.labels),
-                          "gpus": gpus_from_pb(message.gpus)})  # fmt: skip
+                          "gpus": gpus_from_pb(message.gpus), "kv": [kv_from_pb(k) for k in message.kv]})  # fmt: skip
 
 
 def status_to_pb(view: StatusView) -> pb.StatusResponse:

@@ -475,6 +475,8 @@ class Scheduler:
                     batches_done=sum(v.batches_done for v in views),
                     rows_done=sum(v.rows_done for v in views),
                     gpus=list(r.gpus),
+                    kv=sorted(r.kv.values(), key=lambda k: (k.model, k.version)) if r.kv else [],
+                    kv_age_s=now - r.kv_at_s if r.kv else 0.0,
                 )
             )
         queues: dict[Key, QueueView] = {}

@@ -32,6 +32,8 @@ class ReplicaView:
     batches_done: int = 0
     rows_done: int = 0
     gpus: list[dict] = field(default_factory=list)  # GpuInfo fields, as of the last heartbeat
+    kv: list[KvRoom] = field(default_factory=list)  # generative versions' KV room, as of the last heartbeat
+    kv_age_s: float = 0.0  # the age of those figures
 
 
 @dataclass

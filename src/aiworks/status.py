@@ -1,4 +1,4 @@
-"""``aiworks status``: the scheduler's view of queues, replicas, ejections and weights, as tables.
+"""``aiworks status``: the scheduler's view of queues, replicas, ejections, weights and KV-cache room, as tables.
 
 It calls as ``admin``: with the token of ``$AIWORKS_INTERNAL_TOKEN_FILE`` (default
 ``.aiworks/internal-token``, which ``aiworks up`` makes) over plaintext, or, against a
@@ -62,6 +62,7 @@ def format_status(reply: scheduler_pb2.StatusResponse) -> str:
                 f"    gpu {g.index}: {g.name}, {g.memory_used_bytes / 2**30:.1f}/{g.memory_total_bytes / 2**30:.1f} GiB, "
                 f"{g.utilization_ratio:.0%} busy"
             )
+    lines.extend(format_kv(reply.replicas))
     lines.append(f"queues ({len(reply.queues)}):")
     lines.append(
         f"  {'model':<16} {'version':<8} {'queued':>7} {'rt/std/batch':>13} {'rows':>6} {'KiB':>7} {'batches':>9} "
@@ -95,6 +96,26 @@ def format_status(reply: scheduler_pb2.StatusResponse) -> str:
         f"{b.allowed} allowed, {b.denied} denied since start"
     )
     return "\n".join(lines)
+
+
+def format_kv(replicas) -> list[str]:
+    """Generative versions' KV-cache room per replica, as of their last heartbeat (no lines without any)."""
+    rows = [(r, k) for r in replicas for k in r.kv]
+    if not rows:
+        return []
+    lines = [f"generation KV cache ({len(rows)}):"]
+    lines.append(
+        f"  {'replica':<14} {'model':<16} {'version':<8} {'used tokens':>12} {'free':>8} {'budget':>8} {'use':>5} "
+        f"{'waiting':>7} {'age':>6}"
+    )
+    for r, k in rows:
+        used = max(0, k.budget_tokens - k.free_tokens)
+        share = used / k.budget_tokens if k.budget_tokens else 0.0
+        lines.append(
+            f"  {r.replica_id:<14} {k.model:<16} {k.version:<8} {used:>12} {k.free_tokens:>8} {k.budget_tokens:>8} "
+            f"{share:>5.0%} {k.waiting_sequences:>7} {r.kv_age_s:>5.1f}s"
+        )
+    return lines
 
 
 def show_status(address: str, tls_dir: str | None = None, output: str = "table", redis_url: str | None = None) -> None:

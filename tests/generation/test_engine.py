@@ -187,3 +187,78 @@ def test_a_trailing_space_is_healed_into_the_first_token(parts):
         text += "".join(e.text for e in engine.step() if e.seq is seq)
     whole = engine.tokenizer.decode(seq.generated)
     assert whole.startswith(" ") and text == whole[1:]
+
+
+def test_admission_takes_the_most_urgent_class_first_then_arrival(parts):
+    # A budget for one sequence at a time: whoever is admitted next is the admission order.
+    engine = make_engine(parts, kv_budget_tokens=40)
+    first = engine.add(engine.encode("import os"), Sampling(max_tokens=20, ignore_eos=True), rank=2)
+    engine.step()
+    assert first.state == "decode"
+    arrivals = [("batch-1", 2), ("standard-1", 1), ("batch-2", 2), ("realtime-1", 0), ("standard-2", 1),
+                ("realtime-2", 0)]  # fmt: skip
+    seqs = {name: engine.add(engine.encode("x = 1"), Sampling(max_tokens=20, ignore_eos=True), rank=rank)
+            for name, rank in arrivals}  # fmt: skip
+    assert [s.rank for s in engine.waiting] == [0, 0, 1, 1, 2, 2]
+    admitted = []
+    for _ in range(500):
+        if not engine.busy():
+            break
+        engine.step()
+        admitted += [n for n, s in seqs.items() if s.state != "waiting" and n not in admitted]
+        assert len(engine.running) <= 1  # one at a time: the order below is admission's, not a race
+    assert admitted == ["realtime-1", "realtime-2", "standard-1", "standard-2", "batch-1", "batch-2"]
+    assert all(s.finish_reason == "length" for s in seqs.values()) and engine.used_tokens == 0
+
+
+def test_a_waiting_urgent_sequence_keeps_freed_room_from_a_later_smaller_one(parts):
+    engine = make_engine(parts, kv_budget_tokens=64)
+    running = engine.add(engine.encode("import os"), Sampling(max_tokens=30, ignore_eos=True), rank=1)
+    engine.step()
+    urgent = engine.add(engine.encode("def f():"), Sampling(max_tokens=40, ignore_eos=True), rank=0)
+    small = engine.add(engine.encode("x"), Sampling(max_tokens=8, ignore_eos=True), rank=2)
+    assert running.reserve + small.reserve <= 64 < running.reserve + urgent.reserve
+    engine.step()
+    # The small batch sequence would fit beside the running one, but the realtime one is first in line.
+    assert small.state == "waiting" and urgent.state == "waiting"
+    while running.state != "done":
+        engine.step()
+    engine.step()
+    assert urgent.state in ("prefill", "decode")
+    engine.cancel(urgent)
+    engine.step()
+    assert small.state in ("prefill", "decode", "done")
+
+
+async def test_the_backend_queues_by_the_requests_class(tiny_llm_repo):
+    from aiworks.core.datatypes import Tensor, serialize_items
+    from aiworks.core.inference import InferRequest
+    from aiworks.core.model_config import read_config
+    from aiworks.core.options import Priority, RequestOptions
+    from aiworks.runtime.llm_backend import LlmModel
+
+    folder = tiny_llm_repo / "codegen"
+    model = LlmModel(folder / "1" / "model.onnx", read_config(folder), 1)
+    model.engine.kv_budget_tokens = 40  # one sequence at a time
+    try:
+        order: list[str] = []
+
+        async def generate(name: str, priority: Priority) -> None:
+            raw = serialize_items([b"import os"])
+            request = InferRequest("codegen", "1", [Tensor("text_input", "BYTES", (1,), raw)],
+                                   parameters={"max_tokens": 12, "ignore_eos": True})  # fmt: skip
+            async for _ in model.stream(request, RequestOptions(priority=priority)):
+                if name not in order:
+                    order.append(name)
+
+        tasks = [asyncio.create_task(generate("first", Priority.STANDARD))]
+        while not model.engine.running:
+            await asyncio.sleep(0.001)
+        for name, priority in (("batch", Priority.BATCH), ("standard", Priority.STANDARD),
+                               ("realtime", Priority.REALTIME)):  # fmt: skip
+            tasks.append(asyncio.create_task(generate(name, priority)))
+            await asyncio.sleep(0)
+        await asyncio.gather(*tasks)
+        assert order == ["first", "realtime", "standard", "batch"]
+    finally:
+        model.close()

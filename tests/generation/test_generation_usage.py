@@ -1,4 +1,5 @@
-"""Generation metered in tokens, a tokens-per-minute limit shared through Redis, and abandoned non-streamed calls.
+"""Generation metered in tokens, a tokens-per-minute limit shared through Redis, abandoned non-streamed calls,
+and the audit line of each generation.
 
 One suite of its own over the tiny ``codegen`` model, with a tenants file and
 a private redis-server that holds the gateway's limits and usage. Each test
@@ -9,6 +10,7 @@ the real ones: the ``openai`` package, requests/httpx and tritonclient.
 from __future__ import annotations
 
 import asyncio
+import json
 import queue
 import time
 
@@ -27,6 +29,7 @@ from aiworks.core.errors import AIWorksError, Status
 from aiworks.gateway.auth import generate_api_key
 from aiworks.gateway.limits import TenantLimiter
 from aiworks.gateway.tenancy import Tenant
+from aiworks.security.audit import verify_audit_log
 
 pytestmark = pytest.mark.e2e
 
@@ -35,6 +38,7 @@ TENANTS = {
     "meter": {"models": ["codegen"]},
     "tpm": {"models": ["codegen"], "max_tokens_per_minute": TPM},
     "gone": {"models": ["codegen"]},
+    "audit": {"models": ["codegen"]},
 }
 
 
@@ -52,13 +56,14 @@ def env(tiny_llm_repo, tmp_path_factory):
         "AIWORKS_GATEWAY_TENANTS_FILE": str(work / "tenants.yaml"),
         "AIWORKS_GATEWAY_REDIS_URL": store.url,
         "AIWORKS_GATEWAY_LIMITS_TIMEOUT_S": "0.5",  # a loaded 2-core machine: no fallback to local limits
+        "AIWORKS_GATEWAY_AUDIT_LOG": str(work / "audit.jsonl"),
     }
     try:
         s = start_suite(tiny_llm_repo, work / "logs", replicas=1, cache=False, extra_env=extra)
     except Exception:
         store.stop()
         raise
-    yield s, keys, store
+    yield s, keys, store, work / "audit.jsonl"
     s.supervisor.stop()
     store.stop()
 
@@ -124,7 +129,7 @@ def grpc_stream_tokens(suite, key: str, prompt: str, max_tokens: int) -> tuple[i
 
 
 def test_usage_counts_prompt_and_completion_tokens_on_every_front_end(env):
-    suite, keys, _ = env
+    suite, keys, *_ = env
     key = keys["meter"]
     base = f"http://{suite.http_url}"
     client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
@@ -156,7 +161,7 @@ def test_usage_counts_prompt_and_completion_tokens_on_every_front_end(env):
 
 
 def test_a_tokens_per_minute_limit_reserves_settles_and_answers_429_everywhere(env):
-    suite, keys, store = env
+    suite, keys, store, _ = env
     key = keys["tpm"]
     base = f"http://{suite.http_url}"
     # Learn the greedy text of a prompt (another tenant), to stop this tenant's generation early on it.
@@ -229,7 +234,7 @@ def test_a_tokens_per_minute_limit_reserves_settles_and_answers_429_everywhere(e
 
 
 def test_abandoned_non_streamed_calls_cancel_their_sequences(env):
-    suite, keys, _ = env
+    suite, keys, *_ = env
     key = keys["gone"]
     base = f"http://{suite.http_url}"
     max_tokens, calls = 240, 8
@@ -269,3 +274,99 @@ def test_abandoned_non_streamed_calls_cancel_their_sequences(env):
         assert after["requests"] == before["requests"], route  # not answered: not counted; their tokens are
         assert after["prompt_tokens"] > before["prompt_tokens"], route
         before = after
+
+
+def audit_lines(path, tenant: str, count: int, timeout_s: float = 30.0) -> list[dict]:
+    """The audit records of ``tenant`` once there are ``count`` of them (the gateway writes every 50 ms)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = [json.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
+        mine = [r for r in records if r["tenant"] == tenant]
+        if len(mine) >= count or time.monotonic() > deadline:
+            return mine
+        time.sleep(0.2)
+
+
+def test_each_generation_writes_one_audit_line_with_its_tokens_and_never_its_text(env):
+    suite, keys, _, audit_path = env
+    key = keys["audit"]
+    base = f"http://{suite.http_url}"
+    more = {"ignore_eos": True}
+    texts = {}  # request id -> the text the client got
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
+
+    done = client.completions.create(model="codegen", prompt="zebra_quokka_alpha(", max_tokens=12, temperature=0,
+                                     extra_body=more)  # fmt: skip
+    texts[done.id] = done.choices[0].text
+    chunks = list(client.chat.completions.create(
+        model="codegen", messages=[{"role": "user", "content": "zebra_quokka_beta("}], max_tokens=10, stream=True,
+        stream_options={"include_usage": True}, extra_body=more))  # fmt: skip
+    chat_id, chat_usage = chunks[0].id, chunks[-1].usage
+    texts[chat_id] = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    body = {"text_input": "zebra_quokka_gamma(", "max_tokens": 11, "ignore_eos": True}
+    r = requests.post(f"{base}/v2/models/codegen/generate", json=body,
+                      headers={**auth(key), "x-request-id": "audit-generate"}, timeout=30)  # fmt: skip
+    assert r.status_code == 200, r.text
+    texts["audit-generate"] = r.json()["text_output"]
+    body = {"text_input": "zebra_quokka_delta(", "max_tokens": 9, "ignore_eos": True}
+    with requests.post(f"{base}/v2/models/codegen/generate_stream", json=body, stream=True, timeout=30,
+                       headers={**auth(key), "x-request-id": "audit-stream"}) as r:  # fmt: skip
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith(b"data: ")]
+    texts["audit-stream"] = "".join(e["text_output"] for e in events)
+    got: queue.Queue = queue.Queue()
+    grpc_client = grpcclient.InferenceServerClient(suite.grpc_url)
+    try:
+        grpc_client.start_stream(callback=lambda result, error: got.put((result, error)),
+                                 headers={**auth(key), "x-request-id": "audit-grpc"})  # fmt: skip
+        text = grpcclient.InferInput("text_input", [1], "BYTES")
+        text.set_data_from_numpy(np.asarray([b"zebra_quokka_epsilon("], dtype=object))
+        grpc_client.async_stream_infer("codegen", [text], parameters={"max_tokens": 8, "ignore_eos": True},
+                                       enable_empty_final_response=True)  # fmt: skip
+        pieces = []
+        while True:
+            result, error = got.get(timeout=60)
+            assert error is None, error.message()
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+            pieces.append(result.as_numpy("text_output")[0].decode())
+        grpc_client.stop_stream()
+    finally:
+        grpc_client.close()
+    texts["audit-grpc"] = "".join(pieces)
+    # A client that leaves after its first piece, and a request the model refuses.
+    body = {"text_input": "zebra_quokka_zeta(", "max_tokens": 240, "ignore_eos": True}
+    with requests.post(f"{base}/v2/models/codegen/generate_stream", json=body, stream=True, timeout=30,
+                       headers={**auth(key), "x-request-id": "audit-left"}) as r:  # fmt: skip
+        first = next(line for line in r.iter_lines() if line.startswith(b"data: "))
+    texts["audit-left"] = json.loads(first[6:])["text_output"]
+    body = {"text_input": "zebra_quokka_eta(", "max_tokens": 5, "temperature": -1}
+    r = requests.post(f"{base}/v2/models/codegen/generate", json=body,
+                      headers={**auth(key), "x-request-id": "audit-refused"}, timeout=30)  # fmt: skip
+    assert r.status_code == 400, r.text
+
+    records = {rec["request_id"]: rec for rec in audit_lines(audit_path, "audit", 7)}
+    assert set(records) == {done.id, chat_id, "audit-generate", "audit-stream", "audit-grpc", "audit-left",
+                            "audit-refused"}  # fmt: skip
+    expected = {done.id: (done.usage.prompt_tokens, 12), chat_id: (chat_usage.prompt_tokens, 10),
+                "audit-generate": (None, 11), "audit-stream": (None, 9), "audit-grpc": (None, 8)}  # fmt: skip
+    for rid, (prompt_tokens, completion_tokens) in expected.items():
+        rec = records[rid]
+        d = rec["details"]
+        assert (rec["kind"], rec["model"], rec["version"], rec["status"]) == ("inference", "codegen", "1", "ok"), rec
+        assert d["completion_tokens"] == completion_tokens and d["finish_reason"] == "length", rec
+        assert d["prompt_tokens"] == (prompt_tokens or d["prompt_tokens"]) and d["prompt_tokens"] >= 4, rec
+        assert 0 < d["ttft_ms"] <= rec["latency_ms"] and d["responses"] >= 1, rec
+    left = records["audit-left"]
+    assert left["details"]["finish_reason"] == "cancelled" and left["status"] != "ok", left
+    assert 1 <= left["details"]["completion_tokens"] < 240 and left["details"]["ttft_ms"] > 0, left
+    refused = records["audit-refused"]
+    assert refused["status"] == "invalid_argument" and refused["details"]["finish_reason"] == "error", refused
+    assert refused["details"]["completion_tokens"] == 0 and refused["details"]["ttft_ms"] is None, refused
+
+    assert verify_audit_log(audit_path).ok
+    raw = audit_path.read_text()
+    assert "zebra_quokka" not in raw  # no prompt
+    long_texts = [t for t in texts.values() if len(t.strip()) >= 8]
+    assert len(long_texts) >= 5, texts
+    for t in long_texts:  # nor any text the model made, raw or as JSON would write it
+        assert t not in raw and json.dumps(t)[1:-1] not in raw, t

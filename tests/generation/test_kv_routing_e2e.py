@@ -6,7 +6,9 @@ sequences at a time). One replica is filled by calling it directly, as a
 gateway would, with long generations (most of them wait for room there), so
 the gateway's own bookkeeping knows nothing of them: only the KV figures the
 replica heartbeats, carried by the routing table, tell it. New generations
-through the gateway must then all land on the other replica.
+through the gateway must then all land on the other replica; ``aiworks status``
+shows the full replica's KV room, and a realtime generation sent there is
+admitted ahead of the standard ones waiting.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from aiworks.core.options import Priority, RequestOptions
 from aiworks.lifecycle.llm import LlmSpec, build
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from aiworks.runtime.client import RuntimeClient
+from aiworks.status import format_status
 
 pytestmark = pytest.mark.e2e
 
@@ -115,6 +118,29 @@ async def test_new_generations_go_to_the_replica_with_kv_room(suite):
         # And none waited behind the fill (which takes many seconds to drain at two at a time).
         assert took_s < 30, took_s
         assert any(not f.done() for f in fill), "the fill was over before the new generations were routed"
+
+        # `aiworks status` shows the full replica's KV room and its queue (from the scheduler's registry).
+        with supervisor.caller_channel(supervisor.scheduler_address, "scheduler") as channel:
+            status = scheduler_pb2_grpc.SchedulerServiceStub(channel).Status(scheduler_pb2.StatusRequest(), timeout=5)
+        kv = {r.replica_id: list(r.kv) for r in status.replicas}
+        (room,) = kv[full.replica_id]
+        assert (room.model, room.version, room.budget_tokens) == ("codegen", "1", 1024), room
+        assert room.waiting_sequences >= 2 and room.free_tokens < room.budget_tokens, room
+        assert "generation KV cache (2):" in format_status(status)
+
+        # A realtime generation sent to the full replica is admitted before the standard ones queued there.
+        done_before = sum(f.done() for f in fill)
+        ahead = llm_metrics(full.metrics_port)[("aiworks_runtime_llm_sequences", "waiting")]
+        request = InferRequest("codegen", "1", [Tensor.from_numpy("text_input", text)],
+                               parameters={"max_tokens": 4, "ignore_eos": True})  # fmt: skip
+        async for _ in client.infer_stream(request, RequestOptions(Priority.REALTIME, time.monotonic() + 300)):
+            pass
+        finished = sum(f.done() for f in fill) - done_before
+        # Admitted once a running sequence ended, not after the `ahead` waiting ones: first come first served
+        # would have finished them all first. (The fill ends several a second, two at a time, so some end
+        # while the realtime request travels: 2 to 10 here; first come first served: 188 of 184 waiting.)
+        assert ahead >= 20 and finished < ahead / 2, (ahead, finished)
+        print("realtime request: the fill had", ahead, "waiting;", finished, "ended meanwhile")
     finally:
         for f in fill:
             f.cancel()

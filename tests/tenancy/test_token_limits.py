@@ -123,3 +123,30 @@ def test_a_generations_reserve_is_its_prompt_estimate_and_max_tokens_within_the_
     # Hostile sizes the model will refuse cannot sink the bucket: each part is at most the model's bound.
     assert token_reserve(limited, spec, request("x" * 100_000, max_tokens=10**18)) == 256 + 256
     assert token_reserve(limited, ModelSpec("iris", "1"), InferRequest("iris", "", [])) == 0  # not a generation
+
+
+def test_a_text_models_reserve_is_its_texts_estimate_and_the_429_says_so():
+    from aiworks.core.datatypes import Tensor, serialize_items
+    from aiworks.core.inference import InferRequest
+    from aiworks.core.model_config import ModelSpec, TensorSpec
+    from aiworks.gateway.dataplane import text_token_reserve
+
+    counting = ModelSpec("minilm", "1", outputs=(TensorSpec("embedding", "FP32", (384,)),
+                                                 TensorSpec("token_count", "INT64", (1,))))  # fmt: skip
+    silent = ModelSpec("other", "1", outputs=(TensorSpec("embedding", "FP32", (384,)),))
+
+    def request(*texts: str) -> InferRequest:
+        raw = serialize_items([t.encode() for t in texts])
+        return InferRequest("minilm", "", [Tensor("text", "BYTES", (len(texts), 1), raw)])
+
+    limited, free = Tenant(id="t", max_tokens_per_minute=100), Tenant(id="f")
+    assert text_token_reserve(limited, counting, request("How do I reset it?")) == 5 + 2  # 18 bytes / 4, up; marks
+    assert text_token_reserve(limited, counting, request("héllo", "abc")) == 3 + 2 * 2  # UTF-8 bytes of both
+    assert text_token_reserve(free, counting, request("How do I reset it?")) == 0  # no limit: no reserve
+    assert text_token_reserve(limited, silent, request("How do I reset it?")) == 0  # the model counts nothing
+
+    local = LocalLimits(share=1, clock=lambda: 0.0)
+    local.admit(limited, 90, "text")
+    with pytest.raises(AIWorksError) as info:
+        local.admit(limited, 20, "text")
+    assert "this request reserves 20 tokens (an estimate of its input text's)" in info.value.message

@@ -192,3 +192,26 @@ def test_a_faded_average_does_not_hold_back_a_replica_with_room_but_a_never_meas
     first = r.pick(KEY)
     r.sent(first, KEY, 10)
     assert first.replica_id == "new" and r.pick(KEY).replica_id == "full"  # "new" holds one until it answers
+
+
+def test_status_shows_each_replicas_kv_room_and_the_cli_prints_it():
+    from routing_support import FakeReplica, make
+
+    from aiworks.scheduler.converters import status_from_pb, status_to_pb
+    from aiworks.status import format_status
+
+    clock = FakeClock()
+    suite = make({"kv-a": FakeReplica("kv-a"), "kv-b": FakeReplica("kv-b")}, clock=clock)
+    suite.registry.heartbeat("kv-a", [spec()], kv=[KvRoom("m", "1", 250, 1000, 3)])
+    clock.now += 0.5
+    view = {r.replica_id: r for r in suite.status().replicas}
+    assert view["kv-a"].kv == [KvRoom("m", "1", 250, 1000, 3)] and view["kv-a"].kv_age_s == 0.5
+    assert view["kv-b"].kv == [] and view["kv-b"].kv_age_s == 0.0  # no generative version
+    message = status_to_pb(suite.status())
+    assert status_from_pb(message).replicas == suite.status().replicas  # the proto round trip keeps them
+    text = format_status(message)
+    assert "generation KV cache (1):" in text
+    (row,) = [line for line in text.splitlines() if line.strip().startswith("kv-a ") and " m " in line]
+    assert row.split()[:8] == ["kv-a", "m", "1", "750", "250", "1000", "75%", "3"]
+    bare = make({"plain": FakeReplica("plain")})
+    assert "generation KV cache" not in format_status(status_to_pb(bare.status()))
