@@ -58,7 +58,7 @@ def test_sequences_join_and_leave_the_batch_without_changing_their_text(parts):
     assert texts == solo
     assert [len(s.generated) for s in seqs] == lengths and all(s.finish_reason == "length" for s in seqs)
     assert max(len({id(e.seq) for e in events}) for events in per_step) >= 3  # several decoded in one step
-    assert engine.used_tokens == 0 and not engine.running and len(engine._free) == 8
+    assert engine.used_tokens == 0 and not engine.running and engine.free_slots == 8
 
 
 def test_a_long_prompt_is_prefilled_in_chunks_while_others_keep_decoding(parts):
@@ -114,7 +114,7 @@ def test_cancelling_frees_the_cache_before_the_next_step(parts):
     assert waiting.state == "done" and not engine.waiting
     engine.cancel(running)
     assert engine.step() == []
-    assert engine.used_tokens == 0 and not engine.busy() and len(engine._free) == 8
+    assert engine.used_tokens == 0 and not engine.busy() and engine.free_slots == 8
     assert running.finish_reason == "cancelled"
 
 
@@ -169,7 +169,7 @@ async def test_an_abandoned_async_generation_releases_its_kv(parts):
             if not engine.busy():
                 break
             await asyncio.sleep(0.01)
-        assert engine.used_tokens == 0 and not engine.busy() and len(engine._free) == 8
+        assert engine.used_tokens == 0 and not engine.busy() and engine.free_slots == 8
         full = [e async for e in driver.generate(engine.encode("import os"), Sampling(max_tokens=5, ignore_eos=True))]
         assert full[-1].finished and len(full[-1].seq.generated) == 5
     finally:

@@ -37,11 +37,18 @@ def test_the_exported_kv_decoder_matches_gpt2(tmp_path):
     positions = np.tile(np.arange(12), (2, 1))
     out = session.run(None, feeds(cfg, ids, np.ones((2, 12), np.int64), positions, empty))
     np.testing.assert_allclose(out[0], want, atol=2e-4)
-    # The first 9 tokens, then the last 3 over the cache: the same logits.
+    # The first 9 tokens, then the last 3 over the cache: the same logits. ``present`` is the new tokens' only.
     head = session.run(None, feeds(cfg, ids[:, :9], np.ones((2, 9), np.int64), positions[:, :9], empty))
+    assert head[1].shape == (2, cfg.n_head, 9, cfg.n_embd // cfg.n_head)
     tail = session.run(None, feeds(cfg, ids[:, 9:], np.ones((2, 12), np.int64), positions[:, 9:], head[1:]))
     np.testing.assert_allclose(tail[0], want[:, 9:], atol=2e-4)
-    assert tail[1].shape == (2, cfg.n_head, 12, cfg.n_embd // cfg.n_head)
+    assert tail[1].shape == (2, cfg.n_head, 3, cfg.n_embd // cfg.n_head)
+    # A cache with holes (a masked-out slot between the prompt and the new token) reads as one without.
+    holed = [np.concatenate([kv[:, :, :9], np.full_like(kv[:, :, :1], 7.0)], axis=2) for kv in head[1:]]
+    mask = np.ones((2, 11), np.int64)
+    mask[:, 9] = 0
+    one = session.run(None, feeds(cfg, ids[:, 9:10], mask, positions[:, 9:10], holed))
+    np.testing.assert_allclose(one[0][:, 0], want[:, 9], atol=2e-4)
 
 
 def test_the_cli_writes_a_decoupled_llm_model_folder(tmp_path):

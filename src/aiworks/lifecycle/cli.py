@@ -385,8 +385,8 @@ def add_lifecycle_parsers(sub) -> None:
     )  # fmt: skip
     lb.add_argument("--out", default="model-repository", help="model repository to write the model folder into")
     lb.add_argument("--name", default="codegen", help="model name (default: codegen)")
-    lb.add_argument("--steps", type=int, default=200, help="training steps (default 200: ~2-3 min on 2 idle cores)")
-    lb.add_argument("--layers", type=int, default=4, help="decoder layers (default 4)")
+    lb.add_argument("--steps", type=int, default=400, help="training steps (default 400: ~3 min on 2 idle cores)")
+    lb.add_argument("--layers", type=int, default=6, help="decoder layers (default 6)")
     lb.add_argument("--seed", type=int, default=0)
     lb.add_argument("--random", action="store_true", help="random weights, no training (tests and benchmarks)")
     lb.add_argument("--cache-dir", default=".aiworks/cache/llm", help="where trained weights are kept between builds")
