@@ -91,15 +91,22 @@ class Sequence:
     finish_reason: str = ""
     error: str = ""
     heal: bool = False  # the prompt's trailing space was taken off (Engine.prepare)
+    reported: int = 0  # generated tokens covered by the events handed out
 
 
 @dataclass(frozen=True)
 class Event:
-    """Text a step made for a sequence; ``finished`` with its reason on its last one."""
+    """Text a step made for a sequence; ``finished`` with its reason on its last one.
+
+    ``tokens``: the sequence's tokens made since its previous event (more than
+    one when text was held back, or when :meth:`AsyncEngine.generate` joined
+    the events of several steps for a consumer that fell behind).
+    """
 
     seq: Sequence
     text: str
     finished: bool = False
+    tokens: int = 1
 
 
 class Engine:
@@ -364,11 +371,14 @@ class Engine:
                         break
         piece = text[seq.emitted : max(end, seq.emitted)]
         seq.emitted = max(end, seq.emitted)
+        if not reason and not piece:
+            return None
+        tokens, seq.reported = len(seq.generated) - seq.reported, len(seq.generated)
         if reason:
             with self._lock:
                 self._release(seq, reason)
-            return Event(seq, piece, True)
-        return Event(seq, piece) if piece else None
+            return Event(seq, piece, True, tokens)
+        return Event(seq, piece, False, tokens)
 
     def step(self) -> list[Event]:
         """One iteration (see the module docstring): the text pieces it made."""
@@ -415,7 +425,12 @@ class AsyncEngine:
                     queue.put_nowait(event)
 
     async def generate(self, prompt: np.ndarray, sampling: Sampling, heal: bool = False):
-        """The :class:`Event` s of one generation; leaving the iteration early cancels it."""
+        """The :class:`Event` s of one generation; leaving the iteration early cancels it.
+
+        When the consumer is slower than the engine, the events waiting are
+        joined into one (their text, their token count), so each hop after it
+        carries one message for several steps instead of one per step.
+        """
         seq = self.engine.add(prompt, sampling, heal)
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[id(seq)] = queue
@@ -425,6 +440,12 @@ class AsyncEngine:
         try:
             while True:
                 event = await queue.get()
+                if not queue.empty():  # the consumer fell behind: one event for all the steps waiting
+                    events = [event]
+                    while not queue.empty() and not events[-1].finished:
+                        events.append(queue.get_nowait())
+                    event = Event(seq, "".join(e.text for e in events), events[-1].finished,
+                                  sum(e.tokens for e in events))  # fmt: skip
                 yield event
                 if event.finished:
                     return

@@ -187,3 +187,24 @@ def test_a_trailing_space_is_healed_into_the_first_token(parts):
         text += "".join(e.text for e in engine.step() if e.seq is seq)
     whole = engine.tokenizer.decode(seq.generated)
     assert whole.startswith(" ") and text == whole[1:]
+
+
+async def test_a_consumer_that_falls_behind_gets_the_waiting_steps_joined(parts):
+    engine = make_engine(parts)
+    driver = AsyncEngine(engine)
+    sampling = Sampling(max_tokens=40, ignore_eos=True)
+    try:
+        prompt = engine.encode("def main(args):\n")
+        prompt_text = alone(parts, "def main(args):\n", sampling)
+        eager = [e async for e in driver.generate(prompt, sampling)]
+        slow = []
+        async for event in driver.generate(prompt, sampling):
+            slow.append(event)
+            while engine.busy():  # read only after the engine has made every token
+                await asyncio.sleep(0.005)
+        assert "".join(e.text for e in eager) == "".join(e.text for e in slow) == prompt_text
+        assert sum(e.tokens for e in eager) == sum(e.tokens for e in slow) == 40
+        assert len(slow) == 2 and slow[1].tokens > 30 and slow[1].finished  # one event for the steps that waited
+        assert len(eager) > len(slow)
+    finally:
+        driver.close()
