@@ -247,7 +247,7 @@ def cmd_llm_build(args) -> None:
     cache = None if args.no_cache else Path(args.cache_dir)
     folder, report = llm.build(
         Path(args.out), spec, name=args.name, cache_dir=cache, progress=not args.quiet,
-        kv_budget_tokens=args.kv_budget_tokens, max_sequences=args.max_sequences,
+        kv_budget_tokens=args.kv_budget_tokens, max_sequences=args.max_sequences, threads=args.threads,
     )  # fmt: skip
     print(f"wrote {folder} (text_input BYTES [1] in, text_output BYTES [1] per token out; decoupled)")
     print(json.dumps(report))
@@ -393,6 +393,7 @@ def add_lifecycle_parsers(sub) -> None:
     lb.add_argument("--no-cache", action="store_true", help="neither read nor keep the trained weights")
     lb.add_argument("--kv-budget-tokens", type=int, default=16384, help="the replica's KV-cache budget in tokens")
     lb.add_argument("--max-sequences", type=int, default=32, help="sequences decoded together at most")
+    lb.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads for the decoder (default 2)")
     lb.add_argument("--quiet", action="store_true", help="no progress bar")
     lb.set_defaults(func=cmd_llm_build)
     me = ml_sub.add_parser("embed", help="embed sentences with a built model, in-process, and show similarities")

@@ -303,8 +303,14 @@ def export_onnx(model, dst: Path) -> Path:
     return Path(dst)
 
 
-def config_text(spec: LlmSpec, *, name: str = NAME, kv_budget_tokens: int = 16384, max_sequences: int = 32) -> str:
-    """``config.pbtxt`` for the runtime's ``llm`` backend: text in, one text piece per response out."""
+def config_text(
+    spec: LlmSpec, *, name: str = NAME, kv_budget_tokens: int = 16384, max_sequences: int = 32, threads: int = 2
+) -> str:
+    """``config.pbtxt`` for the runtime's ``llm`` backend: text in, one text piece per response out.
+
+    ``threads``: ONNX Runtime's intra-op threads for the decoder (the runtime's default is 1, which leaves
+    a batched decode step on one core).
+    """
     return f"""\
 name: "{name}"
 backend: "llm"
@@ -319,12 +325,13 @@ parameters {{ key: "max_sequences" value: {{ string_value: "{max_sequences}" }} 
 parameters {{ key: "prefill_chunk_tokens" value: {{ string_value: "256" }} }}
 parameters {{ key: "max_tokens_cap" value: {{ string_value: "{spec.context}" }} }}
 parameters {{ key: "default_max_tokens" value: {{ string_value: "16" }} }}
+parameters {{ key: "intra_op_thread_count" value: {{ string_value: "{threads}" }} }}
 """
 
 
 def build(
     out: Path, spec: LlmSpec = LlmSpec(), *, name: str = NAME, cache_dir: Path | None = DEFAULT_CACHE,
-    progress: bool = True, kv_budget_tokens: int = 16384, max_sequences: int = 32,
+    progress: bool = True, kv_budget_tokens: int = 16384, max_sequences: int = 32, threads: int = 2,
 ) -> tuple[Path, dict]:  # fmt: skip
     """Write ``<out>/<name>`` (version 1); returns the folder and a report (parameters, losses, cached)."""
     tokenizer_json, model, report = trained(spec, cache_dir=cache_dir, progress=progress)
@@ -336,7 +343,7 @@ def build(
     export_onnx(model, version / "model.onnx")
     shutil.copyfile(tokenizer_json, version / "tokenizer.json")
     (folder / "config.pbtxt").write_text(
-        config_text(spec, name=name, kv_budget_tokens=kv_budget_tokens, max_sequences=max_sequences)
+        config_text(spec, name=name, kv_budget_tokens=kv_budget_tokens, max_sequences=max_sequences, threads=threads)
     )
     if cache_dir is None:
         shutil.rmtree(Path(tokenizer_json).parent, ignore_errors=True)
