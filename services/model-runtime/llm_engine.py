@@ -9,10 +9,11 @@
 3. runs one prefill batch: at most ``prefill_chunk`` prompt tokens in all,
    taken from the oldest sequences still reading their prompts, so a long
    prompt costs the others one chunk's time per step, not its whole length,
-   and many short ones are read together;
-4. runs one decode step for every sequence past its prompt, in one batch:
-   rows with different histories share it, each with its own positions and
-   an attention mask over its own cache slots;
+   and many short ones are read together; the first tokens of the prompts
+   now read are sampled and can be handed out at once (:meth:`prefill_step`);
+4. runs one decode step for every sequence that was past its prompt when the
+   step began, in one batch: rows with different histories share it, each
+   with its own positions and an attention mask over its own cache slots;
 5. samples each row's next token, applies stop strings, and returns the text
    pieces made (:class:`Event`); finished sequences leave the batch there.
 
@@ -126,6 +127,7 @@ class Engine:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in cache-row order: running[i].slot == i, decoding ones first
         self.decoding = 0  # running[:decoding] are past their prompts
+        self._decode_rows = 0  # of those, the ones this step decodes (set by prefill_step)
         self.used_tokens = 0
         self.steps = 0
         self._spaced: np.ndarray | None = None
@@ -382,15 +384,33 @@ class Engine:
 
     def step(self) -> list[Event]:
         """One iteration (see the module docstring): the text pieces it made."""
+        return self.prefill_step() + self.decode_step()
+
+    def prefilling(self) -> bool:
+        """Whether the next step has prompt work (sequences waiting or reading their prompts)."""
+        return bool(self.waiting) or self.decoding < len(self.running)
+
+    def prefill_step(self) -> list[Event]:
+        """A step's first half: admission, one prefill batch, and the first tokens of prompts now read.
+
+        The rows decoding before it are the ones :meth:`decode_step` runs next;
+        the sequences it moves to decoding wait for the following step. Its
+        events can be handed out before the decode batch runs, so a new
+        sequence's first token does not wait for everyone's next one.
+        """
         self._admit()
-        events: list[Event] = []
-        decoding = self.running[: self.decoding]
-        filling = self.running[self.decoding :]
-        if decoding:  # decode first: the rows are packed now; a prefill below may add decoding rows
-            for seq, token in zip(decoding, self._decode(decoding)):
+        self._decode_rows = self.decoding
+        events = [self._accept(seq, token) for seq, token in self._prefill(self.running[self.decoding :])]
+        return [e for e in events if e is not None]
+
+    def decode_step(self) -> list[Event]:
+        """A step's second half: one token for each sequence that was decoding when the step began."""
+        n, self._decode_rows = self._decode_rows, 0
+        events = []
+        if n:
+            batch = self.running[:n]
+            for seq, token in zip(batch, self._decode(batch)):
                 events.append(self._accept(seq, token))
-        for seq, token in self._prefill(filling):
-            events.append(self._accept(seq, token))
         self.steps += 1
         return [e for e in events if e is not None]
 
@@ -413,16 +433,24 @@ class AsyncEngine:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            engine = self.engine
             try:
-                events = await loop.run_in_executor(self._pool, self.engine.step)
+                if engine.prefilling():  # first tokens go out before the decode batch runs
+                    self._deliver(await loop.run_in_executor(self._pool, engine.prefill_step))
+                    events = await loop.run_in_executor(self._pool, engine.decode_step)
+                else:
+                    events = await loop.run_in_executor(self._pool, engine.step)
             except Exception as exc:  # the decoder failed: every generation running or waiting ends with it
-                events = self.engine.fail_all(f"generation failed: {type(exc).__name__}")
+                events = engine.fail_all(f"generation failed: {type(exc).__name__}")
             if self.on_step is not None:
                 self.on_step()
-            for event in events:
-                queue = self._queues.get(id(event.seq))
-                if queue is not None:
-                    queue.put_nowait(event)
+            self._deliver(events)
+
+    def _deliver(self, events: list[Event]) -> None:
+        for event in events:
+            queue = self._queues.get(id(event.seq))
+            if queue is not None:
+                queue.put_nowait(event)
 
     async def generate(self, prompt: np.ndarray, sampling: Sampling, heal: bool = False):
         """The :class:`Event` s of one generation; leaving the iteration early cancels it.

@@ -208,3 +208,18 @@ async def test_a_consumer_that_falls_behind_gets_the_waiting_steps_joined(parts)
         assert len(eager) > len(slow)
     finally:
         driver.close()
+
+
+def test_a_new_sequences_first_token_comes_before_the_decode_batch(parts):
+    engine = make_engine(parts)
+    old = engine.add(engine.encode("import os\n"), Sampling(max_tokens=50, ignore_eos=True))
+    engine.step()
+    engine.step()
+    new = engine.add(engine.encode("def main():\n"), Sampling(max_tokens=50, ignore_eos=True))
+    before = len(old.generated)
+    first = engine.prefill_step()
+    assert [e.seq for e in first] == [new] and len(new.generated) == 1 and len(old.generated) == before
+    rest = engine.decode_step()  # the rows decoding when the step began; the new one decodes next step
+    assert [e.seq for e in rest] == [old] and len(old.generated) == before + 1 and len(new.generated) == 1
+    engine.step()
+    assert len(new.generated) == 2 and len(old.generated) == before + 2
