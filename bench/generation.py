@@ -1,7 +1,8 @@
 """Generation throughput and latency: in-process baselines against the suite (issue 18's targets).
 
 One random-weight ``codegen`` (the default architecture of ``aiworks llm build``:
-4 layers, width 256; random weights are fine for timing) is served three ways,
+6 layers, width 384, 4,096 tokens, 12.3 M parameters; random weights are fine
+for timing) is served three ways,
 each with ``--clients`` requests of ``--prompt-tokens`` prompt tokens and
 ``--new-tokens`` new tokens (``ignore_eos``, greedy):
 
@@ -13,7 +14,11 @@ each with ``--clients`` requests of ``--prompt-tokens`` prompt tokens and
   concurrent clients on ``/v2/models/codegen/generate_stream`` (SSE).
 
 All requests arrive at once; TTFT is measured from then (a, b) or from each
-client's send (c). Also the cost of streaming: a lone generation through
+client's send (c). Then TTFT in steady state through the suite: the same
+clients, their first requests spread over one generation's time, each
+sending its next request when its last ends; the requests sent in the
+window after that ramp count (about 32 generations running when each
+arrives). Also the cost of streaming: a lone generation through
 ``/generate`` against ``/generate_stream`` (mean of ``--repeats``).
 
 Usage: python bench/generation.py [--clients 32] [--prompt-tokens 64] [--new-tokens 128] [--out FILE]
@@ -118,6 +123,29 @@ async def suite_run(url: str, texts: list[str], new_tokens: int) -> dict:
     return {**summary(ttft, gaps, len(texts) * new_tokens, elapsed), "lone_ttft_ms": round(pct(lone, 50) * 1e3, 1)}
 
 
+async def steady_run(url: str, texts: list[str], new_tokens: int, generation_s: float, window_s: float) -> dict:
+    """TTFT in steady state: the clients' first requests are spread over one generation's time, then each
+    sends its next as its last ends; the requests sent during the ``window_s`` after that ramp count."""
+    ttft: list[float] = []
+    gap = generation_s / len(texts)
+    ramp_end = time.perf_counter() + generation_s
+    stop = ramp_end + window_s
+
+    async def client(session, i: int) -> None:
+        await asyncio.sleep(i * gap)
+        while time.perf_counter() < stop:
+            counted = time.perf_counter() >= ramp_end
+            seen: list[float] = []
+            await one_stream(session, url, texts[i], new_tokens, seen, [])
+            if counted:
+                ttft.extend(seen)
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        await asyncio.gather(*(client(session, i) for i in range(len(texts))))
+    return {"requests": len(ttft), "ttft_p50_ms": round(pct(ttft, 50) * 1e3, 1),
+            "ttft_p99_ms": round(pct(ttft, 99) * 1e3, 1)}  # fmt: skip
+
+
 async def streaming_cost(url: str, text: str, new_tokens: int, repeats: int) -> dict:
     body = {"text_input": text, "max_tokens": new_tokens, "ignore_eos": True}
     times = {"generate": [], "generate_stream": []}
@@ -139,6 +167,8 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steady-s", type=float, default=0.0,
+                        help="steady-state window for TTFT (default: twice the burst's time)")  # fmt: skip
     parser.add_argument("--out", help="write the results as JSON here too")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -157,6 +187,10 @@ def main() -> None:
         try:
             url = f"http://127.0.0.1:{config.http_port}"
             results["c_suite"] = asyncio.run(suite_run(url, texts, args.new_tokens))
+            generation_s = results["c_suite"]["elapsed_s"]
+            results["c_steady"] = asyncio.run(
+                steady_run(url, texts, args.new_tokens, generation_s, args.steady_s or 2 * generation_s)
+            )
             results["streaming"] = asyncio.run(streaming_cost(url, texts[0], args.new_tokens, args.repeats))
         finally:
             supervisor.stop()
@@ -165,6 +199,9 @@ def main() -> None:
         "c_over_a": round(c / a, 2), "c_over_b": round(c / b, 2),
         "c_ttft_p50_over_lone_in_suite": round(
             results["c_suite"]["ttft_p50_ms"] / results["c_suite"]["lone_ttft_ms"], 2
+        ),
+        "c_steady_ttft_p50_over_lone_in_suite": round(
+            results["c_steady"]["ttft_p50_ms"] / results["c_suite"]["lone_ttft_ms"], 2
         ),
     }  # fmt: skip
     text = json.dumps(results, indent=1)

@@ -245,8 +245,9 @@ class TokenCount:
 
     ``prompt_tokens`` comes on the first response, ``completion_tokens`` on
     the last. A stream stopped before its last response (the client went
-    away) counts one completion token per response that carried output, as
-    each of the backend's responses is one decoding step's text.
+    away) counts the completion tokens of the responses that carried output:
+    one each, as each of the backend's responses is one decoding step's text,
+    or its ``tokens`` parameter when it joined several steps.
     """
 
     __slots__ = ("prompt", "completion", "_steps", "_final")
@@ -259,7 +260,7 @@ class TokenCount:
         if "prompt_tokens" in parameters:
             self.prompt = _count(parameters["prompt_tokens"])
         if has_output:
-            self._steps += 1
+            self._steps += _count(parameters["tokens"]) if "tokens" in parameters else 1
         if "completion_tokens" in parameters:
             self.completion, self._final = _count(parameters["completion_tokens"]), True
         elif not self._final:

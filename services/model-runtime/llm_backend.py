@@ -18,7 +18,9 @@ tokens; admission waits while it is full), ``max_sequences`` (cache slots),
 ``prefill_chunk_tokens`` and ``max_tokens_cap``. The scheduling itself is
 :mod:`aiworks.runtime.llm_engine`; ONNX Runtime runs in its worker thread.
 Response parameters: ``prompt_tokens`` on the first, ``completion_tokens``
-and ``finish_reason`` (``stop`` or ``length``) on the last.
+and ``finish_reason`` (``stop`` or ``length``) on the last, and ``tokens``
+on a response that carries the text of more than one token (the steps that
+piled up while the stream's reader was busy travel as one response).
 """
 
 from __future__ import annotations
@@ -207,6 +209,8 @@ class LlmModel:
             last_s = now_s
             params = {"prompt_tokens": int(prompt.shape[0])} if first else {}
             first = False
+            if event.tokens > 1:  # several steps in one response (the consumer fell behind)
+                params["tokens"] = event.tokens
             if event.finished:
                 self._tokens[1].inc(len(event.seq.generated))
                 params.update(completion_tokens=len(event.seq.generated), finish_reason=event.seq.finish_reason)

@@ -12,15 +12,21 @@
 3. runs one prefill batch: at most ``prefill_chunk`` prompt tokens in all,
    taken from the oldest sequences still reading their prompts, so a long
    prompt costs the others one chunk's time per step, not its whole length,
-   and many short ones are read together;
-4. runs one decode step for every sequence past its prompt, in one batch:
-   rows with different histories share it, each with its own positions and
-   an attention mask over its own cache slots;
+   and many short ones are read together; the first tokens of the prompts
+   now read are sampled and can be handed out at once (:meth:`prefill_step`);
+4. runs one decode step for every sequence that was past its prompt when the
+   step began, in one batch: rows with different histories share it, each
+   with its own positions and an attention mask over its own cache slots;
 5. samples each row's next token, applies stop strings, and returns the text
    pieces made (:class:`Event`); finished sequences leave the batch there.
 
 The cache is one array ``[2 * layers, max_sequences, heads, context, head_dim]``
-(a sequence owns one slot row). :class:`AsyncEngine` drives it from asyncio:
+(a sequence owns one slot row). The rows are kept packed, decoding sequences
+first: the decode step hands the decoder ``cache[j, :decoding]`` as it lies
+(contiguous views, no copy; the decoder's ``present`` is the new token's
+entry only, stored into the cache after the step), and a sequence that ends
+or leaves its prefill moves one row (its own tokens only) to keep the
+packing. :class:`AsyncEngine` drives it from asyncio:
 steps run in one worker thread, never on the event loop, and each generation
 is an async iterator whose closing cancels its sequence.
 """
@@ -90,15 +96,22 @@ class Sequence:
     finish_reason: str = ""
     error: str = ""
     heal: bool = False  # the prompt's trailing space was taken off (Engine.prepare)
+    reported: int = 0  # generated tokens covered by the events handed out
 
 
 @dataclass(frozen=True)
 class Event:
-    """Text a step made for a sequence; ``finished`` with its reason on its last one."""
+    """Text a step made for a sequence; ``finished`` with its reason on its last one.
+
+    ``tokens``: the sequence's tokens made since its previous event (more than
+    one when text was held back, or when :meth:`AsyncEngine.generate` joined
+    the events of several steps for a consumer that fell behind).
+    """
 
     seq: Sequence
     text: str
     finished: bool = False
+    tokens: int = 1
 
 
 class Engine:
@@ -114,13 +127,19 @@ class Engine:
         self.prefill_chunk = max(1, prefill_chunk)
         self.eos_id = eos_id
         self.cache = np.zeros((2 * layers, max_sequences, heads, context, head_dim), np.float32)
-        self._free = list(range(max_sequences - 1, -1, -1))
         self._lock = threading.Lock()
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.running: list[Sequence] = []  # in cache-row order: running[i].slot == i, decoding ones first
+        self.decoding = 0  # running[:decoding] are past their prompts
+        self._decode_rows = 0  # of those, the ones this step decodes (set by prefill_step)
         self.used_tokens = 0
         self.steps = 0
         self._spaced: np.ndarray | None = None
+        self._columns = np.arange(context)
+
+    @property
+    def free_slots(self) -> int:
+        return self.max_sequences - len(self.running)
 
     # ---- the caller's side (any thread) ----
 
@@ -195,9 +214,12 @@ class Engine:
             seqs = list(self.running) + list(self.waiting)
             self.running.clear()
             self.waiting.clear()
+            self.decoding = 0
             for seq in seqs:
-                self._release(seq, "error")
-                seq.error = reason
+                if seq.slot >= 0:
+                    self.used_tokens -= seq.reserve
+                    seq.slot = -1
+                seq.state, seq.finish_reason, seq.error = "done", "error", reason
         return [Event(seq, "", True) for seq in seqs]
 
     def busy(self) -> bool:
@@ -205,27 +227,76 @@ class Engine:
 
     # ---- the step (one thread) ----
 
+    def _move(self, src: int, dst: int) -> None:
+        """Move the sequence in cache row ``src`` to row ``dst`` (its own tokens only)."""
+        seq = self.running[src]
+        self.cache[:, dst, :, : seq.length] = self.cache[:, src, :, : seq.length]
+        self.running[dst], seq.slot = seq, dst
+
     def _release(self, seq: Sequence, reason: str) -> None:
-        if seq.slot >= 0:
-            self._free.append(seq.slot)
-            self.used_tokens -= seq.reserve
-            seq.slot = -1
+        """Take a running ``seq`` out (lock held): its row and budget come back; the rows stay packed."""
+        at, last = seq.slot, len(self.running) - 1
+        if at < self.decoding:  # a decoding row: the last decoding one fills its place
+            self.decoding -= 1
+            if at != self.decoding:
+                self._move(self.decoding, at)
+            at = self.decoding
+        if at != last:  # the last row (prefill) fills the hole
+            self._move(last, at)
+        self.running.pop()
+        self.used_tokens -= seq.reserve
+        seq.slot = -1
         seq.state, seq.finish_reason = "done", reason
+
+    def _to_decode(self, seq: Sequence) -> None:
+        """``seq`` has read its prompt: it joins the decoding rows (swapping rows with a prefill one)."""
+        at, first = seq.slot, self.decoding
+        if at != first:
+            other = self.running[first]
+            keep = self.cache[:, first, :, : other.length].copy()
+            self._move(at, first)
+            self.cache[:, at, :, : other.length] = keep
+            self.running[at], other.slot = other, at
+        self.decoding += 1
+        seq.state = "decode"
 
     def _admit(self) -> None:
         with self._lock:
             for seq in [s for s in self.running if s.cancelled]:
-                self.running.remove(seq)
                 self._release(seq, "cancelled")
-            while self.waiting and self._free and self.used_tokens + self.waiting[0].reserve <= self.kv_budget_tokens:
+            while (
+                self.waiting and len(self.running) < self.max_sequences
+                and self.used_tokens + self.waiting[0].reserve <= self.kv_budget_tokens
+            ):  # fmt: skip
                 seq = self.waiting.popleft()
-                seq.slot, seq.state = self._free.pop(), "prefill"
+                seq.slot, seq.state = len(self.running), "prefill"
                 self.used_tokens += seq.reserve
                 self.running.append(seq)
 
     def _run(self, ids, mask, positions, past) -> tuple[np.ndarray, list[np.ndarray]]:
         out = self.runner({"input_ids": ids, "attention_mask": mask, "position_ids": positions, "past": past})
         return out[0], out[1:]
+
+    def _decode_forward(self, n: int) -> np.ndarray:
+        """One token for each of the first ``n`` rows, over the whole cache rows as they lie: their logits.
+
+        The past is ``cache[j, :n]`` (all ``context`` columns; the mask admits
+        each row's first ``length``), so the decoder reads the cache in place.
+        """
+        seqs = self.running[:n]
+        starts = np.fromiter((s.length for s in seqs), np.int64, n)
+        ids = np.fromiter((s.next_id for s in seqs), np.int64, n)[:, None]
+        mask = np.empty((n, self.context + 1), np.int64)
+        np.less(self._columns[None, :], starts[:, None], out=mask[:, : self.context])
+        mask[:, self.context] = 1
+        past = [self.cache[j, :n] for j in range(2 * self.layers)]
+        logits, present = self._run(ids, mask, starts[:, None], past)
+        rows = np.arange(n)
+        for j, kv in enumerate(present):
+            self.cache[j, rows, :, starts] = kv[:, :, 0]
+        for s in seqs:
+            s.length += 1
+        return logits[:, 0]
 
     def _forward(self, rows: list[tuple[Sequence, np.ndarray]]) -> np.ndarray:
         """Run new tokens of several sequences in one batch; each row's logits at its last new token.
@@ -244,27 +315,18 @@ class Engine:
         past = [self.cache[j, slots, :, :width] for j in range(2 * self.layers)]
         mask = np.zeros((len(rows), width + new), np.int64)
         mask[:, :width] = np.arange(width)[None, :] < starts[:, None]
-        if new == 1:
-            ids = np.stack([t for _, t in rows])
-            positions = starts[:, None].astype(np.int64)
-            mask[:, width] = 1
-        else:
-            ids = np.zeros((len(rows), new), np.int64)
-            positions = np.zeros((len(rows), new), np.int64)
-            for i, (_, t) in enumerate(rows):
-                n = t.shape[0]
-                ids[i, :n] = t
-                positions[i] = starts[i] + np.minimum(np.arange(new), n - 1)  # padding repeats the last position
-                mask[i, width : width + n] = 1
+        ids = np.zeros((len(rows), new), np.int64)
+        positions = np.zeros((len(rows), new), np.int64)
+        for i, (_, t) in enumerate(rows):
+            n = t.shape[0]
+            ids[i, :n] = t
+            positions[i] = starts[i] + np.minimum(np.arange(new), n - 1)  # padding repeats the last position
+            mask[i, width : width + n] = 1
         logits, present = self._run(ids, mask, positions, past)
-        if new == 1:
+        for i, s in enumerate(seqs):
+            n = int(counts[i])
             for j, kv in enumerate(present):
-                self.cache[j, slots, :, starts] = kv[:, :, width]
-        else:
-            for i, s in enumerate(seqs):
-                n = int(counts[i])
-                for j, kv in enumerate(present):
-                    self.cache[j, s.slot, :, s.length : s.length + n] = kv[i, :, width : width + n]
+                self.cache[j, s.slot, :, s.length : s.length + n] = kv[i, :, :n]
         for s, n in zip(seqs, counts.tolist()):
             s.length += n
         return logits[np.arange(len(rows)), counts - 1]
@@ -285,14 +347,15 @@ class Engine:
         firsts = []
         for (seq, _), row in zip(rows, logits):
             if seq.length >= seq.prompt.shape[0]:
-                seq.state = "decode"
+                with self._lock:
+                    self._to_decode(seq)
                 if seq.heal:
                     row = np.where(self._space_tokens(), row, -np.inf)
                 firsts.append((seq, sample(row, seq.sampling, seq.rng)))
         return firsts
 
     def _decode(self, batch: list[Sequence]) -> list[int]:
-        logits = self._forward([(s, np.asarray([s.next_id], np.int64)) for s in batch])
+        logits = self._decode_forward(len(batch))
         return [sample(row, s.sampling, s.rng) for row, s in zip(logits, batch)]
 
     def _accept(self, seq: Sequence, token: int) -> Event | None:
@@ -323,23 +386,43 @@ class Engine:
                         break
         piece = text[seq.emitted : max(end, seq.emitted)]
         seq.emitted = max(end, seq.emitted)
+        if not reason and not piece:
+            return None
+        tokens, seq.reported = len(seq.generated) - seq.reported, len(seq.generated)
         if reason:
             with self._lock:
-                self.running.remove(seq)
                 self._release(seq, reason)
-            return Event(seq, piece, True)
-        return Event(seq, piece) if piece else None
+            return Event(seq, piece, True, tokens)
+        return Event(seq, piece, False, tokens)
 
     def step(self) -> list[Event]:
         """One iteration (see the module docstring): the text pieces it made."""
+        return self.prefill_step() + self.decode_step()
+
+    def prefilling(self) -> bool:
+        """Whether the next step has prompt work (sequences waiting or reading their prompts)."""
+        return bool(self.waiting) or self.decoding < len(self.running)
+
+    def prefill_step(self) -> list[Event]:
+        """A step's first half: admission, one prefill batch, and the first tokens of prompts now read.
+
+        The rows decoding before it are the ones :meth:`decode_step` runs next;
+        the sequences it moves to decoding wait for the following step. Its
+        events can be handed out before the decode batch runs, so a new
+        sequence's first token does not wait for everyone's next one.
+        """
         self._admit()
-        events: list[Event] = []
-        decoding = [s for s in self.running if s.state == "decode"]
-        filling = [s for s in self.running if s.state == "prefill"]
-        for seq, token in self._prefill(filling):
-            events.append(self._accept(seq, token))
-        if decoding:
-            for seq, token in zip(decoding, self._decode(decoding)):
+        self._decode_rows = self.decoding
+        events = [self._accept(seq, token) for seq, token in self._prefill(self.running[self.decoding :])]
+        return [e for e in events if e is not None]
+
+    def decode_step(self) -> list[Event]:
+        """A step's second half: one token for each sequence that was decoding when the step began."""
+        n, self._decode_rows = self._decode_rows, 0
+        events = []
+        if n:
+            batch = self.running[:n]
+            for seq, token in zip(batch, self._decode(batch)):
                 events.append(self._accept(seq, token))
         self.steps += 1
         return [e for e in events if e is not None]
@@ -363,19 +446,32 @@ class AsyncEngine:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            engine = self.engine
             try:
-                events = await loop.run_in_executor(self._pool, self.engine.step)
+                if engine.prefilling():  # first tokens go out before the decode batch runs
+                    self._deliver(await loop.run_in_executor(self._pool, engine.prefill_step))
+                    events = await loop.run_in_executor(self._pool, engine.decode_step)
+                else:
+                    events = await loop.run_in_executor(self._pool, engine.step)
             except Exception as exc:  # the decoder failed: every generation running or waiting ends with it
-                events = self.engine.fail_all(f"generation failed: {type(exc).__name__}")
+                events = engine.fail_all(f"generation failed: {type(exc).__name__}")
             if self.on_step is not None:
                 self.on_step()
-            for event in events:
-                queue = self._queues.get(id(event.seq))
-                if queue is not None:
-                    queue.put_nowait(event)
+            self._deliver(events)
+
+    def _deliver(self, events: list[Event]) -> None:
+        for event in events:
+            queue = self._queues.get(id(event.seq))
+            if queue is not None:
+                queue.put_nowait(event)
 
     async def generate(self, prompt: np.ndarray, sampling: Sampling, heal: bool = False, rank: int = 1):
-        """The :class:`Event` s of one generation; leaving the iteration early cancels it."""
+        """The :class:`Event` s of one generation; leaving the iteration early cancels it.
+
+        ``rank``: its QoS class's rank in admission (:meth:`Engine.add`). When the consumer is slower
+        than the engine, the events waiting are joined into one (their text, their token count), so
+        each hop after it carries one message for several steps instead of one per step.
+        """
         seq = self.engine.add(prompt, sampling, heal, rank)
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[id(seq)] = queue
@@ -385,6 +481,12 @@ class AsyncEngine:
         try:
             while True:
                 event = await queue.get()
+                if not queue.empty():  # the consumer fell behind: one event for all the steps waiting
+                    events = [event]
+                    while not queue.empty() and not events[-1].finished:
+                        events.append(queue.get_nowait())
+                    event = Event(seq, "".join(e.text for e in events), events[-1].finished,
+                                  sum(e.tokens for e in events))  # fmt: skip
                 yield event
                 if event.finished:
                     return

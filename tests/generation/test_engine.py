@@ -58,7 +58,7 @@ def test_sequences_join_and_leave_the_batch_without_changing_their_text(parts):
     assert texts == solo
     assert [len(s.generated) for s in seqs] == lengths and all(s.finish_reason == "length" for s in seqs)
     assert max(len({id(e.seq) for e in events}) for events in per_step) >= 3  # several decoded in one step
-    assert engine.used_tokens == 0 and not engine.running and len(engine._free) == 8
+    assert engine.used_tokens == 0 and not engine.running and engine.free_slots == 8
 
 
 def test_a_long_prompt_is_prefilled_in_chunks_while_others_keep_decoding(parts):
@@ -114,7 +114,7 @@ def test_cancelling_frees_the_cache_before_the_next_step(parts):
     assert waiting.state == "done" and not engine.waiting
     engine.cancel(running)
     assert engine.step() == []
-    assert engine.used_tokens == 0 and not engine.busy() and len(engine._free) == 8
+    assert engine.used_tokens == 0 and not engine.busy() and engine.free_slots == 8
     assert running.finish_reason == "cancelled"
 
 
@@ -169,7 +169,7 @@ async def test_an_abandoned_async_generation_releases_its_kv(parts):
             if not engine.busy():
                 break
             await asyncio.sleep(0.01)
-        assert engine.used_tokens == 0 and not engine.busy() and len(engine._free) == 8
+        assert engine.used_tokens == 0 and not engine.busy() and engine.free_slots == 8
         full = [e async for e in driver.generate(engine.encode("import os"), Sampling(max_tokens=5, ignore_eos=True))]
         assert full[-1].finished and len(full[-1].seq.generated) == 5
     finally:
@@ -262,3 +262,39 @@ async def test_the_backend_queues_by_the_requests_class(tiny_llm_repo):
         assert order == ["first", "realtime", "standard", "batch"]
     finally:
         model.close()
+
+
+async def test_a_consumer_that_falls_behind_gets_the_waiting_steps_joined(parts):
+    engine = make_engine(parts)
+    driver = AsyncEngine(engine)
+    sampling = Sampling(max_tokens=40, ignore_eos=True)
+    try:
+        prompt = engine.encode("def main(args):\n")
+        prompt_text = alone(parts, "def main(args):\n", sampling)
+        eager = [e async for e in driver.generate(prompt, sampling)]
+        slow = []
+        async for event in driver.generate(prompt, sampling):
+            slow.append(event)
+            while engine.busy():  # read only after the engine has made every token
+                await asyncio.sleep(0.005)
+        assert "".join(e.text for e in eager) == "".join(e.text for e in slow) == prompt_text
+        assert sum(e.tokens for e in eager) == sum(e.tokens for e in slow) == 40
+        assert len(slow) == 2 and slow[1].tokens > 30 and slow[1].finished  # one event for the steps that waited
+        assert len(eager) > len(slow)
+    finally:
+        driver.close()
+
+
+def test_a_new_sequences_first_token_comes_before_the_decode_batch(parts):
+    engine = make_engine(parts)
+    old = engine.add(engine.encode("import os\n"), Sampling(max_tokens=50, ignore_eos=True))
+    engine.step()
+    engine.step()
+    new = engine.add(engine.encode("def main():\n"), Sampling(max_tokens=50, ignore_eos=True))
+    before = len(old.generated)
+    first = engine.prefill_step()
+    assert [e.seq for e in first] == [new] and len(new.generated) == 1 and len(old.generated) == before
+    rest = engine.decode_step()  # the rows decoding when the step began; the new one decodes next step
+    assert [e.seq for e in rest] == [old] and len(old.generated) == before + 1 and len(new.generated) == 1
+    engine.step()
+    assert len(new.generated) == 2 and len(old.generated) == before + 2

@@ -237,10 +237,12 @@ def test_abandoned_non_streamed_calls_cancel_their_sequences(env):
     suite, keys, *_ = env
     key = keys["gone"]
     base = f"http://{suite.http_url}"
-    max_tokens, calls = 240, 8
+    # 24 calls, of which the KV budget (2,048 tokens) runs 8 at once: the tiny model's engine can outrun the
+    # transport (a fifth of the wall time may be most of a wave's tokens), but the waves behind it are cut.
+    max_tokens, calls = 240, 24
     body = {"model": "codegen", "prompt": "d", "max_tokens": max_tokens, "ignore_eos": True}
 
-    async def burst(timeout_s: float | None, route: str) -> float:
+    async def burst(timeout_s: float | None, route: str) -> tuple[float, int]:
         started = time.monotonic()
         async with httpx.AsyncClient(headers=auth(key), timeout=timeout_s) as client:
 
@@ -251,17 +253,19 @@ def test_abandoned_non_streamed_calls_cancel_their_sequences(env):
                 return await client.post(f"{base}/v1/completions", json=body)
 
             results = await asyncio.gather(*(one(i) for i in range(calls)), return_exceptions=True)
+        answered = [x for x in results if isinstance(x, httpx.Response) and x.status_code == 200]
         if timeout_s is None:
-            assert all(isinstance(x, httpx.Response) and x.status_code == 200 for x in results), results
-        else:
-            assert all(isinstance(x, httpx.TimeoutException) for x in results), results
-        return time.monotonic() - started
+            assert len(answered) == calls, results
+        else:  # the first wave may end before the cut; the rest were cut off
+            assert len(answered) + sum(isinstance(x, httpx.TimeoutException) for x in results) == calls, results
+            assert len(answered) <= calls // 3, results
+        return time.monotonic() - started, len(answered)
 
-    full_s = asyncio.run(burst(None, "openai"))  # the whole generations, for scale
+    full_s, _ = asyncio.run(burst(None, "openai"))  # the whole generations, for scale
     before = usage(suite, key)
     assert before["completion_tokens"] == calls * max_tokens
     for route in ("openai", "generate"):
-        asyncio.run(burst(max(0.05, full_s / 5), route))  # the clients go away a fifth of the way in
+        _, answered = asyncio.run(burst(max(0.05, full_s / 5), route))  # the clients go away a fifth of the way in
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and kv_used(suite) != 0:
             time.sleep(0.2)
@@ -271,7 +275,9 @@ def test_abandoned_non_streamed_calls_cancel_their_sequences(env):
         print(route, "full burst", round(full_s, 3), "s; abandoned burst made", abandoned, "tokens")
         # Had they run on, calls * max_tokens more tokens: cancelled, they stopped well short of that.
         assert abandoned < 0.6 * calls * max_tokens, (route, abandoned, full_s)
-        assert after["requests"] == before["requests"], route  # not answered: not counted; their tokens are
+        # Cut off: not counted as requests (their tokens are). A generation may end while its answer is on the
+        # way to a client that leaves: counted, not received.
+        assert answered <= after["requests"] - before["requests"] <= calls // 3, route
         assert after["prompt_tokens"] > before["prompt_tokens"], route
         before = after
 

@@ -37,11 +37,18 @@ def test_the_exported_kv_decoder_matches_gpt2(tmp_path):
     positions = np.tile(np.arange(12), (2, 1))
     out = session.run(None, feeds(cfg, ids, np.ones((2, 12), np.int64), positions, empty))
     np.testing.assert_allclose(out[0], want, atol=2e-4)
-    # The first 9 tokens, then the last 3 over the cache: the same logits.
+    # The first 9 tokens, then the last 3 over the cache: the same logits. ``present`` is the new tokens' only.
     head = session.run(None, feeds(cfg, ids[:, :9], np.ones((2, 9), np.int64), positions[:, :9], empty))
+    assert head[1].shape == (2, cfg.n_head, 9, cfg.n_embd // cfg.n_head)
     tail = session.run(None, feeds(cfg, ids[:, 9:], np.ones((2, 12), np.int64), positions[:, 9:], head[1:]))
     np.testing.assert_allclose(tail[0], want[:, 9:], atol=2e-4)
-    assert tail[1].shape == (2, cfg.n_head, 12, cfg.n_embd // cfg.n_head)
+    assert tail[1].shape == (2, cfg.n_head, 3, cfg.n_embd // cfg.n_head)
+    # A cache with holes (a masked-out slot between the prompt and the new token) reads as one without.
+    holed = [np.concatenate([kv[:, :, :9], np.full_like(kv[:, :, :1], 7.0)], axis=2) for kv in head[1:]]
+    mask = np.ones((2, 11), np.int64)
+    mask[:, 9] = 0
+    one = session.run(None, feeds(cfg, ids[:, 9:10], mask, positions[:, 9:10], holed))
+    np.testing.assert_allclose(one[0][:, 0], want[:, 9], atol=2e-4)
 
 
 def test_the_cli_writes_a_decoupled_llm_model_folder(tmp_path):
@@ -58,21 +65,29 @@ def test_the_cli_writes_a_decoupled_llm_model_folder(tmp_path):
     assert not (tmp_path / ".aiworks").exists()  # --no-cache keeps nothing
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)  # a clean clone trains first: 2-3 min on 2 idle cores, over the 300 s default when loaded
-def test_the_trained_model_has_learnt_python_context(tmp_path):
-    """Trains once (~2-3 min on 2 idle cores; 5-6 min on a loaded one), cached in .aiworks/cache/llm.
+# The default before issue 18's size (1.1 M parameters, ~1 CPU-minute): what the test suite trains. The default
+# (12.3 M parameters, ~3 min on 2 idle cores) is checked only once `aiworks llm build` has trained and cached it.
+SMALL = llm.LlmSpec(layers=4, heads=4, dim=128, vocab=2048, steps=200, batch=32, lr=5e-3)
+CACHE = ROOT / ".aiworks" / "cache" / "llm"
 
-    200 CPU steps teach it token frequencies and some context, not yet plausible completions: its held-out
-    loss must be well below uniform and below a unigram model's (frequencies from the training text).
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # a clean clone trains the small spec first: 1-2 min on 2 idle cores, 5 on a loaded one
+@pytest.mark.parametrize("which", ["small", "default"])
+def test_the_trained_model_has_learnt_python_context(tmp_path, which):
+    """The held-out loss is well below uniform and below a unigram model's (frequencies from the training text).
+
+    Tests never train the default: its case runs on the weights a build cached, and is skipped without them.
     """
+    spec = SMALL if which == "small" else llm.LlmSpec()
+    if which == "default" and not (CACHE / spec.key() / "weights.pt").is_file():
+        pytest.skip("the default codegen is not trained here yet: `aiworks llm build` trains and caches it")
     from tokenizers import Tokenizer
 
     from aiworks.runtime.llm_backend import OnnxDecoder
     from aiworks.runtime.llm_engine import Engine, Sampling
 
-    spec, cache = llm.LlmSpec(), ROOT / ".aiworks" / "cache" / "llm"
-    tokenizer_json, model, report = llm.trained(spec, cache_dir=cache, progress=False)
+    tokenizer_json, model, report = llm.trained(spec, cache_dir=CACHE, progress=False)
     tokenizer = Tokenizer.from_file(str(tokenizer_json))
     uniform = math.log(tokenizer.get_vocab_size())
     loss = llm.held_out_loss(tokenizer, model, spec)
@@ -82,7 +97,7 @@ def test_the_trained_model_has_learnt_python_context(tmp_path):
     unigram_loss = float(-np.log(unigram[held_out]).mean())
     assert loss < uniform - 1.5 and loss < unigram_loss - 0.5, (loss, unigram_loss, uniform, report)
     # The served path (the exported ONNX model, the engine) agrees with the torch model on the first token.
-    folder, _ = llm.build(tmp_path, spec, cache_dir=cache, progress=False)
+    folder, _ = llm.build(tmp_path, spec, cache_dir=CACHE, progress=False)
     decoder = OnnxDecoder(folder / "1" / "model.onnx", 2)
     engine = Engine(decoder, tokenizer, layers=decoder.layers, heads=decoder.heads, head_dim=decoder.head_dim,
                     context=spec.context, kv_budget_tokens=4096, max_sequences=4)

@@ -247,7 +247,7 @@ def cmd_llm_build(args) -> None:
     cache = None if args.no_cache else Path(args.cache_dir)
     folder, report = llm.build(
         Path(args.out), spec, name=args.name, cache_dir=cache, progress=not args.quiet,
-        kv_budget_tokens=args.kv_budget_tokens, max_sequences=args.max_sequences,
+        kv_budget_tokens=args.kv_budget_tokens, max_sequences=args.max_sequences, threads=args.threads,
     )  # fmt: skip
     print(f"wrote {folder} (text_input BYTES [1] in, text_output BYTES [1] per token out; decoupled)")
     print(json.dumps(report))
@@ -385,14 +385,15 @@ def add_lifecycle_parsers(sub) -> None:
     )  # fmt: skip
     lb.add_argument("--out", default="model-repository", help="model repository to write the model folder into")
     lb.add_argument("--name", default="codegen", help="model name (default: codegen)")
-    lb.add_argument("--steps", type=int, default=200, help="training steps (default 200: ~2-3 min on 2 idle cores)")
-    lb.add_argument("--layers", type=int, default=4, help="decoder layers (default 4)")
+    lb.add_argument("--steps", type=int, default=400, help="training steps (default 400: ~3 min on 2 idle cores)")
+    lb.add_argument("--layers", type=int, default=6, help="decoder layers (default 6)")
     lb.add_argument("--seed", type=int, default=0)
     lb.add_argument("--random", action="store_true", help="random weights, no training (tests and benchmarks)")
     lb.add_argument("--cache-dir", default=".aiworks/cache/llm", help="where trained weights are kept between builds")
     lb.add_argument("--no-cache", action="store_true", help="neither read nor keep the trained weights")
     lb.add_argument("--kv-budget-tokens", type=int, default=16384, help="the replica's KV-cache budget in tokens")
     lb.add_argument("--max-sequences", type=int, default=32, help="sequences decoded together at most")
+    lb.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads for the decoder (default 2)")
     lb.add_argument("--quiet", action="store_true", help="no progress bar")
     lb.set_defaults(func=cmd_llm_build)
     me = ml_sub.add_parser("embed", help="embed sentences with a built model, in-process, and show similarities")
