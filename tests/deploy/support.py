@@ -120,3 +120,31 @@ def venv_tool(name: str) -> str:
     found = shutil.which(name)
     assert found, f"{name} is missing: install requirements-deploy.txt"
     return found
+
+
+# The public routes every front (Istio ingress, Gateway API, Envoy in compose) must send to the
+# gateway: a request's path -> (its port name, whether it is a long-lived stream). Streams get no
+# route timeout and no retries (a timeout would cut them, a retry would replay them).
+PUBLIC_ROUTES: dict[str, tuple[str, bool]] = {
+    "/inference.GRPCInferenceService/ModelInfer": ("grpc", False),
+    "/inference.GRPCInferenceService/ModelMetadata": ("grpc", False),
+    "/inference.GRPCInferenceService/ModelStreamInfer": ("grpc", True),
+    "/aiworks.streams.v1.ResultStreams/Subscribe": ("grpc", True),
+    "/v2/health/ready": ("http", False),
+    "/v2/models/iris/infer": ("http", False),
+    "/v2/models/llm/generate": ("http", False),
+    "/v2/models/llm/generate_stream": ("http", True),
+    "/v2/models/llm/versions/2/generate_stream": ("http", True),
+    "/v2/streams/orders": ("http", True),
+    "/v1/models": ("http", False),
+    "/v1/embeddings": ("http", False),
+    "/v1/completions": ("http", True),
+    "/v1/chat/completions": ("http", True),
+    "/v1/files": ("http", False),
+    "/v1/batches/batch_1/cancel": ("http", False),
+}
+# Paths no front may route: the gateway's metrics, other services' methods, look-alikes of the public prefixes.
+PRIVATE_PATHS = ("/metrics", "/", "/healthz", "/v3/models", "/v1x/models",
+                 "/aiworks.scheduler.v1.SchedulerService/Status", "/aiworks.cache.v1.CacheService/Get")  # fmt: skip
+# Public paths the gateway serves only with the Batch API on (batchRunner.enabled).
+BATCH_PATHS = {"/v1/files", "/v1/batches/batch_1/cancel"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import importlib
 import pkgutil
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +15,7 @@ import yaml
 from envoy.config.bootstrap.v3 import bootstrap_pb2
 from google.protobuf import json_format
 
-from .support import MESH
+from .support import MESH, PRIVATE_PATHS, PUBLIC_ROUTES
 
 
 def type_urls(node: Any) -> Iterator[str]:
@@ -76,15 +77,41 @@ def routes(envoy_config: dict[str, Any]) -> list[dict[str, Any]]:
     return host["routes"]
 
 
+def envoy_route(routes: list[dict[str, Any]], path: str, grpc: bool) -> dict[str, Any]:
+    """The first route whose match takes the request (Envoy's path, prefix, RE2 full match; grpc: gRPC only)."""
+    for route in routes:
+        match = route["match"]
+        if "grpc" in match and not grpc:
+            continue
+        if "path" in match and path == match["path"]:
+            return route
+        if "prefix" in match and path.startswith(match["prefix"]):
+            return route
+        if "safe_regex" in match and re.fullmatch(match["safe_regex"]["regex"], path):
+            return route
+    raise AssertionError(f"no route takes {path}")
+
+
 def test_http_and_grpc_routes_with_retries(envoy_config: dict[str, Any]) -> None:
-    by_prefix = {r["match"]["prefix"]: r for r in routes(envoy_config)}
-    grpc = by_prefix["/inference.GRPCInferenceService/"]
-    assert "grpc" in grpc["match"] and grpc["route"]["cluster"] == "gateway_grpc"
-    assert by_prefix["/v2"]["route"]["cluster"] == "gateway_http"
-    for route in (grpc, by_prefix["/v2"]):
-        policy = route["route"]["retry_policy"]
-        assert policy["num_retries"] >= 1 and policy["per_try_timeout"]
-    assert by_prefix["/"]["direct_response"]["status"] == 404, "nothing else is exposed"
+    table = routes(envoy_config)
+    parse(envoy_config)  # the regex and duration fields are Envoy's own
+    for path, (port, stream) in PUBLIC_ROUTES.items():
+        route = envoy_route(table, path, grpc=port == "grpc")
+        assert route["route"]["cluster"] == f"gateway_{port}", path
+        if stream:
+            # No route timeout, no retries; a gRPC stream keeps only its caller's own deadline, uncapped.
+            assert route["route"]["timeout"] == "0s" and "retry_policy" not in route["route"], path
+            if port == "grpc":
+                assert route["route"]["max_stream_duration"] == {"grpc_timeout_header_max": "0s"}, path
+        else:
+            assert route["route"]["timeout"] == "60s", path
+            policy = route["route"]["retry_policy"]
+            assert policy["num_retries"] >= 1 and policy["per_try_timeout"], path
+            assert "reset" not in policy["retry_on"] and "5xx" not in policy["retry_on"].split(","), path
+    for path in PRIVATE_PATHS:
+        for grpc in (False, True):
+            assert envoy_route(table, path, grpc)["direct_response"]["status"] == 404, f"{path} must stay private"
+    assert table[-1]["match"] == {"prefix": "/"}, "nothing else is exposed"
 
 
 def test_clusters_break_circuits(envoy_config: dict[str, Any]) -> None:

@@ -16,7 +16,18 @@ from cloudcoil.models.istio.networking import v1 as networking
 from cloudcoil.models.istio.security import v1 as security
 from cloudcoil.models.prometheus_operator import v1 as monitoring
 
-from .support import CRD_GROUPS, NAMESPACE, RELEASE, Rendered, api_group, differences
+from .support import (
+    BATCH_PATHS,
+    CONTRACT_PORTS,
+    CRD_GROUPS,
+    NAMESPACE,
+    PRIVATE_PATHS,
+    PUBLIC_ROUTES,
+    RELEASE,
+    Rendered,
+    api_group,
+    differences,
+)
 
 MODELS = {
     ("networking.istio.io/v1", "DestinationRule"): networking.DestinationRule,
@@ -181,14 +192,84 @@ def test_canary_routes_are_weighted(full: Rendered) -> None:
         assert unary["retries"]["attempts"] >= 1 and unary["timeout"] != "0s"
 
 
+def istio_route(routes: list[dict[str, Any]], path: str) -> dict[str, Any] | None:
+    """The first route of a VirtualService whose uri match takes the path (Istio's exact, prefix, RE2 full match)."""
+    for route in routes:
+        for match in route["match"]:
+            uri = match["uri"]
+            if ("exact" in uri and path == uri["exact"]) or ("prefix" in uri and path.startswith(uri["prefix"])):
+                return route
+            if "regex" in uri and re.fullmatch(uri["regex"], path):
+                return route
+    return None
+
+
 def test_ingress_routes_http_and_grpc(full: Rendered) -> None:
     [gateway] = full.of_kind("Gateway")
     https = next(s for s in gateway["spec"]["servers"] if s["port"]["protocol"] == "HTTPS")
     assert https["tls"]["mode"] == "SIMPLE" and https["tls"]["credentialName"]
     ingress = full.get("VirtualService", f"{RELEASE}-gateway-ingress")
     assert ingress["spec"]["gateways"] == [f"{NAMESPACE}/{gateway['metadata']['name']}"]
-    routes = {r["match"][0]["uri"]["prefix"]: r["route"][0]["destination"]["port"]["number"] for r in ingress["spec"]["http"]}
-    assert routes == {"/inference.GRPCInferenceService/": 8001, "/v2": 8000}
+    routes = ingress["spec"]["http"]
+    for path, (port, _) in PUBLIC_ROUTES.items():
+        route = istio_route(routes, path)
+        assert route is not None, f"{path} is not routed"
+        [destination] = route["route"]
+        assert destination["destination"]["port"]["number"] == CONTRACT_PORTS["gateway"][port], path
+    for path in PRIVATE_PATHS:
+        assert istio_route(routes, path) is None, f"{path} must stay private"
+
+
+def test_ingress_streams_have_no_timeout_and_no_retries(full: Rendered) -> None:
+    """A long-lived stream is neither cut by a route timeout nor replayed; unary calls keep both."""
+    routes = full.get("VirtualService", f"{RELEASE}-gateway-ingress")["spec"]["http"]
+    for path, (_, stream) in PUBLIC_ROUTES.items():
+        route = istio_route(routes, path)
+        assert route is not None
+        if stream:
+            assert (route["timeout"], route["retries"]) == ("0s", {"attempts": 0}), path
+        else:
+            assert route["timeout"] == "60s" and route["retries"]["attempts"] == 2, path
+            assert route["retries"]["retryOn"] == "connect-failure,refused-stream,unavailable", path
+
+
+def istio_allows(rules: list[dict[str, Any]], principal: str, port: int, path: str) -> bool:
+    """Whether an ALLOW policy's rules admit a call with any method (Istio's exact, "prefix*" and "*suffix"
+    paths); rules limited to some methods are left out, so a method limit on a public route fails here."""
+
+    def matches(pattern: str) -> bool:
+        if pattern.endswith("*"):
+            return path.startswith(pattern[:-1])
+        if pattern.startswith("*"):
+            return path.endswith(pattern[1:])
+        return path == pattern
+
+    for rule in rules:
+        [source], [operation] = rule["from"], rule["to"]
+        op = operation["operation"]
+        if principal in source["source"]["principals"] and str(port) in op["ports"] and "methods" not in op:
+            if any(matches(p) for p in op.get("paths", ["*"])):
+                return True
+    return False
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_ingress_principal_reaches_every_public_route(
+    render: Any, all_features_values: dict[str, Any], batch: bool
+) -> None:
+    values = copy.deepcopy(all_features_values)
+    values["batchRunner"]["enabled"] = batch
+    rules = render(values).get("AuthorizationPolicy", f"{RELEASE}-gateway")["spec"]["rules"]
+    ingress = "cluster.local/ns/istio-ingress/sa/istio-ingressgateway"
+    ports = CONTRACT_PORTS["gateway"]
+    for path, (port, _) in PUBLIC_ROUTES.items():
+        expected = batch or path not in BATCH_PATHS
+        assert istio_allows(rules, ingress, ports[port], path) == expected, path
+        other = "grpc" if port == "http" else "http"
+        assert not istio_allows(rules, ingress, ports[other], path), f"{path} on the {other} port"
+    for path in PRIVATE_PATHS:
+        for port in ("http", "grpc", "metrics"):
+            assert not istio_allows(rules, ingress, ports[port], path), (path, port)
 
 
 def authorized(full: Rendered) -> dict[tuple[str, str], set[str]]:
@@ -234,7 +315,10 @@ def test_authorization_allows_only_the_call_graph(
     for (caller, callee), paths in external.items():
         if caller == "cluster.local/ns/istio-ingress/sa/istio-ingressgateway":  # Istio's Helm-installed gateway
             # With the Batch API on (every feature), its routes too.
-            assert (callee, paths) == ("gateway", {"/v2", "/v2/*", "/inference.GRPCInferenceService/*", "/v1/files",
+            assert (callee, paths) == ("gateway", {"/v2", "/v2/*", "/v1/models", "/v1/completions",
+                                                   "/v1/chat/completions", "/v1/embeddings",
+                                                   "/inference.GRPCInferenceService/*",
+                                                   "/aiworks.streams.v1.ResultStreams/Subscribe", "/v1/files",
                                                    "/v1/files/*", "/v1/batches", "/v1/batches/*"})  # fmt: skip
         else:
             assert paths == {"/metrics"}, f"{caller} may only scrape {callee}"
