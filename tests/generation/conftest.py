@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from generation.llm_support import TINY
 
-from aiworks.lifecycle.llm import LlmSpec, build
-
-TINY = LlmSpec(layers=2, heads=2, dim=64, context=256, vocab=1024, corpus_mb=0.5, random=True)
+from aiworks.lifecycle.llm import build
 
 
 @pytest.fixture(scope="session")

@@ -21,19 +21,19 @@ import numpy as np
 import pytest
 import requests
 from e2e.e2e_support import start_suite
+from generation.llm_support import TINY
 from prometheus_client.parser import text_string_to_metric_families
 
 from aiworks.core.datatypes import Tensor
 from aiworks.core.inference import InferRequest
 from aiworks.core.options import Priority, RequestOptions
-from aiworks.lifecycle.llm import LlmSpec, build
+from aiworks.lifecycle.llm import build
 from aiworks.pb.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from aiworks.runtime.client import RuntimeClient
 from aiworks.status import format_status
 
 pytestmark = pytest.mark.e2e
 
-TINY = LlmSpec(layers=2, heads=2, dim=64, context=256, vocab=1024, corpus_mb=0.5, random=True)
 
 FILL = 200  # long generations sent to one replica: 2 run, the rest wait (each reserves ~250 of 1,024 tokens)
 

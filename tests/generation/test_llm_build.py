@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from conftest import TINY
+from generation.llm_support import TINY
 
 from aiworks.core.model_config import read_config
 from aiworks.lifecycle import llm
