@@ -108,7 +108,12 @@ def parse_sampling(params: dict, *, default_max_tokens: int, max_tokens_cap: int
 
 
 class OnnxDecoder:
-    """The decoder's ONNX Runtime session as an :class:`Engine` runner."""
+    """The decoder's ONNX Runtime session as an :class:`Engine` runner (the graph: ``aiworks.lifecycle.llm``).
+
+    A call binds the caller's cache slots as both the past and the present of
+    every layer (the same memory), so the new tokens' keys and values land in
+    the cache during the run and only the logits are allocated.
+    """
 
     def __init__(self, path: Path, threads: int):
         options = ort.SessionOptions()
@@ -116,16 +121,35 @@ class OnnxDecoder:
         options.inter_op_num_threads = 1
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        names = [i.name for i in self.session.get_inputs()]
-        self.past_names = [n for n in names if n.startswith("past_key_values.")]
+        inputs = {i.name: i for i in self.session.get_inputs()}
+        self.past_names = [n for n in inputs if n.startswith("past_key_values.")]
+        if not self.past_names or "seqlens_k" not in inputs:
+            raise InvalidArgument(f"{path}: not a KV-cache decoder of this version (rebuild it: aiworks llm build)")
+        self.present_names = [n.replace("past_key_values.", "present.", 1) for n in self.past_names]
         self.layers = len(self.past_names) // 2
-        key = self.session.get_inputs()[names.index(self.past_names[0])]
+        key = inputs[self.past_names[0]]
         self.heads, self.head_dim = int(key.shape[1]), int(key.shape[3])
+        self.vocab = int(self.session.get_outputs()[0].shape[1])
 
-    def __call__(self, feeds: dict) -> list[np.ndarray]:
-        run_feeds = {k: feeds[k] for k in ("input_ids", "attention_mask", "position_ids")}
-        run_feeds.update(zip(self.past_names, feeds["past"]))
-        return self.session.run(None, run_feeds)
+    def __call__(self, ids: np.ndarray, positions: np.ndarray, seqlens: np.ndarray, rows: np.ndarray,
+                 cache: list[np.ndarray]) -> np.ndarray:  # fmt: skip
+        """Logits [len(rows), vocab]; ``cache``: each layer's key and value slots [batch, heads, context, head_dim]
+        (C-contiguous float32), read and written in place; ``seqlens``: each row's cache length after the call,
+        minus one."""
+        binding = self.session.io_binding()
+        binding.bind_cpu_input("input_ids", ids)
+        binding.bind_cpu_input("position_ids", positions)
+        binding.bind_cpu_input("seqlens_k", seqlens)
+        binding.bind_cpu_input("total_sequence_length", np.asarray(int(seqlens.max()) + 1, np.int32))
+        binding.bind_cpu_input("logits_rows", rows)
+        for past, present, buffer in zip(self.past_names, self.present_names, cache):
+            shape, address = list(buffer.shape), buffer.ctypes.data
+            binding.bind_input(past, "cpu", 0, np.float32, shape, address)
+            binding.bind_output(present, "cpu", 0, np.float32, shape, address)
+        logits = np.empty((rows.shape[0], self.vocab), np.float32)
+        binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+        self.session.run_with_iobinding(binding)
+        return logits
 
 
 class LlmModel:

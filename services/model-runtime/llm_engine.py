@@ -16,15 +16,17 @@
    now read are sampled and can be handed out at once (:meth:`prefill_step`);
 4. runs one decode step for every sequence that was past its prompt when the
    step began, in one batch: rows with different histories share it, each
-   with its own positions and an attention mask over its own cache slots;
+   with its own positions, attending to its own cache slots only (its
+   length, not the longest row's, nor the whole context);
 5. samples each row's next token, applies stop strings, and returns the text
    pieces made (:class:`Event`); finished sequences leave the batch there.
 
 The cache is one array ``[2 * layers, max_sequences, heads, context, head_dim]``
 (a sequence owns one slot row). The rows are kept packed, decoding sequences
 first: the decode step hands the decoder ``cache[j, :decoding]`` as it lies
-(contiguous views, no copy; the decoder's ``present`` is the new token's
-entry only, stored into the cache after the step), and a sequence that ends
+(contiguous views, no copy), and the decoder writes each new token's key and
+value into its row in place (its ``present`` outputs are bound to the same
+memory as its ``past`` inputs); a sequence that ends
 or leaves its prefill moves one row (its own tokens only) to keep the
 packing. :class:`AsyncEngine` drives it from asyncio:
 steps run in one worker thread, never on the event loop, and each generation
@@ -115,7 +117,8 @@ class Event:
 
 
 class Engine:
-    """See the module docstring. ``runner(feeds) -> outputs`` runs the ONNX decoder (:func:`io_names` order)."""
+    """See the module docstring. ``runner(ids, positions, seqlens, rows, cache) -> logits`` runs the decoder
+    (:class:`aiworks.runtime.llm_backend.OnnxDecoder`) over the given cache rows, writing the new entries."""
 
     def __init__(
         self, runner, tokenizer, *, layers: int, heads: int, head_dim: int, context: int,
@@ -135,7 +138,6 @@ class Engine:
         self.used_tokens = 0
         self.steps = 0
         self._spaced: np.ndarray | None = None
-        self._columns = np.arange(context)
 
     @property
     def free_slots(self) -> int:
@@ -273,63 +275,62 @@ class Engine:
                 self.used_tokens += seq.reserve
                 self.running.append(seq)
 
-    def _run(self, ids, mask, positions, past) -> tuple[np.ndarray, list[np.ndarray]]:
-        out = self.runner({"input_ids": ids, "attention_mask": mask, "position_ids": positions, "past": past})
-        return out[0], out[1:]
+    def _slots(self, first: int, count: int) -> list[np.ndarray]:
+        """Every layer's key and value cache for rows ``first`` .. ``first + count`` (contiguous views)."""
+        return [self.cache[j, first : first + count] for j in range(2 * self.layers)]
 
     def _decode_forward(self, n: int) -> np.ndarray:
-        """One token for each of the first ``n`` rows, over the whole cache rows as they lie: their logits.
+        """One token for each of the first ``n`` rows, in one call over their cache rows as they lie: their logits.
 
-        The past is ``cache[j, :n]`` (all ``context`` columns; the mask admits
-        each row's first ``length``), so the decoder reads the cache in place.
+        Each row attends to its own ``length`` slots plus the new token, whose
+        key and value the decoder writes into slot ``length`` of its row.
         """
         seqs = self.running[:n]
         starts = np.fromiter((s.length for s in seqs), np.int64, n)
         ids = np.fromiter((s.next_id for s in seqs), np.int64, n)[:, None]
-        mask = np.empty((n, self.context + 1), np.int64)
-        np.less(self._columns[None, :], starts[:, None], out=mask[:, : self.context])
-        mask[:, self.context] = 1
-        past = [self.cache[j, :n] for j in range(2 * self.layers)]
-        logits, present = self._run(ids, mask, starts[:, None], past)
-        rows = np.arange(n)
-        for j, kv in enumerate(present):
-            self.cache[j, rows, :, starts] = kv[:, :, 0]
+        logits = self.runner(ids, starts[:, None], starts.astype(np.int32), np.arange(n), self._slots(0, n))
         for s in seqs:
             s.length += 1
-        return logits[:, 0]
+        return logits
 
     def _forward(self, rows: list[tuple[Sequence, np.ndarray]]) -> np.ndarray:
-        """Run new tokens of several sequences in one batch; each row's logits at its last new token.
+        """Read prompt chunks of several sequences; each row's logits at its last new token, in ``rows``' order.
 
-        Rows differ in history (``length``) and in how many tokens they bring:
-        the cache is read up to the longest history, new tokens are padded on
-        the right to the most any row brings, and the attention mask admits
-        each row's own cache slots and real new tokens only (padding comes
-        after a row's real tokens, so the causal order hides it from them).
+        Sequences with no history yet whose cache rows are neighbours go in
+        one call, their chunks padded on the right to the longest (padding
+        comes after a row's real tokens, so the causal order hides it from
+        them; the slots it fills lie past the row's length and are written
+        over by its next tokens). A sequence with a history goes alone, as
+        the attention operator requires of a chunk of several tokens over a
+        cache.
         """
-        seqs = [s for s, _ in rows]
-        slots = np.asarray([s.slot for s in seqs])
-        starts = np.asarray([s.length for s in seqs])
-        counts = np.asarray([t.shape[0] for _, t in rows])
-        width, new = int(starts.max()), int(counts.max())
-        past = [self.cache[j, slots, :, :width] for j in range(2 * self.layers)]
-        mask = np.zeros((len(rows), width + new), np.int64)
-        mask[:, :width] = np.arange(width)[None, :] < starts[:, None]
-        ids = np.zeros((len(rows), new), np.int64)
-        positions = np.zeros((len(rows), new), np.int64)
-        for i, (_, t) in enumerate(rows):
-            n = t.shape[0]
-            ids[i, :n] = t
-            positions[i] = starts[i] + np.minimum(np.arange(new), n - 1)  # padding repeats the last position
-            mask[i, width : width + n] = 1
-        logits, present = self._run(ids, mask, positions, past)
-        for i, s in enumerate(seqs):
-            n = int(counts[i])
-            for j, kv in enumerate(present):
-                self.cache[j, s.slot, :, s.length : s.length + n] = kv[i, :, :n]
-        for s, n in zip(seqs, counts.tolist()):
-            s.length += n
-        return logits[np.arange(len(rows)), counts - 1]
+        logits = [None] * len(rows)
+        order = sorted(range(len(rows)), key=lambda i: rows[i][0].slot)
+        groups: list[list[int]] = []
+        for i in order:
+            seq = rows[i][0]
+            last = rows[groups[-1][-1]][0] if groups else None
+            if seq.length == 0 and last is not None and last.length == 0 and last.slot + 1 == seq.slot:
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+        for group in groups:
+            first = rows[group[0]][0]
+            counts = np.asarray([rows[i][1].shape[0] for i in group])
+            new, start = int(counts.max()), first.length
+            ids = np.zeros((len(group), new), np.int64)
+            positions = np.empty((len(group), new), np.int64)
+            for k, i in enumerate(group):
+                chunk = rows[i][1]
+                ids[k, : chunk.shape[0]] = chunk
+                positions[k] = start + np.minimum(np.arange(new), chunk.shape[0] - 1)  # padding repeats the last
+            seqlens = np.full(len(group), start + new - 1, np.int32)
+            flat = np.arange(len(group)) * new + counts - 1
+            out = self.runner(ids, positions, seqlens, flat, self._slots(first.slot, len(group)))
+            for k, i in enumerate(group):
+                logits[i] = out[k]
+                rows[i][0].length += int(counts[k])
+        return logits
 
     def _prefill(self, filling: list[Sequence]) -> list[tuple[Sequence, int]]:
         """Feed prompt chunks, at most ``prefill_chunk`` tokens in all, oldest first: (sequence, first token)

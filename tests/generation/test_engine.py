@@ -239,14 +239,14 @@ async def test_the_backend_queues_by_the_requests_class(tiny_llm_repo):
 
     folder = tiny_llm_repo / "codegen"
     model = LlmModel(folder / "1" / "model.onnx", read_config(folder), 1)
-    model.engine.kv_budget_tokens = 40  # one sequence at a time
+    model.engine.kv_budget_tokens = 80  # one sequence at a time: the first holds ~67 tokens, the others ~15 each
     try:
         order: list[str] = []
 
         async def generate(name: str, priority: Priority) -> None:
             raw = serialize_items([b"import os"])
             request = InferRequest("codegen", "1", [Tensor("text_input", "BYTES", (1,), raw)],
-                                   parameters={"max_tokens": 12, "ignore_eos": True})  # fmt: skip
+                                   parameters={"max_tokens": 64 if name == "first" else 12, "ignore_eos": True})  # fmt: skip
             async for _ in model.stream(request, RequestOptions(priority=priority)):
                 if name not in order:
                     order.append(name)

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from generation.llm_support import TINY
 
@@ -18,37 +17,49 @@ from aiworks.lifecycle import llm
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def feeds(cfg, ids, mask, positions, past):
-    names, _ = llm.io_names(cfg.n_layer)
-    return dict(zip(names, [ids, mask, positions, *past]))
-
-
-def test_the_exported_kv_decoder_matches_gpt2(tmp_path):
+def test_the_decoder_graph_matches_gpt2_over_its_cache(tmp_path):
+    """Whole prompts in one call (two rows, one padded), a prompt's later chunk over its cache, and decoding
+    rows of different lengths in one call: the logits are GPT-2's, and the cache is written in place."""
     import torch
 
+    from aiworks.runtime.llm_backend import OnnxDecoder
+
     model = llm.hf_model(TINY, 1024).eval()
-    path = llm.export_onnx(model, tmp_path / "model.onnx")
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    decoder = OnnxDecoder(llm.export_onnx(model, tmp_path / "model.onnx"), 1)
     cfg = model.config
+    heads, head_dim = cfg.n_head, cfg.n_embd // cfg.n_head
     ids = np.random.default_rng(0).integers(0, 1024, (2, 12)).astype(np.int64)
     with torch.no_grad():
         want = model(input_ids=torch.from_numpy(ids)).logits.numpy()
-    empty = [np.zeros((2, cfg.n_head, 0, cfg.n_embd // cfg.n_head), np.float32) for _ in range(2 * cfg.n_layer)]
-    positions = np.tile(np.arange(12), (2, 1))
-    out = session.run(None, feeds(cfg, ids, np.ones((2, 12), np.int64), positions, empty))
-    np.testing.assert_allclose(out[0], want, atol=2e-4)
-    # The first 9 tokens, then the last 3 over the cache: the same logits. ``present`` is the new tokens' only.
-    head = session.run(None, feeds(cfg, ids[:, :9], np.ones((2, 9), np.int64), positions[:, :9], empty))
-    assert head[1].shape == (2, cfg.n_head, 9, cfg.n_embd // cfg.n_head)
-    tail = session.run(None, feeds(cfg, ids[:, 9:], np.ones((2, 12), np.int64), positions[:, 9:], head[1:]))
-    np.testing.assert_allclose(tail[0], want[:, 9:], atol=2e-4)
-    assert tail[1].shape == (2, cfg.n_head, 3, cfg.n_embd // cfg.n_head)
-    # A cache with holes (a masked-out slot between the prompt and the new token) reads as one without.
-    holed = [np.concatenate([kv[:, :, :9], np.full_like(kv[:, :, :1], 7.0)], axis=2) for kv in head[1:]]
-    mask = np.ones((2, 11), np.int64)
-    mask[:, 9] = 0
-    one = session.run(None, feeds(cfg, ids[:, 9:10], mask, positions[:, 9:10], holed))
-    np.testing.assert_allclose(one[0][:, 0], want[:, 9], atol=2e-4)
+        want7 = model(input_ids=torch.from_numpy(ids[:1, :7])).logits.numpy()
+    cache = np.zeros((2 * cfg.n_layer, 2, heads, 32, head_dim), np.float32)
+    slots = [cache[j] for j in range(2 * cfg.n_layer)]
+
+    def call(tokens, positions, seqlens, rows, where):
+        return decoder(tokens, positions, np.asarray(seqlens, np.int32), np.asarray(rows, np.int64), where)
+
+    # Row 0 brings 7 tokens (padded to 9), row 1 brings 9: logits at each row's last real token.
+    padded = ids[:, :9].copy()
+    padded[0, 7:] = 0
+    first = call(padded, np.tile(np.minimum(np.arange(9), [[6], [8]]), 1), [8, 8], [6, 9 + 8], slots)
+    np.testing.assert_allclose(first[0], want7[0, 6], atol=2e-4)
+    np.testing.assert_allclose(first[1], want[1, 8], atol=2e-4)
+    assert np.abs(cache[:, 1, :, :9]).sum() > 0 and not cache[:, 1, :, 9:].any()  # written in place, no further
+    # Row 0's next two tokens (7, 8) over its cache, alone; its padding slots are written over.
+    row0 = [cache[j, :1] for j in range(2 * cfg.n_layer)]
+    more = call(ids[:1, 7:9], np.array([[7, 8]]), [8], [0, 1], row0)
+    np.testing.assert_allclose(more[1], want[0, 8], atol=2e-4)
+    # Then decoding: both rows at length 9, one token each, three steps.
+    for step in range(9, 12):
+        out = call(ids[:, step : step + 1], np.full((2, 1), step), [step, step], [0, 1], slots)
+        np.testing.assert_allclose(out, want[:, step], atol=2e-4)
+    # Rows of different lengths decode in one call: each attends to its own slots only.
+    junk = cache.copy()
+    junk[:, 0, :, 10:] = 7.0  # row 0 is 10 long here; what lies past its length is never read
+    out = call(np.array([[ids[0, 10]], [ids[1, 11]]]), np.array([[10], [11]]), [10, 11], [0, 1],
+               [junk[j] for j in range(2 * cfg.n_layer)])  # fmt: skip
+    np.testing.assert_allclose(out[0], want[0, 10], atol=2e-4)
+    np.testing.assert_allclose(out[1], want[1, 11], atol=2e-4)
 
 
 def test_the_cli_writes_a_decoupled_llm_model_folder(tmp_path):

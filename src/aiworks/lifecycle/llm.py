@@ -10,13 +10,13 @@ No model hub is reachable, so ``aiworks llm build`` makes the weights itself:
    steps on random windows of that text, on the CPU (in bfloat16 autocast
    where the CPU has native bfloat16); the weights and tokenizer are cached under
    ``.aiworks/cache/llm/<key>`` so a second build only exports;
-3. an ONNX export of the decoder with its KV cache as inputs and outputs
-   (:func:`export_onnx`): ``input_ids``, ``attention_mask``, ``position_ids``
-   and ``past_key_values.{i}.key/value`` in; ``logits`` and
-   ``present.{i}.key/value`` out. The exported graph is this module's own
-   forward over the model's weights (:class:`KVDecoder`), so the cache layout
-   does not depend on the transformers version; a test checks its logits
-   against ``GPT2LMHeadModel``'s.
+3. an ONNX graph of the decoder with its KV cache as inputs and outputs
+   (:func:`decoder_graph`): ``input_ids``, ``position_ids``, each row's
+   cache length, the rows that want logits and ``past_key_values.{i}.key/value``
+   in; ``logits`` and ``present.{i}.key/value`` (the same cache, written in
+   place) out. The graph is written node by node from the model's weights,
+   so the cache layout does not depend on the transformers version; a test
+   checks its logits against ``GPT2LMHeadModel``'s.
 
 The model folder holds ``1/model.onnx``, ``1/tokenizer.json`` and a
 ``config.pbtxt`` for the runtime's ``llm`` backend (decoupled: one response
@@ -33,7 +33,6 @@ import sys
 import sysconfig
 import tempfile
 import time
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -219,87 +218,116 @@ def trained(spec: LlmSpec, *, cache_dir: Path | None = DEFAULT_CACHE, progress: 
     return folder / "tokenizer.json", model, {**report, "cached": False}
 
 
-def kv_decoder(model):
-    """:class:`KVDecoder` over ``model``'s weights (a torch module; built lazily so torch stays optional)."""
-    import torch
-
-    class KVDecoder(torch.nn.Module):
-        """GPT-2's forward with an explicit KV cache: the graph the runtime runs.
-
-        ``attention_mask`` [batch, past + new] marks the cache slots (and new
-        tokens) each row may attend; ``position_ids`` [batch, new] are each
-        row's own positions, so rows with different histories share a batch.
-        ``present`` holds the new tokens' keys and values only: attention
-        scores the past and the new keys apart and joins the (small) score
-        rows, so the cache is read where it lies and never copied into a
-        longer tensor; the caller stores the new entries in its cache.
-        """
-
-        def __init__(self, hf):
-            super().__init__()
-            self.hf = hf
-            cfg = hf.config
-            self.heads, self.head_dim = cfg.n_head, cfg.n_embd // cfg.n_head
-
-        def forward(self, input_ids, attention_mask, position_ids, *past):
-            t = self.hf.transformer
-            x = t.wte(input_ids) + t.wpe(position_ids)
-            bsz, new = input_ids.shape[0], input_ids.shape[1]
-            total = attention_mask.shape[1]
-            width = total - new
-            q_pos = torch.arange(new) + width
-            causal = torch.arange(total)[None, :] <= q_pos[:, None]
-            allowed = causal[None, None, :, :] & (attention_mask[:, None, None, :] > 0)
-            scale = 1.0 / math.sqrt(self.head_dim)
-            presents = []
-            for i, block in enumerate(t.h):
-                h = block.ln_1(x)
-                q, k, v = block.attn.c_attn(h).split(self.heads * self.head_dim, dim=2)
-                q, k, v = (z.view(bsz, new, self.heads, self.head_dim).transpose(1, 2) for z in (q, k, v))
-                presents += [k, v]
-                pk, pv = past[2 * i], past[2 * i + 1]
-                scores = torch.cat([q @ pk.transpose(-1, -2), q @ k.transpose(-1, -2)], dim=-1) * scale
-                scores = scores.masked_fill(~allowed, -1e9)
-                p = torch.softmax(scores, dim=-1)
-                att = p[..., :width] @ pv + p[..., width:] @ v
-                att = att.transpose(1, 2).reshape(bsz, new, self.heads * self.head_dim)
-                x = x + block.attn.c_proj(att)
-                x = x + block.mlp(block.ln_2(x))
-            logits = t.ln_f(x) @ t.wte.weight.T
-            return (logits, *presents)
-
-    return KVDecoder(model).eval()
-
-
 def io_names(layers: int) -> tuple[list[str], list[str]]:
+    """The decoder graph's inputs and outputs, in order (:func:`export_onnx`)."""
     past = [f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
     present = [f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
-    return ["input_ids", "attention_mask", "position_ids", *past], ["logits", *present]
+    return [*FEED_NAMES, *past], ["logits", *present]
+
+
+FEED_NAMES = ("input_ids", "position_ids", "seqlens_k", "total_sequence_length", "logits_rows")
+
+
+def decoder_graph(model):
+    """GPT-2's forward over ``model``'s weights as an ONNX graph whose attention reads a KV cache in place.
+
+    Written node by node (not traced), so the cache layout is this module's,
+    whatever the transformers version. Inputs:
+
+    - ``input_ids``, ``position_ids`` [batch, new] (int64): each row's new tokens and their positions;
+    - ``seqlens_k`` [batch] (int32): each row's tokens in its cache slot *after* this call, minus one;
+    - ``total_sequence_length`` [] (int32): the largest of those, plus one;
+    - ``logits_rows`` [rows] (int64): which of the batch × new tokens (row-major) get logits;
+    - ``past_key_values.{i}.key/value`` [batch, heads, context, head_dim] (float32): the cache slots.
+
+    Outputs: ``logits`` [rows, vocab], and ``present.{i}.key/value``, the same
+    shape as the past: the caller binds each to its past's memory, so the
+    new tokens' keys and values are written into the cache where they belong
+    and nothing is copied. Attention is ONNX Runtime's ``GroupQueryAttention``
+    (com.microsoft) with as many key/value heads as query heads: each row
+    attends to its own ``seqlens_k + 1`` slots only, so a short sequence does
+    not pay for a long one beside it. As that operator requires, new tokens
+    of several rows share a call only when no row has a history (the prompt's
+    first chunk) or each row brings one token (decoding); a prompt's later
+    chunks go one row per call.
+    """
+    from onnx import TensorProto, helper, numpy_helper
+
+    cfg = model.config
+    layers, heads, dim = cfg.n_layer, cfg.n_head, cfg.n_embd
+    head_dim = dim // heads
+    weights = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    inits, nodes = [], []
+
+    def const(name: str, value) -> str:
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        return name
+
+    def node(op: str, ins: list[str], out: str, domain: str | None = None, **attrs) -> str:
+        nodes.append(helper.make_node(op, ins, [out], domain=domain, **attrs))
+        return out
+
+    def layer_norm(x: str, prefix: str, out: str) -> str:
+        gamma, beta = const(f"{prefix}.weight", weights[f"{prefix}.weight"]), const(f"{prefix}.bias", weights[f"{prefix}.bias"])
+        return node("LayerNormalization", [x, gamma, beta], out, axis=-1, epsilon=cfg.layer_norm_epsilon)
+
+    def linear(x: str, prefix: str, out: str) -> str:  # GPT-2's Conv1D: x @ W + b, as one Gemm on [tokens, dim]
+        w, b = const(f"{prefix}.weight", weights[f"{prefix}.weight"]), const(f"{prefix}.bias", weights[f"{prefix}.bias"])
+        return node("Gemm", [x, w, b], out)
+
+    t = "transformer"
+    tok = node("Gather", [const("wte", weights[f"{t}.wte.weight"]), "input_ids"], "tok_emb")
+    pos = node("Gather", [const("wpe", weights[f"{t}.wpe.weight"]), "position_ids"], "pos_emb")
+    new = node("Slice", [node("Shape", ["input_ids"], "ids_shape"), const("one", np.array([1], np.int64)),
+                         const("two", np.array([2], np.int64))], "new")  # fmt: skip
+    shape3 = node("Concat", [const("minus_one", np.array([-1], np.int64)), new,
+                             const("dim3", np.array([3 * dim], np.int64))], "shape3", axis=0)  # fmt: skip
+    flat = const("flat", np.array([-1, dim], np.int64))
+    x = node("Reshape", [node("Add", [tok, pos], "emb"), flat], "x0")  # [batch * new, dim] throughout
+    for i in range(layers):
+        p = f"{t}.h.{i}"
+        qkv = node("Reshape", [linear(layer_norm(x, f"{p}.ln_1", f"h{i}.ln1"), f"{p}.attn.c_attn", f"h{i}.qkv2"), shape3],
+                   f"h{i}.qkv")  # fmt: skip
+        nodes.append(helper.make_node("Split", [qkv, const(f"h{i}.split", np.array([dim] * 3, np.int64))],
+                                      [f"h{i}.q", f"h{i}.k", f"h{i}.v"], axis=2))  # fmt: skip
+        nodes.append(helper.make_node(
+            "GroupQueryAttention",
+            [f"h{i}.q", f"h{i}.k", f"h{i}.v", f"past_key_values.{i}.key", f"past_key_values.{i}.value",
+             "seqlens_k", "total_sequence_length"],
+            [f"h{i}.att", f"present.{i}.key", f"present.{i}.value"],
+            domain="com.microsoft", num_heads=heads, kv_num_heads=heads, scale=1.0 / math.sqrt(head_dim),
+        ))  # fmt: skip
+        att = node("Reshape", [f"h{i}.att", flat], f"h{i}.att2")
+        x = node("Add", [x, linear(att, f"{p}.attn.c_proj", f"h{i}.proj")], f"h{i}.x1")
+        fc = node("MatMul", [layer_norm(x, f"{p}.ln_2", f"h{i}.ln2"), const(f"{p}.mlp.c_fc.weight", weights[f"{p}.mlp.c_fc.weight"])],
+                  f"h{i}.fc")  # fmt: skip
+        gelu = node("FastGelu", [fc, const(f"{p}.mlp.c_fc.bias", weights[f"{p}.mlp.c_fc.bias"])], f"h{i}.gelu",
+                    domain="com.microsoft")  # GPT-2's gelu_new (the tanh form), bias added first  # fmt: skip
+        x = node("Add", [x, linear(gelu, f"{p}.mlp.c_proj", f"h{i}.mlp")], f"h{i}.x2")
+    last = node("Gather", [x, "logits_rows"], "last", axis=0)
+    head = const("lm_head", weights[f"{t}.wte.weight"].T)  # tied to the token embedding
+    node("MatMul", [layer_norm(last, f"{t}.ln_f", "final"), head], "logits")
+    cache_dims = ["batch", heads, "context", head_dim]
+    inputs = [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "new"]),
+        helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "new"]),
+        helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["batch"]),
+        helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
+        helper.make_tensor_value_info("logits_rows", TensorProto.INT64, ["rows"]),
+    ]
+    names_in, names_out = io_names(layers)
+    inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, cache_dims) for n in names_in[len(FEED_NAMES) :]]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["rows", cfg.vocab_size])]
+    outputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, cache_dims) for n in names_out[1:]]
+    graph = helper.make_graph(nodes, "codegen", inputs, outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
 
 
 def export_onnx(model, dst: Path) -> Path:
-    """Write the KV-cache decoder graph (opset 17, batch / new / past / total dims dynamic).
+    """Write :func:`decoder_graph` of ``model`` to ``dst``."""
+    import onnx
 
-    ``present.{i}.key/value`` are [batch, heads, new, head_dim]: the new tokens' entries, not past + new.
-    """
-    import torch
-
-    cfg = model.config
-    heads, head_dim = cfg.n_head, cfg.n_embd // cfg.n_head
-    inputs, outputs = io_names(cfg.n_layer)
-    ids = torch.tensor([[1, 2, 3]])
-    past = [torch.zeros(1, heads, 2, head_dim) for _ in range(2 * cfg.n_layer)]
-    args = (ids, torch.ones(1, 5, dtype=torch.int64), torch.tensor([[2, 3, 4]]), *past)
-    dynamic = {"input_ids": {0: "batch", 1: "new"}, "attention_mask": {0: "batch", 1: "total"},
-               "position_ids": {0: "batch", 1: "new"}, "logits": {0: "batch", 1: "new"}}  # fmt: skip
-    dynamic.update({n: {0: "batch", 2: "past"} for n in inputs[3:]})
-    dynamic.update({n: {0: "batch", 2: "new"} for n in outputs[1:]})
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            kv_decoder(model), args, str(dst), dynamo=False, opset_version=17,
-            input_names=inputs, output_names=outputs, dynamic_axes=dynamic,
-        )  # fmt: skip
+    onnx.save(decoder_graph(model), str(dst))
     return Path(dst)
 
 
