@@ -134,6 +134,7 @@ def cmd_up(args) -> None:
         prometheus_port=args.prometheus_port,
         tls=args.tls or bool(args.tls_dir),
         tls_dir=Path(args.tls_dir) if args.tls_dir else None,
+        tiers=args.tiers,
     )
     supervisor = Supervisor(config)
     stopping = []
@@ -160,6 +161,9 @@ def cmd_up(args) -> None:
         lines.append(
             "  metrics:          " + ", ".join(f"{kind} {' '.join(addrs)}" for kind, addrs in sorted(targets.items()))
         )
+        if config.tiers:
+            lines.append(f"  tiers:            {supervisor.http_url}/v1/batches, POST …/infer with "
+                         f"Prefer: respond-async, /v2/streams/NAME (files in {supervisor.batch_files})")  # fmt: skip
         if supervisor.prometheus is not None:
             lines.append(f"  Prometheus:       {supervisor.prometheus.url}")
         lines.append("  logs:             " + ", ".join(str(c.log_path) for c in supervisor.children))
@@ -302,6 +306,12 @@ def build_parser(command: str = "") -> argparse.ArgumentParser:
     )
     up.add_argument("--no-cache", action="store_true", help="start no cache service")
     up.add_argument(
+        "--tiers",
+        action="store_true",
+        help="also the nearline and offline tiers (needs --redis-url): the Batch API, asynchronous requests and "
+        "result streams on the gateway, one batch runner, one nearline worker (docs/tiers.md)",
+    )
+    up.add_argument(
         "--no-monitor", action="store_true", help="start no monitor (no restarts, autoscaling or ejection)"
     )
     up.add_argument("--monitor-port", type=int, default=8040, help="monitor's events API and /metrics (default 8040)")
@@ -309,7 +319,8 @@ def build_parser(command: str = "") -> argparse.ArgumentParser:
         "--metrics-base-port",
         type=int,
         default=8100,
-        help="metrics ports: gateway +0, scheduler +1, cache +2, runtime-i +10+i (default 8100); 0 picks free ones",
+        help="metrics ports: gateway +0, scheduler +1, cache +2, batch runner +5, nearline worker +6, runtime-i "
+        "+10+i (default 8100); 0 picks free ones",
     )
     up.add_argument(
         "--control-port", type=int, default=8050, help="supervisor's control API on 127.0.0.1 (default 8050); 0: free"

@@ -158,6 +158,10 @@ class SuiteConfig:
     schedulers: int = 1
     # Most runtime replicas the control API starts on request (POST /v1/runtime/scale).
     max_scale_replicas: int = DEFAULT_MAX_REPLICAS
+    # The nearline and offline tiers (docs/tiers.md): the gateway's Batch API (files under
+    # <log_dir>/../batch-files), asynchronous requests and result streams, one batch runner and one
+    # nearline worker. Needs redis_url: the jobs, the queue and the streams live there.
+    tiers: bool = False
 
     @classmethod
     def on_free_ports(cls, **fields) -> SuiteConfig:
@@ -174,12 +178,14 @@ class SuiteConfig:
 
 
 # Offsets of each kind's metrics port from SuiteConfig.metrics_base_port.
-_METRICS_OFFSET = {"gateway": 0, "scheduler": 1, "cache": 2, "runtime": 10}
+_METRICS_OFFSET = {"gateway": 0, "scheduler": 1, "cache": 2, "batch": 5, "nearline": 6, "runtime": 10}
 _METRICS_ENV = {
     "gateway": "AIWORKS_GATEWAY_METRICS_PORT",
     "scheduler": "AIWORKS_SCHEDULER_METRICS_PORT",
     "cache": "AIWORKS_CACHE_METRICS_PORT",
     "runtime": "AIWORKS_RUNTIME_METRICS_PORT",
+    "batch": "AIWORKS_BATCH_METRICS_PORT",
+    "nearline": "AIWORKS_NEARLINE_METRICS_PORT",
 }
 
 
@@ -483,6 +489,8 @@ class Supervisor:
                 f"the internal services refuse plaintext on {c.host}, beyond loopback, where anyone on the network "
                 "could call them: add --tls (mutual TLS between them), or bind 127.0.0.1"
             )
+        if c.tiers and not c.redis_url:
+            raise RuntimeError("the tiers keep their jobs, queue and streams in Redis: give --redis-url with --tiers")
         if self.tls_dir is not None:
             self._prepare_certificates()
         try:
@@ -520,6 +528,13 @@ class Supervisor:
         if self.cache_address:
             self._wait(lambda: self._grpc_serving(self.cache_address, "cache"), "cache")
             gateway_env["AIWORKS_GATEWAY_CACHE_ADDRESS"] = self.cache_address
+        if c.tiers:
+            gateway_env.update({
+                "AIWORKS_GATEWAY_REDIS_URL": c.redis_url,  # the environment, never argv: it may hold a password
+                "AIWORKS_GATEWAY_BATCH_FILES_URL": str(self.batch_files),
+                "AIWORKS_GATEWAY_ASYNC_REQUESTS": "true",
+                "AIWORKS_GATEWAY_RESULT_STREAMS": "true",
+            })  # fmt: skip
         self._spawn(
             "gateway", "gateway",
             [
@@ -538,8 +553,27 @@ class Supervisor:
         self._wait(lambda: self._http_ready(), "gateway")
         if c.monitor:
             self._wait(lambda: self._http_ok(f"{self.monitor_url}/healthz"), "monitor")
+        if c.tiers:
+            self._start_tiers()
         if c.prometheus:
             self._start_prometheus()
+
+    @property
+    def batch_files(self) -> Path:
+        """Where the Batch API keeps uploaded and output files (``tiers``)."""
+        return (self.config.log_dir.parent / "batch-files").resolve()
+
+    def _start_tiers(self) -> None:
+        """One batch runner and one nearline worker, clients of the gateway's public HTTP API like any caller."""
+        c = self.config
+        runner_env = {"AIWORKS_BATCH_REDIS_URL": c.redis_url, "AIWORKS_BATCH_GATEWAY_URL": self.http_url}
+        worker_env = {"AIWORKS_NEARLINE_REDIS_URL": c.redis_url, "AIWORKS_NEARLINE_GATEWAY_URL": self.http_url}
+        if self.tls_dir is not None:  # the gateway serves HTTPS: they check it against the suite's CA
+            runner_env["AIWORKS_BATCH_CA_FILE"] = worker_env["AIWORKS_NEARLINE_CA_FILE"] = str(
+                self.tls_dir / "gateway" / CA_CERT
+            )
+        self._spawn("batch-runner", "batch", ["batch", "runner"], env=runner_env)
+        self._spawn("nearline-worker", "nearline", ["nearline", "worker"], env=worker_env)
 
     def _start_monitor(self) -> None:
         c = self.config
