@@ -25,7 +25,7 @@ def test_the_decoder_graph_matches_gpt2_over_its_cache(tmp_path):
     from aiworks.runtime.llm_backend import OnnxDecoder
 
     model = llm.hf_model(TINY, 1024).eval()
-    decoder = OnnxDecoder(llm.export_onnx(model, tmp_path / "model.onnx"), 1)
+    decoder = OnnxDecoder(llm.export_onnx(model, tmp_path / "model.onnx", precision="fp32"), 1)
     cfg = model.config
     heads, head_dim = cfg.n_head, cfg.n_embd // cfg.n_head
     ids = np.random.default_rng(0).integers(0, 1024, (2, 12)).astype(np.int64)
@@ -60,6 +60,24 @@ def test_the_decoder_graph_matches_gpt2_over_its_cache(tmp_path):
                [junk[j] for j in range(2 * cfg.n_layer)])  # fmt: skip
     np.testing.assert_allclose(out[0], want[0, 10], atol=2e-4)
     np.testing.assert_allclose(out[1], want[1, 11], atol=2e-4)
+
+
+def test_the_int8_export_serves_what_the_fp32_one_does(tmp_path):
+    """The default (int8) graph: the loss over text windows within 0.02 nats of the float32 graph's, which
+    equals the torch model's; most next-token choices agree (random weights: near-uniform logits, the hard case)."""
+    import torch
+
+    model = llm.hf_model(TINY, 1024).eval()
+    ids = np.random.default_rng(1).integers(0, 1024, 4096)
+    with torch.no_grad():
+        torch_loss = llm.mean_loss(model, ids, 64)
+    exact = llm.served_loss(llm.export_onnx(model, tmp_path / "fp32.onnx", precision="fp32"), ids, 64)
+    int8 = llm.served_loss(llm.export_onnx(model, tmp_path / "int8.onnx"), ids, 64)
+    assert abs(exact - torch_loss) < 1e-4, (exact, torch_loss)
+    assert abs(int8 - exact) < 0.02, (int8, exact)
+    assert (tmp_path / "int8.onnx").stat().st_size < 0.6 * (tmp_path / "fp32.onnx").stat().st_size
+    with pytest.raises(ValueError, match="precision"):
+        llm.export_onnx(model, tmp_path / "x.onnx", precision="fp8")
 
 
 def test_the_cli_writes_a_decoupled_llm_model_folder(tmp_path):
@@ -107,8 +125,10 @@ def test_the_trained_model_has_learnt_python_context(tmp_path, which):
     held_out = llm.token_stream(tokenizer, llm.corpus(0.5, held_out=True))
     unigram_loss = float(-np.log(unigram[held_out]).mean())
     assert loss < uniform - 1.5 and loss < unigram_loss - 0.5, (loss, unigram_loss, uniform, report)
-    # The served path (the exported ONNX model, the engine) agrees with the torch model on the first token.
-    folder, _ = llm.build(tmp_path, spec, cache_dir=CACHE, progress=False)
+    # The served path (the exported int8 ONNX model, the engine): its held-out loss is the torch model's, give
+    # or take 0.05 nats, and it agrees with the torch model on the first token.
+    folder, built = llm.build(tmp_path, spec, cache_dir=CACHE, progress=False)
+    assert built["precision"] == "int8" and abs(built["served_held_out_loss"] - loss) < 0.05, (built, loss)
     decoder = OnnxDecoder(folder / "1" / "model.onnx", 2)
     engine = Engine(decoder, tokenizer, layers=decoder.layers, heads=decoder.heads, head_dim=decoder.head_dim,
                     context=spec.context, kv_budget_tokens=4096, max_sequences=4)
