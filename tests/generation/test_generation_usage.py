@@ -339,19 +339,27 @@ def test_each_generation_writes_one_audit_line_with_its_tokens_and_never_its_tex
     finally:
         grpc_client.close()
     texts["audit-grpc"] = "".join(pieces)
-    # A client that leaves after its first piece, and a request the model refuses.
-    body = {"text_input": "zebra_quokka_zeta(", "max_tokens": 240, "ignore_eos": True}
-    with requests.post(f"{base}/v2/models/codegen/generate_stream", json=body, stream=True, timeout=30,
-                       headers={**auth(key), "x-request-id": "audit-left"}) as r:  # fmt: skip
-        first = next(line for line in r.iter_lines() if line.startswith(b"data: "))
-    texts["audit-left"] = json.loads(first[6:])["text_output"]
+    # A client that leaves after its first piece, and a request the model refuses. The tiny model makes 240
+    # tokens in well under a second, so the cancel can arrive after the last: then it is audited as complete
+    # (finish "length"), and the client leaves again, up to five times, until one is cut short.
+    left_ids = []
+    for attempt in range(5):
+        left_ids.append(f"audit-left-{attempt}")
+        body = {"text_input": "zebra_quokka_zeta(", "max_tokens": 240, "ignore_eos": True}
+        with requests.post(f"{base}/v2/models/codegen/generate_stream", json=body, stream=True, timeout=30,
+                           headers={**auth(key), "x-request-id": left_ids[-1]}) as r:  # fmt: skip
+            first = next(line for line in r.iter_lines() if line.startswith(b"data: "))
+        texts[left_ids[-1]] = json.loads(first[6:])["text_output"]
+        record = {rec["request_id"]: rec for rec in audit_lines(audit_path, "audit", 5 + len(left_ids))}
+        if record[left_ids[-1]]["details"]["finish_reason"] == "cancelled":
+            break
     body = {"text_input": "zebra_quokka_eta(", "max_tokens": 5, "temperature": -1}
     r = requests.post(f"{base}/v2/models/codegen/generate", json=body,
                       headers={**auth(key), "x-request-id": "audit-refused"}, timeout=30)  # fmt: skip
     assert r.status_code == 400, r.text
 
-    records = {rec["request_id"]: rec for rec in audit_lines(audit_path, "audit", 7)}
-    assert set(records) == {done.id, chat_id, "audit-generate", "audit-stream", "audit-grpc", "audit-left",
+    records = {rec["request_id"]: rec for rec in audit_lines(audit_path, "audit", 6 + len(left_ids))}
+    assert set(records) == {done.id, chat_id, "audit-generate", "audit-stream", "audit-grpc", *left_ids,
                             "audit-refused"}  # fmt: skip
     expected = {done.id: (done.usage.prompt_tokens, 12), chat_id: (chat_usage.prompt_tokens, 10),
                 "audit-generate": (None, 11), "audit-stream": (None, 9), "audit-grpc": (None, 8)}  # fmt: skip
@@ -362,9 +370,12 @@ def test_each_generation_writes_one_audit_line_with_its_tokens_and_never_its_tex
         assert d["completion_tokens"] == completion_tokens and d["finish_reason"] == "length", rec
         assert d["prompt_tokens"] == (prompt_tokens or d["prompt_tokens"]) and d["prompt_tokens"] >= 4, rec
         assert 0 < d["ttft_ms"] <= rec["latency_ms"] and d["responses"] >= 1, rec
-    left = records["audit-left"]
+    left = records[left_ids[-1]]
     assert left["details"]["finish_reason"] == "cancelled" and left["status"] != "ok", left
     assert 1 <= left["details"]["completion_tokens"] < 240 and left["details"]["ttft_ms"] > 0, left
+    for rid in left_ids[:-1]:  # the ones that finished before their client's leave reached the runtime
+        assert records[rid]["details"]["finish_reason"] == "length", records[rid]
+        assert records[rid]["details"]["completion_tokens"] == 240, records[rid]
     refused = records["audit-refused"]
     assert refused["status"] == "invalid_argument" and refused["details"]["finish_reason"] == "error", refused
     assert refused["details"]["completion_tokens"] == 0 and refused["details"]["ttft_ms"] is None, refused
