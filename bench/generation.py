@@ -2,7 +2,7 @@
 
 One random-weight ``codegen`` (the default architecture of ``aiworks llm build``:
 6 layers, width 384, 4,096 tokens, 12.3 M parameters; random weights are fine
-for timing; ``--precision`` int8, the default build, or fp32) is served three ways,
+for timing; ``--precision`` fp32, the default build, or int8) is served three ways,
 each with ``--clients`` requests of ``--prompt-tokens`` prompt tokens and
 ``--new-tokens`` new tokens (``ignore_eos``, greedy):
 
@@ -21,7 +21,7 @@ window after that ramp count (about 32 generations running when each
 arrives). Also the cost of streaming: a lone generation through
 ``/generate`` against ``/generate_stream`` (mean of ``--repeats``).
 
-Usage: python bench/generation.py [--precision int8|fp32] [--clients 32] [--prompt-tokens 64] [--new-tokens 128]
+Usage: python bench/generation.py [--precision fp32|int8] [--clients 32] [--prompt-tokens 64] [--new-tokens 128]
        [--out FILE]
 """
 
@@ -170,8 +170,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steady-s", type=float, default=0.0,
                         help="steady-state window for TTFT (default: twice the burst's time)")  # fmt: skip
-    parser.add_argument("--precision", choices=["int8", "fp32"], default="int8",
-                        help="the decoder's matrix products, as `aiworks llm build --precision` (default int8)")  # fmt: skip
+    parser.add_argument("--precision", choices=["fp32", "int8"], default="fp32",
+                        help="the decoder's matrix products, as `aiworks llm build --precision` (default fp32)")  # fmt: skip
     parser.add_argument("--out", help="write the results as JSON here too")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

@@ -332,10 +332,10 @@ def decoder_graph(model):
     )
 
 
-PRECISIONS = ("int8", "fp32")
+PRECISIONS = ("fp32", "int8")
 
 
-def export_onnx(model, dst: Path, *, precision: str = "int8") -> Path:
+def export_onnx(model, dst: Path, *, precision: str = "fp32") -> Path:
     """Write :func:`decoder_graph` of ``model`` to ``dst``; ``int8``: its matrix products quantized (below).
 
     ``int8`` is ONNX Runtime's dynamic quantization of every ``Gemm`` and
@@ -424,7 +424,7 @@ parameters {{ key: "intra_op_thread_count" value: {{ string_value: "{threads}" }
 def build(
     out: Path, spec: LlmSpec = LlmSpec(), *, name: str = NAME, cache_dir: Path | None = DEFAULT_CACHE,
     progress: bool = True, kv_budget_tokens: int = 16384, max_sequences: int = 32, threads: int = 2,
-    precision: str = "int8",
+    precision: str = "fp32",
 ) -> tuple[Path, dict]:  # fmt: skip
     """Write ``<out>/<name>`` (version 1); returns the folder and a report (parameters, losses, cached).
 
