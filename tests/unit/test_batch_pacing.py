@@ -168,6 +168,32 @@ async def test_a_cancelled_waiter_leaves_no_hole():
     assert gate.in_flight == 0
 
 
+async def test_the_gate_hands_freed_places_to_waiters_in_arrival_order():
+    pacer = Pacer(8, initial=2)
+    gate = PacedGate(pacer)
+    await gate.acquire()
+    await gate.acquire()
+    entered = []
+
+    async def waiter(i: int) -> None:
+        await gate.acquire()
+        entered.append(i)
+
+    tasks = [asyncio.ensure_future(waiter(i)) for i in range(6)]
+    await asyncio.sleep(0)
+    assert entered == [] and gate.in_flight == 2
+    gate.release()
+    gate.release()  # two places freed before either waiter ran: each goes to one waiter, counted at once
+    assert gate.in_flight == 2
+    await asyncio.sleep(0)
+    assert entered == [0, 1]
+    pacer.limit = 5.0  # the limit grew: the next release (2 -> 1 in flight) lets four through, in order
+    gate.release()
+    assert gate.in_flight == 5
+    await asyncio.gather(*tasks)
+    assert entered == list(range(6))
+
+
 def test_after_a_cut_the_average_starts_afresh_so_one_burst_cuts_once():
     pacer = Pacer(16, initial=16, tolerance=2.0, smoothing=0.2)
     calm(pacer, 16, 0.010)

@@ -137,7 +137,12 @@ class Pacer:
 
 
 class PacedGate:
-    """Lets requests through while fewer than the pacer allows are in flight; the rest wait, first come first out."""
+    """Lets requests through while fewer than the pacer allows are in flight; the rest wait, first come first out.
+
+    A place freed goes straight to the first waiter (the releaser counts it
+    as taken for it), so a waiter is woken only when it may go: no waiter is
+    woken to find the place taken and queue again at the back.
+    """
 
     def __init__(self, pacer: Pacer):
         self.pacer = pacer
@@ -145,20 +150,19 @@ class PacedGate:
         self._waiters: deque[asyncio.Future] = deque()
 
     async def acquire(self) -> None:
-        while self.in_flight >= self.pacer.allowed or self._waiters:
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
-            try:
-                await waiter
-            except asyncio.CancelledError:
-                if waiter.done() and not waiter.cancelled():
-                    self._wake()  # it was let through: let the next one through instead
-                else:
-                    self._remove(waiter)
-                raise
-            if self.in_flight < self.pacer.allowed:
-                break
-        self.in_flight += 1
+        if not self._waiters and self.in_flight < self.pacer.allowed:
+            self.in_flight += 1
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter  # its place is counted in in_flight when it is woken
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # it was given a place: hand it on
+            else:
+                self._remove(waiter)
+            raise
 
     def release(self) -> None:
         self.in_flight -= 1
@@ -171,9 +175,9 @@ class PacedGate:
             pass
 
     def _wake(self) -> None:
-        free = self.pacer.allowed - self.in_flight
-        while free > 0 and self._waiters:
+        allowed = self.pacer.allowed
+        while self.in_flight < allowed and self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
+                self.in_flight += 1
                 waiter.set_result(None)
-                free -= 1
