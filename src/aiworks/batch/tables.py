@@ -139,9 +139,7 @@ def plan(schema, input_columns: dict[str, list[str]]) -> list[InputColumns]:
         for column in columns:
             if column not in names:
                 shown = ", ".join(sorted(names)[:20]) + (", ..." if len(names) > 20 else "")
-                raise InvalidArgument(
-                    f"input '{name[:80]}': column '{column[:80]}' is not in the file (it has {shown})"
-                )
+                raise InvalidArgument(f"input '{name[:80]}': column '{column[:80]}' is not in the file (it has {shown})")
         types = [schema.field(c).type for c in columns]
         if len(columns) == 1 and _is_list(types[0]):
             datatype = _datatype(types[0].value_type)
@@ -277,9 +275,7 @@ class ParquetInput:
             else:
                 data = [values[c][i] for c in p.columns]
             if any(v is None for v in data):
-                where = (
-                    p.columns[0] if p.is_list else next(c for c, v in zip(p.columns, data, strict=True) if v is None)
-                )
+                where = p.columns[0] if p.is_list else next(c for c, v in zip(p.columns, data, strict=True) if v is None)
                 return Line(number, custom_id, None, f"column '{where}' has a null value (input '{p.name}')")
             inputs.append({"name": p.name, "datatype": p.datatype, "shape": [1, len(data)], "data": data})
         return Line(number, custom_id, {"inputs": inputs, "parameters": {"priority": BATCH_PRIORITY}})
