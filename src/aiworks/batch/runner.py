@@ -54,6 +54,11 @@ _OVERLOAD = (429, 503)  # answers that say the suite is busy: the pacer backs of
 _MAX_BACKOFF_S = 5.0
 _CHUNKS_IN_FLIGHT = 2  # the next chunk's lines queue behind the current one's, so its tail does not drain the pipe
 _ONLINE_LOAD_KEY = b'"' + ONLINE_LOAD.encode() + b'"'
+# The gateway's usual answer (compact JSON, "parameters" last, the signal its only entry) ends with one of these:
+# taken off as bytes, without parsing the answer. Two closing braces: the top level's "parameters", nothing nested.
+_ONLINE_LOAD_TAILS = {
+    value: b',"parameters":{' + _ONLINE_LOAD_KEY + b":" + orjson.dumps(value) + b"}}" for value in (True, False)
+}
 
 
 def output_file_id(job_id: str) -> str:
@@ -369,6 +374,9 @@ def take_online_load(response: bytes) -> tuple[bool | None, bytes]:
     """
     if _ONLINE_LOAD_KEY not in response:
         return None, response
+    for value, tail in _ONLINE_LOAD_TAILS.items():
+        if response.endswith(tail):
+            return value, response[: -len(tail)] + b"}"
     try:
         doc = orjson.loads(response)
     except orjson.JSONDecodeError:
