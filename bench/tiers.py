@@ -22,8 +22,7 @@ after the other:
               before, at most during, and after.
 
 Jobs are submitted with ``chunk_size`` ``--chunk-size`` (1000): the runner
-sends one chunk at a time, and the tail of each chunk (its last requests
-finishing while no new ones start) costs throughput at 100 lines a chunk.
+keeps two chunks in flight, so a chunk's tail does not drain the pipe.
 The runner paces itself on the runtime's ``online_load`` signal
 (docs/tiers.md, "Online first"); ``--unguarded`` turns that and the
 runtime's share rule off, for comparison. The nearline class deadline is

@@ -12,14 +12,53 @@ def calm(pacer: Pacer, answers: int, latency_s: float = 0.010) -> None:
         pacer.answered(latency_s)
 
 
-def test_it_grows_by_about_one_request_per_round_while_calm_up_to_the_ceiling():
+def test_slow_start_doubles_the_limit_each_round_until_the_ceiling():
+    pacer = Pacer(64, initial=4)
+    assert pacer.slow_start
+    rounds = []
+    while pacer.allowed < 64:
+        for _ in range(pacer.allowed):  # one round: as many answers as requests in flight
+            pacer.answered(0.010, online=False)
+        rounds.append(pacer.allowed)
+    assert rounds == [8, 16, 32, 64] and pacer.cuts == 0 and pacer.slow_start
+    pacer.answered(0.010, online=False)
+    assert pacer.allowed == 64  # never past the ceiling
+
+
+def test_the_default_start_reaches_the_ceiling_in_two_rounds():
+    pacer = Pacer(64)
+    assert pacer.allowed == 16
+    for _ in range(16 + 32):  # a round at 16, then a round at 32
+        pacer.answered(0.010, online=False)
+    assert pacer.allowed == 64
+
+
+def test_after_the_first_cut_it_grows_by_about_one_request_per_round():
+    pacer = Pacer(64, initial=8)
+    for _ in range(8):
+        pacer.answered(0.010, online=False)
+    assert pacer.allowed == 16 and pacer.slow_start
+    pacer.answered(0.010, online=True)  # the first cut: 16 -> 8, and slow start is over for good
+    assert pacer.allowed == 8 and not pacer.slow_start
+    for _ in range(8):  # one round at 8: 8 + 1/8 + 1/8.125 + ... ends just under 9
+        pacer.answered(0.010, online=False)
+    assert pacer.limit == pytest.approx(8.95, abs=0.01) and pacer.allowed == 8
+    pacer.answered(0.010, online=False)
+    assert pacer.allowed == 9
+    for _ in range(9):
+        pacer.answered(0.010, online=False)
+    assert pacer.allowed == 10  # one more per round, not twice as many
+    for _ in range(2000):
+        pacer.answered(0.010, online=False)
+    assert pacer.allowed == 64 and pacer.cuts == 1
+
+
+def test_with_latency_alone_it_keeps_the_warm_up_then_slow_starts():
     pacer = Pacer(16, initial=2)
-    calm(pacer, 5)  # the average's warm-up: no baseline yet, no change
-    assert pacer.allowed == 2 and pacer.min_latency_s == pytest.approx(0.010)
-    calm(pacer, 3)
-    assert pacer.allowed == 3  # 2 + 1/2 + 1/2.5 + 1/2.9: about one per round of answers
-    calm(pacer, 4)
-    assert pacer.allowed == 4
+    calm(pacer, 4)  # the average's warm-up: no baseline yet, no change
+    assert pacer.allowed == 2
+    calm(pacer, 3)  # from the fifth answer on, each adds one
+    assert pacer.allowed == 5 and pacer.min_latency_s == pytest.approx(0.010)
     calm(pacer, 500)
     assert pacer.allowed == 16 and pacer.cuts == 0
 
@@ -127,6 +166,32 @@ async def test_a_cancelled_waiter_leaves_no_hole():
     assert gate.in_flight == 1
     gate.release()
     assert gate.in_flight == 0
+
+
+async def test_the_gate_hands_freed_places_to_waiters_in_arrival_order():
+    pacer = Pacer(8, initial=2)
+    gate = PacedGate(pacer)
+    await gate.acquire()
+    await gate.acquire()
+    entered = []
+
+    async def waiter(i: int) -> None:
+        await gate.acquire()
+        entered.append(i)
+
+    tasks = [asyncio.ensure_future(waiter(i)) for i in range(6)]
+    await asyncio.sleep(0)
+    assert entered == [] and gate.in_flight == 2
+    gate.release()
+    gate.release()  # two places freed before either waiter ran: each goes to one waiter, counted at once
+    assert gate.in_flight == 2
+    await asyncio.sleep(0)
+    assert entered == [0, 1]
+    pacer.limit = 5.0  # the limit grew: the next release (2 -> 1 in flight) lets four through, in order
+    gate.release()
+    assert gate.in_flight == 5
+    await asyncio.gather(*tasks)
+    assert entered == list(range(6))
 
 
 def test_after_a_cut_the_average_starts_afresh_so_one_burst_cuts_once():

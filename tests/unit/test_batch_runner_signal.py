@@ -28,3 +28,13 @@ def test_answers_without_it_pass_untouched():
 def test_a_non_boolean_value_is_no_signal_but_is_still_removed():
     online, body = take_online_load(answer({"online_load": "yes"}))
     assert online is None and body == answer()
+
+
+def test_the_usual_answer_is_read_as_bytes_and_agrees_with_parsing_it():
+    for value in (True, False):
+        raw = answer({"online_load": value})
+        assert raw.endswith(b',"parameters":{"online_load":' + orjson.dumps(value) + b"}}")  # the tail taken off
+        assert take_online_load(raw) == (value, answer())
+    # the signal nested in an output's parameters, last in the answer: not the top level's, so not taken
+    nested = orjson.dumps({"model_name": "m", "outputs": [{"name": "x", "parameters": {"online_load": True}}]})
+    assert take_online_load(nested) == (None, nested)

@@ -1,16 +1,23 @@
-"""How many requests a batch runner keeps in flight: additive increase, multiplicative decrease (AIMD).
+"""How many requests a batch runner keeps in flight: slow start, then additive increase, multiplicative decrease (AIMD).
 
 The runner is a plain client of the gateway and sees only its own requests,
 so it paces itself on what comes back, as TCP's congestion control does on
 its acknowledgements.
+
+**Slow start.** The limit starts at a quarter of ``ceiling`` and, until the
+first cut, each answer that grows it adds one request: the limit doubles
+each round (``limit`` answers), so a job reaches the ceiling within two
+rounds instead of spending its first thousands of answers below it. The
+first cut ends slow start for the pacer's life; from then on growth is
+additive.
 
 **The runtime's signal.** A runtime marks each ``batch``-class answer with the
 response parameter ``online_load`` (:data:`aiworks.core.options.ONLINE_LOAD`):
 whether online requests were queued on the model version, or one arrived
 within its online window, when the answer's batch ended. The gateway passes
 it through. That is the congestion signal: on ``true`` the limit is cut to
-``decrease`` × itself; on ``false`` it grows by 1 / limit (about one request
-per round of answers), up to ``ceiling``. The job's own load does not count:
+``decrease`` × itself; on ``false`` it grows (by one in slow start, else by
+1 / limit: about one request per round of answers), up to ``ceiling``. The job's own load does not count:
 the latency it causes itself (a busy gateway, a busy runner) never cuts the
 limit, so with no online traffic the job keeps ``ceiling`` requests in
 flight.
@@ -31,7 +38,9 @@ does not send it, a cache hit), the answer's latency decides instead:
   cannot tell online load from the job's own, so it stops the job where
   its latency reaches ``tolerance`` × the quiet one.
 
-A cut happens at most once per round (``limit`` answers since the last one),
+A cut happens at most once per round (as many answers as the limit was
+right after the last cut, or at the start: slow start's growth does not
+put off the first cut),
 and the smoothed latency starts afresh after it: the answers of requests
 sent before a cut describe the load before it, and a stale average would
 cut again and again on one burst. The limit never goes under one request in
@@ -67,8 +76,10 @@ class Pacer:
         self.min_latency_s = math.inf
         self.smoothed_s = 0.0
         self.cuts = 0
+        self.slow_start = True  # until the first cut: +1 per answer (doubling per round), then +1/limit
         self.signalled = 0  # answers that carried the runtime's signal
         self._since_cut = 0
+        self._round = self.allowed  # answers between two cuts: the limit at the start or right after a cut
         self._averaged = 0  # answers in the smoothed latency since it started afresh
 
     @property
@@ -110,20 +121,28 @@ class Pacer:
 
     def _grow(self) -> None:
         if self.limit < self.ceiling:
-            self.limit = min(float(self.ceiling), self.limit + 1.0 / self.limit)
+            step = 1.0 if self.slow_start else 1.0 / self.limit
+            self.limit = min(float(self.ceiling), self.limit + step)
 
     def _cut(self) -> None:
-        if self._since_cut < self.allowed:
+        if self._since_cut < self._round:
             return
         self.limit = max(1.0, self.limit * self.decrease)
+        self.slow_start = False
         self._since_cut = 0
+        self._round = self.allowed
         self.smoothed_s = 0.0
         self._averaged = 0
         self.cuts += 1
 
 
 class PacedGate:
-    """Lets requests through while fewer than the pacer allows are in flight; the rest wait, first come first out."""
+    """Lets requests through while fewer than the pacer allows are in flight; the rest wait, first come first out.
+
+    A place freed goes straight to the first waiter (the releaser counts it
+    as taken for it), so a waiter is woken only when it may go: no waiter is
+    woken to find the place taken and queue again at the back.
+    """
 
     def __init__(self, pacer: Pacer):
         self.pacer = pacer
@@ -131,20 +150,19 @@ class PacedGate:
         self._waiters: deque[asyncio.Future] = deque()
 
     async def acquire(self) -> None:
-        while self.in_flight >= self.pacer.allowed or self._waiters:
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
-            try:
-                await waiter
-            except asyncio.CancelledError:
-                if waiter.done() and not waiter.cancelled():
-                    self._wake()  # it was let through: let the next one through instead
-                else:
-                    self._remove(waiter)
-                raise
-            if self.in_flight < self.pacer.allowed:
-                break
-        self.in_flight += 1
+        if not self._waiters and self.in_flight < self.pacer.allowed:
+            self.in_flight += 1
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter  # its place is counted in in_flight when it is woken
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # it was given a place: hand it on
+            else:
+                self._remove(waiter)
+            raise
 
     def release(self) -> None:
         self.in_flight -= 1
@@ -157,9 +175,9 @@ class PacedGate:
             pass
 
     def _wake(self) -> None:
-        free = self.pacer.allowed - self.in_flight
-        while free > 0 and self._waiters:
+        allowed = self.pacer.allowed
+        while self.in_flight < allowed and self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
+                self.in_flight += 1
                 waiter.set_result(None)
-                free -= 1

@@ -5,15 +5,23 @@ tenant is authenticated, limited and metered like any caller, and the
 scheduler serves its requests after online traffic (docs/scheduler.md).
 
 A job is cut into chunks of ``chunk_size`` input lines, fixed by the input
-alone. The runner sends one chunk at a time, at most ``concurrency`` requests
-in flight (fewer while online traffic is about: :mod:`aiworks.batch.pacing` paces
-them on the runtimes' ``online_load`` signal and the 429/503 answers the runner sees), and records the chunk's output and error lines in Redis at once
-(:meth:`JobStore.record_chunk`). A runner that dies loses only the chunk in
-flight: once its lease expires another runner (or the same one restarted)
-takes the job and skips the recorded chunks. Cancel is checked between
-chunks. When every chunk is in, the runner writes the output file (one line
-per successful input line, in input order) and the error file (one line per
-refused or failed input line, with its line number and reason). A Parquet
+alone. The runner keeps two chunks in flight: the next chunk's lines queue
+behind the current one's, so they take the places its last requests leave
+and the pipe stays full across chunks. At most ``concurrency`` requests are
+in flight in all (fewer while online traffic is about:
+:mod:`aiworks.batch.pacing` paces them on the runtimes' ``online_load``
+signal and the 429/503 answers the runner sees). Chunks are recorded in
+input order, each one's output and error lines in Redis at once
+(:meth:`JobStore.record_chunk`), as soon as it and the ones before it are
+answered. A runner that dies loses only the chunks in flight (at most two):
+once its lease expires another runner (or the same one restarted) takes the
+job, skips the recorded chunks and sends those again. Cancel is checked
+after each chunk is recorded; once the job is cancelling, the chunk still in
+flight is dropped (its answered lines are not kept), so at most one chunk
+is recorded after the cancel: the job stops within one chunk. When every
+chunk is in, the runner writes the output file (one line per successful
+input line, in input order) and the error file (one line per refused or
+failed input line, with its line number and reason). A Parquet
 job (:mod:`aiworks.batch.tables`) is read one chunk of rows at a time and its
 output file is a Parquet table; its chunks are recorded as JSONL all the same.
 """
@@ -24,6 +32,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator
 
 import aiohttp
@@ -43,7 +52,13 @@ log = logging.getLogger(__name__)
 _TRANSIENT = (429, 502, 503, 504)
 _OVERLOAD = (429, 503)  # answers that say the suite is busy: the pacer backs off
 _MAX_BACKOFF_S = 5.0
+_CHUNKS_IN_FLIGHT = 2  # the next chunk's lines queue behind the current one's, so its tail does not drain the pipe
 _ONLINE_LOAD_KEY = b'"' + ONLINE_LOAD.encode() + b'"'
+# The gateway's usual answer (compact JSON, "parameters" last, the signal its only entry) ends with one of these:
+# taken off as bytes, without parsing the answer. Two closing braces: the top level's "parameters", nothing nested.
+_ONLINE_LOAD_TAILS = {
+    value: b',"parameters":{' + _ONLINE_LOAD_KEY + b":" + orjson.dumps(value) + b"}}" for value in (True, False)
+}
 
 
 def output_file_id(job_id: str) -> str:
@@ -160,36 +175,46 @@ class BatchRunner:
         await self.store.update(job.id, **fields)
         done = await self.store.done_chunks(job.id)
         credential = await self.store.credential(job.id)
-        headers = {"content-type": "application/json"}
+        # identity: the answers are small and local; gzip would cost the gateway and the runner CPU per line
+        headers = {"content-type": "application/json", "accept-encoding": "identity"}
         if credential:
             headers["authorization"] = credential
         expires_at = job.created_at + int(job.completion_window[:-1]) * 3600
         expired = None  # the first chunk not run once the completion window ended
-        for index in range(len(bounds)):
-            make = await self._next_chunk(job, chunks)  # reads the chunk (Parquet: decodes its record batches)
-            if make is None:
-                return
-            if index in done:
-                continue
-            if time.time() >= expires_at:
-                expired = index, make
-                break
-            current = await self.store.get(job.id)
-            if current is None or current.status != "in_progress":
-                break  # cancelling (or gone): keep what finished
-            self.seen[job.id] = current
-            parsed = await asyncio.to_thread(make)
-            out, err, ok, bad = await self._chunk(job, parsed, headers)
-            recorded = await self.store.record_chunk(job.id, self.runner_id, index, out, err, ok, bad)
-            if recorded < 0:
-                raise LeaseLost(job.id)
-            self._rows_ok.inc(ok)
-            self._rows_failed.inc(bad)
-            BATCH_CHUNKS.inc()
-            if self.on_chunk is not None:
-                self.on_chunk(job, index)
+        in_flight: deque[tuple[int, asyncio.Task]] = deque()  # the chunks sent and not yet recorded, oldest first
+        try:
+            for index in range(len(bounds)):
+                make = await self._next_chunk(job, chunks)  # reads the chunk (Parquet: decodes its record batches)
+                if make is None:
+                    return
+                if index in done:
+                    continue
+                if time.time() >= expires_at:
+                    expired = index, make
+                    break
+                if not in_flight and not await self._in_progress(job.id):
+                    break  # cancelling (or gone) before anything was sent
+                parsed = await asyncio.to_thread(make)
+                in_flight.append((index, asyncio.create_task(self._chunk(job, parsed, headers))))
+                if len(in_flight) == _CHUNKS_IN_FLIGHT:  # the next chunk's lines are queued: record the oldest
+                    await self._record(job, *in_flight.popleft())
+                    if not await self._in_progress(job.id):
+                        break  # cancelling: the chunk queued behind is dropped, so the job stops within one chunk
+            else:
+                while in_flight:
+                    await self._record(job, *in_flight.popleft())
+                    if in_flight and not await self._in_progress(job.id):
+                        break
+            while expired is not None and in_flight:  # the chunks sent before the window ended are kept
+                await self._record(job, *in_flight.popleft())
+        finally:
+            for _, task in in_flight:
+                task.cancel()
+            await asyncio.gather(*(task for _, task in in_flight), return_exceptions=True)
         unsent = None
-        if expired is not None:  # every line not answered goes to the error file, so each input line is still in one file
+        if (
+            expired is not None
+        ):  # every line not answered goes to the error file, so each input line is still in one file
             done = await self.store.done_chunks(job.id)
             reason = f"the job's completion window ({job.completion_window}) ended first"
             unsent = {}
@@ -205,6 +230,26 @@ class BatchRunner:
                 if make is None:
                     return
         await self._finalize(job.id, unsent)
+
+    async def _in_progress(self, job_id: str) -> bool:
+        """Whether the job is still to run (not cancelling, not gone); keeps it for the metrics."""
+        current = await self.store.get(job_id)
+        if current is None or current.status != "in_progress":
+            return False
+        self.seen[job_id] = current
+        return True
+
+    async def _record(self, job: Job, index: int, task: asyncio.Task) -> None:
+        """Wait for a chunk's lines and record them in Redis at once (all of them or none)."""
+        out, err, ok, bad = await task
+        recorded = await self.store.record_chunk(job.id, self.runner_id, index, out, err, ok, bad)
+        if recorded < 0:
+            raise LeaseLost(job.id)
+        self._rows_ok.inc(ok)
+        self._rows_failed.inc(bad)
+        BATCH_CHUNKS.inc()
+        if self.on_chunk is not None:
+            self.on_chunk(job, index)
 
     async def _next_chunk(self, job: Job, chunks: Iterator[Callable[[], list[Line]]]):
         """The next chunk's maker; None, with the job ended ``failed``, when the input cannot be read that far."""
@@ -329,6 +374,9 @@ def take_online_load(response: bytes) -> tuple[bool | None, bytes]:
     """
     if _ONLINE_LOAD_KEY not in response:
         return None, response
+    for value, tail in _ONLINE_LOAD_TAILS.items():
+        if response.endswith(tail):
+            return value, response[: -len(tail)] + b"}"
     try:
         doc = orjson.loads(response)
     except orjson.JSONDecodeError:
