@@ -212,9 +212,7 @@ class BatchRunner:
                 task.cancel()
             await asyncio.gather(*(task for _, task in in_flight), return_exceptions=True)
         unsent = None
-        if (
-            expired is not None
-        ):  # every line not answered goes to the error file, so each input line is still in one file
+        if expired is not None:  # every line not answered goes to the error file: each input line is in one file
             done = await self.store.done_chunks(job.id)
             reason = f"the job's completion window ({job.completion_window}) ended first"
             unsent = {}
