@@ -27,9 +27,10 @@ import re
 from typing import NamedTuple
 
 import orjson
+import redis.exceptions as redis
 from starlette.datastructures import Headers
 
-from aiworks.core.errors import AIWorksError, NotFound, PayloadTooLarge, ResourceExhausted, Status
+from aiworks.core.errors import AIWorksError, NotFound, PayloadTooLarge, ResourceExhausted, Status, Unavailable
 from aiworks.gateway.batch_routes import caller_credential
 from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
 from aiworks.gateway.filters import check_body_size
@@ -89,7 +90,13 @@ class AsyncInferFront:
 
     async def _answer(self, send, work) -> None:
         try:
-            status, body, headers = await work
+            try:
+                status, body, headers = await work
+            except (redis.ConnectionError, redis.TimeoutError) as exc:  # Redis down, or every pooled connection busy
+                log.warning("nearline queue store unavailable: %s", type(exc).__name__)
+                raise Unavailable(
+                    "the asynchronous queue's store is unreachable or busy; try again", retry_after_s=1.0
+                ) from None
         except AIWorksError as exc:
             extra = [(b"retry-after", b"%d" % max(1, int(exc.retry_after_s)))] if exc.retry_after_s else []
             if exc.status is Status.UNAUTHENTICATED:

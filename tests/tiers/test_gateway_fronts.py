@@ -95,3 +95,30 @@ def test_the_flag_parse_keeps_the_parsers_bounds_and_messages():
     broken = b'{"async": true, "inputs": ['
     assert take_async_flag(broken, None, limits).body is broken  # the parser reports the malformed JSON
     assert take_async_flag(b'{"async": true}', "x9", limits).flag is None  # and the bad header length
+
+
+def test_a_queue_store_that_cannot_be_reached_is_a_503_with_retry_after_not_a_500():
+    """Redis down (or every pooled connection busy under a burst): the caller is told to come back, by status."""
+    from types import SimpleNamespace
+
+    from aiworks.nearline.queue import AsyncQueue
+    from aiworks.supervisor.supervisor import free_port
+
+    queue = AsyncQueue.from_url(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
+    caller = SimpleNamespace(authenticate=lambda headers: SimpleNamespace(tenant_id="t"))
+    front = AsyncInferFront(None, dataplane=caller, queue=queue, max_request_bytes=1024, max_backlog=1)
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    async def run():
+        scope = {"type": "http", "method": "GET", "path": "/v2/requests/req_abc", "headers": []}
+        await front(scope, None, send)
+        await queue.close()
+
+    asyncio.run(run())
+    start, body = sent
+    assert start["status"] == 503, sent
+    assert (b"retry-after", b"1") in start["headers"]
+    assert b"unreachable or busy" in body["body"]
