@@ -82,10 +82,11 @@ def _content(batch, tenant: str, file_id: str) -> list[dict]:
     return [orjson.loads(line) for line in reply.content.splitlines()]
 
 
-def _usage_requests(batch, tenant: str) -> int:
+def _usage_rows(batch, tenant: str) -> int:
+    """The rows the tenant was metered for on digits (the runner packs several lines into one request)."""
     reply = requests.get(f"{batch.base}/v2/usage", headers=batch.headers(tenant), timeout=10)
     assert reply.status_code == 200, reply.text
-    return sum(t["requests"] for t in reply.json()["totals"] if t["model"] == "digits")
+    return sum(t["rows"] for t in reply.json()["totals"] if t["model"] == "digits")
 
 
 def _ended(doc: dict) -> bool:
@@ -113,6 +114,29 @@ def test_a_2000_line_digits_job_completes_in_input_order(batch_suite, runners):
     print(f"\n2000-line digits job: {elapsed:.1f} s from the runner's start, {ROWS / elapsed:.0f} rows/s")
 
 
+def test_a_bad_line_among_packed_neighbours_is_charged_to_itself_alone(batch_suite, runners):
+    """Lines 1-40 agree on everything but their rows, so the runner packs them into requests of many rows;
+    line 7 carries text where FP32 numbers belong. The packed request holding it is refused; its lines are
+    then sent one by one: line 7 alone lands in the error file, with the gateway's reason, the rest answered."""
+    x = _digits(40)
+    lines = [_line(i, row) for i, row in enumerate(x)]
+    bad = orjson.loads(lines[6])
+    bad["inputs"][0]["data"] = ["seven"] * 64
+    lines[6] = orjson.dumps(bad)
+    job = _submit(batch_suite, "alice", _jsonl(lines), chunk_size=40)
+    runners("packer")
+    done = wait_batch(batch_suite, "alice", job["id"], _ended)
+    assert done["request_counts"] == {"total": 40, "completed": 39, "failed": 1}, done
+    out = _content(batch_suite, "alice", done["output_file_id"])
+    errors = _content(batch_suite, "alice", done["error_file_id"])
+    assert [o["line"] for o in out] == [n for n in range(1, 41) if n != 7]
+    assert [o["response"]["outputs"][0]["data"][0] for o in out] == [
+        label for i, label in enumerate(_online_labels(batch_suite, x)) if i != 6
+    ]
+    assert [(e["line"], e["custom_id"], e["error"]["code"]) for e in errors] == [(7, "row-6", "400")], errors
+    assert "input" in errors[0]["error"]["message"], errors
+
+
 def test_a_killed_runner_is_replaced_and_every_line_appears_exactly_once(batch_suite, runners):
     x = _digits(ROWS)
     lines = [_line(i, row) for i, row in enumerate(x)]
@@ -134,7 +158,7 @@ def test_a_killed_runner_is_replaced_and_every_line_appears_exactly_once(batch_s
     assert "malformed JSON" in errors[0]["error"]["message"]
     # Finished chunks were not sent again: at most the two chunks in flight at the kill were.
     deadline = time.monotonic() + 10
-    while (sent := _usage_requests(batch_suite, "carol")) < ROWS - 1 and time.monotonic() < deadline:
+    while (sent := _usage_rows(batch_suite, "carol")) < ROWS - 1 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert ROWS - 1 <= sent <= ROWS - 1 + 2 * 50, sent
 

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 import aiohttp
 import orjson
 
-from aiworks.batch import objects, tables
+from aiworks.batch import objects, packing, tables
 from aiworks.batch.jobs import TERMINAL, FileRecord, Job, JobStore
 from aiworks.batch.lines import Line, chunk_bounds, parse_line, split_lines
 from aiworks.batch.pacing import PacedGate, Pacer
@@ -179,6 +179,7 @@ class BatchRunner:
         headers = {"content-type": "application/json", "accept-encoding": "identity"}
         if credential:
             headers["authorization"] = credential
+        pack_rows = await self._pack_rows(job, headers)
         expires_at = job.created_at + int(job.completion_window[:-1]) * 3600
         expired = None  # the first chunk not run once the completion window ended
         in_flight: deque[tuple[int, asyncio.Task]] = deque()  # the chunks sent and not yet recorded, oldest first
@@ -195,7 +196,7 @@ class BatchRunner:
                 if not in_flight and not await self._in_progress(job.id):
                     break  # cancelling (or gone) before anything was sent
                 parsed = await asyncio.to_thread(make)
-                in_flight.append((index, asyncio.create_task(self._chunk(job, parsed, headers))))
+                in_flight.append((index, asyncio.create_task(self._chunk(job, parsed, headers, pack_rows))))
                 if len(in_flight) == _CHUNKS_IN_FLIGHT:  # the next chunk's lines are queued: record the oldest
                     await self._record(job, *in_flight.popleft())
                     if not await self._in_progress(job.id):
@@ -261,20 +262,47 @@ class BatchRunner:
             return None
         return make
 
-    async def _chunk(self, job: Job, parsed: list[Line], headers: dict) -> tuple[bytes, bytes, int, int]:
+    async def _chunk(self, job: Job, parsed: list[Line], headers: dict, pack_rows: int = 1) -> tuple[bytes, bytes, int, int]:
+        """Send a chunk's lines (neighbours that agree packed into one request, :mod:`aiworks.batch.packing`)."""
+
         async def one(line: Line) -> tuple[bool, bytes]:
             if line.request is None:
                 return False, _error_line(line, "invalid_request", line.error or "invalid line")
             return await self._send(job, line, headers)
 
-        results = await asyncio.gather(*(one(line) for line in parsed))
+        async def packed(group: list[Line]) -> list[tuple[bool, bytes]]:
+            if len(group) == 1:
+                return [await one(group[0])]
+            status, content, reason = await self._post(job, orjson.dumps(packing.packed_request(group)), headers)
+            if status == 200:
+                responses = packing.split_response(group, content)
+                if responses is not None:
+                    return [(True, _output_line(line, r)) for line, r in zip(group, responses)]
+            elif status == 0 or status in _TRANSIENT:  # retried until retry_for_s: each line would fare the same
+                code = str(status) if status else "unavailable"
+                return [(False, _error_line(line, code, reason)) for line in group]
+            # Refused (one line at fault, or more rows than the model takes) or not splittable: line by line.
+            return list(await asyncio.gather(*(one(line) for line in group)))
+
+        answered = await asyncio.gather(*(packed(g) for g in packing.groups(parsed, pack_rows)))
+        results = [r for rs in answered for r in rs]
         out = b"".join(doc for good, doc in results if good)
         err = b"".join(doc for good, doc in results if not good)
         ok = sum(1 for good, _ in results if good)
         return out, err, ok, len(results) - ok
 
     async def _send(self, job: Job, line: Line, headers: dict) -> tuple[bool, bytes]:
-        body = orjson.dumps(line.request)
+        status, content, reason = await self._post(job, orjson.dumps(line.request), headers)
+        if status == 200:
+            return True, _output_line(line, content)
+        return False, _error_line(line, str(status) if status else "unavailable", reason)
+
+    async def _post(self, job: Job, body: bytes, headers: dict) -> tuple[int, bytes, str]:
+        """(200, the answer without its signal, "") or (the HTTP status, or 0 unreached; b""; why).
+
+        A 429/502/503/504 or no answer is retried with backoff (``Retry-After`` first) for up to
+        ``retry_for_s``; any other answer is final.
+        """
         give_up = time.monotonic() + self.settings.retry_for_s
         attempt = 0
         gate, pacer = self._gate, self.pacer
@@ -287,24 +315,37 @@ class BatchRunner:
                     status, content = reply.status, await reply.read()
                     retry_after = reply.headers.get("retry-after")
             except (aiohttp.ClientError, TimeoutError) as exc:
-                reason, code, delay = f"gateway unreachable ({type(exc).__name__})", "unavailable", None
+                status, reason, delay = 0, f"gateway unreachable ({type(exc).__name__})", None
             else:
                 if status == 200:
                     online, content = take_online_load(content)
                     pacer.answered(time.perf_counter() - started, online)
-                    return True, _output_line(line, content)
+                    return 200, content, ""
                 if status in _OVERLOAD:
                     pacer.refused()
-                reason, code = _gateway_error(status, content), str(status)
+                reason = _gateway_error(status, content)
                 if status not in _TRANSIENT:
-                    return False, _error_line(line, code, reason)
+                    return status, b"", reason
                 delay = _retry_after(retry_after)
             finally:
                 gate.release()
             delay = delay if delay is not None else min(_MAX_BACKOFF_S, 0.05 * 2**attempt)
             if time.monotonic() + delay > give_up:
-                return False, _error_line(line, code, f"{reason}; gave up after {attempt} attempts")
+                return status, b"", f"{reason}; gave up after {attempt} attempts"
             await asyncio.sleep(delay)
+
+    async def _pack_rows(self, job: Job, headers: dict) -> int:
+        """Rows per request for this job: ``pack_rows``, at most the model's ``max_batch_size`` (1: one line each)."""
+        if self.settings.pack_rows <= 1:
+            return 1
+        url = self.base_url + job.infer_path[: -len("/infer")] + "/config"
+        try:
+            async with self.client.get(url, headers=headers) as reply:
+                config = orjson.loads(await reply.read()) if reply.status == 200 else {}
+        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
+            config = {}
+        max_batch = config.get("max_batch_size", 0) if isinstance(config, dict) else 0
+        return max(1, min(self.settings.pack_rows, int(max_batch))) if isinstance(max_batch, int) else 1
 
     async def _finalize(self, job_id: str, unsent: dict[int, bytes] | None = None) -> None:
         """Write the output and error files from the recorded chunks; ``unsent``: an expired job's other lines."""

@@ -16,6 +16,12 @@ class BatchSettings(BaseSettings):
     concurrency: int = Field(
         16, ge=1, description="Most requests in flight at once (the adaptive limit's ceiling when adaptive is on)."
     )
+    pack_rows: int = Field(
+        32, ge=1,
+        description="Most rows per request: neighbouring lines that differ only in their rows travel as one request "
+        "along the batch dimension, for a model whose max_batch_size allows it (aiworks.batch.packing); 1: one line "
+        "per request.",
+    )  # fmt: skip
     adaptive: bool = Field(
         True,
         description="Pace requests in flight by AIMD on the latency and 429/503 answers seen (aiworks.batch.pacing); "
