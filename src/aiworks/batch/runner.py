@@ -196,7 +196,8 @@ class BatchRunner:
                 if not in_flight and not await self._in_progress(job.id):
                     break  # cancelling (or gone) before anything was sent
                 parsed = await asyncio.to_thread(make)
-                in_flight.append((index, asyncio.create_task(self._chunk(job, parsed, headers, pack_rows))))
+                rows = pack_rows if self._quiet() else min(pack_rows, self.settings.pack_rows_online)
+                in_flight.append((index, asyncio.create_task(self._chunk(job, parsed, headers, rows))))
                 if len(in_flight) == _CHUNKS_IN_FLIGHT:  # the next chunk's lines are queued: record the oldest
                     await self._record(job, *in_flight.popleft())
                     if not await self._in_progress(job.id):
@@ -333,6 +334,13 @@ class BatchRunner:
             if time.monotonic() + delay > give_up:
                 return status, b"", f"{reason}; gave up after {attempt} attempts"
             await asyncio.sleep(delay)
+
+    def _quiet(self) -> bool:
+        """Whether the pacer sees no online traffic now: the runtime's signal has been seen (a job does not
+        start packed on a guess) and the limit is at least half its ceiling (it halves on the signal and
+        grows back while the signal stays off). With adaptive pacing off: always."""
+        pacer = self.pacer
+        return not pacer.adaptive or (pacer.signalled > 0 and pacer.limit >= pacer.ceiling / 2)
 
     async def _pack_rows(self, job: Job, headers: dict) -> int:
         """Rows per request for this job: ``pack_rows``, at most the model's ``max_batch_size`` (1: one line each)."""

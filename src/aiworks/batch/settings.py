@@ -22,6 +22,11 @@ class BatchSettings(BaseSettings):
         "along the batch dimension, for a model whose max_batch_size allows it (aiworks.batch.packing); 1: one line "
         "per request.",
     )  # fmt: skip
+    pack_rows_online: int = Field(
+        1, ge=1,
+        description="Most rows per request while online traffic is about (the pacer has cut its limit under half "
+        "its ceiling): the job's rows then travel in small requests, few in flight.",
+    )  # fmt: skip
     adaptive: bool = Field(
         True,
         description="Pace requests in flight by AIMD on the latency and 429/503 answers seen (aiworks.batch.pacing); "
