@@ -105,11 +105,23 @@ def test_up_with_the_tiers_runs_a_batch_job_and_an_async_request(model_repositor
             except requests.ConnectionError:
                 time.sleep(0.2)
         assert ready, "the suite never became ready"
+
+        def tiers() -> list[str]:  # started once the gateway is ready, so a moment after it answers
+            found = []
+            for k in children_of(proc.pid):
+                try:
+                    c = Path(f"/proc/{k}/cmdline").read_bytes().replace(b"\0", b" ").decode().split()
+                except OSError:
+                    continue
+                if c[3] in ("batch", "nearline"):
+                    found.append(" ".join(c[3:5]))
+            return sorted(found)
+
+        deadline = time.monotonic() + 30
+        while tiers() != ["batch runner", "nearline worker"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert tiers() == ["batch runner", "nearline worker"]
         kids = children_of(proc.pid)
-        cmdlines = [Path(f"/proc/{k}/cmdline").read_bytes().replace(b"\0", b" ").decode().split() for k in kids]
-        assert sorted(" ".join(c[3:5]) for c in cmdlines if c[3] in ("batch", "nearline")) == [
-            "batch runner", "nearline worker"
-        ]  # fmt: skip
         rows = tmp_path / "in.jsonl"
         rows.write_text("".join(
             json.dumps({"custom_id": f"r{i}", "inputs": [
