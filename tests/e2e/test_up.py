@@ -36,30 +36,40 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_up_starts_serves_and_stops_without_orphans(model_repository, tmp_path, sig):
+def start_up(model_repository, tmp_path, *extra: str) -> tuple[subprocess.Popen, str]:
+    """``aiworks up`` on free ports with one replica, as a user starts it, once its gateway answers ready."""
     http_port = free_port()
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "aiworks", "up",
+            sys.executable, "-m", "aiworks", "up", *extra,
             "--http-port", str(http_port), "--grpc-port", str(free_port()),
             "--scheduler-port", "0", "--runtime-base-port", "0", "--replicas", "1",
-            "--monitor-port", "0", "--control-port", "0", "--metrics-base-port", "0",
+            "--control-port", "0", "--metrics-base-port", "0",
             "--model-repository", str(model_repository), "--log-dir", str(tmp_path / "logs"),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )  # fmt: skip
+    url = f"http://127.0.0.1:{http_port}"
+    deadline = time.monotonic() + 90
+    ready = False
+    while time.monotonic() < deadline and not ready and proc.poll() is None:
+        try:
+            ready = requests.get(f"{url}/v2/health/ready", timeout=1).status_code == 200
+        except requests.ConnectionError:
+            time.sleep(0.2)
+    if not ready:
+        proc.kill()
+        out, _ = proc.communicate(timeout=30)
+        raise AssertionError(f"the suite never became ready:\n{out[-3000:]}")
+    return proc, url
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_up_starts_serves_and_stops_without_orphans(model_repository, tmp_path, sig):
+    proc, _ = start_up(model_repository, tmp_path, "--monitor-port", "0")
     try:
-        deadline = time.monotonic() + 90
-        ready = False
-        while time.monotonic() < deadline and not ready:
-            try:
-                ready = requests.get(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=1).status_code == 200
-            except requests.ConnectionError:
-                time.sleep(0.2)
-        assert ready, "the suite never became ready"
         kids = children_of(proc.pid)
         cmdlines = [Path(f"/proc/{k}/cmdline").read_bytes().replace(b"\0", b" ").decode() for k in kids]
         assert sorted(c.split()[3] for c in cmdlines) == ["cache", "gateway", "monitor", "runtime", "scheduler"]
@@ -84,27 +94,8 @@ def test_up_with_the_tiers_runs_a_batch_job_and_an_async_request(model_repositor
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert refused.returncode == 1 and "--redis-url" in refused.stderr
-    http_port = free_port()
-    url = f"http://127.0.0.1:{http_port}"
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "aiworks", "up", "--tiers", "--redis-url", redis_url, "--no-monitor",
-            "--http-port", str(http_port), "--grpc-port", str(free_port()),
-            "--scheduler-port", "0", "--runtime-base-port", "0", "--replicas", "1",
-            "--control-port", "0", "--metrics-base-port", "0",
-            "--model-repository", str(model_repository), "--log-dir", str(tmp_path / "logs"),
-        ],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    proc, url = start_up(model_repository, tmp_path, "--tiers", "--redis-url", redis_url, "--no-monitor")
     try:
-        deadline = time.monotonic() + 90
-        ready = False
-        while time.monotonic() < deadline and not ready:
-            try:
-                ready = requests.get(f"{url}/v2/health/ready", timeout=1).status_code == 200
-            except requests.ConnectionError:
-                time.sleep(0.2)
-        assert ready, "the suite never became ready"
 
         def tiers() -> list[str]:  # started once the gateway is ready, so a moment after it answers
             found = []
