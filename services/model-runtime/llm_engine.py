@@ -293,7 +293,7 @@ class Engine:
             s.length += 1
         return logits
 
-    def _forward(self, rows: list[tuple[Sequence, np.ndarray]]) -> np.ndarray:
+    def _forward(self, rows: list[tuple[Sequence, np.ndarray]]) -> list[np.ndarray]:
         """Read prompt chunks of several sequences; each row's logits at its last new token, in ``rows``' order.
 
         Sequences with no history yet whose cache rows are neighbours go in
