@@ -278,3 +278,37 @@ def test_on_a_fake_clock_the_job_yields_while_online_traffic_is_about_and_takes_
     assert set(after) == {16}  # back to the ceiling within half a second
     first_cut = next(t for t, limit in seen if t >= 1.0 and limit < 16)
     assert first_cut - 1.0 < 0.02
+
+
+def test_a_floor_under_one_request_is_a_share_of_one_requests_time():
+    pacer = Pacer(8, initial=2, floor=0.25)
+    for _ in range(10):
+        pacer.answered(0.01, online=True)
+    assert pacer.limit == 0.25 and pacer.allowed == 1  # one request at a time, a quarter of the time busy
+    assert pacer.pause_s(0.010) == pytest.approx(0.030)
+    pacer.answered(0.01, online=False)  # the window went quiet: back over one at once, no pause
+    assert pacer.limit >= 1 and pacer.pause_s(0.010) == 0.0
+    with pytest.raises(ValueError):
+        Pacer(4, floor=0)
+    with pytest.raises(ValueError):
+        Pacer(4, floor=5)
+
+
+async def test_under_one_the_gate_shuts_after_each_answer_for_its_share():
+    pacer = Pacer(4, initial=1, floor=0.25)
+    for _ in range(4):
+        pacer.answered(0.01, online=True)
+    assert pacer.limit == 0.25
+    gate = PacedGate(pacer)
+    loop = asyncio.get_running_loop()
+    await gate.acquire()
+    gate.release(busy_s=0.05)  # held the suite 50 ms: shut for 150 ms
+    began = loop.time()
+    await gate.acquire()
+    waited = loop.time() - began
+    assert 0.14 <= waited < 1.0, waited
+    gate.release()  # no time held: no pause
+    began = loop.time()
+    await asyncio.wait_for(gate.acquire(), 0.5)
+    assert loop.time() - began < 0.05
+    gate.release()

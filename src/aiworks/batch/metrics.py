@@ -45,7 +45,9 @@ class BatchCollector(ScrapeCollector):
         yield progress
         yield active
         if self._in_flight_limit is not None:
-            limit = GaugeMetricFamily(BATCH_IN_FLIGHT_LIMIT, "Requests this runner may have in flight now (AIMD).")
+            limit = GaugeMetricFamily(
+                BATCH_IN_FLIGHT_LIMIT, "Requests this runner may have in flight now (AIMD; under 1: the share of time one is)."
+            )
             limit.add_metric([], self._in_flight_limit())
             yield limit
 
@@ -53,7 +55,7 @@ class BatchCollector(ScrapeCollector):
 def serve_runner_metrics(runner, port: int, host: str = "127.0.0.1"):
     """/metrics for one runner; the job gauges come from the runner's event loop."""
     collector = BatchCollector(
-        on_loop(asyncio.get_running_loop(), lambda: list(runner.seen.values())), lambda: runner.pacer.allowed
+        on_loop(asyncio.get_running_loop(), lambda: list(runner.seen.values())), lambda: runner.pacer.limit
     )
     collector.register()
     return serve_metrics_or_warn(port, host)

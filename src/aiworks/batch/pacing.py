@@ -43,8 +43,18 @@ right after the last cut, or at the start: slow start's growth does not
 put off the first cut),
 and the smoothed latency starts afresh after it: the answers of requests
 sent before a cut describe the load before it, and a stale average would
-cut again and again on one burst. The limit never goes under one request in
-flight, so a job always goes on.
+cut again and again on one burst.
+
+**Under one request.** The limit never goes under ``floor``, so a job always
+goes on. A floor under one (the runner's default is 0.25) is a share of one
+request's time, as a pacing TCP sender's window under one packet: one request
+at a time, and after each answer the gate stays shut for (1 / limit - 1) ×
+that request's latency (at most :data:`MAX_PAUSE_S`). At 0.25 the job holds the suite a quarter of the
+time, so it can send many rows a request (packing) while online traffic
+keeps three quarters of what one request in flight would take from it.
+Measured beside online load at half capacity (docs/benchmarks.md, "Tiers"),
+one packed request always in flight added as much load as the online p99
+allows; the pause is what lets the job's rows travel packed beside it.
 
 :class:`Pacer` is the arithmetic, with no clock and no I/O;
 :class:`PacedGate` holds requests back to the pacer's limit.
@@ -57,16 +67,20 @@ import math
 from collections import deque
 
 _WARMUP = 5  # answers the average needs (after a start or a cut) before it is compared or kept as the minimum
+MAX_PAUSE_S = 1.0  # the longest pause under one request: an answer slowed by a stall must not idle the job long
 
 
 class Pacer:
     """The AIMD limit of requests in flight, fed with each request's outcome."""
 
     def __init__(self, ceiling: int, *, initial: int | None = None, tolerance: float = 2.0, decrease: float = 0.5,
-                 smoothing: float = 0.2, adaptive: bool = True):  # fmt: skip
+                 smoothing: float = 0.2, adaptive: bool = True, floor: float = 1.0):  # fmt: skip
         if ceiling < 1 or tolerance <= 1.0 or not 0.0 < decrease < 1.0 or not 0.0 < smoothing <= 1.0:
             raise ValueError("pacer needs ceiling >= 1, tolerance > 1, 0 < decrease < 1, 0 < smoothing <= 1")
+        if not 0.0 < floor <= ceiling:
+            raise ValueError("pacer needs 0 < floor <= ceiling")
         self.ceiling = ceiling
+        self.floor = floor
         self.tolerance = tolerance
         self.decrease = decrease
         self.smoothing = smoothing
@@ -86,6 +100,11 @@ class Pacer:
     def allowed(self) -> int:
         """Requests that may be in flight now (at least one)."""
         return max(1, int(self.limit))
+
+    def pause_s(self, busy_s: float) -> float:
+        """How long the gate stays shut after a request that took ``busy_s``: 0 unless the limit is under one."""
+        limit = self.limit
+        return 0.0 if limit >= 1.0 else min(MAX_PAUSE_S, busy_s * (1.0 / limit - 1.0))
 
     def answered(self, latency_s: float, online: bool | None = None) -> None:
         """A request was answered (200) after ``latency_s``; ``online``: its ``online_load`` (None: not given)."""
@@ -121,13 +140,13 @@ class Pacer:
 
     def _grow(self) -> None:
         if self.limit < self.ceiling:
-            step = 1.0 if self.slow_start else 1.0 / self.limit
+            step = 1.0 if self.slow_start else 1.0 / max(1.0, self.limit)
             self.limit = min(float(self.ceiling), self.limit + step)
 
     def _cut(self) -> None:
         if self._since_cut < self._round:
             return
-        self.limit = max(1.0, self.limit * self.decrease)
+        self.limit = max(self.floor, self.limit * self.decrease)
         self.slow_start = False
         self._since_cut = 0
         self._round = self.allowed
@@ -141,16 +160,19 @@ class PacedGate:
 
     A place freed goes straight to the first waiter (the releaser counts it
     as taken for it), so a waiter is woken only when it may go: no waiter is
-    woken to find the place taken and queue again at the back.
+    woken to find the place taken and queue again at the back. Under a limit
+    of one, a release shuts the gate for :meth:`Pacer.pause_s` of the
+    request's time (``busy_s``) and a timer opens it again.
     """
 
     def __init__(self, pacer: Pacer):
         self.pacer = pacer
         self.in_flight = 0
         self._waiters: deque[asyncio.Future] = deque()
+        self._shut_until = 0.0  # loop time before which nothing goes through (a pause under one request)
 
     async def acquire(self) -> None:
-        if not self._waiters and self.in_flight < self.pacer.allowed:
+        if not self._waiters and self.in_flight < self.pacer.allowed and self._open():
             self.in_flight += 1
             return
         waiter = asyncio.get_running_loop().create_future()
@@ -164,9 +186,18 @@ class PacedGate:
                 self._remove(waiter)
             raise
 
-    def release(self) -> None:
+    def release(self, busy_s: float = 0.0) -> None:
+        """A request is done; it held the suite ``busy_s`` (from being let through to its answer)."""
         self.in_flight -= 1
+        pause = self.pacer.pause_s(busy_s)
+        if pause > 0.0:
+            loop = asyncio.get_running_loop()
+            self._shut_until = max(self._shut_until, loop.time() + pause)
+            loop.call_at(self._shut_until, self._wake)
         self._wake()
+
+    def _open(self) -> bool:
+        return not self._shut_until or asyncio.get_running_loop().time() >= self._shut_until
 
     def _remove(self, waiter: asyncio.Future) -> None:
         try:
@@ -176,6 +207,8 @@ class PacedGate:
 
     def _wake(self) -> None:
         allowed = self.pacer.allowed
+        if not self._open():
+            return  # the timer set at the release wakes the next
         while self.in_flight < allowed and self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():

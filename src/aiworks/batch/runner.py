@@ -86,8 +86,8 @@ class BatchRunner:
         self._client: aiohttp.ClientSession | None = None
         self.seen: dict[str, Job] = {}  # jobs not yet ended, as last read (metrics)
         self._rows_ok, self._rows_failed = BATCH_ROWS.labels("ok"), BATCH_ROWS.labels("failed")
-        self.pacer = Pacer(settings.concurrency, tolerance=settings.latency_tolerance,
-                           decrease=settings.backoff_factor, adaptive=settings.adaptive)  # fmt: skip
+        self.pacer = Pacer(settings.concurrency, tolerance=settings.latency_tolerance, decrease=settings.backoff_factor,
+                           adaptive=settings.adaptive, floor=min(settings.min_in_flight, settings.concurrency))  # fmt: skip
         self._gate = PacedGate(self.pacer)  # one for the runner's life: what it learnt holds across chunks and jobs
 
     @property
@@ -310,8 +310,8 @@ class BatchRunner:
         while True:
             attempt += 1
             await gate.acquire()  # per attempt: a line waiting to retry holds no place in flight
+            started = time.perf_counter()
             try:
-                started = time.perf_counter()
                 async with self.client.post(self.base_url + job.infer_path, data=body, headers=headers) as reply:
                     status, content = reply.status, await reply.read()
                     retry_after = reply.headers.get("retry-after")
@@ -329,7 +329,7 @@ class BatchRunner:
                     return status, b"", reason
                 delay = _retry_after(retry_after)
             finally:
-                gate.release()
+                gate.release(time.perf_counter() - started)
             delay = delay if delay is not None else min(_MAX_BACKOFF_S, 0.05 * 2**attempt)
             if time.monotonic() + delay > give_up:
                 return status, b"", f"{reason}; gave up after {attempt} attempts"

@@ -23,9 +23,15 @@ class BatchSettings(BaseSettings):
         "per request.",
     )  # fmt: skip
     pack_rows_online: int = Field(
-        1, ge=1,
+        32, ge=1,
         description="Most rows per request while online traffic is about (the pacer has cut its limit under half "
-        "its ceiling): the job's rows then travel in small requests, few in flight.",
+        "its ceiling); at most pack_rows. The pause under min_in_flight is what keeps these few requests light.",
+    )  # fmt: skip
+    min_in_flight: float = Field(
+        0.25, gt=0,
+        description="The least the adaptive limit goes down to while online traffic is about. Under 1: one request "
+        "at a time, then a pause of (1/limit - 1) x its latency (0.25: the job holds the suite a quarter of the "
+        "time); 1: one request always in flight, as before.",
     )  # fmt: skip
     adaptive: bool = Field(
         True,
@@ -36,7 +42,7 @@ class BatchSettings(BaseSettings):
         2.0, gt=1, description="Back off when the smoothed request latency exceeds this many times the lowest seen."
     )
     backoff_factor: float = Field(
-        0.5, gt=0, lt=1, description="What a back-off multiplies the limit of requests in flight by (never under 1)."
+        0.5, gt=0, lt=1, description="What a back-off multiplies the limit of requests in flight by (never under min_in_flight)."
     )
     lease_ttl_s: float = Field(
         15.0, gt=0, description="Life of a runner's claim on a job not renewed; then another runner takes it over."
