@@ -34,7 +34,7 @@ than expired; the statuses are counted). Prints one JSON object and writes
 it to ``bench/results/tiers-<time>.json``.
 
 Usage: python bench/tiers.py [--short] [--rows 200000] [--chunk-size 1000] [--unguarded]
-(full: about 8 min, --short about 2.5 min, on a quiet 2-core machine; docs/benchmarks.md, "Tiers")
+(full: about 10 min, --short about 2.5 min, on a quiet 2-core machine; docs/benchmarks.md, "Tiers")
 """
 
 from __future__ import annotations
