@@ -2,7 +2,7 @@
 
 One suite (scheduler, runtime replica, gateway with result streams, a tenants file and a private
 redis-server) and two subscribers of one stream, reading ``GET /v2/streams/{name}`` with aiohttp in
-this process. Two phases:
+processes of their own (a twin is not the load generator's process). Two phases:
 
   delivery    records appended straight to the stream's Redis key, as fast as one pipelining
               writer goes, for ``--delivery-s``: results/s each subscriber received (the SSE path
@@ -12,14 +12,16 @@ this process. Two phases:
               the request's send to the event's arrival, and from the gateway's answer (the
               record's ``time``) to the arrival.
 
-Prints one JSON object. Usage: python bench/streams.py [--rate 200] [--duration-s 8] [--delivery-s 5]
+Prints one JSON object. Usage: python bench/streams.py [--rate 2500] [--duration-s 8] [--delivery-s 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
+import multiprocessing as mp
 import time
 
 import aiohttp
@@ -33,33 +35,61 @@ from aiworks.demo.models import digits_split
 STREAM = "bench"
 
 
-class Subscriber:
-    """Reads one SSE subscription; keeps each event's arrival time and record."""
+def _subscribe(url: str, key: str, ready, stop, conn) -> None:
+    """One subscriber, in a process of its own (as a twin would be): reads the SSE stream until ``stop`` is set,
+    then sends back each record's arrival time and data, and the other events (gap, dropped) in order."""
 
-    def __init__(self, session: aiohttp.ClientSession, url: str, key: str):
-        self.arrivals: list[tuple[float, bytes]] = []
-        self.events: list[str] = []  # the other events (gap, dropped), in order
-        self.ready = asyncio.Event()
-        self.task = asyncio.create_task(self._read(session, url, key))
+    async def main() -> None:
+        arrivals: list[tuple[float, bytes]] = []
+        events: list[str] = []
 
-    async def _read(self, session: aiohttp.ClientSession, url: str, key: str) -> None:
-        async with session.get(url, headers={"authorization": f"Bearer {key}"}, timeout=aiohttp.ClientTimeout()) as r:
-            assert r.status == 200, await r.text()
-            self.ready.set()
+        async def read(r: aiohttp.ClientResponse) -> None:
             kind = b""
             async for line in r.content:
                 if line.startswith(b"event: "):  # gap or dropped: its data line is no record
                     kind = line[7:].strip()
                 elif line.startswith(b"data: "):
                     if not kind:
-                        self.arrivals.append((time.time(), line[6:]))
+                        arrivals.append((time.time(), line[6:]))
                     else:
-                        self.events.append(kind.decode())
+                        events.append(kind.decode())
                 elif line == b"\n":
                     kind = b""
 
-    def since(self, t: float) -> list[tuple[float, bytes]]:
-        return [a for a in self.arrivals if a[0] >= t]
+        async with aiohttp.ClientSession() as session:
+            headers = {"authorization": f"Bearer {key}"}
+            async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout()) as r:
+                assert r.status == 200, await r.text()
+                ready.set()
+                reader = asyncio.create_task(read(r))
+                while not stop.is_set():
+                    await asyncio.sleep(0.05)
+                reader.cancel()
+                await asyncio.gather(reader, return_exceptions=True)
+        conn.send((arrivals, events))
+
+    asyncio.run(main())
+
+
+class Subscriber:
+    """A subscriber process; :meth:`finish` stops it and keeps what it read."""
+
+    def __init__(self, url: str, key: str):
+        ctx = mp.get_context("spawn")
+        self.ready, self.stop = ctx.Event(), ctx.Event()
+        self._conn, child = ctx.Pipe(duplex=False)
+        self.process = ctx.Process(target=_subscribe, args=(url, key, self.ready, self.stop, child), daemon=True)
+        self.process.start()
+        self.arrivals: list[tuple[float, bytes]] = []
+        self.events: list[str] = []
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.arrivals, self.events = self._conn.recv()
+        self.process.join(10)
+
+    def between(self, t0: float, t1: float) -> list[tuple[float, bytes]]:
+        return [a for a in self.arrivals if t0 <= a[0] < t1]
 
 
 def _pcts(values: list[float]) -> dict:
@@ -70,7 +100,8 @@ def _pcts(values: list[float]) -> dict:
             "p99_ms": round(float(np.percentile(ms, 99)), 2)}  # fmt: skip
 
 
-async def _delivery(store: redis.Redis, tenant: str, subscribers: list[Subscriber], seconds: float) -> dict:
+async def _delivery(store: redis.Redis, tenant: str, seconds: float) -> tuple[float, int]:
+    """Append records as fast as one pipelining writer goes; (when it started, how many it wrote)."""
     key = f"aiworks:stream:{tenant}:{STREAM}"
     record = orjson.dumps({"model": "digits", "version": "1", "id": "x", "time": 0.0,
                            "outputs": [{"name": "label", "datatype": "INT64", "shape": [1], "data": [3]}]})  # fmt: skip
@@ -84,15 +115,16 @@ async def _delivery(store: redis.Redis, tenant: str, subscribers: list[Subscribe
         written += 200
         await asyncio.sleep(0)
     await asyncio.sleep(1.0)  # the tail arrives
-    elapsed = time.time() - start
-    got = [len(s.since(start)) for s in subscribers]
-    return {"written": written, "received": got, "results_per_s_each": [round(g / elapsed) for g in got]}
+    return start, written
 
 
-async def _end_to_end(session, base: str, key: str, subscribers: list[Subscriber], rate: float, seconds: float):
+async def _end_to_end(session, base: str, key: str, rate: float, seconds: float) -> dict:
     _, x, _, _ = digits_split()
     rows = x.astype(np.float32)
     headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+    gc.collect()  # this process's collector out of the latencies (bench/tiers.py, quiet_collector)
+    gc.freeze()
+    gc.set_threshold(50_000, 50, 1_000)
     start = time.time()
     sent, failures = 0, 0
     pending: set[asyncio.Task] = set()
@@ -115,10 +147,15 @@ async def _end_to_end(session, base: str, key: str, subscribers: list[Subscriber
         sent += 1
     await asyncio.gather(*pending)
     await asyncio.sleep(1.0)
-    result = {"rate": rate, "sent": sent, "failed": failures, "subscribers": []}
+    return {"start": start, "rate": rate, "sent": sent, "failed": failures}
+
+
+def _latencies(subscribers: list[Subscriber], run: dict) -> dict:
+    start = run.pop("start")
+    result = {**run, "subscribers": []}
     for s in subscribers:
         from_send, from_answer = [], []
-        for arrived, data in s.since(start):
+        for arrived, data in s.between(start, float("inf")):
             record = orjson.loads(data)
             if record["id"] != "x":
                 from_send.append(arrived - float(record["id"]))
@@ -131,21 +168,28 @@ async def _end_to_end(session, base: str, key: str, subscribers: list[Subscriber
 async def _bench(base: str, key: str, redis_url: str, args) -> dict:
     store = redis.Redis.from_url(redis_url)
     await store.xadd(f"aiworks:stream:bench:{STREAM}", {"r": b'{"id": "x"}'})  # the stream exists
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256)) as session:
-        subscribers = [Subscriber(session, f"{base}/v2/streams/{STREAM}", key) for _ in range(2)]
-        await asyncio.wait_for(asyncio.gather(*(s.ready.wait() for s in subscribers)), 30)
-        delivery = await _delivery(store, "bench", subscribers, args.delivery_s)
-        end_to_end = await _end_to_end(session, base, key, subscribers, args.rate, args.duration_s)
+    subscribers = [Subscriber(f"{base}/v2/streams/{STREAM}", key) for _ in range(2)]
+    try:
         for s in subscribers:
-            s.task.cancel()
-        await asyncio.gather(*(s.task for s in subscribers), return_exceptions=True)
+            assert await asyncio.to_thread(s.ready.wait, 60), "a subscriber did not connect"
+        began, written = await _delivery(store, "bench", args.delivery_s)
+        ended = time.time()
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256)) as session:
+            run = await _end_to_end(session, base, key, args.rate, args.duration_s)
+    finally:
+        for s in subscribers:
+            await asyncio.to_thread(s.finish)
     await store.aclose()
-    return {"delivery": delivery, "end_to_end": end_to_end}
+    got = [len(s.between(began, ended)) for s in subscribers]
+    delivery = {"written": written, "received": got,
+                "results_per_s_each": [round(g / (ended - began)) for g in got]}  # fmt: skip
+    return {"delivery": delivery, "end_to_end": _latencies(subscribers, run)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rate", type=float, default=200.0, help="inferences per second in the end-to-end phase")
+    parser.add_argument("--rate", type=float, default=2500.0,
+                        help="inferences per second in the end-to-end phase (the target's: half of 5,000)")
     parser.add_argument("--duration-s", type=float, default=8.0)
     parser.add_argument("--delivery-s", type=float, default=5.0)
     parser.add_argument("--repository", help="a prebuilt demo repository (default: built in a temporary folder)")
