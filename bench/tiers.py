@@ -244,12 +244,16 @@ def interleaved(arrivals: list[tuple[float, float]], windows: list[tuple[float, 
     nothing of the job.
     """
     out: dict = {"period_s": args.switch_s, "settle_s": args.settle_s}
+    if windows:  # the job's first seconds: its start (a quarter of the ceiling in flight until the first signal)
+        out["first_2_s"] = _pcts([lat for due, lat in arrivals if due < windows[0][0] + 2.0])
+    settle_windows = [(a, min(a + args.settle_s, b), ran) for a, b, ran in windows]  # each window's first settle_s
     for on, name in ((True, "job_running"), (False, "job_stopped")):
         mine = [lat for ran, lat in by_window(arrivals, windows, args.settle_s) if ran == on and len(lat) >= 100]
         pooled = [x for lat in mine for x in lat]
         p99s = [float(np.percentile(lat, 99)) * 1e3 for lat in mine]
         p50s = [float(np.percentile(lat, 50)) * 1e3 for lat in mine]
-        out[name] = {**_pcts(pooled), "windows": len(mine),
+        settling = [x for ran, lat in by_window(arrivals, settle_windows, 0.0) if ran == on for x in lat]
+        out[name] = {**_pcts(pooled), "windows": len(mine), "settling": _pcts(settling),
                      "window_p99_median_ms": round(float(np.median(p99s)), 2) if p99s else None,
                      "window_p50_median_ms": round(float(np.median(p50s)), 2) if p50s else None}  # fmt: skip
     return out
@@ -515,7 +519,11 @@ async def run(suite: TenantSuite, args) -> dict:
         data = job_data(args.rows)
         cpu = CpuShares(pids)
         started = time.monotonic()
-        online = await open_loop(suite, bodies, rate, lambda: time.monotonic() - started >= args.online_s)
+        arrivals: list[tuple[float, float]] = []
+        online = await open_loop(suite, bodies, rate, lambda: time.monotonic() - started >= args.online_s,
+                                 arrivals=arrivals)  # fmt: skip
+        if arrivals:  # the open loop's own first seconds, to read the beside phase's first_2_s against
+            online["first_2_s"] = _pcts([lat for due, lat in arrivals if due < arrivals[0][0] + 2.0])
         online["cpu_cores"] = cpu.result()
         _say("online alone", online)
         beside = _say("beside", await job_beside_online(suite, data, metrics_port, bodies, rate, args, pids))
@@ -554,20 +562,20 @@ def _interleaved_ratio(online: dict, key: str) -> float | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--short", action="store_true", help="a short run (about 2 min): fewer rows, shorter phases")
-    parser.add_argument("--rows", type=int, help="lines of the job beside online load (default 200000; short 10000)")
+    parser.add_argument("--rows", type=int, help="lines of the job beside online load (default 200000; short 20000)")
     parser.add_argument("--alone-rows", type=int, help="lines of the job alone (default 20000; short 6000)")
     parser.add_argument(
         "--chunk-size", type=int, default=1000, help="the jobs' chunk_size (the gateway's default: 100)"
     )
-    parser.add_argument("--beside-max-s", type=float, help="longest online load beside the job (default 900; short 60)")
+    parser.add_argument("--beside-max-s", type=float, help="longest online load beside the job (default 900; short 90)")
     parser.add_argument("--concurrencies", default="4,8,16,32,64", help="closed-loop clients probed for capacity")
     parser.add_argument("--probe-s", type=float, help="seconds per probe (default 5; short 2.5)")
     parser.add_argument("--online-share", type=float, default=0.5, help="the open loop's rate, a share of capacity")
     parser.add_argument("--online-s", type=float, help="seconds of online load alone (default 60; short 20); the "
                         "target is read in the beside phase's alternating windows")  # fmt: skip
-    parser.add_argument("--switch-s", type=float, default=5.0, help="beside the job, the runner runs and is stopped "
-                        "(SIGSTOP) in turns of this many seconds, so the online p99 with and without the job is read "
-                        "in alternating windows (0: the job runs throughout; the ratio is then None)")
+    parser.add_argument("--switch-s", type=float, help="beside the job, the runner runs and is stopped (SIGSTOP) in "
+                        "turns of this many seconds (default 5; short 2), so the online p99 with and without the job "
+                        "is read in alternating windows (0: the job runs throughout; the ratio is then None)")
     parser.add_argument("--settle-s", type=float, default=0.5, help="arrivals left out at each window's start")
     parser.add_argument("--job-concurrency", type=int, help="the runner's ceiling (default: the best concurrency)")
     parser.add_argument(
@@ -583,10 +591,11 @@ def main() -> None:
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"), help="folder for the JSON")
     args = parser.parse_args()
     short = args.short
-    args.rows = args.rows or (10_000 if short else 200_000)
+    args.rows = args.rows or (20_000 if short else 200_000)
     args.alone_rows = args.alone_rows or (6_000 if short else 20_000)
     args.probe_s = args.probe_s or (2.5 if short else 5.0)
-    args.beside_max_s = args.beside_max_s or (60.0 if short else 900.0)
+    args.beside_max_s = args.beside_max_s or (90.0 if short else 900.0)
+    args.switch_s = args.switch_s if args.switch_s is not None else (2.0 if short else 5.0)
     args.online_s = args.online_s or (20.0 if short else 60.0)
     args.nearline_burst = args.nearline_burst or (1500 if short else 3000)
     args.concurrencies = [int(c) for c in args.concurrencies.split(",")]

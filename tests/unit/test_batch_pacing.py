@@ -38,7 +38,7 @@ def test_after_the_first_cut_it_grows_by_about_one_request_per_round():
     for _ in range(8):
         pacer.answered(0.010, online=False)
     assert pacer.allowed == 16 and pacer.slow_start
-    pacer.answered(0.010, online=True)  # the first cut: 16 -> 8, and slow start is over for good
+    pacer.refused()  # the first cut (a 429): 16 -> 8, and slow start is over for good
     assert pacer.allowed == 8 and not pacer.slow_start
     for _ in range(8):  # one round at 8: 8 + 1/8 + 1/8.125 + ... ends just under 9
         pacer.answered(0.010, online=False)
@@ -216,24 +216,25 @@ def test_with_the_signal_its_own_latency_never_cuts_the_limit():
     assert pacer.allowed == 16 and pacer.cuts == 0 and pacer.signalled == 400
 
 
-def test_the_signal_cuts_once_per_round_and_its_absence_grows_again():
-    pacer = Pacer(16, initial=16)
+def test_the_signal_yields_to_the_floor_at_once_and_its_absence_grows_again():
+    pacer = Pacer(16, initial=16, floor=0.25)
     for _ in range(16):  # a round with nothing online
         pacer.answered(0.01, online=False)
     assert pacer.allowed == 16
-    pacer.answered(0.01, online=True)  # the first answer that says so cuts at once
-    assert pacer.allowed == 8 and pacer.cuts == 1
-    for _ in range(7):  # the rest of the round: requests sent before the cut
+    pacer.answered(0.01, online=True)  # the first answer that says so: out of the way at once, not by halves
+    assert pacer.limit == 0.25 and pacer.cuts == 1 and not pacer.slow_start
+    for _ in range(40):  # the rest of the requests sent before, and more: already at the floor
         pacer.answered(0.01, online=True)
-    assert pacer.allowed == 8
-    pacer.answered(0.01, online=True)
-    assert pacer.allowed == 4 and pacer.cuts == 2
-    for _ in range(40):
-        pacer.answered(0.01, online=True)
-    assert pacer.allowed == 1  # never under one: the job goes on
+    assert pacer.limit == 0.25 and pacer.cuts == 1  # the job goes on, a quarter of the time
+    pacer.answered(0.5, online=False)  # slow, but nothing online: grows, over one at once
+    assert pacer.limit == 1.25
     for _ in range(8):
-        pacer.answered(0.5, online=False)  # slow, but nothing online: grows
+        pacer.answered(0.5, online=False)
     assert pacer.allowed >= 3
+    halving = Pacer(16, initial=16, floor=0.25)
+    for _ in range(16):
+        halving.refused()  # a 429 or 503 still halves, once per round
+    assert halving.allowed == 8 and halving.cuts == 1
 
 
 def test_answers_without_the_signal_fall_back_to_latency():

@@ -15,15 +15,20 @@ additive.
 response parameter ``online_load`` (:data:`aiworks.core.options.ONLINE_LOAD`):
 whether online requests were queued on the model version, or one arrived
 within its online window, when the answer's batch ended. The gateway passes
-it through. That is the congestion signal: on ``true`` the limit is cut to
-``decrease`` × itself; on ``false`` it grows (by one in slow start, else by
-1 / limit: about one request per round of answers), up to ``ceiling``. The job's own load does not count:
+it through. That is the congestion signal: on ``true`` the job yields at
+once, the limit dropping to ``floor``; on ``false`` it grows (by one in slow
+start, else by 1 / limit: about one request per round of answers; by one
+an answer under one), up to ``ceiling``. Halving per round instead took a
+job at 64 packed requests in flight seven rounds to get out of the way of
+online traffic that had just arrived, and held the online p99 of that
+first second at 120 ms (against 16 ms; ``bench/tiers.py``'s ``first_2_s``).
+The job's own load does not count:
 the latency it causes itself (a busy gateway, a busy runner) never cuts the
 limit, so with no online traffic the job keeps ``ceiling`` requests in
 flight.
 
 **A 429 or 503 answer** (a full queue, a quota, a replica not ready) cuts it
-the same way.
+to ``decrease`` × itself, at most once per round (below).
 
 **Without the signal** (an answer with no ``online_load``: a runtime that
 does not send it, a cache hit), the answer's latency decides instead:
@@ -114,7 +119,7 @@ class Pacer:
             self.signalled += 1
             self._since_cut += 1
             if online:
-                self._cut()
+                self._yield()
             else:
                 self._grow()
             return
@@ -143,10 +148,19 @@ class Pacer:
             step = 1.0 if self.slow_start else 1.0 / max(1.0, self.limit)
             self.limit = min(float(self.ceiling), self.limit + step)
 
+    def _yield(self) -> None:
+        """Online traffic is about: down to the floor at once (nothing to do when there already)."""
+        if self.limit > self.floor:
+            self.limit = self.floor
+            self._after_cut()
+
     def _cut(self) -> None:
         if self._since_cut < self._round:
             return
         self.limit = max(self.floor, self.limit * self.decrease)
+        self._after_cut()
+
+    def _after_cut(self) -> None:
         self.slow_start = False
         self._since_cut = 0
         self._round = self.allowed

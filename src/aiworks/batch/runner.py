@@ -196,7 +196,7 @@ class BatchRunner:
                 if not in_flight and not await self._in_progress(job.id):
                     break  # cancelling (or gone) before anything was sent
                 parsed = await asyncio.to_thread(make)
-                rows = pack_rows if self._quiet() else min(pack_rows, self.settings.pack_rows_online)
+                rows = self._rows_now(pack_rows)
                 in_flight.append((index, asyncio.create_task(self._chunk(job, parsed, headers, rows))))
                 if len(in_flight) == _CHUNKS_IN_FLIGHT:  # the next chunk's lines are queued: record the oldest
                     await self._record(job, *in_flight.popleft())
@@ -341,6 +341,16 @@ class BatchRunner:
         grows back while the signal stays off). With adaptive pacing off: always."""
         pacer = self.pacer
         return not pacer.adaptive or (pacer.signalled > 0 and pacer.limit >= pacer.ceiling / 2)
+
+    def _rows_now(self, pack_rows: int) -> int:
+        """Rows per request for the next chunk: ``pack_rows`` while quiet; one line each until the runtime's
+        signal has been seen (a job does not start packed on a guess: its first round, a quarter of the
+        ceiling in flight, would hit online traffic with that many packed requests); else ``pack_rows_online``."""
+        if self._quiet():
+            return pack_rows
+        if not self.pacer.signalled:
+            return 1
+        return min(pack_rows, self.settings.pack_rows_online)
 
     async def _pack_rows(self, job: Job, headers: dict) -> int:
         """Rows per request for this job: ``pack_rows``, at most the model's ``max_batch_size`` (1: one line each)."""
