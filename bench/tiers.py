@@ -144,7 +144,7 @@ async def closed_loop(suite: TenantSuite, bodies: list[bytes], concurrency: int,
 
 
 async def open_loop(suite: TenantSuite, bodies: list[bytes], rate: float, until, seed: int = 7,
-                    arrivals: list[float] | None = None) -> dict:  # fmt: skip
+                    arrivals: list[tuple[float, float]] | None = None) -> dict:  # fmt: skip
     """Requests at Poisson arrivals of ``rate``/s until ``until()`` is true; latency from each arrival time.
 
     ``arrivals``: a list to fill with (arrival time, latency) pairs, for :func:`by_window`.
@@ -192,10 +192,10 @@ class Switch:
     """Runs a process for ``period_s``, stops it (SIGSTOP) for ``period_s``, and so on: windows with and without it.
 
     The online latencies of the windows on and off are then read under the same
-    host: this VM stalls now and then for 100-400 ms (a neighbour's noise), and
-    a p99 over one phase of minutes counts how many stalls fell into it. Two
-    phases one after the other read the online p99 alone at 21-54 ms in runs
-    minutes apart; alternating windows expose both sides to the same stalls.
+    host: this VM stalls now and then for 0.1-0.5 s (a neighbour's noise), and
+    a p99 over one phase of minutes counts how many stalls fell into it. The
+    online-alone phase read a p99 of 16 to 101 ms in runs minutes apart;
+    alternating windows expose both sides to the same stalls.
     """
 
     def __init__(self, pid: int, period_s: float):
@@ -247,12 +247,13 @@ def interleaved(arrivals: list[tuple[float, float]], windows: list[tuple[float, 
     if windows:  # the job's first seconds: its start (a quarter of the ceiling in flight until the first signal)
         out["first_2_s"] = _pcts([lat for due, lat in arrivals if due < windows[0][0] + 2.0])
     settle_windows = [(a, min(a + args.settle_s, b), ran) for a, b, ran in windows]  # each window's first settle_s
+    settled, settling_periods = by_window(arrivals, windows, args.settle_s), by_window(arrivals, settle_windows, 0.0)
     for on, name in ((True, "job_running"), (False, "job_stopped")):
-        mine = [lat for ran, lat in by_window(arrivals, windows, args.settle_s) if ran == on and len(lat) >= 100]
+        mine = [lat for ran, lat in settled if ran == on and len(lat) >= 100]
         pooled = [x for lat in mine for x in lat]
         p99s = [float(np.percentile(lat, 99)) * 1e3 for lat in mine]
         p50s = [float(np.percentile(lat, 50)) * 1e3 for lat in mine]
-        settling = [x for ran, lat in by_window(arrivals, settle_windows, 0.0) if ran == on for x in lat]
+        settling = [x for ran, lat in settling_periods if ran == on for x in lat]
         out[name] = {**_pcts(pooled), "windows": len(mine), "settling": _pcts(settling),
                      "window_p99_median_ms": round(float(np.median(p99s)), 2) if p99s else None,
                      "window_p50_median_ms": round(float(np.median(p50s)), 2) if p50s else None}  # fmt: skip
@@ -305,7 +306,7 @@ class JobWatch:
                     return
                 if now >= next_limit:
                     next_limit = now + 1.0
-                    # short: the runner may be stopped (Switch), and the job's progress must not wait for it
+                    # a short timeout: the runner may be stopped (Switch), and the job's progress must not wait
                     with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                         async with session.get(metrics, timeout=aiohttp.ClientTimeout(total=0.5)) as reply:
                             for line in (await reply.text()).splitlines():
