@@ -80,12 +80,16 @@ class Subscriber:
         self._conn, child = ctx.Pipe(duplex=False)
         self.process = ctx.Process(target=_subscribe, args=(url, key, self.ready, self.stop, child), daemon=True)
         self.process.start()
+        child.close()  # the child's end lives in the child: recv() then ends (EOFError) if the child dies
         self.arrivals: list[tuple[float, bytes]] = []
         self.events: list[str] = []
 
     def finish(self) -> None:
         self.stop.set()
-        self.arrivals, self.events = self._conn.recv()
+        try:
+            self.arrivals, self.events = self._conn.recv()
+        except EOFError:  # the subscriber died (its error is on stderr): nothing it read
+            pass
         self.process.join(10)
 
     def between(self, t0: float, t1: float) -> list[tuple[float, bytes]]:
