@@ -18,6 +18,8 @@ after the other:
               side as the median of its windows' p99s (target: within 15 %; :class:`Switch` says
               why), with the job's rows/s and whether it finished while the online load ran. The
               ``online`` phase's p99 is kept beside it (``..._phases``) for comparison;
+  after       the same open loop again for ``--online-s`` once the job has ended (the phases
+              before and after bracket the host's drift);
   nearline    the worker's capacity: a burst of ``--nearline-burst`` async requests drained (rows/s from
               the first result to the last); then async requests at ``--nearline-factor`` (2) × that
               rate, open loop, for ``--nearline-s`` (10): all complete?, p50 / p99 from submission to the
@@ -528,6 +530,12 @@ async def run(suite: TenantSuite, args) -> dict:
         online["cpu_cores"] = cpu.result()
         _say("online alone", online)
         beside = _say("beside", await job_beside_online(suite, data, metrics_port, bodies, rate, args, pids))
+        # The same load again once the job has ended (A-B-A): the phases before and after bracket the host's drift.
+        started = time.monotonic()
+        cpu = CpuShares(pids)
+        after = await open_loop(suite, bodies, rate, lambda: time.monotonic() - started >= args.online_s)
+        after["cpu_cores"] = cpu.result()
+        _say("online after", after)
         near = _say("nearline", await nearline(suite, bodies, worker, args))
     finally:
         for process in (runner, worker):
@@ -537,7 +545,7 @@ async def run(suite: TenantSuite, args) -> dict:
     return {
         "capacity": {"rows_per_s": capacity, "best_concurrency": best["concurrency"], "probes": probes},
         "job_alone": {**alone, "rows": args.alone_rows, "runner_concurrency": concurrency},
-        "online_alone": online, "online_beside_job": beside["online"], "job_beside_online": {**beside["job"], "rows": args.rows},
+        "online_alone": online, "online_after_job": after, "online_beside_job": beside["online"], "job_beside_online": {**beside["job"], "rows": args.rows},
         "nearline": near,
         "ratios": {
             "job_alone_vs_capacity": round(steady / capacity, 3),  # target >= 0.8
@@ -546,6 +554,7 @@ async def run(suite: TenantSuite, args) -> dict:
             "online_p50_beside_vs_alone": _interleaved_ratio(beside["online"], "window_p50_median_ms"),
             "online_p99_beside_vs_alone_phases": round(beside["online"]["p99_ms"] / online["p99_ms"], 3),
             "online_p50_beside_vs_alone_phases": round(beside["online"]["p50_ms"] / online["p50_ms"], 3),
+            "online_p99_beside_vs_after_phases": round(beside["online"]["p99_ms"] / after["p99_ms"], 3),
             "job_beside_vs_alone": round((beside["job"]["steady_rows_per_s"] or 0.0) / steady, 3) if steady else None,
             "nearline_rate_vs_capacity": round(near["rate"] / near["capacity_per_s"], 2) if near["capacity_per_s"] else None,
         },
