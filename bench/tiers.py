@@ -197,23 +197,27 @@ class Switch:
     host: this VM stalls now and then for 0.1-0.5 s (a neighbour's noise), and
     a p99 over one phase of minutes counts how many stalls fell into it. The
     online-alone phase read a p99 of 16 to 101 ms in runs minutes apart;
-    alternating windows expose both sides to the same stalls.
+    alternating windows expose both sides to the same stalls. The windows go in
+    pairs, one of each, in an order drawn per pair (seeded): work in the suite
+    that recurs every few seconds cannot fall on one side only.
     """
 
-    def __init__(self, pid: int, period_s: float):
+    def __init__(self, pid: int, period_s: float, *, calibrate: bool = False):
         self.pid, self.period_s = pid, period_s
+        self.calibrate = calibrate  # the "on" windows keep it stopped too: what the measure reads with no job
         self.windows: list[tuple[float, float, bool]] = []  # (from, to, the process ran), perf_counter times
         self.task = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
-        on = True
+        order = np.random.default_rng(19)
         try:
             while True:
-                began = time.perf_counter()
-                os.kill(self.pid, signal.SIGCONT if on else signal.SIGSTOP)
-                await asyncio.sleep(self.period_s)
-                self.windows.append((began, time.perf_counter(), on))
-                on = not on
+                first = bool(order.integers(2))
+                for on in (first, not first):
+                    began = time.perf_counter()
+                    os.kill(self.pid, signal.SIGCONT if on and not self.calibrate else signal.SIGSTOP)
+                    await asyncio.sleep(self.period_s)
+                    self.windows.append((began, time.perf_counter(), on))
         finally:
             os.kill(self.pid, signal.SIGCONT)
 
@@ -246,6 +250,7 @@ def interleaved(arrivals: list[tuple[float, float]], windows: list[tuple[float, 
     nothing of the job.
     """
     out: dict = {"period_s": args.switch_s, "settle_s": args.settle_s}
+    sides: dict[bool, list[float]] = {}
     if windows:  # the job's first seconds: its start (a quarter of the ceiling in flight until the first signal)
         out["first_2_s"] = _pcts([lat for due, lat in arrivals if due < windows[0][0] + 2.0])
     settle_windows = [(a, min(a + args.settle_s, b), ran) for a, b, ran in windows]  # each window's first settle_s
@@ -256,10 +261,35 @@ def interleaved(arrivals: list[tuple[float, float]], windows: list[tuple[float, 
         p99s = [float(np.percentile(lat, 99)) * 1e3 for lat in mine]
         p50s = [float(np.percentile(lat, 50)) * 1e3 for lat in mine]
         settling = [x for ran, lat in settling_periods if ran == on for x in lat]
+        sides[on] = p99s
         out[name] = {**_pcts(pooled), "windows": len(mine), "settling": _pcts(settling),
+                     "window_p99s_ms": [round(v, 2) for v in p99s],
                      "window_p99_median_ms": round(float(np.median(p99s)), 2) if p99s else None,
                      "window_p50_median_ms": round(float(np.median(p50s)), 2) if p50s else None}  # fmt: skip
+    if sides.get(True) and sides.get(False):
+        out["ratio_95_ci"] = _bootstrap_ratio(sides[True], sides[False])
+    # Each pair's window with the job against its window without (seconds apart, the same host): the median of
+    # those ratios, a second reading that drift between the first and last minutes of the phase cannot move.
+    pairs = [(a[1], b[1]) if a[0] else (b[1], a[1]) for a, b in zip(settled[0::2], settled[1::2])
+             if a[0] != b[0] and min(len(a[1]), len(b[1])) >= 100]
+    if pairs:
+        ratios = [float(np.percentile(on, 99) / np.percentile(off, 99)) for on, off in pairs]
+        out["paired_p99_ratio_median"] = round(float(np.median(ratios)), 3)
+        out["pairs"] = len(ratios)
     return out
+
+
+def _bootstrap_ratio(running: list[float], stopped: list[float], draws: int = 2000) -> list[float]:
+    """A 95 % interval of median(running) / median(stopped), the windows of each side resampled (seeded).
+
+    The windows' p99s scatter widely on this VM, so the ratio of two medians
+    moves by several per cent between runs that changed nothing
+    (``--calibrate``); the interval says how far this run's figure can be read.
+    """
+    rng = np.random.default_rng(19)
+    a, b = np.asarray(running), np.asarray(stopped)
+    ratios = (np.median(rng.choice(a, (draws, a.size)), axis=1) / np.median(rng.choice(b, (draws, b.size)), axis=1))
+    return [round(float(v), 3) for v in np.percentile(ratios, [2.5, 97.5])]
 
 
 # ---- batch jobs ----------------------------------------------------------------------------------
@@ -344,7 +374,7 @@ async def job_beside_online(suite: TenantSuite, data: bytes, metrics_port: int, 
     await watch.started.wait()
     stop_at = time.monotonic() + args.beside_max_s
     cpu = CpuShares(pids)
-    switch = Switch(pids["runner"], args.switch_s) if args.switch_s else None
+    switch = Switch(pids["runner"], args.switch_s, calibrate=args.calibrate) if args.switch_s else None
     arrivals: list[tuple[float, float]] = []
     try:
         online = await open_loop(suite, bodies, rate, lambda: watch.last is not None or time.monotonic() >= stop_at,
@@ -551,6 +581,8 @@ async def run(suite: TenantSuite, args) -> dict:
             "job_alone_vs_capacity": round(steady / capacity, 3),  # target >= 0.8
             "online_p99_beside_vs_alone": _interleaved_ratio(beside["online"], "window_p99_median_ms"),  # <= 1.15
             "online_p99_beside_vs_alone_pooled": _interleaved_ratio(beside["online"], "p99_ms"),
+            "online_p99_beside_vs_alone_paired": beside["online"].get("interleaved", {}).get("paired_p99_ratio_median"),
+            "online_p99_beside_vs_alone_95_ci": beside["online"].get("interleaved", {}).get("ratio_95_ci"),
             "online_p50_beside_vs_alone": _interleaved_ratio(beside["online"], "window_p50_median_ms"),
             "online_p99_beside_vs_alone_phases": round(beside["online"]["p99_ms"] / online["p99_ms"], 3),
             "online_p50_beside_vs_alone_phases": round(beside["online"]["p50_ms"] / online["p50_ms"], 3),
@@ -587,6 +619,8 @@ def main() -> None:
                         "turns of this many seconds (default 5; short 2), so the online p99 with and without the job "
                         "is read in alternating windows (0: the job runs throughout; the ratio is then None)")
     parser.add_argument("--settle-s", type=float, default=0.5, help="arrivals left out at each window's start")
+    parser.add_argument("--calibrate", action="store_true", help="keep the runner stopped in its windows too (the job "
+                        "does not run): what the interleaved measure reads with no job, its own spread")
     parser.add_argument("--job-concurrency", type=int, help="the runner's ceiling (default: the best concurrency)")
     parser.add_argument(
         "--nearline-burst", type=int, help="async requests drained for capacity (default 3000; short 1500)"

@@ -98,6 +98,7 @@ def cmd_runner(args) -> None:
     except ValidationError as exc:
         raise SystemExit(f"error: batch runner settings: {exc}") from None
     setup_logging("batch-runner", "INFO")
+    _lower_priority(settings.nice)
 
     async def main() -> None:
         store = JobStore.from_url(settings.redis_url)
@@ -115,6 +116,17 @@ def cmd_runner(args) -> None:
             await store.close()
 
     asyncio.run(main())
+
+
+def _lower_priority(nice: int) -> None:
+    """Raise this process's niceness to ``nice`` before any thread starts (threads inherit it; on Linux it is
+    per thread). Never lowers it: a runner started under ``nice`` keeps what it was given."""
+    import logging
+
+    current = os.getpriority(os.PRIO_PROCESS, 0)
+    if nice > current:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+        logging.getLogger("aiworks.batch").info("runner niceness %d (was %d): online work gets the CPU first", nice, current)
 
 
 # ---- the client commands ------------------------------------------------------------------------------

@@ -33,6 +33,13 @@ class BatchSettings(BaseSettings):
         "at a time, then a pause of (1/limit - 1) x its latency (0.25: the job holds the suite a quarter of the "
         "time); 1: one request always in flight, as before.",
     )  # fmt: skip
+    nice: int = Field(
+        19, ge=0, le=19,
+        description="The runner's CPU niceness (Linux nice, 0-19; 19: the least CPU weight). A job fills idle "
+        "capacity: where the runner shares cores with the gateway, runtime or load it serves (one machine, "
+        "`aiworks up`), the kernel gives them the CPU first while the runner reads chunks and writes results. "
+        "0: as started. Across containers the pod's CPU request and limit decide instead.",
+    )  # fmt: skip
     adaptive: bool = Field(
         True,
         description="Pace requests in flight by AIMD on the latency and 429/503 answers seen (aiworks.batch.pacing); "
