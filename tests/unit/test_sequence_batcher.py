@@ -26,6 +26,12 @@ def repo(tmp_path_factory) -> Path:
     tiny.mkdir(parents=True)
     (tiny / "accumulator.onnx").write_bytes(accumulator_onnx())
     (root / "tiny" / "config.pbtxt").write_text(accumulator_config("tiny", candidates=1, idle_us=150_000))
+    # One slot and a long idle timeout: for the tests of the slot and the backlog, where a loaded machine must not
+    # release the first sequence as idle between two of its requests (150 ms went by under CI's load).
+    one = root / "one_slot" / "1"
+    one.mkdir(parents=True)
+    (one / "accumulator.onnx").write_bytes(accumulator_onnx())
+    (root / "one_slot" / "config.pbtxt").write_text(accumulator_config("one_slot", candidates=1, idle_us=60_000_000))
     return root
 
 
@@ -125,26 +131,26 @@ async def test_requests_outside_a_live_sequence_are_refused_with_tritons_words(r
 
 
 async def test_more_sequences_than_slots_and_backlog_is_429(repo):
-    dp = await plane(repo, "tiny", backlog=0)
+    dp = await plane(repo, "one_slot", backlog=0)
     try:
-        await send(dp, "tiny", 1, "a", start=True)
+        await send(dp, "one_slot", 1, "a", start=True)
         with pytest.raises(AIWorksError) as full:
-            await send(dp, "tiny", 1, "b", start=True)
+            await send(dp, "one_slot", 1, "b", start=True)
         assert full.value.status is Status.RESOURCE_EXHAUSTED and "as many sequences as it allows" in full.value.message
-        await send(dp, "tiny", 1, "a", end=True)
-        assert await send(dp, "tiny", 4, "b", start=True) == 4  # the slot is free again
+        await send(dp, "one_slot", 1, "a", end=True)
+        assert await send(dp, "one_slot", 4, "b", start=True) == 4  # the slot is free again
     finally:
         await dp.close()
 
 
 async def test_a_backlogged_sequence_runs_once_a_slot_frees(repo):
-    dp = await plane(repo, "tiny", backlog=1)
+    dp = await plane(repo, "one_slot", backlog=1)
     try:
-        await send(dp, "tiny", 1, "a", start=True)
-        waiting = asyncio.create_task(send(dp, "tiny", 9, "b", start=True))
+        await send(dp, "one_slot", 1, "a", start=True)
+        waiting = asyncio.create_task(send(dp, "one_slot", 9, "b", start=True))
         await asyncio.sleep(0.05)
         assert not waiting.done()  # "b" waits in the backlog
-        await send(dp, "tiny", 1, "a", end=True)
+        await send(dp, "one_slot", 1, "a", end=True)
         assert await asyncio.wait_for(waiting, 2) == 9
     finally:
         await dp.close()
@@ -163,14 +169,14 @@ async def test_an_idle_sequence_is_released(repo):
 
 
 async def test_a_cancelled_request_leaves_its_sequence_queue(repo):
-    dp = await plane(repo, "tiny", backlog=1)
+    dp = await plane(repo, "one_slot", backlog=1)
     try:
-        await send(dp, "tiny", 1, "a", start=True)
-        queued = asyncio.create_task(send(dp, "tiny", 1, "b", start=True))  # in the backlog
+        await send(dp, "one_slot", 1, "a", start=True)
+        queued = asyncio.create_task(send(dp, "one_slot", 1, "b", start=True))  # in the backlog
         await asyncio.sleep(0.02)
         queued.cancel()
         with pytest.raises(asyncio.CancelledError):
             await queued
-        assert dp.queues._queues[("tiny", "1")].queued == 0
+        assert dp.queues._queues[("one_slot", "1")].queued == 0
     finally:
         await dp.close()
