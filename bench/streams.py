@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import multiprocessing as mp
 import time
@@ -28,7 +27,7 @@ import aiohttp
 import numpy as np
 import orjson
 import redis.asyncio as redis
-from tenant_suite import tenant_suite
+from tenant_suite import quiet_collector, tenant_suite
 
 from aiworks.demo.models import digits_split
 
@@ -126,9 +125,7 @@ async def _end_to_end(session, base: str, key: str, rate: float, seconds: float)
     _, x, _, _ = digits_split()
     rows = x.astype(np.float32)
     headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
-    gc.collect()  # this process's collector out of the latencies (bench/tiers.py, quiet_collector)
-    gc.freeze()
-    gc.set_threshold(50_000, 50, 1_000)
+    quiet_collector()  # this process's collector out of the latencies
     start = time.time()
     sent, failures = 0, 0
     pending: set[asyncio.Task] = set()

@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import json
 import os
 import signal
@@ -58,7 +57,7 @@ import numpy as np
 import orjson
 import redis
 import requests
-from tenant_suite import TenantSuite, tenant_suite
+from tenant_suite import TenantSuite, quiet_collector, tenant_suite
 
 from aiworks.demo.models import digits_split
 from aiworks.supervisor.supervisor import free_port
@@ -106,22 +105,6 @@ class CpuShares:
 
 
 # ---- online load ---------------------------------------------------------------------------------
-
-
-def quiet_collector() -> None:
-    """Keep this process's garbage collector out of the latencies it measures.
-
-    The open loop's latency runs from each request's scheduled arrival, so a
-    pause of the load generator counts as the suite's. With the default
-    thresholds this process ran a full collection every few seconds, each of
-    40-90 ms over the objects of the setup (pyarrow, numpy, the suite's
-    handles): the online p99 at half capacity read ~100 ms where the suite's
-    was ~15 ms. The objects alive now are frozen out of collection and full
-    collections made rare; memory is not a concern for a run of minutes.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 50, 1_000)
 
 
 async def closed_loop(suite: TenantSuite, bodies: list[bytes], concurrency: int, duration_s: float) -> dict:
