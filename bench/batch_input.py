@@ -4,9 +4,12 @@ No suite: the runner's own input path only, in this process. N random
 digits-shaped rows (64 FP32 values, a ``custom_id``) are written once as
 Parquet (one list column) and once as JSONL (OIP requests); each file is then
 cut into chunks and turned into requests exactly as the runner does
-(``aiworks.batch.tables.ParquetInput`` / ``aiworks.batch.lines``). Printed:
-file sizes, rows/s, and the peak of Python allocations (tracemalloc; Arrow's
-own buffers are not counted) while reading. Then the Parquet output table of
+(``aiworks.batch.tables.ParquetInput`` / the mapped file and
+``aiworks.batch.lines.LineIndex``). For comparison, JSONL is also read as the
+runner did before it mapped its input: the whole file read and split into
+lines. Printed: file sizes, rows/s, and the peak of Python allocations
+(tracemalloc; Arrow's own buffers and the mapped file's pages are not
+counted) while reading. Then the Parquet output table of
 N answers (``label`` and ten ``probabilities``) is written from JSONL chunk
 records, as the runner does when the job ends.
 
@@ -26,7 +29,8 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from aiworks.batch.lines import chunk_bounds, parse_line, split_lines
+from aiworks.batch import objects
+from aiworks.batch.lines import LineIndex, chunk_bounds, parse_line
 from aiworks.batch.tables import ParquetInput, write_output
 
 
@@ -56,15 +60,25 @@ def main() -> None:
     parquet_s, parquet_peak = time.perf_counter() - started, tracemalloc.get_traced_memory()[1]
     tracemalloc.reset_peak()
     started, lines_done = time.perf_counter(), 0
-    lines = split_lines(jsonl_path.read_bytes())
-    for start, end in chunk_bounds(len(lines), size):
-        lines_done += len([parse_line(start + i + 1, raw, "/v2/models/m/infer") for i, raw in enumerate(lines[start:end])])
+    with objects.mapped(str(jsonl_path)) as data:  # as the runner reads it
+        index = LineIndex(data)
+        for start, end in chunk_bounds(index.total, size):
+            lines_done += len([parse_line(start + i + 1, raw, "/v2/models/m/infer")
+                               for i, raw in enumerate(index.lines(start, end))])  # fmt: skip
+        del index
     jsonl_s, jsonl_peak = time.perf_counter() - started, tracemalloc.get_traced_memory()[1]
+    tracemalloc.reset_peak()
+    started, whole_done = time.perf_counter(), 0
+    lines = jsonl_path.read_bytes().split(b"\n")[:-1]  # the whole file, split: how the runner read it before
+    for start, end in chunk_bounds(len(lines), size):
+        whole_done += len([parse_line(start + i + 1, raw, "/v2/models/m/infer") for i, raw in enumerate(lines[start:end])])
+    whole_s, whole_peak = time.perf_counter() - started, tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     del lines
     print(f"read and convert, chunks of {size}: parquet {parquet_s:.2f} s ({rows / parquet_s:,.0f} rows/s, "
-          f"Python peak {parquet_peak / 1e6:.1f} MB); jsonl {jsonl_s:.2f} s ({lines_done / jsonl_s:,.0f} rows/s, "
-          f"Python peak {jsonl_peak / 1e6:.1f} MB)")  # fmt: skip
+          f"Python peak {parquet_peak / 1e6:.1f} MB); jsonl mapped {jsonl_s:.2f} s ({lines_done / jsonl_s:,.0f} "
+          f"rows/s, Python peak {jsonl_peak / 1e6:.1f} MB); jsonl read whole {whole_s:.2f} s "
+          f"({whole_done / whole_s:,.0f} rows/s, Python peak {whole_peak / 1e6:.1f} MB)")  # fmt: skip
 
     chunks = []
     for start in range(0, n, size):

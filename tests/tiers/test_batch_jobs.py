@@ -10,11 +10,14 @@ that finished chunks were not sent again (only the two chunks in flight).
 from __future__ import annotations
 
 import json
+import re
 import time
+from pathlib import Path
 
 import numpy as np
 import orjson
 import pytest
+import redis
 import requests
 import tritonclient.http as httpclient
 
@@ -89,6 +92,15 @@ def _usage_rows(batch, tenant: str) -> int:
     return sum(t["rows"] for t in reply.json()["totals"] if t["model"] == "digits")
 
 
+def _soon(check, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def _ended(doc: dict) -> bool:
     return doc["status"] in ("completed", "cancelled")
 
@@ -111,6 +123,7 @@ def test_a_2000_line_digits_job_completes_in_input_order(batch_suite, runners):
     assert labels == expected
     assert out[0]["response"]["model_name"] == "digits" and out[0]["response"]["model_version"] == "1"
     assert _content(batch_suite, "alice", done["error_file_id"]) == []
+    assert _soon(lambda: not list((batch_suite.work / "files").rglob("*.parts")))  # parts go once the job ends
     print(f"\n2000-line digits job: {elapsed:.1f} s from the runner's start, {ROWS / elapsed:.0f} rows/s")
 
 
@@ -199,6 +212,16 @@ def test_cancel_stops_within_a_chunk_and_keeps_what_finished(batch_suite, runner
     job = _submit(batch_suite, "alice", _jsonl([_line(i, row) for i, row in enumerate(x)]), chunk_size=20)
     runners("runner")
     wait_batch(batch_suite, "alice", job["id"], lambda d: d["chunks"]["done"] >= 2)
+    # While it runs, Redis holds where each finished chunk's lines are, not the lines: they are in a part beside
+    # the output file, written before the chunk was recorded.
+    store = redis.Redis.from_url(batch_suite.redis_url, decode_responses=True)
+    output_url = store.hget(f"aiworks:batch:job:{job['id']}", "output_url")
+    parts = store.hgetall(f"aiworks:batch:chunks:{job['id']}")
+    assert len(parts) >= 2 and all(re.fullmatch(r"o:\d+", k) for k in parts), parts
+    for key, part in parts.items():
+        assert re.fullmatch(r"\d{8}\.runner-[0-9a-f]+\.o", part) and int(part[:8]) == int(key[2:]), part
+        lines = (Path(output_url + ".parts") / (part[:-2] + ".out")).read_bytes().splitlines()
+        assert [orjson.loads(line)["line"] for line in lines] == list(range(int(key[2:]) * 20 + 1, int(key[2:]) * 20 + 21))
     reply = requests.post(f"{batch_suite.base}/v1/batches/{job['id']}/cancel", headers=batch_suite.headers("alice"))
     assert reply.status_code == 200 and reply.json()["status"] in ("cancelling", "cancelled"), reply.text
     at_cancel = reply.json()["chunks"]["done"]

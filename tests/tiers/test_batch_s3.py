@@ -19,7 +19,7 @@ from aiworks.batch.service import BatchService
 from aiworks.storage.s3 import S3Client, S3Config
 
 from .conftest import wait_batch
-from .test_batch_jobs import _digits, _jsonl, _line
+from .test_batch_jobs import _digits, _jsonl, _line, _soon
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -64,6 +64,9 @@ def test_a_job_reads_and_writes_s3(batch_suite, runners, s3, monkeypatch):
     lines = [orjson.loads(line) for line in out.getvalue().splitlines()]
     assert [o["line"] for o in lines] == list(range(1, 301))
     assert [orjson.loads(line)["line"] for line in err.getvalue().splitlines()] == [301]
+    # The chunks' parts go right after the job ends (after: a runner that dies between leaves parts, never a job
+    # without them).
+    assert _soon(lambda: not list(client.list("out/result.jsonl.parts/")))
 
 
 def test_a_parquet_job_reads_and_writes_s3_and_answers_as_the_jsonl_job(batch_suite, runners, s3, monkeypatch):

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from aiworks.batch.jobs import Job, JobStore
+from aiworks.batch.jobs import Job, JobStore, part_name
 from aiworks.batch.service import BatchService
 from aiworks.core.errors import InvalidArgument, NotFound, ResourceExhausted
 
@@ -27,12 +27,12 @@ async def test_a_chunk_counts_once_and_only_for_the_lease_holder(store):
     assert await store.credential("batch_1") == "Bearer k"
     assert await store.claim("batch_1", "r1", 5.0)
     assert not await store.claim("batch_1", "r2", 5.0)  # held
-    assert await store.record_chunk("batch_1", "r1", 0, b"o0\n", b"", 1, 0) == 1
-    assert await store.record_chunk("batch_1", "r1", 0, b"o0-again\n", b"", 1, 0) == 0  # already in: not counted
-    assert await store.record_chunk("batch_1", "r2", 1, b"o1\n", b"", 1, 0) == -1  # not the holder
+    assert await store.record_chunk("batch_1", "r1", 0, part_name(0, "r1", True, False), 1, 0) == 1
+    assert await store.record_chunk("batch_1", "r1", 0, part_name(0, "r1", True, True), 1, 0) == 0  # in: not counted
+    assert await store.record_chunk("batch_1", "r2", 1, part_name(1, "r2", True, False), 1, 0) == -1  # not the holder
     job = await store.get("batch_1")
     assert (job.completed, job.failed, job.chunks_done) == (1, 0, 1)
-    assert await store.chunk_results("batch_1", 0) == (b"o0\n", b"")
+    assert await store.chunk_parts("batch_1") == {0: "00000000.r1.o"}  # the first record stands
     assert await store.done_chunks("batch_1") == {0}
 
 
@@ -41,7 +41,7 @@ async def test_an_expired_lease_passes_to_another_runner(store):
     assert await store.claim("batch_1", "r1", 0.2)
     await asyncio.sleep(0.3)
     assert await store.claim("batch_1", "r2", 5.0)
-    assert await store.record_chunk("batch_1", "r1", 0, b"late\n", b"", 1, 0) == -1  # the old holder is fenced off
+    assert await store.record_chunk("batch_1", "r1", 0, part_name(0, "r1", True, False), 1, 0) == -1  # the old holder is fenced off
     assert not await store.renew("batch_1", "r1", 5.0)
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import orjson
 
-from aiworks.batch.lines import chunk_bounds, parse_line, split_lines
+from aiworks.batch import objects
+from aiworks.batch.lines import LineIndex, chunk_bounds, parse_line
 
 PATH = "/v2/models/iris/infer"
 REQUEST = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
@@ -46,7 +47,49 @@ def test_chunks_cover_every_line_once():
     assert chunk_bounds(0, 100) == []
 
 
-def test_split_lines_keeps_inner_empty_lines_and_drops_the_final_newline():
-    assert split_lines(b"a\n\nb\r\n") == [b"a", b"", b"b"]
-    assert split_lines(b"a") == [b"a"]
-    assert split_lines(b"") == []
+def test_a_line_index_keeps_inner_empty_lines_and_drops_the_final_newline():
+    def lines(data: bytes) -> list[bytes]:
+        index = LineIndex(data)
+        return index.lines(0, index.total)
+
+    assert lines(b"a\n\nb\r\n") == [b"a", b"", b"b"]
+    assert lines(b"a") == [b"a"] and lines(b"a\n") == [b"a"]
+    assert lines(b"") == [] and lines(b"\n") == [b""] and lines(b"\n\n") == [b"", b""]
+    index = LineIndex(b"ab\ncd\r\nef")
+    assert index.total == 3 and index.lines(1, 3) == [b"cd", b"ef"] and index.lines(2, 9) == [b"ef"]
+    assert index.lines(3, 4) == []
+
+
+def test_a_mapped_file_agrees_with_its_line_count_and_closes(tmp_path, monkeypatch):
+    import aiworks.batch.lines as lines_module
+
+    monkeypatch.setattr(lines_module, "_SCAN", 7)  # many scan blocks, a line across each boundary
+    rows = [b'{"n": %d}' % i for i in range(50)] + [b"", b"last"]
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"\n".join(rows))  # no final newline
+    with objects.mapped(str(path)) as data:
+        index = LineIndex(data)
+        assert index.total == len(rows) == objects.count_lines(str(path))
+        assert index.lines(0, index.total) == rows
+        assert [line for start, end in chunk_bounds(index.total, 8) for line in index.lines(start, end)] == rows
+    # the mapping closed with the block (no array still pointed into it)
+    assert data.closed
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    with objects.mapped(str(tmp_path / "empty.jsonl")) as data:
+        assert LineIndex(data).total == 0 == objects.count_lines(str(tmp_path / "empty.jsonl"))
+
+
+def test_a_sink_leaves_the_object_whole_or_untouched(tmp_path):
+    target = tmp_path / "out" / "result.jsonl"
+    with objects.sink(str(target)) as f:
+        f.write(b"a\n")
+        f.write(b"b\n")
+    assert target.read_bytes() == b"a\nb\n"
+    try:
+        with objects.sink(str(target)) as f:
+            f.write(b"half")
+            raise RuntimeError("the writer died")
+    except RuntimeError:
+        pass
+    assert target.read_bytes() == b"a\nb\n"  # the old file stands
+    assert sorted(p.name for p in target.parent.iterdir()) == ["result.jsonl"]  # no temporary left behind

@@ -3,7 +3,9 @@
 Keys (prefix ``aiworks:batch:``):
 
 - ``job:{id}``: hash, the job (:class:`Job`);
-- ``chunks:{id}``: hash, ``o:{i}`` / ``e:{i}`` the output and error lines of finished chunk ``i``;
+- ``chunks:{id}``: hash, ``o:{i}``: where finished chunk ``i``'s output and error lines are, a part name
+  (:func:`part_name`; the lines themselves are in the job's storage, next to its output file, so a job of
+  millions of lines holds Redis to a few bytes a chunk);
 - ``lease:{id}``: which runner holds the job, with a TTL the runner renews;
 - ``secret:{id}``: the submitter's credential, sent with the job's requests; deleted when the job ends;
 - ``active``: set of jobs not yet ended (``tenant:{t}:active``: a tenant's); ``tenant:{t}:jobs``: a tenant's
@@ -31,9 +33,9 @@ CANCELLABLE = ("validating", "in_progress")
 _RECORD = """
 if redis.call('GET', KEYS[3]) ~= ARGV[1] then return -1 end
 if redis.call('HEXISTS', KEYS[2], 'o:' .. ARGV[2]) == 1 then return 0 end
-redis.call('HSET', KEYS[2], 'o:' .. ARGV[2], ARGV[3], 'e:' .. ARGV[2], ARGV[4])
-redis.call('HINCRBY', KEYS[1], 'completed', ARGV[5])
-redis.call('HINCRBY', KEYS[1], 'failed', ARGV[6])
+redis.call('HSET', KEYS[2], 'o:' .. ARGV[2], ARGV[3])
+redis.call('HINCRBY', KEYS[1], 'completed', ARGV[4])
+redis.call('HINCRBY', KEYS[1], 'failed', ARGV[5])
 redis.call('HINCRBY', KEYS[1], 'chunks_done', 1)
 return 1
 """
@@ -52,6 +54,13 @@ return status or ''
 
 
 _JSON_FIELDS = ("metadata", "input_columns")
+
+
+def part_name(index: int, runner: str, has_output: bool, has_errors: bool) -> str:
+    """A recorded chunk's part: its index and the runner that wrote it (a runner that lost its lease may
+    still write the same chunk; only the recorded runner's files are read), and which of its two files
+    exist (``o`` output lines, ``e`` error lines; an empty one is not written)."""
+    return f"{index:08d}.{runner}.{'o' if has_output else ''}{'e' if has_errors else ''}"
 
 
 def new_id(kind: str) -> str:
@@ -236,16 +245,18 @@ class JobStore:
         names = await self.redis.hkeys(self._k("chunks", job_id))
         return {int(n[2:]) for n in names if n.startswith("o:")}
 
-    async def record_chunk(
-        self, job_id: str, runner: str, index: int, out: bytes, err: bytes, ok: int, bad: int
-    ) -> int:
-        """1: recorded; 0: already recorded (nothing counted); -1: this runner lost the lease."""
-        keys = [self._k("job", job_id), self._k("chunks", job_id), self._k("lease", job_id)]
-        return int(await self._record(keys=keys, args=[runner, index, out, err, ok, bad]))
+    async def record_chunk(self, job_id: str, runner: str, index: int, part: str, ok: int, bad: int) -> int:
+        """1: recorded; 0: already recorded (nothing counted); -1: this runner lost the lease.
 
-    async def chunk_results(self, job_id: str, index: int) -> tuple[bytes, bytes]:
-        out, err = await self.redis.hmget(self._k("chunks", job_id), [f"o:{index}", f"e:{index}"])
-        return (out or "").encode(), (err or "").encode()
+        ``part``: where the chunk's lines were written (:func:`part_name`), before this call.
+        """
+        keys = [self._k("job", job_id), self._k("chunks", job_id), self._k("lease", job_id)]
+        return int(await self._record(keys=keys, args=[runner, index, part, ok, bad]))
+
+    async def chunk_parts(self, job_id: str) -> dict[int, str]:
+        """Each recorded chunk's part name, by chunk index."""
+        doc = await self.redis.hgetall(self._k("chunks", job_id))
+        return {int(name[2:]): value for name, value in doc.items() if name.startswith("o:")}
 
     # ---- files ---------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import orjson
 
 BATCH_PRIORITY = "batch"
@@ -64,11 +65,40 @@ def chunk_bounds(total_lines: int, chunk_size: int) -> list[tuple[int, int]]:
     return [(start, min(start + chunk_size, total_lines)) for start in range(0, total_lines, chunk_size)]
 
 
-def split_lines(data: bytes) -> list[bytes]:
-    """The file's lines; a final newline ends the last line rather than starting an empty one."""
-    if not data:
-        return []
-    lines = data.split(b"\n")
-    if lines[-1] == b"":
-        lines.pop()
-    return [line[:-1] if line.endswith(b"\r") else line for line in lines]
+_SCAN = 8 << 20  # bytes looked at a time for newlines (a byte of comparison each, while it runs)
+
+
+class LineIndex:
+    """The lines of a (mapped) file, taken a slice at a time: where each line ends is all that is kept.
+
+    A final newline ends the last line rather than starting an empty one;
+    an inner empty line is a line. Nothing is split into objects up front:
+    8 bytes a line are kept (80 MB for ten million lines), and a chunk's
+    lines are copied out only when it is sent.
+    """
+
+    def __init__(self, data):
+        self._data = data
+        size = len(data)
+        view = np.frombuffer(data, dtype=np.uint8) if size else np.empty(0, np.uint8)
+        try:
+            ends = [np.flatnonzero(view[at : at + _SCAN] == 10) + at for at in range(0, size, _SCAN)]
+        finally:
+            del view  # a mapped file cannot close while an array still points into it
+        newlines = np.concatenate(ends) if ends else np.empty(0, np.int64)
+        if size and (not len(newlines) or newlines[-1] != size - 1):
+            newlines = np.append(newlines, size)  # the last line has no newline of its own
+        self._ends = newlines.astype(np.int64)
+        self.total = len(self._ends)
+
+    def lines(self, start: int, end: int) -> list[bytes]:
+        """Lines ``[start, end)`` (0-based), each without its newline (nor a ``\\r`` before it)."""
+        out = []
+        ends = self._ends
+        begin = 0 if start == 0 else int(ends[start - 1]) + 1
+        for i in range(start, min(end, self.total)):
+            stop = int(ends[i])
+            line = self._data[begin:stop]
+            out.append(line[:-1] if line.endswith(b"\r") else line)
+            begin = stop + 1
+        return out

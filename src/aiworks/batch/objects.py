@@ -1,4 +1,11 @@
-"""Where batch files live: a local path or an ``s3://bucket/key`` object, read and written whole.
+"""Where batch files live: a local path or an ``s3://bucket/key`` object.
+
+Small objects (a chunk's part, an upload) are read and written whole. A job's
+input and its output files can be gigabytes, so they are not: the input is
+mapped (:func:`mapped`: a local file in place, an S3 object through a
+temporary file), its lines counted in blocks (:func:`count_lines`), and the
+output written through a :func:`sink`, a file on disk that becomes the
+object when it is complete.
 
 S3 goes through :class:`aiworks.storage.s3.S3Client`, the storage
 initializer's client, configured by the same ``AWS_*`` variables. These are
@@ -7,15 +14,21 @@ blocking calls: async callers run them with ``asyncio.to_thread``.
 
 from __future__ import annotations
 
+import contextlib
 import io
+import mmap
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from aiworks.core.errors import InvalidArgument, NotFound
 from aiworks.storage.s3 import S3Client
 
 DEFAULT_MAX_BYTES = 8 << 30
+_BLOCK = 8 << 20  # bytes read at a time where a file is streamed
 
 
 def _s3(url: str) -> tuple[S3Client, str]:
@@ -82,3 +95,114 @@ def delete(url: str) -> None:
         client.delete(key)
         return
     _local(url).unlink(missing_ok=True)
+
+
+def delete_tree(prefix: str) -> None:
+    """Remove everything under ``prefix``: a local folder, or every S3 object whose key starts with it."""
+    check_url(prefix)
+    if prefix.startswith("s3://"):
+        client, key = _s3(prefix)
+        for name, _ in list(client.list(key)):
+            client.delete(name)
+        return
+    shutil.rmtree(_local(prefix), ignore_errors=True)
+
+
+class _LineCounter(io.RawIOBase):
+    """A writable that keeps only the number of newlines written and the last byte."""
+
+    def __init__(self):
+        self.newlines = 0
+        self.size = 0
+        self.last = b""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        data = bytes(data)
+        if data:
+            self.newlines += data.count(b"\n")
+            self.size += len(data)
+            self.last = data[-1:]
+        return len(data)
+
+
+def count_lines(url: str, max_bytes: int = DEFAULT_MAX_BYTES) -> int:
+    """Lines of a file, read in blocks (a final newline ends the last line rather than starting one)."""
+    check_url(url)
+    counter = _LineCounter()
+    if url.startswith("s3://"):
+        client, key = _s3(url)
+        client.download(key, counter, max_bytes)
+    else:
+        path = _local(url)
+        if not path.is_file():
+            raise NotFound(f"input file '{url}' does not exist")
+        with path.open("rb") as f:
+            while block := f.read(_BLOCK):
+                counter.write(block)
+    return counter.newlines + (1 if counter.size and counter.last != b"\n" else 0)
+
+
+def local_copy(url: str, max_bytes: int = DEFAULT_MAX_BYTES) -> BinaryIO:
+    """An S3 object downloaded, in blocks, to a temporary file (gone once closed), positioned at its start."""
+    client, key = _s3(url)
+    f = tempfile.TemporaryFile(prefix="aiworks-batch-input-")
+    try:
+        client.download(key, f, max_bytes)
+        f.flush()
+        f.seek(0)
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+@contextlib.contextmanager
+def mapped(url: str, max_bytes: int = DEFAULT_MAX_BYTES) -> Iterator[mmap.mmap | bytes]:
+    """The file's bytes, mapped read-only: pages come from disk as they are read, so a file of gigabytes
+    costs its reader no more memory than the slices it takes. An S3 object is downloaded to a temporary
+    file first (removed on the way out). An empty file is ``b""`` (an empty file cannot be mapped)."""
+    check_url(url)
+    with contextlib.ExitStack() as stack:
+        if url.startswith("s3://"):
+            f: BinaryIO = stack.enter_context(local_copy(url, max_bytes))
+        else:
+            path = _local(url)
+            if not path.is_file():
+                raise NotFound(f"input file '{url}' does not exist")
+            f = stack.enter_context(path.open("rb"))
+        if os.fstat(f.fileno()).st_size == 0:
+            yield b""
+            return
+        yield stack.enter_context(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+
+
+@contextlib.contextmanager
+def sink(url: str) -> Iterator[BinaryIO]:
+    """A file to write an object into, in pieces; the object appears, whole, only if the block ends without
+    an error. Local: a temporary file beside the target, synced and renamed over it. S3: a temporary file,
+    uploaded from disk (one PutObject) and removed."""
+    check_url(url)
+    if url.startswith("s3://"):
+        client, key = _s3(url)
+        with tempfile.TemporaryFile(prefix="aiworks-batch-output-") as f:
+            yield f
+            size = f.tell()
+            f.flush()
+            f.seek(0)
+            client.upload_file(key, f, size)
+        return
+    path = _local(url)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False)  # noqa: SIM115
+    try:
+        with tmp:
+            yield tmp
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        os.replace(tmp.name, path)
+    except BaseException:
+        Path(tmp.name).unlink(missing_ok=True)
+        raise

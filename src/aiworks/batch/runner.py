@@ -11,9 +11,10 @@ and the pipe stays full across chunks. At most ``concurrency`` requests are
 in flight in all (fewer while online traffic is about:
 :mod:`aiworks.batch.pacing` paces them on the runtimes' ``online_load``
 signal and the 429/503 answers the runner sees). Chunks are recorded in
-input order, each one's output and error lines in Redis at once
-(:meth:`JobStore.record_chunk`), as soon as it and the ones before it are
-answered. A runner that dies loses only the chunks in flight (at most two):
+input order, as soon as it and the ones before it are answered: the chunk's
+output and error lines are written to the job's storage first, as a part
+next to the output file (``<output>.parts/``), then the part's name is
+recorded in Redis (:meth:`JobStore.record_chunk`), with the counts, at once. A runner that dies loses only the chunks in flight (at most two):
 once its lease expires another runner (or the same one restarted) takes the
 job, skips the recorded chunks and sends those again. Cancel is checked
 after each chunk is recorded; once the job is cancelling, the chunk still in
@@ -21,14 +22,22 @@ flight is dropped (its answered lines are not kept), so at most one chunk
 is recorded after the cancel: the job stops within one chunk. When every
 chunk is in, the runner writes the output file (one line per successful
 input line, in input order) and the error file (one line per refused or
-failed input line, with its line number and reason). A Parquet
+failed input line, with its line number and reason), copying the parts in
+order, one at a time, and then removes the parts. A Parquet
 job (:mod:`aiworks.batch.tables`) is read one chunk of rows at a time and its
 output file is a Parquet table; its chunks are recorded as JSONL all the same.
+
+Memory does not grow with the job: a JSONL input is mapped
+(:func:`objects.mapped`), with 8 bytes kept per line
+(:class:`~aiworks.batch.lines.LineIndex`); at most two chunks' lines and
+answers are held; the output files are written through a file on disk
+(:func:`objects.sink`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -39,8 +48,8 @@ import aiohttp
 import orjson
 
 from aiworks.batch import objects, packing, tables
-from aiworks.batch.jobs import TERMINAL, FileRecord, Job, JobStore
-from aiworks.batch.lines import Line, chunk_bounds, parse_line, split_lines
+from aiworks.batch.jobs import TERMINAL, FileRecord, Job, JobStore, part_name
+from aiworks.batch.lines import Line, LineIndex, chunk_bounds, parse_line
 from aiworks.batch.pacing import PacedGate, Pacer
 from aiworks.batch.settings import BatchSettings
 from aiworks.core.errors import AIWorksError, InvalidArgument
@@ -162,12 +171,16 @@ class BatchRunner:
                 log.warning("batch job %s: lease renewal failed: %s", job_id, exc)
 
     async def _run(self, job: Job) -> None:
-        try:
-            total, chunks = await asyncio.to_thread(_open_input, job)
-        except AIWorksError as exc:
-            await self.store.finish(job.id, "failed", error=f"cannot read the input file: {exc.message}")
-            BATCH_JOBS_FINISHED.labels("failed").inc()
-            return
+        with contextlib.ExitStack() as inputs:  # the mapped input (and an S3 input's temporary copy) until the end
+            try:
+                total, chunks = await asyncio.to_thread(_open_input, job, inputs)
+            except AIWorksError as exc:
+                await self.store.finish(job.id, "failed", error=f"cannot read the input file: {exc.message}")
+                BATCH_JOBS_FINISHED.labels("failed").inc()
+                return
+            await self._run_chunks(job, total, chunks)
+
+    async def _run_chunks(self, job: Job, total: int, chunks: Iterator[Callable[[], list[Line]]]) -> None:
         bounds = chunk_bounds(total, job.chunk_size)
         fields = {"total": total, "chunks_total": len(bounds)}
         if job.status == "validating":
@@ -217,12 +230,14 @@ class BatchRunner:
         if expired is not None:  # every line not answered goes to the error file: each input line is in one file
             done = await self.store.done_chunks(job.id)
             reason = f"the job's completion window ({job.completion_window}) ended first"
-            unsent = {}
+            unsent = {}  # chunk index: its part (error lines only), written now, not recorded
             index, make = expired
             while True:
                 if index not in done:
                     lines = await asyncio.to_thread(make)
-                    unsent[index] = b"".join(_error_line(line, "batch_expired", reason) for line in lines)
+                    errors = b"".join(_error_line(line, "batch_expired", reason) for line in lines)
+                    unsent[index] = part = part_name(index, "unsent", False, bool(errors))
+                    await asyncio.to_thread(_write_part, job, part, b"", errors)
                 index += 1
                 if index >= len(bounds):
                     break
@@ -240,9 +255,11 @@ class BatchRunner:
         return True
 
     async def _record(self, job: Job, index: int, task: asyncio.Task) -> None:
-        """Wait for a chunk's lines and record them in Redis at once (all of them or none)."""
+        """Wait for a chunk's lines, write them as a part, and record the part in Redis (all or none)."""
         out, err, ok, bad = await task
-        recorded = await self.store.record_chunk(job.id, self.runner_id, index, out, err, ok, bad)
+        part = part_name(index, self.runner_id, bool(out), bool(err))
+        await asyncio.to_thread(_write_part, job, part, out, err)
+        recorded = await self.store.record_chunk(job.id, self.runner_id, index, part, ok, bad)
         if recorded < 0:
             raise LeaseLost(job.id)
         self._rows_ok.inc(ok)
@@ -365,8 +382,8 @@ class BatchRunner:
         max_batch = config.get("max_batch_size", 0) if isinstance(config, dict) else 0
         return max(1, min(self.settings.pack_rows, int(max_batch))) if isinstance(max_batch, int) else 1
 
-    async def _finalize(self, job_id: str, unsent: dict[int, bytes] | None = None) -> None:
-        """Write the output and error files from the recorded chunks; ``unsent``: an expired job's other lines."""
+    async def _finalize(self, job_id: str, unsent: dict[int, str] | None = None) -> None:
+        """Write the output and error files from the recorded parts; ``unsent``: an expired job's other parts."""
         job = await self.store.get(job_id)
         if job is None or job.status in TERMINAL:
             return
@@ -374,53 +391,94 @@ class BatchRunner:
         final = "expired" if unsent is not None else "cancelled" if cancelled else "completed"
         if final == "completed":
             await self.store.update(job.id, status="finalizing", finalizing_at=time.time())
-        outs, errs = [], []
-        for index in range(job.chunks_total):
-            if unsent is not None and index in unsent:
-                errs.append(unsent[index])
-                continue
-            out, err = await self.store.chunk_results(job.id, index)
-            outs.append(out)
-            errs.append(err)
-        errors = b"".join(errs)
+        parts = await self.store.chunk_parts(job.id)
+        if unsent:
+            parts |= unsent
+        ordered = [parts[index] for index in range(job.chunks_total) if index in parts]  # a cancelled job: gaps
         try:
-            if job.format == "parquet":
-                output = await asyncio.to_thread(tables.write_output, outs)
-            else:
-                output = b"".join(outs)
-            await asyncio.to_thread(objects.write_bytes, job.output_url, output)
-            await asyncio.to_thread(objects.write_bytes, job.error_url, errors)
+            sizes = await asyncio.to_thread(_write_results, job, ordered)
         except AIWorksError as exc:
             await self.store.finish(job.id, "failed", error=f"cannot write the results: {exc.message}")
             return
-        for file_id, url, data, name in (
-            (output_file_id(job.id), job.output_url, output, f"output.{job.format}"),
-            (error_file_id(job.id), job.error_url, errors, "errors.jsonl"),
+        for (file_id, url, name), size in zip(
+            (
+                (output_file_id(job.id), job.output_url, f"output.{job.format}"),
+                (error_file_id(job.id), job.error_url, "errors.jsonl"),
+            ),
+            sizes,
         ):
-            record = FileRecord(file_id, job.tenant, f"{job.id}-{name}", "batch_output", url, len(data))
+            record = FileRecord(file_id, job.tenant, f"{job.id}-{name}", "batch_output", url, size)
             await self.store.add_file(record)
         await self.store.finish(
             job.id, final, output_file_id=output_file_id(job.id), error_file_id=error_file_id(job.id)
         )
+        try:  # after the job has ended: a runner that dies first leaves parts behind, never a job without them
+            await asyncio.to_thread(objects.delete_tree, parts_prefix(job))
+        except (AIWorksError, OSError) as exc:
+            log.warning("batch job %s: its parts under %s were not removed: %s", job.id, parts_prefix(job), exc)
         BATCH_JOBS_FINISHED.labels(final).inc()
         self.seen.pop(job.id, None)
         log.info("batch job %s %s: %d lines answered, %d failed", job.id, final, job.completed, job.failed)
 
 
-def _open_input(job: Job) -> tuple[int, Iterator[Callable[[], list[Line]]]]:
-    """The job's number of input lines (rows), and one callable per chunk, in order, that makes its lines."""
+def _open_input(job: Job, stack: contextlib.ExitStack) -> tuple[int, Iterator[Callable[[], list[Line]]]]:
+    """The job's number of input lines (rows), and one callable per chunk, in order, that makes its lines.
+
+    A JSONL input stays mapped until ``stack`` closes."""
     if job.format == "parquet":
         source = tables.ParquetInput(job.input_url, job.input_columns)
         return source.total, source.chunks(job.chunk_size)
-    lines = split_lines(objects.read_bytes(job.input_url))
+    index = LineIndex(stack.enter_context(objects.mapped(job.input_url)))
 
     def chunks() -> Iterator[Callable[[], list[Line]]]:
-        for start, end in chunk_bounds(len(lines), job.chunk_size):
+        for start, end in chunk_bounds(index.total, job.chunk_size):
             yield lambda start=start, end=end: [
-                parse_line(start + i + 1, raw, job.infer_path) for i, raw in enumerate(lines[start:end])
+                parse_line(start + i + 1, raw, job.infer_path) for i, raw in enumerate(index.lines(start, end))
             ]
 
-    return len(lines), chunks()
+    return index.total, chunks()
+
+
+def parts_prefix(job: Job) -> str:
+    """Where a job's recorded chunks are written until its files are: beside its output file."""
+    return job.output_url + ".parts/"
+
+
+def _part_urls(job: Job, part: str) -> tuple[str | None, str | None]:
+    """The output-lines and error-lines files of a part (None where it has none)."""
+    head, _, kinds = part.rpartition(".")
+    prefix = parts_prefix(job) + head
+    return (prefix + ".out" if "o" in kinds else None), (prefix + ".err" if "e" in kinds else None)
+
+
+def _write_part(job: Job, part: str, out: bytes, err: bytes) -> None:
+    for url, data in zip(_part_urls(job, part), (out, err)):
+        if url is not None:
+            objects.write_bytes(url, data)
+
+
+def _write_results(job: Job, parts: list[str]) -> tuple[int, int]:
+    """The output and error files, copied from ``parts`` in order, one part in memory at a time; their sizes."""
+
+    def lines(which: int) -> Iterator[bytes]:
+        for part in parts:
+            url = _part_urls(job, part)[which]
+            if url is not None:
+                yield objects.read_bytes(url)
+
+    with objects.sink(job.output_url) as output:
+        if job.format == "parquet":
+            tables.write_output_to(output, lambda: lines(0))
+        else:
+            for data in lines(0):
+                output.write(data)
+        output.flush()
+        out_size = output.tell()
+    with objects.sink(job.error_url) as errors:
+        for data in lines(1):
+            errors.write(data)
+        err_size = errors.tell()
+    return out_size, err_size
 
 
 def take_online_load(response: bytes) -> tuple[bool | None, bytes]:

@@ -44,8 +44,7 @@ def _count_lines(url: str, form: str = "jsonl", input_columns: dict | None = Non
     """Lines (Parquet: rows) of an input file, as the runner will cut it (a final newline ends the last line)."""
     if form == "parquet":
         return tables.check_input(url, input_columns or {})
-    data = objects.read_bytes(url)
-    return data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+    return objects.count_lines(url)
 
 
 def batch_object(job: Job) -> dict:

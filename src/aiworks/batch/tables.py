@@ -32,6 +32,7 @@ from __future__ import annotations
 import io
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import BinaryIO
 
 import orjson
 
@@ -165,12 +166,13 @@ def plan(schema, input_columns: dict[str, list[str]]) -> list[InputColumns]:
 
 
 def open_file(url: str):
-    """A ``pyarrow.parquet.ParquetFile``: a local file is read from disk as needed, an S3 object from memory."""
+    """A ``pyarrow.parquet.ParquetFile``: a local file is read from disk as needed, an S3 object from a
+    temporary copy on disk (removed when the ParquetFile is let go)."""
     pa, pq = _arrow()
     objects.check_url(url)
     try:
         if url.startswith("s3://"):
-            return pq.ParquetFile(pa.BufferReader(objects.read_bytes(url)))
+            return pq.ParquetFile(objects.local_copy(url))
         return pq.ParquetFile(url[len("file://") :] if url.startswith("file://") else url)
     except (pa.ArrowInvalid, OSError) as exc:
         raise InvalidArgument(f"the input file is not a readable Parquet file: {str(exc)[:300]}") from None
@@ -282,15 +284,23 @@ class ParquetInput:
 
 
 def write_output(chunks: Iterable[bytes]) -> bytes:
+    """:func:`write_output_to` in memory: the table's bytes."""
+    chunks = list(chunks)
+    sink = io.BytesIO()
+    write_output_to(sink, lambda: chunks)
+    return sink.getvalue()
+
+
+def write_output_to(sink: BinaryIO, chunks: Callable[[], Iterable[bytes]]) -> None:
     """The output table (module docstring) of a job's output lines, one row group per chunk of lines.
 
-    ``chunks``: each chunk's output lines (JSONL, as the runner records
-    them), in order; read twice, once for the columns' types, once to write.
+    ``chunks()``: each chunk's output lines (JSONL, as the runner records
+    them), in order; called twice, once for the columns' types, once to
+    write, so only one chunk is in memory at a time.
     """
     pa, pq = _arrow()
-    chunks = list(chunks)
     outputs: dict[str, list] = {}  # name: [datatype, every row has one element]
-    for chunk in chunks:
+    for chunk in chunks():
         for raw in chunk.splitlines():
             for out in orjson.loads(raw)["response"].get("outputs", []):
                 seen = outputs.setdefault(out["name"], [out.get("datatype", ""), True])
@@ -302,9 +312,8 @@ def write_output(chunks: Iterable[bytes]) -> bytes:
             arrow_type = pa.string()
         fields.append(pa.field(name, arrow_type if scalar else pa.list_(arrow_type)))
     schema = pa.schema(fields)
-    sink = io.BytesIO()
     with pq.ParquetWriter(sink, schema) as writer:
-        for chunk in chunks:
+        for chunk in chunks():
             docs = [orjson.loads(raw) for raw in chunk.splitlines()]
             if not docs:
                 continue
@@ -319,4 +328,3 @@ def write_output(chunks: Iterable[bytes]) -> bytes:
                     column.append(None if data is None else data[0] if scalar else data)
                 columns[name] = column
             writer.write_table(pa.Table.from_pydict(columns, schema=schema))
-    return sink.getvalue()

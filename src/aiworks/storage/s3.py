@@ -108,7 +108,7 @@ def sigv4_headers(
 
 
 class S3Client:
-    """Lists and downloads objects of one bucket."""
+    """Lists, downloads, writes and deletes objects of one bucket."""
 
     def __init__(self, bucket: str, config: S3Config | None = None):
         self.bucket = bucket
@@ -127,11 +127,13 @@ class S3Client:
             url += "?" + "&".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(query.items()))
         return url
 
-    def _open(self, url: str, method: str = "GET", body: bytes | None = None):
+    def _open(self, url: str, method: str = "GET", body: bytes | BinaryIO | None = None, length: int | None = None):
         headers = {}
         payload = _UNSIGNED if self.config.access_key or body is not None else _EMPTY_SHA256
         if self.config.access_key and self.config.secret_key:
             headers = sigv4_headers(self.config, method, url, payload_hash=payload)
+        if length is not None:  # a file as the body: urllib would send it chunked, which S3 refuses
+            headers["Content-Length"] = str(length)
         request = urllib.request.Request(url, data=body, headers=headers, method=method)
         try:
             return urllib.request.urlopen(request, timeout=self.config.timeout_s, context=self._context)
@@ -162,6 +164,12 @@ class S3Client:
     def upload(self, key: str, body: bytes) -> None:
         """Write one object (PutObject), replacing any of the same key."""
         with self._open(self._url(key), "PUT", body) as reply:
+            reply.read()
+
+    def upload_file(self, key: str, body: BinaryIO, size: int) -> None:
+        """Write one object from an open file of ``size`` bytes, streamed from where it stands (one PutObject:
+        S3 takes up to 5 GiB this way)."""
+        with self._open(self._url(key), "PUT", body, length=size) as reply:
             reply.read()
 
     def delete(self, key: str) -> None:
