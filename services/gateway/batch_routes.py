@@ -19,7 +19,7 @@ import email.policy
 
 import orjson
 from fastapi import FastAPI, Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from aiworks.batch.service import BatchService, batch_object, parse_endpoint
 from aiworks.core.errors import InvalidArgument, PayloadTooLarge
@@ -95,8 +95,8 @@ def add_batch_routes(app: FastAPI, dataplane: GatewayDataPlane, batch: BatchServ
     @app.get("/v1/files/{file_id}/content")
     async def file_content(file_id: str, request: Request):
         principal, service = caller(request)
-        data, media_type = await service.content(principal.tenant_id, file_id)
-        return Response(data, media_type=media_type)
+        blocks, media_type = await service.content(principal.tenant_id, file_id)
+        return StreamingResponse(blocks, media_type=media_type)  # a blocking iterator: Starlette reads it in a thread
 
     @app.post("/v1/batches")
     async def create_batch(request: Request):

@@ -236,6 +236,21 @@ def test_cancel_stops_within_a_chunk_and_keeps_what_finished(batch_suite, runner
     assert again.status_code == 200 and again.json()["status"] == "cancelled"
 
 
+def test_a_file_is_served_in_blocks_and_one_gone_from_storage_is_a_404(batch_suite):
+    data = b"".join(b'{"n": %d, "pad": "%s"}\n' % (i, b"x" * 200) for i in range(60_000))  # 13 MB: several blocks
+    uploaded = _upload(batch_suite, "alice", data)
+    url = f"{batch_suite.base}/v1/files/{uploaded['id']}/content"
+    reply = requests.get(url, headers=batch_suite.headers("alice"), timeout=60)
+    assert reply.status_code == 200 and reply.content == data
+    assert reply.headers["content-type"].startswith("application/jsonl")
+    stored = redis.Redis.from_url(batch_suite.redis_url, decode_responses=True).hget(
+        f"aiworks:batch:file:{uploaded['id']}", "url"
+    )
+    Path(stored).unlink()
+    reply = requests.get(url, headers=batch_suite.headers("alice"), timeout=60)
+    assert reply.status_code == 404 and "no longer in storage" in reply.text, reply.text
+
+
 def test_a_tenant_sees_only_its_own_files_and_jobs(batch_suite):
     job = _submit(batch_suite, "alice", _jsonl([_line(0, _digits(1)[0])]))
     base, bob = batch_suite.base, batch_suite.headers("bob")

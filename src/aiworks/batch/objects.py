@@ -72,6 +72,21 @@ def read_bytes(url: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
     return path.read_bytes()
 
 
+def blocks(url: str) -> Iterator[bytes]:
+    """A file's bytes in blocks, read as they are taken (a download served without holding the file)."""
+    check_url(url)
+    if url.startswith("s3://"):
+        client, key = _s3(url)
+        yield from client.stream(key)
+        return
+    path = _local(url)
+    if not path.is_file():
+        raise NotFound(f"file '{url}' does not exist")
+    with path.open("rb") as f:
+        while block := f.read(_BLOCK):
+            yield block
+
+
 def write_bytes(url: str, data: bytes) -> None:
     """Write ``data`` whole; a local file is replaced atomically (written beside it, then renamed)."""
     check_url(url)

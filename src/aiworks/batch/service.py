@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Iterator
 
 from aiworks.batch import objects, tables
 from aiworks.batch.jobs import CANCELLABLE, TERMINAL, FileRecord, Job, JobStore, new_id
@@ -104,11 +105,14 @@ class BatchService:
             raise NotFound(f"no file '{file_id[:80]}'")
         return record
 
-    async def content(self, tenant: str, file_id: str) -> tuple[bytes, str]:
-        """The file's bytes and media type (JSONL or Parquet, by its name)."""
+    async def content(self, tenant: str, file_id: str) -> tuple[Iterator[bytes], str]:
+        """The file's bytes, in blocks read as they are taken (a blocking iterator: serve it from a thread),
+        and its media type (JSONL or Parquet, by its name). A file gone from storage is refused here, before
+        any byte is sent."""
         record = await self.file(tenant, file_id)
-        data = await asyncio.to_thread(objects.read_bytes, record.url)
-        return data, tables.MEDIA_TYPES[tables.format_of(record.filename)]
+        if not await asyncio.to_thread(objects.exists, record.url):
+            raise NotFound(f"file '{file_id[:80]}' is no longer in storage")
+        return objects.blocks(record.url), tables.MEDIA_TYPES[tables.format_of(record.filename)]
 
     # ---- jobs ------------------------------------------------------------------------------------------
 

@@ -186,6 +186,12 @@ class S3Client:
             return False
         return True
 
+    def stream(self, key: str) -> Iterator[bytes]:
+        """One object's bytes in blocks, as they arrive (GetObject)."""
+        with self._open(self._url(key)) as reply:
+            while chunk := reply.read(_CHUNK):
+                yield chunk
+
     def download(self, key: str, out: BinaryIO, max_bytes: int) -> int:
         """Stream one object into ``out``; returns its size."""
         written = 0
