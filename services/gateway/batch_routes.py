@@ -14,8 +14,7 @@ for any unknown path, and nothing about batches in the OpenAPI document.
 
 from __future__ import annotations
 
-import email.parser
-import email.policy
+import asyncio
 
 import orjson
 from fastapi import FastAPI, Request
@@ -24,6 +23,7 @@ from starlette.responses import Response, StreamingResponse
 from aiworks.batch.service import BatchService, batch_object, parse_endpoint
 from aiworks.core.errors import InvalidArgument, PayloadTooLarge
 from aiworks.gateway.dataplane import GatewayDataPlane
+from aiworks.gateway.multipart import PART_END, FormStream, Part, boundary_of
 
 _MAX_BATCH_BODY_BYTES = 64 * 1024
 
@@ -41,28 +41,6 @@ def caller_credential(headers) -> str | None:
     return f"Bearer {key.strip()}" if key and key.strip() else None
 
 
-def parse_upload(content_type: str, body: bytes) -> tuple[str, str, bytes]:
-    """``(purpose, filename, file bytes)`` of a multipart/form-data body (standard library's MIME parser)."""
-    if not content_type.lower().startswith("multipart/form-data"):
-        raise InvalidArgument("POST /v1/files takes multipart/form-data with fields 'purpose' and 'file'")
-    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
-        b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body
-    )
-    if not message.is_multipart():
-        raise InvalidArgument("malformed multipart body")
-    purpose, filename, data = "", "", None
-    for part in message.iter_parts():
-        name = part.get_param("name", header="content-disposition")
-        if name == "purpose":
-            purpose = (part.get_payload(decode=True) or b"").decode("utf-8", "replace").strip()
-        elif name == "file":
-            filename = part.get_filename() or ""
-            data = part.get_payload(decode=True) or b""
-    if data is None:
-        raise InvalidArgument("multipart body has no 'file' field")
-    return purpose, filename, data
-
-
 def add_batch_routes(app: FastAPI, dataplane: GatewayDataPlane, batch: BatchService | None, max_file_bytes: int):
     """Register the Batch API's routes on ``app``; none when ``batch`` is None (not configured)."""
     if batch is None:
@@ -77,15 +55,7 @@ def add_batch_routes(app: FastAPI, dataplane: GatewayDataPlane, batch: BatchServ
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > max_file_bytes:
             raise PayloadTooLarge(f"file upload exceeds the limit of {max_file_bytes} bytes")
-        chunks, total = [], 0
-        async for chunk in request.stream():
-            total += len(chunk)
-            if total > max_file_bytes:
-                raise PayloadTooLarge(f"file upload exceeds the limit of {max_file_bytes} bytes")
-            chunks.append(chunk)
-        purpose, filename, data = parse_upload(request.headers.get("content-type", ""), b"".join(chunks))
-        record = await service.upload(principal.tenant_id, filename, purpose, data)
-        return _json(record.public())
+        return _json((await _stream_upload(request, principal.tenant_id, service, max_file_bytes)).public())
 
     @app.get("/v1/files/{file_id}")
     async def get_file(file_id: str, request: Request):
@@ -145,3 +115,59 @@ def add_batch_routes(app: FastAPI, dataplane: GatewayDataPlane, batch: BatchServ
         principal, service = caller(request)
         return _json(batch_object(await service.cancel(principal.tenant_id, batch_id)))
 
+
+
+_FIELD_BYTES = 1024  # a form field other than the file (purpose)
+_WRITE_BYTES = 1 << 20  # the file's bytes gathered before each write (in a worker thread)
+
+
+async def _stream_upload(request: Request, tenant: str, service: BatchService, max_file_bytes: int):
+    """The file of a ``POST /v1/files`` form written to the files store as the body arrives: the event loop
+    parses (one boundary search a chunk) and a worker thread writes, a megabyte at a time, so one upload
+    holds neither the loop nor the gateway's memory."""
+    form = FormStream(boundary_of(request.headers.get("content-type", "")))
+    fields: dict[str, bytearray] = {}
+    upload = None  # (file id, filename, sink) once the file part has begun
+    current: str | None = None  # the part being read: "file", a field's name, or "" (ignored)
+    pending: list[bytes] = []
+    waiting = total = 0
+    try:
+        async for chunk in request.stream():
+            total += len(chunk)
+            if total > max_file_bytes:
+                raise PayloadTooLarge(f"file upload exceeds the limit of {max_file_bytes} bytes")
+            for event in form.feed(chunk):
+                if isinstance(event, Part):
+                    if event.name == "file":
+                        if upload is not None:
+                            raise InvalidArgument("multipart body has more than one 'file' field")
+                        file_id, sink = await service.start_upload(tenant, event.filename or "")
+                        upload = (file_id, event.filename or "", sink)
+                        current = "file"
+                    else:
+                        current = event.name if event.name == "purpose" else ""
+                        fields.setdefault(current, bytearray())
+                elif event is PART_END:
+                    current = None
+                elif current == "file":
+                    pending.append(event)
+                    waiting += len(event)
+                    if waiting >= _WRITE_BYTES:
+                        await asyncio.to_thread(upload[2].write, b"".join(pending))
+                        pending, waiting = [], 0
+                elif current:  # purpose: small
+                    fields[current] += event
+                    if len(fields[current]) > _FIELD_BYTES:
+                        raise InvalidArgument(f"form field '{current}' exceeds {_FIELD_BYTES} bytes")
+        form.finish()
+        if upload is None:
+            raise InvalidArgument("multipart body has no 'file' field")
+        if pending:
+            await asyncio.to_thread(upload[2].write, b"".join(pending))
+    except BaseException:
+        if upload is not None:
+            await asyncio.to_thread(upload[2].abort)
+        raise
+    purpose = bytes(fields.get("purpose", b"")).decode("utf-8", "replace").strip()
+    file_id, filename, sink = upload
+    return await service.end_upload(tenant, file_id, filename, purpose, sink)

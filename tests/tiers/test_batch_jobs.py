@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -249,6 +250,36 @@ def test_a_file_is_served_in_blocks_and_one_gone_from_storage_is_a_404(batch_sui
     Path(stored).unlink()
     reply = requests.get(url, headers=batch_suite.headers("alice"), timeout=60)
     assert reply.status_code == 404 and "no longer in storage" in reply.text, reply.text
+
+
+def test_a_large_upload_does_not_hold_the_gateway_for_other_callers(batch_suite):
+    """A 100 MB upload streams to the files store: the gateway answers other calls throughout (the whole body
+    parsed at once held its event loop about 5 s per 100 MB)."""
+    data = b'{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}\n' * 1_100_000
+    result: dict = {}
+
+    def upload() -> None:
+        result["reply"] = requests.post(f"{batch_suite.base}/v1/files", headers=batch_suite.headers("alice"),
+                                        data={"purpose": "batch"}, files={"file": ("big.jsonl", data)}, timeout=300)  # fmt: skip
+
+    uploader = threading.Thread(target=upload)
+    slowest = 0.0
+    with requests.Session() as session:
+        uploader.start()
+        while uploader.is_alive():
+            started = time.perf_counter()
+            assert session.get(f"{batch_suite.base}/v2/health/ready", timeout=30).status_code == 200
+            slowest = max(slowest, time.perf_counter() - started)
+            time.sleep(0.02)
+    uploader.join()
+    reply = result["reply"]
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["bytes"] == len(data) and reply.json()["filename"] == "big.jsonl"
+    print(f"\n{len(data) / 1e6:.0f} MB upload: the slowest health answer meanwhile took {slowest * 1e3:.0f} ms")
+    assert slowest < 1.0
+    content = requests.get(f"{batch_suite.base}/v1/files/{reply.json()['id']}/content",
+                           headers=batch_suite.headers("alice"), timeout=120)  # fmt: skip
+    assert content.status_code == 200 and content.content == data
 
 
 def test_a_tenant_sees_only_its_own_files_and_jobs(batch_suite):

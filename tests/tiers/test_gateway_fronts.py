@@ -14,8 +14,8 @@ import pytest
 
 from aiworks.core.errors import InvalidArgument
 from aiworks.gateway.async_routes import AsyncInferFront
-from aiworks.gateway.batch_routes import parse_upload
 from aiworks.gateway.http_app import create_app
+from aiworks.gateway.multipart import PART_END, FormStream, Part, boundary_of
 
 
 def test_a_gateway_without_a_batch_store_has_no_batch_routes():
@@ -46,20 +46,47 @@ def test_the_async_front_passes_through_what_is_not_async():
     assert _call("GET", "/v2/models/iris", prefer) == [("GET", "/v2/models/iris")]
 
 
-def test_multipart_uploads_are_parsed_and_bad_ones_refused():
+def _form(content_type: str, body: bytes, step: int | None = None) -> list:
+    """The events of a body fed whole, or ``step`` bytes at a time; the parts' bytes joined."""
+    form = FormStream(boundary_of(content_type))
+    events = []
+    for at in range(0, len(body), step or len(body) or 1):
+        events += form.feed(body[at : at + (step or len(body))])
+    form.finish()
+    out = []
+    for event in events:
+        if isinstance(event, bytes) and out and isinstance(out[-1], bytes):
+            out[-1] += event
+        else:
+            out.append(event)
+    return out
+
+
+def test_multipart_uploads_are_parsed_as_they_arrive_and_bad_ones_refused():
     body = (
-        b"--XX\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"
+        b"preamble\r\n--XX\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"
         b"--XX\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n"
-        b"Content-Type: application/jsonl\r\n\r\n{\"a\": 1}\n{\"b\": 2}\n\r\n--XX--\r\n"
+        b"Content-Type: application/jsonl\r\n\r\n{\"a\": 1}\r\n--X\n{\"b\": 2}\n\r\n--XX--\r\nepilogue"
     )
-    assert parse_upload("multipart/form-data; boundary=XX", body) == ("batch", "in.jsonl", b'{"a": 1}\n{"b": 2}\n')
+    expected = [Part("purpose", None), b"batch", PART_END, Part("file", "in.jsonl"),
+                b'{"a": 1}\r\n--X\n{"b": 2}\n', PART_END]  # fmt: skip
+    content_type = 'multipart/form-data; boundary="XX"'
+    for step in (None, 1, 2, 3, 5, 7, 64):  # every split of a delimiter across chunks
+        assert _form(content_type, body, step) == expected, step
     with pytest.raises(InvalidArgument, match="multipart/form-data"):
-        parse_upload("application/json", b"{}")
-    no_file = b"--XX\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--XX--\r\n"
-    with pytest.raises(InvalidArgument, match="no 'file' field"):
-        parse_upload("multipart/form-data; boundary=XX", no_file)
-
-
+        boundary_of("application/json")
+    with pytest.raises(InvalidArgument, match="boundary"):
+        boundary_of("multipart/form-data")
+    with pytest.raises(InvalidArgument, match="closing boundary"):
+        _form(content_type, body[: body.index(b"--XX--")])
+    with pytest.raises(InvalidArgument, match="headers exceed"):
+        FormStream(b"XX").feed(b"--XX\r\n" + b"A" * 20_000)
+    with pytest.raises(InvalidArgument, match="without a name"):
+        _form(content_type, b"--XX\r\nContent-Disposition: form-data\r\n\r\nx\r\n--XX--")
+    # what stays buffered inside a part is at most a delimiter's length, whatever the chunk
+    form = FormStream(b"XX")
+    form.feed(b"--XX\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\n")
+    assert sum(len(e) for e in form.feed(b"y" * 1_000_000)) >= 1_000_000 - 6
 def test_async_in_the_body_without_a_queue_is_refused_naming_the_setting():
     """An explicit body flag is not a preference: with no queue it is a 400, never a silent synchronous answer."""
     from starlette.testclient import TestClient

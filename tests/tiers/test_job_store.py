@@ -18,6 +18,13 @@ async def store(redis_url):
     await store.close()
 
 
+async def _upload(service: BatchService, filename: str, data: bytes):
+    """A file uploaded for tenant ``t`` as the gateway's route does it: started, written, ended."""
+    file_id, sink = await service.start_upload("t", filename)
+    sink.write(data)
+    return await service.end_upload("t", file_id, filename, "batch", sink)
+
+
 def _job(job_id: str = "batch_1", tenant: str = "t") -> Job:
     return Job(id=job_id, tenant=tenant, model="m", input_url="in", output_url="out", error_url="err")
 
@@ -132,12 +139,12 @@ async def test_a_job_over_the_tenants_request_rate_for_its_window_is_refused_at_
     line = b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}]}\n'
     body = {"endpoint": "/v2/models/digits/versions/1/infer", "completion_window": "1h"}
     rate = {"requests_per_second": 0.001, "burst": 1}  # 1 + 0.001 x 3600 s = 4 requests in the window
-    five = await service.upload("t", "five.jsonl", "batch", line * 5)
+    five = await _upload(service, "five.jsonl", line * 5)
     with pytest.raises(ResourceExhausted, match=r"5 lines.*requests_per_second 0.001 x 3600 s \+ burst 1 = 4") as err:
         await service.create_batch("t", {**body, "input_file_id": five.id}, None, **rate)
     assert err.value.status.http == 429
     assert await store.active_ids() == []  # nothing queued
-    four = await service.upload("t", "four.jsonl", "batch", line * 3 + line[:-1])  # no final newline: still 4
+    four = await _upload(service, "four.jsonl", line * 3 + line[:-1])  # no final newline: still 4
     job = await service.create_batch("t", {**body, "input_file_id": four.id}, None, **rate)
     assert job.status == "validating"
     unlimited = await service.create_batch("t", {**body, "input_file_id": five.id}, None)  # no rate: no bound
@@ -165,8 +172,7 @@ async def test_a_parquet_job_expires_row_by_row_and_an_unreadable_one_fails(stor
     assert (stored.format, stored.input_columns) == ("parquet", {"input": ["x"]})
     await store.update(job.id, created_at=time.time() - 3601)
     rate = {"requests_per_second": 0.0001, "burst": 0}  # 0.36 rows in a 1 h window: 3 rows are too many
-    upload = await BatchService(store, str(tmp_path / "files")).upload("t", "in.parquet", "batch",
-                                                                         (tmp_path / "in.parquet").read_bytes())  # fmt: skip
+    upload = await _upload(BatchService(store, str(tmp_path / "files")), "in.parquet", (tmp_path / "in.parquet").read_bytes())
     with pytest.raises(ResourceExhausted, match="the job has 3 lines"):
         await BatchService(store, str(tmp_path / "files")).create_batch(
             "t", {"endpoint": "/v2/models/m/infer", "completion_window": "1h", "input_file_id": upload.id}, None, **rate

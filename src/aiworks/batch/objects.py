@@ -194,30 +194,58 @@ def mapped(url: str, max_bytes: int = DEFAULT_MAX_BYTES) -> Iterator[mmap.mmap |
         yield stack.enter_context(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
 
 
+class Sink:
+    """An object written in pieces through a file on disk; it appears, whole, at :meth:`commit`, and never
+    if :meth:`abort` is called instead. Local: a temporary file beside the target, synced and renamed over
+    it. S3: a temporary file, uploaded from disk (one PutObject) and removed. Blocking calls."""
+
+    def __init__(self, url: str):
+        check_url(url)
+        self.url = url
+        if url.startswith("s3://"):
+            self.file: BinaryIO = tempfile.TemporaryFile(prefix="aiworks-batch-output-")
+        else:
+            path = _local(url)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False)  # noqa: SIM115
+
+    def write(self, data: bytes) -> None:
+        self.file.write(data)
+
+    def commit(self) -> int:
+        """Make the object what was written; its size."""
+        f = self.file
+        size = f.tell()
+        f.flush()
+        try:
+            if self.url.startswith("s3://"):
+                client, key = _s3(self.url)
+                f.seek(0)
+                client.upload_file(key, f, size)
+            else:
+                os.fsync(f.fileno())
+                f.close()
+                os.replace(f.name, _local(self.url))
+        finally:
+            self.abort()
+        return size
+
+    def abort(self) -> None:
+        """Drop what was written (nothing once committed)."""
+        self.file.close()
+        name = getattr(self.file, "name", None)
+        if isinstance(name, str):
+            Path(name).unlink(missing_ok=True)
+
+
 @contextlib.contextmanager
 def sink(url: str) -> Iterator[BinaryIO]:
-    """A file to write an object into, in pieces; the object appears, whole, only if the block ends without
-    an error. Local: a temporary file beside the target, synced and renamed over it. S3: a temporary file,
-    uploaded from disk (one PutObject) and removed."""
-    check_url(url)
-    if url.startswith("s3://"):
-        client, key = _s3(url)
-        with tempfile.TemporaryFile(prefix="aiworks-batch-output-") as f:
-            yield f
-            size = f.tell()
-            f.flush()
-            f.seek(0)
-            client.upload_file(key, f, size)
-        return
-    path = _local(url)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False)  # noqa: SIM115
+    """A file to write an object into, in pieces (:class:`Sink`): committed if the block ends without an
+    error, else dropped."""
+    target = Sink(url)
     try:
-        with tmp:
-            yield tmp
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        os.replace(tmp.name, path)
+        yield target.file
     except BaseException:
-        Path(tmp.name).unlink(missing_ok=True)
+        target.abort()
         raise
+    target.commit()

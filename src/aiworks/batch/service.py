@@ -90,14 +90,21 @@ class BatchService:
 
     # ---- files -------------------------------------------------------------------------------------------
 
-    async def upload(self, tenant: str, filename: str, purpose: str, data: bytes) -> FileRecord:
-        if purpose != "batch":
-            raise InvalidArgument(f"purpose must be 'batch', not '{purpose[:40]}'")
+    async def start_upload(self, tenant: str, filename: str) -> tuple[str, objects.Sink]:
+        """A new file's id and the sink its bytes are written to, as they arrive; then :meth:`end_upload`
+        (or the sink's ``abort``)."""
         file_id = new_id("file")
         url = self._where(tenant, f"{file_id}.{tables.format_of(filename or '')}")
-        await asyncio.to_thread(objects.write_bytes, url, data)
+        return file_id, await asyncio.to_thread(objects.Sink, url)
+
+    async def end_upload(self, tenant: str, file_id: str, filename: str, purpose: str, sink: objects.Sink) -> FileRecord:
+        """Keep the upload (its purpose checked now: a form may send it after the file), or drop it."""
+        if purpose != "batch":
+            await asyncio.to_thread(sink.abort)
+            raise InvalidArgument(f"purpose must be 'batch', not '{purpose[:40]}'")
+        size = await asyncio.to_thread(sink.commit)
         name = (filename or "upload.jsonl")[:256]
-        return await self.store.add_file(FileRecord(file_id, tenant, name, purpose, url, len(data)))
+        return await self.store.add_file(FileRecord(file_id, tenant, name, purpose, sink.url, size))
 
     async def file(self, tenant: str, file_id: str) -> FileRecord:
         record = await self.store.get_file(file_id)
