@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import email.parser
 import email.policy
+import re
 from dataclasses import dataclass
 
 from aiworks.core.errors import InvalidArgument
 
 MAX_HEADER_BYTES = 16 * 1024  # one part's headers
+_BOUNDARY = re.compile(r"[0-9A-Za-z'()+_,\-./:=? ]{0,69}[0-9A-Za-z'()+_,\-./:=?]")  # RFC 2046's bchars
 PART_END = object()
 
 
@@ -35,9 +37,9 @@ def boundary_of(content_type: str) -> bytes:
         raise InvalidArgument("POST /v1/files takes multipart/form-data with fields 'purpose' and 'file'")
     header = email.parser.HeaderParser(policy=email.policy.HTTP).parsestr(f"Content-Type: {content_type}\r\n\r\n")
     boundary = header.get_param("boundary")
-    if not isinstance(boundary, str) or not 1 <= len(boundary) <= 70:
-        raise InvalidArgument("multipart/form-data without a boundary of 1 to 70 characters")
-    return boundary.encode("latin-1")
+    if not isinstance(boundary, str) or not _BOUNDARY.fullmatch(boundary):
+        raise InvalidArgument("multipart/form-data without a boundary of 1 to 70 characters (RFC 2046's set)")
+    return boundary.encode("ascii")
 
 
 class FormStream:

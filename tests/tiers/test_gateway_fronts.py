@@ -75,8 +75,9 @@ def test_multipart_uploads_are_parsed_as_they_arrive_and_bad_ones_refused():
         assert _form(content_type, body, step) == expected, step
     with pytest.raises(InvalidArgument, match="multipart/form-data"):
         boundary_of("application/json")
-    with pytest.raises(InvalidArgument, match="boundary"):
-        boundary_of("multipart/form-data")
+    for bad in ("multipart/form-data", "multipart/form-data; boundary*=utf-8''%E2%82%AC", "multipart/form-data; boundary=" + "a" * 71):
+        with pytest.raises(InvalidArgument, match="boundary"):
+            boundary_of(bad)
     with pytest.raises(InvalidArgument, match="closing boundary"):
         _form(content_type, body[: body.index(b"--XX--")])
     with pytest.raises(InvalidArgument, match="headers exceed"):
