@@ -20,8 +20,9 @@ ATOMS = [b"--fz-1", b"\r\n", b"\r\n\r\n", b"--", b"\r\n--fz", b"x", b"\xff\x00",
          b"filename*=bad''%zz", b"Content-Type: text/plain; charset=\xff"]  # fmt: skip
 
 
-def _feed(body: bytes, cuts: list[int]) -> list:
-    form = FormStream(BOUNDARY)
+def parse_cut(body: bytes, cuts: list[int], boundary: bytes = BOUNDARY) -> list:
+    """The events of ``body`` fed in pieces cut at ``cuts`` (taken modulo its length), adjacent bytes joined."""
+    form = FormStream(boundary)
     events, at = [], 0
     for cut in sorted(set(c % (len(body) + 1) for c in cuts)) + [len(body)]:
         events += form.feed(body[at:cut])
@@ -40,7 +41,7 @@ def _feed(body: bytes, cuts: list[int]) -> list:
 @given(st.lists(st.sampled_from(ATOMS) | st.binary(max_size=12), max_size=30), st.lists(st.integers(0, 10**6)))
 def test_any_body_ends_in_events_or_a_named_refusal(atoms, cuts):
     try:
-        _feed(b"".join(atoms), cuts)
+        parse_cut(b"".join(atoms), cuts)
     except InvalidArgument as exc:
         assert exc.status.http == 400 and exc.message
 
@@ -52,7 +53,7 @@ def test_a_well_formed_form_parses_the_same_however_it_is_cut(data, purpose, cut
     body = (b'--fz-1\r\nContent-Disposition: form-data; name="purpose"\r\n\r\n' + purpose.encode() + b"\r\n"
             b'--fz-1\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"\r\n\r\n' + data
             + b"\r\n--fz-1--\r\n")  # fmt: skip
-    events = _feed(body, cuts)
+    events = parse_cut(body, cuts)
     expected = [Part("purpose", None), *([purpose.encode()] if purpose else []), PART_END,
                 Part("file", "in.jsonl"), *([data] if data else []), PART_END]  # fmt: skip
     assert events == expected

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from fuzz.test_multipart import parse_cut
 
 from aiworks.core.errors import InvalidArgument
 from aiworks.gateway.async_routes import AsyncInferFront
@@ -48,18 +49,7 @@ def test_the_async_front_passes_through_what_is_not_async():
 
 def _form(content_type: str, body: bytes, step: int | None = None) -> list:
     """The events of a body fed whole, or ``step`` bytes at a time; the parts' bytes joined."""
-    form = FormStream(boundary_of(content_type))
-    events = []
-    for at in range(0, len(body), step or len(body) or 1):
-        events += form.feed(body[at : at + (step or len(body))])
-    form.finish()
-    out = []
-    for event in events:
-        if isinstance(event, bytes) and out and isinstance(out[-1], bytes):
-            out[-1] += event
-        else:
-            out.append(event)
-    return out
+    return parse_cut(body, list(range(step, len(body), step)) if step else [], boundary_of(content_type))
 
 
 def test_multipart_uploads_are_parsed_as_they_arrive_and_bad_ones_refused():

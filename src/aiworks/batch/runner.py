@@ -14,7 +14,8 @@ signal and the 429/503 answers the runner sees). Chunks are recorded in
 input order, as soon as it and the ones before it are answered: the chunk's
 output and error lines are written to the job's storage first, as a part
 next to the output file (``<output>.parts/``), then the part's name is
-recorded in Redis (:meth:`JobStore.record_chunk`), with the counts, at once. A runner that dies loses only the chunks in flight (at most two):
+recorded in Redis (:meth:`JobStore.record_chunk`), with the counts, at
+once. A runner that dies loses only the chunks in flight (at most two):
 once its lease expires another runner (or the same one restarted) takes the
 job, skips the recorded chunks and sends those again. Cancel is checked
 after each chunk is recorded; once the job is cancelling, the chunk still in
