@@ -103,6 +103,29 @@ async def test_a_tenant_over_its_active_job_cap_is_refused_at_submission(store, 
     await service.submit("t", "digits", str(tmp_path / "in.jsonl"), "o", "e")  # an ended job frees its place
 
 
+async def test_a_job_whose_chunks_were_recorded_inline_before_parts_still_finishes_whole(store, tmp_path):
+    """A job in flight across the upgrade to parts: its chunks' lines in Redis become parts, then its files."""
+    from aiworks.batch.runner import BatchRunner
+    from aiworks.batch.settings import BatchSettings
+
+    (tmp_path / "in.jsonl").write_bytes(b'{"inputs": [{}]}\n' * 3)
+    job = await BatchService(store, None).submit("t", "digits", str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"),
+                                                 str(tmp_path / "err.jsonl"), chunk_size=2)  # fmt: skip
+    await store.update(job.id, status="in_progress", total=3, chunks_total=2, completed=2, failed=1, chunks_done=2)
+    await store.redis.hset(store._k("chunks", job.id), mapping={"o:0": '{"line": 1}\n{"line": 2}\n', "e:0": "",
+                                                                "o:1": "", "e:1": '{"line": 3}\n'})  # fmt: skip
+    runner = BatchRunner(store, BatchSettings(redis_url="redis://unused", gateway_url="http://127.0.0.1:9"))
+    try:
+        assert await runner.run_once()  # every chunk is in: nothing is sent
+    finally:
+        await runner.close()
+    ended = await store.get(job.id)
+    assert ended.status == "completed" and (ended.completed, ended.failed) == (2, 1)
+    assert (tmp_path / "out.jsonl").read_bytes() == b'{"line": 1}\n{"line": 2}\n'
+    assert (tmp_path / "err.jsonl").read_bytes() == b'{"line": 3}\n'
+    assert not (tmp_path / "out.jsonl.parts").exists()
+
+
 async def test_a_job_past_its_completion_window_expires_with_every_line_in_the_error_file(store, tmp_path):
     """The window ended before the runner got to it: no request is sent, each line is reported as expired."""
     import time

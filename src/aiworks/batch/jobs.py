@@ -19,6 +19,7 @@ again after a crash, never counts a line twice.
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -54,6 +55,9 @@ return status or ''
 
 
 _JSON_FIELDS = ("metadata", "input_columns")
+
+
+_PART = re.compile(r"\d{8}\.[^/]+\.o?e?")  # a part's name (an inline chunk's lines are JSON lines, or empty)
 
 
 def part_name(index: int, runner: str, has_output: bool, has_errors: bool) -> str:
@@ -252,6 +256,19 @@ class JobStore:
         """
         keys = [self._k("job", job_id), self._k("chunks", job_id), self._k("lease", job_id)]
         return int(await self._record(keys=keys, args=[runner, index, part, ok, bad]))
+
+    async def inline_chunks(self, job_id: str) -> dict[int, tuple[bytes, bytes]]:
+        """Chunks recorded with their lines in Redis, as runners did before parts: (output, error lines)."""
+        doc = await self.redis.hgetall(self._k("chunks", job_id))
+        return {int(name[2:]): (value.encode(), doc.get(f"e:{name[2:]}", "").encode())
+                for name, value in doc.items() if name.startswith("o:") and not _PART.fullmatch(value)}  # fmt: skip
+
+    async def replace_inline(self, job_id: str, index: int, part: str) -> None:
+        """An inline chunk's lines now stand in ``part``: keep its name instead of them."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self._k("chunks", job_id), f"o:{index}", part)
+            pipe.hdel(self._k("chunks", job_id), f"e:{index}")
+            await pipe.execute()
 
     async def chunk_parts(self, job_id: str) -> dict[int, str]:
         """Each recorded chunk's part name, by chunk index."""

@@ -188,6 +188,10 @@ class BatchRunner:
             fields |= {"status": "in_progress", "in_progress_at": time.time()}
         await self.store.update(job.id, **fields)
         done = await self.store.done_chunks(job.id)
+        for index, (out, err) in (await self.store.inline_chunks(job.id)).items():  # recorded before parts
+            part = part_name(index, "inline", bool(out), bool(err))
+            await asyncio.to_thread(_write_part, job, part, out, err)
+            await self.store.replace_inline(job.id, index, part)
         credential = await self.store.credential(job.id)
         # identity: the answers are small and local; gzip would cost the gateway and the runner CPU per line
         headers = {"content-type": "application/json", "accept-encoding": "identity"}
