@@ -128,6 +128,36 @@ def test_a_2000_line_digits_job_completes_in_input_order(batch_suite, runners):
     print(f"\n2000-line digits job: {elapsed:.1f} s from the runner's start, {ROWS / elapsed:.0f} rows/s")
 
 
+def test_the_official_openai_client_uploads_runs_and_downloads_a_job(batch_suite, runners):
+    """The Batch API from the ``openai`` package, as an OpenAI user would call it: files, batches, content."""
+    import openai
+
+    x = _digits(200)
+    expected = _online_labels(batch_suite, x)
+    client = openai.OpenAI(base_url=f"{batch_suite.base}/v1", api_key=batch_suite.keys["alice"], max_retries=0)
+    uploaded = client.files.create(file=("digits.jsonl", _jsonl([_line(i, row) for i, row in enumerate(x)])),
+                                   purpose="batch")  # fmt: skip
+    assert uploaded.id.startswith("file") and uploaded.purpose == "batch" and uploaded.filename == "digits.jsonl"
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint=ENDPOINT, completion_window="24h",
+                                  metadata={"run": "openai-client"})  # fmt: skip
+    assert batch.status == "validating" and batch.metadata == {"run": "openai-client"}
+    runners("runner")
+    deadline = time.monotonic() + 120
+    while batch.status not in ("completed", "failed", "cancelled", "expired") and time.monotonic() < deadline:
+        time.sleep(0.2)
+        batch = client.batches.retrieve(batch.id)
+    assert batch.status == "completed", batch
+    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (200, 200, 0)
+    assert batch.id in [b.id for b in client.batches.list()]
+    out = [orjson.loads(line) for line in client.files.content(batch.output_file_id).content.splitlines()]
+    assert [o["custom_id"] for o in out] == [f"row-{i}" for i in range(200)]
+    assert [o["response"]["outputs"][0]["data"][0] for o in out] == expected
+    with pytest.raises(openai.NotFoundError):  # another tenant's job does not exist for bob
+        openai.OpenAI(base_url=f"{batch_suite.base}/v1", api_key=batch_suite.keys["bob"], max_retries=0).batches.retrieve(
+            batch.id
+        )
+
+
 def test_a_bad_line_among_packed_neighbours_is_charged_to_itself_alone(batch_suite, runners):
     """Lines 1-40 agree on everything but their rows, so the runner packs them into requests of many rows;
     line 7 carries text where FP32 numbers belong. The packed request holding it is refused; its lines are
