@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from aiworks.core.errors import InvalidArgument, NotFound
+from aiworks.core.errors import InvalidArgument, NotFound, PayloadTooLarge
 from aiworks.storage.s3 import S3Client
 
 DEFAULT_MAX_BYTES = 8 << 30
@@ -123,41 +123,17 @@ def delete_tree(prefix: str) -> None:
     shutil.rmtree(_local(prefix), ignore_errors=True)
 
 
-class _LineCounter(io.RawIOBase):
-    """A writable that keeps only the number of newlines written and the last byte."""
-
-    def __init__(self):
-        self.newlines = 0
-        self.size = 0
-        self.last = b""
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data) -> int:
-        data = bytes(data)
-        if data:
-            self.newlines += data.count(b"\n")
-            self.size += len(data)
-            self.last = data[-1:]
-        return len(data)
-
-
 def count_lines(url: str, max_bytes: int = DEFAULT_MAX_BYTES) -> int:
     """Lines of a file, read in blocks (a final newline ends the last line rather than starting one)."""
-    check_url(url)
-    counter = _LineCounter()
-    if url.startswith("s3://"):
-        client, key = _s3(url)
-        client.download(key, counter, max_bytes)
-    else:
-        path = _local(url)
-        if not path.is_file():
-            raise NotFound(f"input file '{url}' does not exist")
-        with path.open("rb") as f:
-            while block := f.read(_BLOCK):
-                counter.write(block)
-    return counter.newlines + (1 if counter.size and counter.last != b"\n" else 0)
+    lines = size = 0
+    last = b""
+    for block in blocks(url):
+        size += len(block)
+        if size > max_bytes:
+            raise PayloadTooLarge(f"the input file is larger than {max_bytes} bytes")
+        lines += block.count(b"\n")
+        last = block[-1:]
+    return lines + (1 if size and last != b"\n" else 0)
 
 
 def local_copy(url: str, max_bytes: int = DEFAULT_MAX_BYTES) -> BinaryIO:

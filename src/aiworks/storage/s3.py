@@ -195,12 +195,11 @@ class S3Client:
     def download(self, key: str, out: BinaryIO, max_bytes: int) -> int:
         """Stream one object into ``out``; returns its size."""
         written = 0
-        with self._open(self._url(key)) as reply:
-            while chunk := reply.read(_CHUNK):
-                written += len(chunk)
-                if written > max_bytes:
-                    raise AIWorksError(f"s3://{self.bucket}/{key} is larger than {max_bytes} bytes", Status.PAYLOAD_TOO_LARGE)
-                out.write(chunk)
+        for chunk in self.stream(key):
+            written += len(chunk)
+            if written > max_bytes:
+                raise AIWorksError(f"s3://{self.bucket}/{key} is larger than {max_bytes} bytes", Status.PAYLOAD_TOO_LARGE)
+            out.write(chunk)
         return written
 
 
