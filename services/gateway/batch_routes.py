@@ -117,7 +117,7 @@ def add_batch_routes(app: FastAPI, dataplane: GatewayDataPlane, batch: BatchServ
 
 
 
-_FIELD_BYTES = 1024  # a form field other than the file (purpose)
+_FIELD_BYTES = 1024  # the purpose field
 _WRITE_BYTES = 1 << 20  # the file's bytes gathered before each write (in a worker thread)
 
 
@@ -126,9 +126,9 @@ async def _stream_upload(request: Request, tenant: str, service: BatchService, m
     parses (one boundary search a chunk) and a worker thread writes, a megabyte at a time, so one upload
     holds neither the loop nor the gateway's memory."""
     form = FormStream(boundary_of(request.headers.get("content-type", "")))
-    fields: dict[str, bytearray] = {}
+    purpose = bytearray()
     upload = None  # (file id, filename, sink) once the file part has begun
-    current: str | None = None  # the part being read: "file", a field's name, or "" (ignored)
+    current: str | None = None  # the part being read: "file", "purpose", or "" (another field, ignored)
     pending: list[bytes] = []
     waiting = total = 0
     try:
@@ -145,8 +145,7 @@ async def _stream_upload(request: Request, tenant: str, service: BatchService, m
                         upload = (file_id, event.filename or "", sink)
                         current = "file"
                     else:
-                        current = event.name if event.name == "purpose" else ""
-                        fields.setdefault(current, bytearray())
+                        current = "purpose" if event.name == "purpose" else ""
                 elif event is PART_END:
                     current = None
                 elif current == "file":
@@ -156,9 +155,9 @@ async def _stream_upload(request: Request, tenant: str, service: BatchService, m
                         await asyncio.to_thread(upload[2].write, b"".join(pending))
                         pending, waiting = [], 0
                 elif current:  # purpose: small
-                    fields[current] += event
-                    if len(fields[current]) > _FIELD_BYTES:
-                        raise InvalidArgument(f"form field '{current}' exceeds {_FIELD_BYTES} bytes")
+                    purpose += event
+                    if len(purpose) > _FIELD_BYTES:
+                        raise InvalidArgument(f"form field 'purpose' exceeds {_FIELD_BYTES} bytes")
         form.finish()
         if upload is None:
             raise InvalidArgument("multipart body has no 'file' field")
@@ -168,6 +167,5 @@ async def _stream_upload(request: Request, tenant: str, service: BatchService, m
         if upload is not None:
             await asyncio.to_thread(upload[2].abort)
         raise
-    purpose = bytes(fields.get("purpose", b"")).decode("utf-8", "replace").strip()
     file_id, filename, sink = upload
-    return await service.end_upload(tenant, file_id, filename, purpose, sink)
+    return await service.end_upload(tenant, file_id, filename, purpose.decode("utf-8", "replace").strip(), sink)
