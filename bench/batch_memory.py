@@ -46,7 +46,8 @@ async def run(suite, rows: int, chunk_size: int) -> dict:
     metrics_port = free_port()
     runner = _process(["batch", "runner", "--redis-url", suite.redis_url, "--gateway-url", suite.base,
                        "--concurrency", "32", "--metrics-port", str(metrics_port)],
-                      {"AIWORKS_BATCH_POLL_INTERVAL_S": "0.1"}, suite.work / "runner.log")  # fmt: skip
+                      {"AIWORKS_BATCH_POLL_INTERVAL_S": "0.1", "AIWORKS_BATCH_CREDENTIAL_KEY_FILE": str(suite.credential_key)},
+                      suite.work / "runner.log")  # fmt: skip
     store = redis.Redis.from_url(suite.redis_url)
     try:
         await asyncio.sleep(2.0)

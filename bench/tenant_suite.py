@@ -24,9 +24,11 @@ import yaml
 
 from aiworks.demo.models import build_demo_repository
 from aiworks.gateway.auth import generate_api_key
+from aiworks.security.callers import ensure_secret_file
 from aiworks.supervisor.supervisor import SuiteConfig, Supervisor, free_port
 
 TENANT = "bench"
+CREDENTIAL_KEY = "credential-key"
 
 
 @dataclass
@@ -37,6 +39,11 @@ class TenantSuite:
     tenants_file: Path
     base: str  # the gateway's HTTP address
     supervisor: Supervisor
+
+    @property
+    def credential_key(self) -> Path:
+        """The credential key file the gateway seals with: a batch runner or nearline worker needs it too."""
+        return self.work / CREDENTIAL_KEY
 
     @property
     def headers(self) -> dict[str, str]:
@@ -68,7 +75,9 @@ def tenant_suite(prefix: str, env: dict[str, str] | Callable[[Path], dict[str, s
     tenants = work / "tenants.yaml"
     entry = {"id": TENANT, "models": ["digits"], "api_keys": [digest], **(tenant or {})}
     tenants.write_text(yaml.safe_dump({"tenants": [entry]}))
+    ensure_secret_file(work / CREDENTIAL_KEY)  # the tiers' sealed credentials (gateway, runners, workers)
     suite_env = {"AIWORKS_GATEWAY_TENANTS_FILE": str(tenants), "AIWORKS_GATEWAY_REDIS_URL": redis_url,
+                 "AIWORKS_GATEWAY_CREDENTIAL_KEY_FILE": str(work / CREDENTIAL_KEY),
                  "AIWORKS_GATEWAY_LIMITS_TIMEOUT_S": "0.5", **((env(work) if callable(env) else env) or {})}  # fmt: skip
     config = SuiteConfig.on_free_ports(model_repository=models, log_dir=work / "logs", replicas=replicas, cache=False,
                                        extra_env=suite_env)  # fmt: skip

@@ -517,7 +517,7 @@ async def run(suite: TenantSuite, args) -> dict:
     best = max(probes, key=lambda p: p["rows_per_s"])
     capacity = best["rows_per_s"]
     metrics_port = free_port()
-    runner_env = {"AIWORKS_BATCH_POLL_INTERVAL_S": "0.1"}
+    runner_env = {"AIWORKS_BATCH_POLL_INTERVAL_S": "0.1", "AIWORKS_BATCH_CREDENTIAL_KEY_FILE": str(suite.credential_key)}
     if args.unguarded:
         runner_env["AIWORKS_BATCH_ADAPTIVE"] = "false"
     concurrency = args.job_concurrency or best["concurrency"]
@@ -525,7 +525,8 @@ async def run(suite: TenantSuite, args) -> dict:
                        "--concurrency", str(concurrency), "--metrics-port", str(metrics_port)],
                       runner_env, suite.work / "runner.log")  # fmt: skip
     worker = _process(["nearline", "worker", "--redis-url", suite.redis_url, "--gateway-url", suite.base,
-                       "--concurrency", str(args.nearline_concurrency), "--deadline-s", str(args.nearline_deadline_s)],
+                       "--concurrency", str(args.nearline_concurrency), "--deadline-s", str(args.nearline_deadline_s),
+                       "--credential-key-file", str(suite.credential_key)],
                       {}, suite.work / "worker.log")  # fmt: skip
     try:
         alone = _say("job alone", await job_alone(suite, job_data(args.alone_rows), metrics_port, args.chunk_size))

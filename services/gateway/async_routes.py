@@ -146,7 +146,7 @@ class AsyncInferFront:
             raise ResourceExhausted(f"the asynchronous queue is full ({self.max_backlog} requests)", retry_after_s=1.0)
         path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
         request_id, _ = await self.queue.enqueue(
-            principal.tenant_id, path, parsed.body, caller_credential(headers),
+            principal.tenant_id, path, parsed.body, caller_credential(headers, principal),
             content_type=headers.get("content-type", "application/json"), header_length=parsed.header_length or "",
             deadline_s=deadline_s, callback=callback,
         )  # fmt: skip

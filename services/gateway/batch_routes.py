@@ -32,8 +32,13 @@ def _json(doc, status: int = 200) -> Response:
     return Response(orjson.dumps(doc), status_code=status, media_type="application/json")
 
 
-def caller_credential(headers) -> str | None:
-    """What the runner sends for this tenant: the caller's own bearer token or API key, as a bearer header."""
+def caller_credential(headers, principal) -> str | None:
+    """What the runner sends for this tenant: the caller's own bearer token or API key, as a bearer header.
+
+    Only a credential that proved who the caller is: an anonymous caller's (demo mode) headers are not kept,
+    as nothing will check them. The stores seal it (``aiworks.security.sealing``)."""
+    if principal.method == "anonymous":
+        return None
     authorization = headers.get("authorization")
     if authorization:
         return authorization.strip()
@@ -88,7 +93,7 @@ def add_batch_routes(app: FastAPI, dataplane: GatewayDataPlane, batch: BatchServ
         dataplane.authorize(principal, model, version)
         tenant = principal.tenant
         job = await service.create_batch(
-            tenant.id, doc, caller_credential(request.headers),
+            tenant.id, doc, caller_credential(request.headers, principal),
             requests_per_second=tenant.requests_per_second, burst=tenant.bucket_size if tenant.requests_per_second else 0,
         )  # fmt: skip
         return _json(batch_object(job))

@@ -31,6 +31,7 @@ from aiworks.nearline.queue import AsyncQueue
 from aiworks.pb.streams.v1 import streams_pb2_grpc
 from aiworks.scheduler.client import Routing, SchedulerClient
 from aiworks.security.callers import own_caller
+from aiworks.security.sealing import Sealer
 from aiworks.security.tls import uvicorn_ssl_options
 from aiworks.streams.store import Publisher, Reader
 from aiworks.streams.subscription import Subscriptions
@@ -62,10 +63,31 @@ async def _start_tenancy(settings: GatewaySettings) -> Tenancy:
     return tenancy
 
 
+def _credential_sealer(settings: GatewaySettings, tenancy: Tenancy) -> Sealer | None:
+    """What seals the credentials that wait in Redis with batch jobs and asynchronous requests.
+
+    With tenants, either tier needs the credential key file: a credential is never kept in clear. In demo
+    mode no credential is kept (nothing checks one), so the key is optional there."""
+    tiers = bool(settings.batch_files_url or settings.async_requests)
+    if settings.credential_key_file is not None:
+        try:
+            return Sealer.from_file(settings.credential_key_file)
+        except AIWorksError as exc:
+            raise SystemExit(f"gateway: AIWORKS_GATEWAY_CREDENTIAL_KEY_FILE: {exc.message}") from None
+    if tiers and not tenancy.demo_mode:
+        raise SystemExit(
+            "gateway: the Batch API and asynchronous requests keep each caller's credential in Redis until a runner "
+            "sends it, sealed: set AIWORKS_GATEWAY_CREDENTIAL_KEY_FILE to the installation's credential key file, "
+            "the one the batch runners and nearline workers read (`aiworks certs --credential-key FILE` makes one)"
+        )
+    return None
+
+
 async def serve(settings: GatewaySettings) -> None:
     stop = stop_event()
     setup_tracing("gateway", settings)
     tenancy = await _start_tenancy(settings)
+    sealer = _credential_sealer(settings, tenancy)  # before any port opens: a refusal here costs nothing
     metrics, metrics_port = serve_metrics_or_warn(settings.metrics_port, settings.host)
     # TLS on the public ports with a certificate; mutual TLS to the scheduler and cache once a CA is set too.
     public_tls = settings.tls_files(mutual=False)
@@ -125,14 +147,15 @@ async def serve(settings: GatewaySettings) -> None:
         if not settings.redis_url:
             raise SystemExit("AIWORKS_GATEWAY_BATCH_FILES_URL needs AIWORKS_GATEWAY_REDIS_URL (jobs live in Redis)")
         batch = BatchService(
-            JobStore.from_url(settings.redis_url), settings.batch_files_url, chunk_size=settings.batch_chunk_size,
+            JobStore.from_url(settings.redis_url, sealer=sealer), settings.batch_files_url,
+            chunk_size=settings.batch_chunk_size,
             max_active_jobs=settings.batch_max_active_jobs,
         )
     nearline = None
     if settings.async_requests:
         if not settings.redis_url:
             raise SystemExit("AIWORKS_GATEWAY_ASYNC_REQUESTS needs AIWORKS_GATEWAY_REDIS_URL: the queue is in Redis")
-        nearline = AsyncQueue.from_url(settings.redis_url, ttl_s=settings.async_result_ttl_s)
+        nearline = AsyncQueue.from_url(settings.redis_url, ttl_s=settings.async_result_ttl_s, sealer=sealer)
     app = create_app(
         dataplane, max_request_bytes=settings.max_request_bytes, batch=batch,
         batch_max_file_bytes=settings.batch_max_file_bytes, nearline=nearline,

@@ -132,6 +132,13 @@ class GatewaySettings(ServiceSettings):
         10, ge=1, description="Most batch jobs of one tenant not yet ended; a submission over it gets 429."
     )
 
+    credential_key_file: Path | None = Field(
+        None, description="The installation's credential key file (a secret of 16+ bytes, shared with the batch "
+        "runners and nearline workers): the callers' credentials that wait in Redis with their batch jobs and "
+        "asynchronous requests are sealed under it (aiworks.security.sealing). Required with tenants and either "
+        "tier on; `aiworks up` and the chart's install hook make one.",
+    )  # fmt: skip
+
     # ---- nearline: asynchronous requests (docs/tiers.md); needs redis_url too ----
     async_requests: bool = Field(
         False, description="Queue `POST …/infer` with `Prefer: respond-async` (202, GET /v2/requests/{id}); off: sync."

@@ -248,7 +248,8 @@ def test_the_monitor_watches_every_suite_service_where_prometheus_scrapes_it(com
 def test_the_tiers_share_the_gateways_redis_and_files_and_check_its_certificate(compose_project: dict[str, Any]) -> None:
     """The batch runner and the nearline worker: the gateway's Redis database (the jobs and the queue it writes),
     the Batch API's files on one volume, and the gateway's certificate checked against the CA alone (the
-    `gateway-ca` job copies ca.crt out of the certs volume, so no tier container can read a private key)."""
+    `gateway-ca` job copies ca.crt out of the certs volume, so no tier container can read a private key), with the
+    credential key the gateway seals callers' credentials under."""
     project = services(compose_project)
     gateway = project["gateway"]["environment"]
     assert gateway["AIWORKS_GATEWAY_ASYNC_REQUESTS"] == "true"
@@ -261,8 +262,13 @@ def test_the_tiers_share_the_gateways_redis_and_files_and_check_its_certificate(
     [certs] = [m for m in job["volumes"] if m["source"] == "certs"]
     assert certs["read_only"] and job["entrypoint"][1] == f"{certs['target']}/gateway/ca.crt"
     [out] = [m for m in job["volumes"] if m["source"] == "gateway-ca"]
-    copied = Path(job["entrypoint"][2])
-    assert str(copied.parent) == out["target"]
+    # cp CA KEY DIR/: the CA's certificate and the credential key the gateway seals callers' credentials under
+    # (the certs job makes it), and nothing else of the certs volume.
+    assert job["entrypoint"][2] == gateway["AIWORKS_GATEWAY_CREDENTIAL_KEY_FILE"] == f"{certs['target']}/credential-key"
+    certs_job = project["certs"]["command"]
+    assert certs_job[certs_job.index("--credential-key") + 1] == "/var/lib/aiworks/credential-key"
+    assert job["entrypoint"][3].rstrip("/") == out["target"] and len(job["entrypoint"]) == 4
+    copied = Path(out["target"]) / "ca.crt"
     for name, prefix in (("batch-runner", "AIWORKS_BATCH_"), ("nearline-worker", "AIWORKS_NEARLINE_")):
         service = project[name]
         env = service["environment"]
@@ -270,6 +276,7 @@ def test_the_tiers_share_the_gateways_redis_and_files_and_check_its_certificate(
         assert env[prefix + "GATEWAY_URL"] == "https://gateway:8000", name
         [ca] = [m for m in service["volumes"] if m["source"] == "gateway-ca"]
         assert ca["read_only"] and env[prefix + "CA_FILE"] == f"{ca['target']}/{copied.name}", name
+        assert env[prefix + "CREDENTIAL_KEY_FILE"] == f"{ca['target']}/credential-key", name
         assert "certs" not in {m["source"] for m in service["volumes"]}, f"{name} must not see the keys"
         port = str(TIER_PORTS[name]["metrics"])
         assert (service["expose"], env[prefix + "METRICS_PORT"], env[prefix + "METRICS_HOST"]) == ([port], port, "0.0.0.0")

@@ -324,7 +324,8 @@ def test_config_map_holds_no_secrets_and_secrets_are_referenced(full: Rendered) 
     assert cache["AIWORKS_CACHE_REDIS_URL"] == {"secretKeyRef": {"name": "aiworks-redis", "key": "redis-url"}}
     gateway = full.get("Deployment", f"{RELEASE}-gateway")["spec"]["template"]["spec"]
     secrets = [v["secret"]["secretName"] for v in gateway["volumes"] if "secret" in v]
-    assert secrets == ["aiworks-api-keys"]
+    # The API keys' hashes, and the tiers' credential key (full turns the tiers on), which the hook makes.
+    assert secrets == ["aiworks-api-keys", "aiworks-credential-key"]
 
 
 def test_monitor_may_manage_only_its_namespace(rendered: Rendered) -> None:

@@ -45,11 +45,14 @@ def leaf(server: FakeAPIServer, identity: str) -> x509.Certificate:
 
 def test_makes_everything_once_and_keeps_it(api) -> None:
     server, client = api
-    plan = Plan(prefix="aiworks", services=IDENTITIES, api_key_tenant="default", redis_host="aiworks-redis:6379")
+    plan = Plan(prefix="aiworks", services=IDENTITIES, api_key_tenant="default", redis_host="aiworks-redis:6379",
+                credential_key=True)  # fmt: skip
     ensure_secrets(client, plan, log=lambda m: None)
     made = {name: dict(server.secrets[("aiworks", name)]["data"]) for _, name in server.secrets}
     assert set(made) == {"aiworks-ca", "aiworks-gateway-tls", "aiworks-scheduler-tls", "aiworks-admin-tls",
-                         "aiworks-api-keys", "aiworks-redis"}  # fmt: skip
+                         "aiworks-api-keys", "aiworks-redis", "aiworks-credential-key"}  # fmt: skip
+    # The tiers' credential key: a secret the gateway and the tiers' pods read as a file (16+ bytes).
+    assert len(server.secret_data("aiworks", "aiworks-credential-key")["credential-key"]) >= 32
     gateway = leaf(server, "gateway")
     assert gateway.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)[0].value == "gateway"
     names = gateway.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)

@@ -146,3 +146,39 @@ def test_in_the_mesh_workers_call_plain_http_and_are_authorized_to_infer_only(
     for component in PREFIX:  # each worker's own policy: only the scrapers, only /metrics
         [rule] = mesh.get("AuthorizationPolicy", f"{RELEASE}-{component}")["spec"]["rules"]
         assert rule["to"][0]["operation"]["paths"] == ["/metrics"]
+
+
+def _hook(rendered: Rendered) -> tuple[list[str], list[str]]:
+    """The install hook's arguments and the Secrets its Role may read and replace."""
+    job = rendered.get("Job", f"{RELEASE}-setup")
+    [hook] = job["spec"]["template"]["spec"]["containers"]
+    role = rendered.get("Role", f"{RELEASE}-setup")
+    return hook["args"], [n for rule in role["rules"] for n in rule.get("resourceNames", [])]
+
+
+def test_the_tiers_credential_key_is_made_by_the_hook_and_read_by_the_gateway_and_the_tiers(render: Any) -> None:
+    """Callers' credentials wait in Redis sealed (aiworks.security.sealing): the gateway seals, the tiers open,
+    all with one key file from one Secret, which only they mount."""
+    on = render(TIERS_ON)
+    args, allowed = _hook(on)
+    assert "--credential-key" in args and f"{RELEASE}-credential-key" in allowed
+    variables = {"gateway": "AIWORKS_GATEWAY_", **PREFIX}
+    for component, prefix in variables.items():
+        assert env_of(on, component)[f"{prefix}CREDENTIAL_KEY_FILE"] == "/etc/aiworks/credential-key/credential-key"
+        volume = volumes_of(on, component)["credential-key"]["secret"]
+        assert volume["secretName"] == f"{RELEASE}-credential-key"
+        assert volume["items"] == [{"key": "credential-key", "path": "credential-key"}]
+        assert mounts_of(on, component)["credential-key"] == {
+            "name": "credential-key", "mountPath": "/etc/aiworks/credential-key", "readOnly": True}  # fmt: skip
+    others = [d for d in on.of_kind("Deployment") if d["metadata"]["labels"]["app.kubernetes.io/component"]
+              not in variables]  # fmt: skip
+    assert others and not any(v["name"] == "credential-key" for d in others for v in d["spec"]["template"]["spec"]["volumes"])
+    # Off: nothing made, nothing mounted.
+    off = render(None)
+    assert "--credential-key" not in _hook(off)[0]
+    assert "credential-key" not in volumes_of(off, "gateway")
+    # An operator's own Secret: mounted instead, and the hook leaves it alone.
+    own = render({**TIERS_ON, "credentialKey": {"existingSecret": "my-key"}})
+    assert "--credential-key" not in _hook(own)[0]
+    for component in variables:
+        assert volumes_of(own, component)["credential-key"]["secret"]["secretName"] == "my-key"

@@ -24,6 +24,7 @@ from cache.support import RedisServer
 from e2e.e2e_support import Suite, start_suite
 
 from aiworks.gateway.auth import generate_api_key
+from aiworks.security.callers import ensure_secret_file
 
 TENANTS = ("alice", "bob", "carol")
 CALLBACK_SECRET = "test-callback-secret-not-a-real-one"
@@ -40,6 +41,11 @@ class BatchSuite:
     def base(self) -> str:
         return self.suite.base
 
+    @property
+    def credential_key(self) -> Path:
+        """The credential key file the gateway seals callers' credentials under (runners and workers get it)."""
+        return self.work / "credential-key"
+
     def headers(self, tenant: str) -> dict[str, str]:
         return {"authorization": f"Bearer {self.keys[tenant]}"}
 
@@ -54,7 +60,8 @@ class Runner:
             sys.executable, "-m", "aiworks", "batch", "runner", "--redis-url", batch.redis_url,
             "--gateway-url", batch.base, "--lease-ttl-s", str(lease_ttl_s), *args,
         ]  # fmt: skip
-        full_env = {**os.environ, "AIWORKS_BATCH_POLL_INTERVAL_S": "0.1", **(env or {})}
+        full_env = {**os.environ, "AIWORKS_BATCH_POLL_INTERVAL_S": "0.1",
+                    "AIWORKS_BATCH_CREDENTIAL_KEY_FILE": str(batch.credential_key), **(env or {})}  # fmt: skip
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(command, env=full_env, stdout=out, stderr=subprocess.STDOUT)
 
@@ -79,6 +86,7 @@ def batch_suite(model_repository, tmp_path_factory):
     redis.start()
     keys, tenants = {}, []
     (work / "callback-secret").write_text(CALLBACK_SECRET + "\n")
+    ensure_secret_file(work / "credential-key")
     for tenant in TENANTS:
         keys[tenant], digest = generate_api_key()
         tenants.append({"id": tenant, "models": ["digits", "iris"], "api_keys": [digest], "stream_rules": [
@@ -95,6 +103,7 @@ def batch_suite(model_repository, tmp_path_factory):
         "AIWORKS_GATEWAY_REDIS_URL": redis.url,
         "AIWORKS_GATEWAY_BATCH_FILES_URL": str(work / "files"),
         "AIWORKS_GATEWAY_ASYNC_REQUESTS": "true",
+        "AIWORKS_GATEWAY_CREDENTIAL_KEY_FILE": str(work / "credential-key"),
         # Long, for the burst tests; test_nearline_more.py shortens it per request with parameters.timeout.
         "AIWORKS_GATEWAY_ASYNC_DEADLINE_S": "120",
         "AIWORKS_GATEWAY_RESULT_STREAMS": "true",
@@ -118,7 +127,8 @@ class Worker:
     def __init__(self, batch: BatchSuite, name: str, *args: str):
         self.log = batch.work / f"{name}.log"
         command = [sys.executable, "-m", "aiworks", "nearline", "worker", "--redis-url", batch.redis_url,
-                   "--gateway-url", batch.base, "--tenants-file", str(batch.work / "tenants.yaml"), *args]  # fmt: skip
+                   "--gateway-url", batch.base, "--tenants-file", str(batch.work / "tenants.yaml"),
+                   "--credential-key-file", str(batch.credential_key), *args]  # fmt: skip
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
 

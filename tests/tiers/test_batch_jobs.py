@@ -137,7 +137,7 @@ def test_the_official_openai_client_uploads_runs_and_downloads_a_job(batch_suite
     client = openai.OpenAI(base_url=f"{batch_suite.base}/v1", api_key=batch_suite.keys["alice"], max_retries=0)
     uploaded = client.files.create(file=("digits.jsonl", _jsonl([_line(i, row) for i, row in enumerate(x)])),
                                    purpose="batch")  # fmt: skip
-    assert uploaded.id.startswith("file") and uploaded.purpose == "batch" and uploaded.filename == "digits.jsonl"
+    assert uploaded.id.startswith("file-") and uploaded.purpose == "batch" and uploaded.filename == "digits.jsonl"
     batch = client.batches.create(input_file_id=uploaded.id, endpoint=ENDPOINT, completion_window="24h",
                                   metadata={"run": "openai-client"})  # fmt: skip
     assert batch.status == "validating" and batch.metadata == {"run": "openai-client"}

@@ -107,3 +107,37 @@ def test_a_parquet_job_reads_and_writes_s3_and_answers_as_the_jsonl_job(batch_su
     labels = [o["response"]["outputs"][0]["data"][0] for o in lines]  # the JSONL lines ask for label only
     assert answers.column("label").to_pylist() == labels and len(set(labels)) == 10
     assert np.asarray(answers.column("probabilities").to_pylist()).shape == (200, 10)
+
+
+class _Breaks(io.BytesIO):
+    """A file that fails once ``after`` bytes have been read (a disk error mid-upload)."""
+
+    def __init__(self, data: bytes, after: int):
+        super().__init__(data)
+        self.after = after
+
+    def read(self, n: int = -1) -> bytes:
+        if self.tell() >= self.after:
+            raise OSError("the disk went away")
+        return super().read(n)
+
+
+def test_an_object_over_the_single_put_limit_goes_up_in_parts_and_a_failed_one_leaves_none(s3):
+    """An output over S3's 5 GiB PutObject limit is a multipart upload (here the limits are shrunk to 5 MiB so a
+    12 MiB file takes three parts); one whose source fails midway is aborted, leaving no parts to be billed."""
+    env = s3.env()
+    client = S3Client("jobs", S3Config(endpoint=s3.endpoint, access_key=env["AWS_ACCESS_KEY_ID"],
+                                       secret_key=env["AWS_SECRET_ACCESS_KEY"]))  # fmt: skip
+    data = bytes(range(256)) * (12 * 4096) + b"tail"  # 12 MiB and 4 bytes: parts of 5, 5 and 2 MiB + 4 bytes
+    client.upload_file("out/big.jsonl", io.BytesIO(data), len(data), single_max=5 << 20, part_bytes=5 << 20)
+    back = io.BytesIO()
+    assert client.download("out/big.jsonl", back, 1 << 30) == len(data) and back.getvalue() == data
+    assert list(client.list("out/")) == [("out/big.jsonl", len(data))]
+
+    with pytest.raises(Exception, match="the disk went away"):  # (the client names it as the endpoint's failure)
+        client.upload_file("out/broken.jsonl", _Breaks(data, 7 << 20), len(data), single_max=5 << 20,
+                           part_bytes=5 << 20)  # fmt: skip
+    assert not client.exists("out/broken.jsonl")
+    with client._open(client._url("", {"uploads": ""})) as reply:  # ListMultipartUploads: none left open
+        listing = reply.read().decode()
+    assert "<UploadId>" not in listing, listing

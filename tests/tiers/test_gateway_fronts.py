@@ -9,12 +9,16 @@ untouched, and the multipart parser of ``POST /v1/files``.
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 
 import pytest
 from fuzz.test_multipart import parse_cut
 
 from aiworks.core.errors import InvalidArgument
 from aiworks.gateway.async_routes import AsyncInferFront
+from aiworks.gateway.auth import generate_api_key
 from aiworks.gateway.http_app import create_app
 from aiworks.gateway.multipart import PART_END, FormStream, Part, boundary_of
 
@@ -140,3 +144,22 @@ def test_a_queue_store_that_cannot_be_reached_is_a_503_with_retry_after_not_a_50
     assert start["status"] == 503, sent
     assert (b"retry-after", b"1") in start["headers"]
     assert b"unreachable or busy" in body["body"]
+
+
+def test_a_gateway_with_tenants_and_a_tier_will_not_start_without_the_credential_key(tmp_path):
+    """It would have to keep callers' credentials in Redis in clear: it stops first, naming the setting."""
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(f"tenants:\n  - id: acme\n    api_keys: ['{generate_api_key()[1]}']\n")
+    command = [sys.executable, "-m", "aiworks", "gateway", "--scheduler-address", "127.0.0.1:1", "--metrics-port", "0"]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AIWORKS_GATEWAY_")}
+    for tier in ({"AIWORKS_GATEWAY_BATCH_FILES_URL": str(tmp_path / "files")},
+                 {"AIWORKS_GATEWAY_ASYNC_REQUESTS": "true"}):  # fmt: skip
+        env = {**base, "AIWORKS_GATEWAY_TENANTS_FILE": str(tenants), **tier}
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode != 0 and "AIWORKS_GATEWAY_CREDENTIAL_KEY_FILE" in done.stderr, done.stderr
+        missing = {**env, "AIWORKS_GATEWAY_CREDENTIAL_KEY_FILE": str(tmp_path / "nowhere")}
+        done = subprocess.run(command, env=missing, capture_output=True, text=True, timeout=60)
+        assert done.returncode != 0, done.stderr
+        assert f"AIWORKS_GATEWAY_CREDENTIAL_KEY_FILE: credential key file {tmp_path / 'nowhere'} does not exist" in (
+            done.stderr
+        )

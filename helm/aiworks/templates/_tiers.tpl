@@ -135,3 +135,25 @@ spec:
 - {name: gateway-ca, mountPath: /etc/aiworks/gateway-ca, readOnly: true}
 {{- end }}
 {{- end }}
+
+{{/* The tiers' credential key (docs/tiers.md, "Credentials"): the gateway seals each caller's credential under it
+while a batch job or an asynchronous request waits in Redis, and the tiers' pods open it. The install hook makes
+PREFIX-credential-key unless credentialKey.existingSecret names one (key `credential-key`). */}}
+{{- define "aiworks.tiersOn" -}}
+{{- if or .Values.batchRunner.enabled .Values.nearlineWorker.enabled }}true{{ end -}}
+{{- end }}
+{{- define "aiworks.credentialKeySecret" -}}
+{{- .Values.credentialKey.existingSecret | default (printf "%s-credential-key" (include "aiworks.fullname" .)) -}}
+{{- end }}
+{{- define "aiworks.credentialKeyFile" -}}/etc/aiworks/credential-key/credential-key{{- end }}
+{{- define "aiworks.credentialKeyVolume" -}}
+- name: credential-key
+  secret:
+    secretName: {{ include "aiworks.credentialKeySecret" . }}
+    defaultMode: 0400
+    items:
+      - {key: credential-key, path: credential-key}
+{{- end }}
+{{- define "aiworks.credentialKeyMount" -}}
+- {name: credential-key, mountPath: /etc/aiworks/credential-key, readOnly: true}
+{{- end }}

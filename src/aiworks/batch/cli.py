@@ -88,6 +88,7 @@ def cmd_runner(args) -> None:
     from aiworks.batch.runner import BatchRunner
     from aiworks.batch.settings import BatchSettings
     from aiworks.core.logging import setup_logging
+    from aiworks.security.sealing import load_sealer
 
     overrides = {k: v for k, v in {
         "redis_url": args.redis_url, "gateway_url": args.gateway_url, "concurrency": args.concurrency,
@@ -99,9 +100,10 @@ def cmd_runner(args) -> None:
         raise SystemExit(f"error: batch runner settings: {exc}") from None
     setup_logging("batch-runner", "INFO")
     _lower_priority(settings.nice)
+    sealer = load_sealer(settings.credential_key_file, "AIWORKS_BATCH_CREDENTIAL_KEY_FILE", "jobs")
 
     async def main() -> None:
-        store = JobStore.from_url(settings.redis_url)
+        store = JobStore.from_url(settings.redis_url, sealer=sealer)
         runner = BatchRunner(store, settings)
         if settings.metrics_port:
             serve_runner_metrics(runner, settings.metrics_port, settings.metrics_host)

@@ -7,7 +7,8 @@ Keys (prefix ``aiworks:batch:``):
   (:func:`part_name`; the lines themselves are in the job's storage, next to its output file, so a job of
   millions of lines holds Redis to a few bytes a chunk);
 - ``lease:{id}``: which runner holds the job, with a TTL the runner renews;
-- ``secret:{id}``: the submitter's credential, sent with the job's requests; deleted when the job ends;
+- ``secret:{id}``: the submitter's credential, sent with the job's requests, sealed under the installation's
+  credential key (:mod:`aiworks.security.sealing`) where the store has one; deleted when the job ends;
 - ``active``: set of jobs not yet ended (``tenant:{t}:active``: a tenant's); ``tenant:{t}:jobs``: a tenant's
   jobs by creation time;
 - ``file:{id}`` and ``tenant:{t}:files``: files of the Batch API (:class:`FileRecord`).
@@ -26,6 +27,8 @@ from dataclasses import asdict, dataclass, field, fields
 
 import orjson
 import redis.asyncio as redis
+
+from aiworks.security.sealing import Sealer, seal, unseal
 
 PREFIX = "aiworks:batch:"
 TERMINAL = frozenset({"completed", "failed", "cancelled", "expired"})
@@ -68,7 +71,9 @@ def part_name(index: int, runner: str, has_output: bool, has_errors: bool) -> st
 
 
 def new_id(kind: str) -> str:
-    return f"{kind}_{secrets.token_hex(12)}"
+    """A new id, spelt as OpenAI's are: ``file-…`` for files, ``batch_…`` for jobs (clients treat them as opaque;
+    files uploaded before this spelling keep their ``file_…`` ids)."""
+    return f"{kind}{'-' if kind == 'file' else '_'}{secrets.token_hex(12)}"
 
 
 @dataclass
@@ -156,16 +161,18 @@ class FileRecord:
 class JobStore:
     """Jobs, chunks, leases and files in Redis (``redis.asyncio``, responses decoded)."""
 
-    def __init__(self, client: redis.Redis, prefix: str = PREFIX):
+    def __init__(self, client: redis.Redis, prefix: str = PREFIX, *, sealer: Sealer | None = None):
         self.redis = client
         self.prefix = prefix
+        self.sealer = sealer  # seals credentials as jobs are created, opens them for the runner
         self._record = client.register_script(_RECORD)
         self._renew = client.register_script(_RENEW)
         self._cancel = client.register_script(_CANCEL)
 
     @classmethod
-    def from_url(cls, url: str) -> JobStore:
-        return cls(redis.Redis.from_url(url, decode_responses=True, socket_timeout=10, socket_connect_timeout=5))
+    def from_url(cls, url: str, *, sealer: Sealer | None = None) -> JobStore:
+        client = redis.Redis.from_url(url, decode_responses=True, socket_timeout=10, socket_connect_timeout=5)
+        return cls(client, sealer=sealer)
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -182,8 +189,9 @@ class JobStore:
             pipe.zadd(self._k("tenant", job.tenant, "jobs"), {job.id: job.created_at})
             pipe.sadd(self._k("active"), job.id)
             pipe.sadd(self._k("tenant", job.tenant, "active"), job.id)
-            if credential:
-                pipe.set(self._k("secret", job.id), credential)
+            stored = seal(self.sealer, credential, f"batch job {job.id}")
+            if stored:
+                pipe.set(self._k("secret", job.id), stored)
             await pipe.execute()
         return job
 
@@ -204,7 +212,8 @@ class JobStore:
         return sorted(await self.redis.smembers(self._k("active")))
 
     async def credential(self, job_id: str) -> str | None:
-        return await self.redis.get(self._k("secret", job_id))
+        """The submitter's credential, opened (:class:`~aiworks.security.sealing.SealError` when it cannot be)."""
+        return unseal(self.sealer, await self.redis.get(self._k("secret", job_id)), f"batch job {job_id}")
 
     async def update(self, job_id: str, **values) -> None:
         await self.redis.hset(self._k("job", job_id), mapping={k: str(v) for k, v in values.items()})

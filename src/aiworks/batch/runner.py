@@ -56,6 +56,7 @@ from aiworks.batch.settings import BatchSettings
 from aiworks.core.errors import AIWorksError, InvalidArgument
 from aiworks.core.metrics import BATCH_CHUNKS, BATCH_JOBS_FINISHED, BATCH_ROWS
 from aiworks.core.options import ONLINE_LOAD
+from aiworks.security.sealing import SealError
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +193,13 @@ class BatchRunner:
             part = part_name(index, "inline", bool(out), bool(err))
             await asyncio.to_thread(_write_part, job, part, out, err)
             await self.store.replace_inline(job.id, index, part)
-        credential = await self.store.credential(job.id)
+        try:
+            credential = await self.store.credential(job.id)
+        except SealError as exc:  # a runner without the gateway's credential key: loud, and the job says why
+            log.error("batch job %s: %s", job.id, exc.message)
+            await self.store.finish(job.id, "failed", error=f"cannot open the job's credential: {exc.message}")
+            BATCH_JOBS_FINISHED.labels("failed").inc()
+            return
         # identity: the answers are small and local; gzip would cost the gateway and the runner CPU per line
         headers = {"content-type": "application/json", "accept-encoding": "identity"}
         if credential:

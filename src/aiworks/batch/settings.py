@@ -61,6 +61,12 @@ class BatchSettings(BaseSettings):
         description="How long one line is retried while the gateway refuses for load (429/503) or is unreachable.",
     )  # fmt: skip
     ca_file: str | None = Field(None, description="CA that signs the gateway's certificate (https://).")
+    credential_key_file: str | None = Field(
+        None,
+        description="The installation's credential key file, the gateway's own (AIWORKS_GATEWAY_CREDENTIAL_KEY_FILE): "
+        "opens the submitters' credentials, which the gateway seals in Redis (aiworks.security.sealing). Unset: a "
+        "job whose credential is sealed fails, saying so.",
+    )  # fmt: skip
     metrics_port: int = Field(0, ge=0, le=65535, description="Serve Prometheus /metrics on this port (0: none).")
     metrics_host: str = Field(
         "127.0.0.1", description="Address /metrics listens on (0.0.0.0 in a container, for Prometheus to reach it)."

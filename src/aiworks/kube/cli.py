@@ -30,6 +30,8 @@ def add_kube_parser(sub) -> None:
     es.add_argument("--api-key-tenant", help="make PREFIX-api-keys with one key for this tenant")
     es.add_argument("--redis-host", help="make PREFIX-redis with a password for the Redis at HOST:PORT")
     es.add_argument("--internal-token", action="store_true", help="make PREFIX-internal-token (the monitor's API)")
+    es.add_argument("--credential-key", action="store_true",
+                    help="make PREFIX-credential-key (the tiers' sealed credentials)")  # fmt: skip
     es.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="label on made Secrets")
     es.set_defaults(func=cmd_ensure_secrets)
 
@@ -61,7 +63,7 @@ def cmd_ensure_secrets(args) -> None:
     plan = Plan(
         prefix=args.prefix, services=services, validity_days=args.validity_days,
         api_key_tenant=args.api_key_tenant, redis_host=args.redis_host, labels=labels,
-        internal_token=args.internal_token,
+        internal_token=args.internal_token, credential_key=args.credential_key,
     )  # fmt: skip
     try:
         ensure_secrets(KubeAPI.in_cluster(), plan, log=lambda m: print(m, flush=True))

@@ -18,6 +18,9 @@ Secrets, for a release whose full name is ``P``:
   ``redis-url`` (what the services are given).
 - ``P-internal-token``: ``internal-token``, the installation's secret that
   admins' bearer tokens for the monitor's control API derive from.
+- ``P-credential-key``: ``credential-key``, the key the gateway seals callers'
+  credentials under while their batch jobs and asynchronous requests wait in
+  Redis (``aiworks.security.sealing``); the tiers' pods open them with it.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ class Plan:
     api_key_tenant: str | None = None
     redis_host: str | None = None  # host:port of the release's Redis
     internal_token: bool = False
+    credential_key: bool = False
     labels: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -144,13 +148,14 @@ def ensure_redis_password(api: KubeAPI, plan: Plan, log: Callable[[str], None]) 
     return True
 
 
-def ensure_internal_token(api: KubeAPI, plan: Plan, log: Callable[[str], None]) -> bool:
-    """The installation's secret (at least 16 bytes; here 43 URL-safe characters), unless the Secret exists."""
-    name = f"{plan.prefix}-internal-token"
+def ensure_random_secret(api: KubeAPI, plan: Plan, key: str, what: str, log: Callable[[str], None]) -> bool:
+    """Secret ``PREFIX-<key>`` holding ``key``: 43 URL-safe random characters (the files that read it need 16
+    bytes or more), unless the Secret exists. Kept across upgrades: what was derived or sealed from it stays."""
+    name = f"{plan.prefix}-{key}"
     if api.get_secret(name) is not None:
         return False
-    api.put_secret(Secret(name, {"internal-token": random.token_urlsafe(32).encode()}, {**plan.labels, **MANAGED_BY}))
-    log(f"made the installation's internal token in Secret {name}")
+    api.put_secret(Secret(name, {key: random.token_urlsafe(32).encode()}, {**plan.labels, **MANAGED_BY}))
+    log(f"made {what} in Secret {name}")
     return True
 
 
@@ -161,5 +166,7 @@ def ensure_secrets(api: KubeAPI, plan: Plan, log: Callable[[str], None] = print)
         ensure_api_key(api, plan, log)
     if plan.redis_host:
         ensure_redis_password(api, plan, log)
-    if plan.internal_token:
-        ensure_internal_token(api, plan, log)
+    if plan.internal_token:  # the monitor's control API: admins' bearer tokens derive from it
+        ensure_random_secret(api, plan, "internal-token", "the installation's internal token", log)
+    if plan.credential_key:  # the tiers: callers' credentials waiting in Redis are sealed under it
+        ensure_random_secret(api, plan, "credential-key", "the tiers' credential key", log)

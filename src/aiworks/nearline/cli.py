@@ -31,6 +31,9 @@ def add_nearline_parser(sub) -> None:
     wk.add_argument("--ca-file", default=os.environ.get("AIWORKS_NEARLINE_CA_FILE"),
                     help="CA that signs the gateway's certificate, for an https:// gateway URL "
                     "(env AIWORKS_NEARLINE_CA_FILE; default: the system's CAs)")  # fmt: skip
+    wk.add_argument("--credential-key-file", default=os.environ.get("AIWORKS_NEARLINE_CREDENTIAL_KEY_FILE"),
+                    help="the gateway's credential key file, which opens the callers' credentials it sealed in "
+                    "Redis (env AIWORKS_NEARLINE_CREDENTIAL_KEY_FILE; none: a sealed request fails, saying so)")  # fmt: skip
     wk.set_defaults(func=cmd_worker)
 
 
@@ -44,17 +47,19 @@ def cmd_worker(args) -> None:
     from aiworks.nearline.delivery import CallbackSender
     from aiworks.nearline.queue import AsyncQueue
     from aiworks.nearline.worker import NearlineWorker
+    from aiworks.security.sealing import load_sealer
 
     if not args.redis_url or not args.gateway_url:
         raise SystemExit("error: --redis-url and --gateway-url are required (AIWORKS_NEARLINE_REDIS_URL, _GATEWAY_URL)")
     setup_logging("nearline-worker", "INFO")
+    sealer = load_sealer(args.credential_key_file, "AIWORKS_NEARLINE_CREDENTIAL_KEY_FILE", "requests")
     try:
         callbacks = load_callbacks(args.tenants_file)
     except (OSError, ValueError) as exc:
         raise SystemExit(f"error: cannot read the callbacks of {args.tenants_file}: {exc}") from None
 
     async def main() -> None:
-        queue = AsyncQueue.from_url(args.redis_url, ttl_s=args.result_ttl_s)
+        queue = AsyncQueue.from_url(args.redis_url, ttl_s=args.result_ttl_s, sealer=sealer)
         worker = NearlineWorker(queue, args.gateway_url, concurrency=args.concurrency, deadline_s=args.deadline_s,
                                 claim_idle_s=args.claim_idle_s, ca_file=args.ca_file,
                                 callbacks=CallbackSender(callbacks, timeout_s=args.callback_timeout_s,

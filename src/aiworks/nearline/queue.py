@@ -2,7 +2,8 @@
 
 Keys (prefix ``aiworks:async:``):
 
-- ``requests``: the stream (one entry per request: id, path, body, credential, the deadline
+- ``requests``: the stream (one entry per request: id, path, body, credential (sealed under the
+  installation's credential key where the queue has one: :mod:`aiworks.security.sealing`), the deadline
   and the callback URL), read by the
   consumer group ``workers``; an entry is deleted once its result is stored;
 - ``req:{id}``: hash, the request's record (tenant, status, result), expiring ``ttl_s`` after its
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 import redis.asyncio as redis
 from redis.exceptions import ResponseError
 
+from aiworks.security.sealing import Sealer, seal, unseal
+
 PREFIX = "aiworks:async:"
 GROUP = "workers"
 
@@ -34,7 +37,7 @@ class Queued:
     id: str
     path: str
     body: bytes
-    credential: str
+    credential: str  # as stored: sealed, or in clear (AsyncQueue.credential opens it)
     created_at: float
     content_type: str = "application/json"
     header_length: str = ""
@@ -46,8 +49,10 @@ class Queued:
 class AsyncQueue:
     """The request stream and the records, over ``redis.asyncio`` (raw bytes)."""
 
-    def __init__(self, client: redis.Redis, *, ttl_s: float = 3600.0, max_len: int = 100_000, prefix: str = PREFIX):
+    def __init__(self, client: redis.Redis, *, ttl_s: float = 3600.0, max_len: int = 100_000, prefix: str = PREFIX,
+                 sealer: Sealer | None = None):  # fmt: skip
         self.redis = client
+        self.sealer = sealer  # seals credentials as requests are queued, opens them for the worker
         self.ttl_s = ttl_s
         self.max_len = max_len
         self.prefix = prefix
@@ -83,13 +88,19 @@ class AsyncQueue:
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(self._record(request_id), mapping={"tenant": tenant, "status": "queued", "created_at": now})
             pipe.pexpire(self._record(request_id), int(self.ttl_s * 1000))
-            pipe.xadd(self.stream, {"id": request_id, "path": path, "body": body, "credential": credential or "",
+            stored = seal(self.sealer, credential, f"request {request_id}") or ""
+            pipe.xadd(self.stream, {"id": request_id, "path": path, "body": body, "credential": stored,
                                     "created_at": now, "content_type": content_type,
                                     "header_length": header_length, "deadline_at": deadline_at,
                                     "callback": callback, "tenant": tenant})  # fmt: skip
             pipe.xlen(self.stream)
             *_, length = await pipe.execute()
         return request_id, int(length)
+
+    def credential(self, item: Queued) -> str | None:
+        """The caller's credential of ``item``, opened (:class:`~aiworks.security.sealing.SealError` when it
+        cannot be)."""
+        return unseal(self.sealer, item.credential, f"request {item.id}")
 
     async def get(self, request_id: str) -> dict | None:
         doc = await self.redis.hgetall(self._record(request_id))

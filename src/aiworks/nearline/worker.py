@@ -36,6 +36,7 @@ from aiworks.core.metrics import (
 from aiworks.nearline.body import replay_body
 from aiworks.nearline.delivery import CallbackSender
 from aiworks.nearline.queue import AsyncQueue, Queued
+from aiworks.security.sealing import SealError
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +130,13 @@ class NearlineWorker:
     async def _send(self, item: Queued, deadline_at: float) -> tuple[int, bytes, str, str]:
         """Send it through the gateway with the time left as its timeout; retried on load until the deadline."""
         headers = {"content-type": item.content_type}
-        if item.credential:
-            headers["authorization"] = item.credential
+        try:
+            credential = self.queue.credential(item)
+        except SealError as exc:  # a worker without the gateway's credential key: the result says why
+            log.error("nearline worker: %s", exc.message)
+            return exc.status.http, orjson.dumps({"error": exc.message}), "application/json", ""
+        if credential:
+            headers["authorization"] = credential
         attempt = 0
         while True:
             attempt += 1

@@ -40,6 +40,7 @@ def cmd_certs(args) -> None:
     hostnames = _split(args.hostname) or list(DEFAULT_HOSTNAMES)
     out = Path(args.out_dir)
     wanted = [out / "tls.crt"] + [out / svc / "tls.crt" for svc in _split(args.services)]
+    _secret_files(args)
     if args.if_missing and all(p.is_file() for p in wanted):
         print(f"certificates already in {out}; kept (--if-missing)")
         return
@@ -56,15 +57,22 @@ def cmd_certs(args) -> None:
     except OSError as exc:
         _fail(f"cannot write certificates: {exc.filename or args.out_dir}: {exc.strerror or exc}")
     print(result.summary())
-    if args.internal_token:
-        from aiworks.security.callers import ensure_secret_file
 
-        path = Path(args.internal_token)
+
+def _secret_files(args) -> None:
+    """The installation's secrets asked for (--internal-token, --credential-key): made when missing, else kept."""
+    from aiworks.core.errors import AIWorksError
+    from aiworks.security.callers import ensure_secret_file
+
+    for value, what in ((args.internal_token, "internal token file"), (args.credential_key, "credential key file")):
+        if not value:
+            continue
+        path = Path(value)
         try:
             ensure_secret_file(path)
         except (AIWorksError, OSError) as exc:
-            _fail(f"cannot write the internal token file {path}: {exc}")
-        print(f"internal token file: {path} (mode 0600; kept when it exists)")
+            _fail(f"cannot write the {what} {path}: {exc}")
+        print(f"{what}: {path} (mode 0600; kept when it exists)")
 
 
 # ---- audit -------------------------------------------------------------------------------------
@@ -276,7 +284,9 @@ def add_security_parsers(sub, *, model_command: str = "model") -> None:
         "for the hostnames plus the service's name, usable as server and as client (mTLS).\n"
         "An existing CA is reused, so certificates issued earlier stay valid; --force replaces it.\n\n"
         "With --internal-token FILE, also FILE (0600): the installation's secret, which the control APIs'\n"
-        "bearer tokens and plaintext callers' tokens derive from (kept when it exists).\n\n"
+        "bearer tokens and plaintext callers' tokens derive from (kept when it exists).\n"
+        "With --credential-key FILE, also FILE (0600): the key the gateway seals callers' credentials under\n"
+        "while their batch jobs and asynchronous requests wait in Redis; the tiers' workers read it too.\n\n"
         "  aiworks certs --out-dir certs --services gateway,scheduler,runtime,cache,monitor,admin",
     )
     c.add_argument("--out-dir", required=True, help="folder to write the certificates into")
@@ -289,6 +299,10 @@ def add_security_parsers(sub, *, model_command: str = "model") -> None:
     c.add_argument(
         "--internal-token", metavar="FILE", help="also write the installation's secret to FILE (0600; kept if present)"
     )
+    c.add_argument(
+        "--credential-key", metavar="FILE",
+        help="also write the credential key (the tiers' sealed credentials) to FILE (0600; kept if present)",
+    )  # fmt: skip
     c.add_argument("--ca-dir", help="keep ca.crt and ca.key here instead of --out-dir (keep the CA key off servers)")
     c.add_argument(
         "--force", action="store_true", help="replace an existing CA (every older certificate stops working)"

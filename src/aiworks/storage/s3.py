@@ -1,4 +1,5 @@
-"""Small S3 client: ListObjectsV2, GetObject, PutObject and DeleteObject, signed with AWS Signature Version 4.
+"""Small S3 client: ListObjectsV2, GetObject, PutObject (multipart above 5 GiB) and DeleteObject, signed with AWS
+Signature Version 4.
 
 Only what the storage initializer and the batch jobs (docs/tiers.md) need, over the standard library, so the
 runtime image carries no AWS SDK. Configuration follows the AWS SDKs'
@@ -27,12 +28,16 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import BinaryIO
+from xml.sax.saxutils import escape
 
 from aiworks.core.errors import AIWorksError, NotFound, PermissionDenied, Status
 
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 _UNSIGNED = "UNSIGNED-PAYLOAD"
 _CHUNK = 1 << 20
+SINGLE_PUT_MAX = 5 << 30  # S3's largest PutObject
+PART_BYTES = 64 << 20  # a multipart upload's part (S3: 5 MiB to 5 GiB each, but the last)
+MAX_PARTS = 10_000  # S3's most parts of one upload
 
 
 @dataclass(frozen=True)
@@ -166,11 +171,46 @@ class S3Client:
         with self._open(self._url(key), "PUT", body) as reply:
             reply.read()
 
-    def upload_file(self, key: str, body: BinaryIO, size: int) -> None:
-        """Write one object from an open file of ``size`` bytes, streamed from where it stands (one PutObject:
-        S3 takes up to 5 GiB this way)."""
-        with self._open(self._url(key), "PUT", body, length=size) as reply:
-            reply.read()
+    def upload_file(self, key: str, body: BinaryIO, size: int, *, single_max: int = SINGLE_PUT_MAX,
+                    part_bytes: int = PART_BYTES) -> None:  # fmt: skip
+        """Write one object from an open file of ``size`` bytes, streamed from where it stands.
+
+        Up to ``single_max`` (S3's limit of one PutObject, 5 GiB): one PutObject. Larger: a multipart upload
+        of parts of ``part_bytes`` or more (as many as S3's 10,000 parts need), each streamed from the file
+        with its own Content-Length, so no part is held in memory; one that fails aborts the upload, so no
+        parts are left behind to be billed."""
+        if size <= single_max:
+            with self._open(self._url(key), "PUT", body, length=size) as reply:
+                reply.read()
+            return
+        part_bytes = max(part_bytes, -(-size // MAX_PARTS))
+        with self._open(self._url(key, {"uploads": ""}), "POST", b"") as reply:
+            upload_id = _find(ET.fromstring(reply.read()), "UploadId")
+        if not upload_id:
+            raise AIWorksError(f"S3 gave no UploadId for s3://{self.bucket}/{key}", Status.UNAVAILABLE)
+        try:
+            etags = []
+            for number, start in enumerate(range(0, size, part_bytes), 1):
+                length = min(part_bytes, size - start)
+                query = {"partNumber": str(number), "uploadId": upload_id}
+                with self._open(self._url(key, query), "PUT", _Window(body, length), length=length) as reply:
+                    reply.read()
+                    etags.append(reply.headers.get("ETag", ""))
+            parts = "".join(f"<Part><PartNumber>{n}</PartNumber><ETag>{escape(tag)}</ETag></Part>"
+                            for n, tag in enumerate(etags, 1))  # fmt: skip
+            document = f"<CompleteMultipartUpload>{parts}</CompleteMultipartUpload>".encode()
+            with self._open(self._url(key, {"uploadId": upload_id}), "POST", document) as reply:
+                root = ET.fromstring(reply.read())  # S3 may answer 200 with an <Error> once it has begun
+            if root.tag.rpartition("}")[2] == "Error":
+                raise AIWorksError(f"S3 refused to complete s3://{self.bucket}/{key}: {_find(root, 'Code')} "
+                                   f"{_find(root, 'Message')}", Status.UNAVAILABLE)  # fmt: skip
+        except BaseException:
+            try:
+                with self._open(self._url(key, {"uploadId": upload_id}), "DELETE") as reply:
+                    reply.read()
+            except AIWorksError:
+                pass  # the first error is the one to report; a bucket lifecycle rule cleans what is left
+            raise
 
     def delete(self, key: str) -> None:
         """Remove one object (DeleteObject); a missing key is no error."""
@@ -201,6 +241,29 @@ class S3Client:
                 raise AIWorksError(f"s3://{self.bucket}/{key} is larger than {max_bytes} bytes", Status.PAYLOAD_TOO_LARGE)
             out.write(chunk)
         return written
+
+
+class _Window:
+    """The next ``length`` bytes of a file, as a body urllib sends block by block (it reads to the end)."""
+
+    def __init__(self, file: BinaryIO, length: int):
+        self.file = file
+        self.left = length
+
+    def read(self, n: int = -1) -> bytes:
+        if self.left <= 0:
+            return b""
+        data = self.file.read(self.left if n < 0 else min(n, self.left))
+        self.left -= len(data)
+        return data
+
+
+def _find(root: ET.Element, name: str) -> str:
+    """The text of the first ``name`` under ``root``, whatever its namespace."""
+    for element in root.iter():
+        if element.tag.rpartition("}")[2] == name:
+            return element.text or ""
+    return ""
 
 
 def _error(exc: urllib.error.HTTPError, bucket: str) -> AIWorksError:

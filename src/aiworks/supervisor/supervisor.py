@@ -269,6 +269,8 @@ class Supervisor:
         self._http_context: ssl.SSLContext | None = None
         self.token_file = Path(config.token_file or config.log_dir.parent / "internal-token").resolve()
         self._secret: bytes | None = None  # read by start()
+        # With the tiers: the key the gateway seals callers' credentials under, which the runner and worker read.
+        self.credential_key_file = (config.log_dir.parent / "credential-key").resolve()
         self.caller: ClientCaller | None = None  # the supervisor's own identity on plaintext channels
 
     # ---- registry --------------------------------------------------------------------------
@@ -497,6 +499,11 @@ class Supervisor:
             self._secret = ensure_secret_file(self.token_file)
         except (AIWorksError, OSError) as exc:
             raise RuntimeError(f"cannot make the internal token file {self.token_file}: {exc}") from None
+        if c.tiers:
+            try:
+                ensure_secret_file(self.credential_key_file)
+            except (AIWorksError, OSError) as exc:
+                raise RuntimeError(f"cannot make the credential key file {self.credential_key_file}: {exc}") from None
         self.caller = self.client_caller("supervisor")
         auth = CallerAuth(secret=self._secret)
         self.control = ControlServer(self, "127.0.0.1", c.control_port, auth=auth, max_replicas=c.max_scale_replicas)
@@ -534,6 +541,7 @@ class Supervisor:
                 "AIWORKS_GATEWAY_BATCH_FILES_URL": str(self.batch_files),
                 "AIWORKS_GATEWAY_ASYNC_REQUESTS": "true",
                 "AIWORKS_GATEWAY_RESULT_STREAMS": "true",
+                "AIWORKS_GATEWAY_CREDENTIAL_KEY_FILE": str(self.credential_key_file),
             })  # fmt: skip
         self._spawn(
             "gateway", "gateway",
@@ -566,8 +574,11 @@ class Supervisor:
     def _start_tiers(self) -> None:
         """One batch runner and one nearline worker, clients of the gateway's public HTTP API like any caller."""
         c = self.config
-        runner_env = {"AIWORKS_BATCH_REDIS_URL": c.redis_url, "AIWORKS_BATCH_GATEWAY_URL": self.http_url}
-        worker_env = {"AIWORKS_NEARLINE_REDIS_URL": c.redis_url, "AIWORKS_NEARLINE_GATEWAY_URL": self.http_url}
+        key = str(self.credential_key_file)
+        runner_env = {"AIWORKS_BATCH_REDIS_URL": c.redis_url, "AIWORKS_BATCH_GATEWAY_URL": self.http_url,
+                      "AIWORKS_BATCH_CREDENTIAL_KEY_FILE": key}  # fmt: skip
+        worker_env = {"AIWORKS_NEARLINE_REDIS_URL": c.redis_url, "AIWORKS_NEARLINE_GATEWAY_URL": self.http_url,
+                      "AIWORKS_NEARLINE_CREDENTIAL_KEY_FILE": key}  # fmt: skip
         if self.tls_dir is not None:  # the gateway serves HTTPS: they check it against the suite's CA
             runner_env["AIWORKS_BATCH_CA_FILE"] = worker_env["AIWORKS_NEARLINE_CA_FILE"] = str(
                 self.tls_dir / "gateway" / CA_CERT

@@ -1,0 +1,108 @@
+"""The callers' credentials that wait in Redis with batch jobs and asynchronous requests are sealed.
+
+The gateway keeps each submitter's ``Authorization`` value until a batch
+runner or a nearline worker sends it (aiworks.security.sealing). Here every
+key of the suite's real Redis is read while a job and a request wait, and
+the tenant's API key is nowhere in it; runners and workers given the key
+file run them as the tenant; one without it says so instead.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+import requests
+
+from aiworks.security.sealing import is_sealed
+
+from .conftest import wait_batch
+from .test_batch_jobs import _digits, _jsonl, _line, _submit
+from .test_nearline import _body, _post, _result
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def _everything_in(url: str) -> bytes:
+    """Every key and value of the Redis at ``url``, as one blob (strings, hashes, lists, sets, zsets, streams)."""
+    client = redis.Redis.from_url(url)
+    out = []
+    try:
+        for key in client.scan_iter(count=1000):
+            out.append(key)
+            kind = client.type(key)
+            if kind == b"string":
+                out.append(client.get(key) or b"")
+            elif kind == b"hash":
+                out.extend(b for item in client.hgetall(key).items() for b in item)
+            elif kind == b"list":
+                out.extend(client.lrange(key, 0, -1))
+            elif kind == b"set":
+                out.extend(client.smembers(key))
+            elif kind == b"zset":
+                out.extend(client.zrange(key, 0, -1))
+            elif kind == b"stream":
+                out.extend(b for _, fields in client.xrange(key) for item in fields.items() for b in item)
+    finally:
+        client.close()
+    return b"\n".join(out)
+
+
+def _job_doc(batch, job_id: str, until, timeout_s: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        doc = requests.get(f"{batch.base}/v1/batches/{job_id}", headers=batch.headers("bob"), timeout=10).json()
+        if until(doc):
+            return doc
+        assert time.monotonic() < deadline, doc
+        time.sleep(0.05)
+
+
+def test_no_api_key_is_in_redis_while_jobs_and_requests_wait_and_they_still_run_as_their_tenant(
+    batch_suite, runners, workers
+):
+    key = batch_suite.keys["alice"]
+    x = _digits(20)
+    job = _submit(batch_suite, "alice", _jsonl([_line(i, row) for i, row in enumerate(x)]))
+    queued = _post(batch_suite, "alice", _body(x[0]))
+    assert queued.status_code == 202, queued.text
+
+    stored = _everything_in(batch_suite.redis_url)
+    assert key.encode() not in stored, "an API key in clear in Redis"
+    client = redis.Redis.from_url(batch_suite.redis_url, decode_responses=True)
+    try:
+        secret = client.get(f"aiworks:batch:secret:{job['id']}")
+        entries = client.xrange("aiworks:async:requests")
+    finally:
+        client.close()
+    assert secret and is_sealed(secret)
+    mine = [fields for _, fields in entries if fields["id"] == queued.json()["id"]]
+    assert mine and is_sealed(mine[0]["credential"])
+
+    # Given the gateway's key file, the runner and the worker open them and act as alice: her model, her usage.
+    runners("runner")
+    workers("worker")
+    done = wait_batch(batch_suite, "alice", job["id"], lambda d: d["status"] == "completed")
+    assert done["request_counts"] == {"total": 20, "completed": 20, "failed": 0}
+    answer = _result(batch_suite, "alice", queued.json()["id"])
+    assert answer.status_code == 200 and answer.headers["aiworks-request-status"] == "completed"
+
+
+def test_a_runner_or_worker_without_the_key_says_so_rather_than_sending_anything(batch_suite, runners, workers):
+    x = _digits(5)
+    job = _submit(batch_suite, "bob", _jsonl([_line(i, row) for i, row in enumerate(x)]))
+    queued = _post(batch_suite, "bob", _body(x[0]))
+    assert queued.status_code == 202, queued.text
+
+    runners("keyless", env={"AIWORKS_BATCH_CREDENTIAL_KEY_FILE": ""})
+    failed = _job_doc(batch_suite, job["id"], lambda d: d["status"] not in ("validating", "in_progress"))
+    assert failed["status"] == "failed", failed
+    message = failed["errors"]["data"][0]["message"]
+    assert "credential" in message and "no credential key file" in message, message
+    assert batch_suite.keys["bob"] not in message
+
+    workers("keyless", "--credential-key-file", "")
+    answer = _result(batch_suite, "bob", queued.json()["id"])
+    assert answer.status_code == 500 and answer.headers["aiworks-request-status"] == "failed"
+    assert "no credential key file" in answer.json()["error"], answer.text
