@@ -1,7 +1,8 @@
 """The OpenAI-style Batch API on the gateway (docs/tiers.md): routes translate and delegate to BatchService.
 
 - ``POST /v1/files``: multipart upload (``purpose=batch``, ``file``), a File object;
-- ``GET /v1/files/{id}`` and ``GET /v1/files/{id}/content``;
+- ``GET /v1/files`` (``limit``, ``order``, ``after``, ``purpose``), ``GET /v1/files/{id}``,
+  ``GET /v1/files/{id}/content`` and ``DELETE /v1/files/{id}`` (refused while a job not ended reads it);
 - ``POST /v1/batches`` (``input_file_id``, ``endpoint``, ``completion_window``, ``metadata``),
   ``GET /v1/batches``, ``GET /v1/batches/{id}``, ``POST /v1/batches/{id}/cancel``.
 
@@ -61,6 +62,25 @@ def add_batch_routes(app: FastAPI, dataplane: GatewayDataPlane, batch: BatchServ
         if declared is not None and declared.isdigit() and int(declared) > max_file_bytes:
             raise PayloadTooLarge(f"file upload exceeds the limit of {max_file_bytes} bytes")
         return _json((await _stream_upload(request, principal.tenant_id, service, max_file_bytes)).public())
+
+    @app.get("/v1/files")
+    async def list_files(request: Request):
+        principal, service = caller(request)
+        query = request.query_params
+        try:
+            limit = int(query.get("limit", "10000"))
+        except ValueError:
+            raise InvalidArgument("limit must be an integer") from None
+        files, more = await service.list_files(principal.tenant_id, limit=limit, after=query.get("after") or None,
+                                               order=query.get("order", "desc"), purpose=query.get("purpose") or None)  # fmt: skip
+        data = [f.public() for f in files]
+        return _json({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+                      "last_id": data[-1]["id"] if data else None, "has_more": more})  # fmt: skip
+
+    @app.delete("/v1/files/{file_id}")
+    async def delete_file(file_id: str, request: Request):
+        principal, service = caller(request)
+        return _json(await service.delete_file(principal.tenant_id, file_id))
 
     @app.get("/v1/files/{file_id}")
     async def get_file(file_id: str, request: Request):

@@ -152,10 +152,53 @@ def test_the_official_openai_client_uploads_runs_and_downloads_a_job(batch_suite
     out = [orjson.loads(line) for line in client.files.content(batch.output_file_id).content.splitlines()]
     assert [o["custom_id"] for o in out] == [f"row-{i}" for i in range(200)]
     assert [o["response"]["outputs"][0]["data"][0] for o in out] == expected
+    bob = openai.OpenAI(base_url=f"{batch_suite.base}/v1", api_key=batch_suite.keys["bob"], max_retries=0)
     with pytest.raises(openai.NotFoundError):  # another tenant's job does not exist for bob
-        openai.OpenAI(base_url=f"{batch_suite.base}/v1", api_key=batch_suite.keys["bob"], max_retries=0).batches.retrieve(
-            batch.id
-        )
+        bob.batches.retrieve(batch.id)
+    # files.list pages through alice's files with `after` (two a page here), and nothing of bob's is there.
+    paged = [f.id for f in client.files.list(limit=2)]
+    whole = client.files.list().data
+    assert paged == [f.id for f in whole] and len(set(paged)) == len(paged)
+    assert {uploaded.id, batch.output_file_id} <= set(paged)
+    assert [f.created_at for f in whole] == sorted((f.created_at for f in whole), reverse=True)
+    outputs = [f.id for f in client.files.list(purpose="batch_output")]
+    assert batch.output_file_id in outputs and uploaded.id not in outputs
+    assert not {uploaded.id, batch.output_file_id} & {f.id for f in bob.files.list()}
+    # files.delete: gone from the list and from storage; bob cannot delete alice's.
+    with pytest.raises(openai.NotFoundError):
+        bob.files.delete(batch.output_file_id)
+    for file_id in (uploaded.id, batch.output_file_id):
+        deleted = client.files.delete(file_id)
+        assert (deleted.id, deleted.deleted) == (file_id, True)
+        with pytest.raises(openai.NotFoundError):
+            client.files.retrieve(file_id)
+    assert not {uploaded.id, batch.output_file_id} & {f.id for f in client.files.list()}
+    assert not list((batch_suite.work / "files").rglob(f"{uploaded.id}*"))
+
+
+def test_a_jobs_input_cannot_be_deleted_until_the_job_ends(batch_suite):
+    job = _submit(batch_suite, "carol", _jsonl([_line(0, _digits(1)[0])]))
+    base, carol = batch_suite.base, batch_suite.headers("carol")
+    reply = requests.delete(f"{base}/v1/files/{job['input_file_id']}", headers=carol, timeout=10)
+    assert reply.status_code == 412, reply.text
+    assert f"is the input of batch '{job['id']}', which is validating" in reply.text
+    assert requests.get(f"{base}/v1/files/{job['input_file_id']}/content", headers=carol, timeout=10).status_code == 200
+    for bad, reason in (("limit=0", "limit must be between 1 and 10000"), ("limit=x", "limit must be an integer"),
+                        ("order=up", "order must be 'asc' or 'desc'")):  # fmt: skip
+        reply = requests.get(f"{base}/v1/files?{bad}", headers=carol, timeout=10)
+        assert reply.status_code == 400 and reason in reply.text, reply.text
+    # Pages in either order, each file once.
+    ids = []
+    after = ""
+    while True:
+        page = requests.get(f"{base}/v1/files?limit=1&order=asc{after}", headers=carol, timeout=10).json()
+        ids += [f["id"] for f in page["data"]]
+        if not page["has_more"]:
+            break
+        after = f"&after={page['last_id']}"
+    newest_first = requests.get(f"{base}/v1/files", headers=carol, timeout=10).json()["data"]
+    assert ids == [f["id"] for f in reversed(newest_first)] and job["input_file_id"] in ids
+    requests.post(f"{base}/v1/batches/{job['id']}/cancel", headers=carol, timeout=10)
 
 
 def test_a_bad_line_among_packed_neighbours_is_charged_to_itself_alone(batch_suite, runners):

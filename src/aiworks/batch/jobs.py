@@ -208,8 +208,10 @@ class JobStore:
         """How many of ``tenant``'s jobs have not ended."""
         return int(await self.redis.scard(self._k("tenant", tenant, "active")))
 
-    async def active_ids(self) -> list[str]:
-        return sorted(await self.redis.smembers(self._k("active")))
+    async def active_ids(self, tenant: str | None = None) -> list[str]:
+        """Jobs not yet ended: every tenant's, or ``tenant``'s."""
+        key = self._k("active") if tenant is None else self._k("tenant", tenant, "active")
+        return sorted(await self.redis.smembers(key))
 
     async def credential(self, job_id: str) -> str | None:
         """The submitter's credential, opened (:class:`~aiworks.security.sealing.SealError` when it cannot be)."""
@@ -297,7 +299,31 @@ class JobStore:
 
     async def get_file(self, file_id: str) -> FileRecord | None:
         doc = await self.redis.hgetall(self._k("file", file_id))
-        if not doc:
-            return None
-        return FileRecord(doc["id"], doc["tenant"], doc["filename"], doc["purpose"], doc["url"],
-                          int(doc.get("bytes", 0)), float(doc.get("created_at", 0)))  # fmt: skip
+        return _file_record(doc) if doc else None
+
+    async def list_files(self, tenant: str, limit: int, *, after: str | None = None,
+                         ascending: bool = False) -> list[FileRecord]:  # fmt: skip
+        """Up to ``limit`` of ``tenant``'s files by creation time (newest first unless ``ascending``), starting
+        after the file ``after`` (a cursor: an id from an earlier page; one not the tenant's starts at the top)."""
+        key = self._k("tenant", tenant, "files")
+        start = 0
+        if after:
+            rank = await (self.redis.zrank(key, after) if ascending else self.redis.zrevrank(key, after))
+            start = rank + 1 if rank is not None else 0
+        ids = await (self.redis.zrange if ascending else self.redis.zrevrange)(key, start, start + limit - 1)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for file_id in ids:
+                pipe.hgetall(self._k("file", file_id))
+            docs = await pipe.execute()
+        return [_file_record(doc) for doc in docs if doc]
+
+    async def delete_file(self, record: FileRecord) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self._k("file", record.id))
+            pipe.zrem(self._k("tenant", record.tenant, "files"), record.id)
+            await pipe.execute()
+
+
+def _file_record(doc: dict) -> FileRecord:
+    return FileRecord(doc["id"], doc["tenant"], doc["filename"], doc["purpose"], doc["url"],
+                      int(doc.get("bytes", 0)), float(doc.get("created_at", 0)))  # fmt: skip

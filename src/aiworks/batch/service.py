@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 from aiworks.batch import objects, tables
 from aiworks.batch.jobs import CANCELLABLE, TERMINAL, FileRecord, Job, JobStore, new_id
-from aiworks.core.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from aiworks.core.errors import AIWorksError, InvalidArgument, NotFound, ResourceExhausted, Status, Unavailable
 from aiworks.core.names import check_model_name, check_version
 
 MAX_CHUNK_SIZE = 10_000
@@ -120,6 +120,40 @@ class BatchService:
         if not await asyncio.to_thread(objects.exists, record.url):
             raise NotFound(f"file '{file_id[:80]}' is no longer in storage")
         return objects.blocks(record.url), tables.MEDIA_TYPES[tables.format_of(record.filename)]
+
+    async def list_files(self, tenant: str, *, limit: int = 10_000, after: str | None = None, order: str = "desc",
+                         purpose: str | None = None) -> tuple[list[FileRecord], bool]:  # fmt: skip
+        """A page of the tenant's files, as OpenAI's ``GET /v1/files`` (limit 1-10,000, ``order`` by creation
+        time, ``after`` a file id of the previous page, ``purpose`` a filter), and whether more follow."""
+        if not 1 <= limit <= 10_000:
+            raise InvalidArgument(f"limit must be between 1 and 10000, not {limit}")
+        if order not in ("asc", "desc"):
+            raise InvalidArgument(f"order must be 'asc' or 'desc', not '{order[:20]}'")
+        page: list[FileRecord] = []
+        cursor = after
+        while True:  # a purpose filter may skip records: read on until the page is full or the list ends
+            records = await self.store.list_files(tenant, limit + 1, after=cursor, ascending=order == "asc")
+            for record in records:
+                if purpose is None or record.purpose == purpose:
+                    page.append(record)
+                    if len(page) > limit:
+                        return page[:limit], True
+            if len(records) <= limit:
+                return page, False
+            cursor = records[-1].id
+
+    async def delete_file(self, tenant: str, file_id: str) -> dict:
+        """Remove one of the tenant's files from storage and the list; refused while a job not yet ended reads
+        it (a job that resumes after a crash reads its input again)."""
+        record = await self.file(tenant, file_id)
+        for job_id in await self.store.active_ids(tenant):
+            job = await self.store.get(job_id)
+            if job is not None and job.input_file_id == record.id and job.status not in TERMINAL:
+                raise AIWorksError(f"file '{record.id}' is the input of batch '{job.id}', which is {job.status}: "
+                                   "cancel it or let it end first", Status.FAILED_PRECONDITION)  # fmt: skip
+        await asyncio.to_thread(objects.delete, record.url)  # a missing object is no error: a retry ends the same
+        await self.store.delete_file(record)
+        return {"id": record.id, "object": "file", "deleted": True}
 
     # ---- jobs ------------------------------------------------------------------------------------------
 
