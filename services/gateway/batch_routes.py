@@ -4,7 +4,7 @@
 - ``GET /v1/files`` (``limit``, ``order``, ``after``, ``purpose``), ``GET /v1/files/{id}``,
   ``GET /v1/files/{id}/content`` and ``DELETE /v1/files/{id}`` (refused while a job not ended reads it);
 - ``POST /v1/batches`` (``input_file_id``, ``endpoint``, ``completion_window``, ``metadata``),
-  ``GET /v1/batches``, ``GET /v1/batches/{id}``, ``POST /v1/batches/{id}/cancel``.
+  ``GET /v1/batches`` (``limit``, ``after``), ``GET /v1/batches/{id}``, ``POST /v1/batches/{id}/cancel``.
 
 Every route authenticates first; a tenant sees only its own files and jobs.
 The batch runner sends a job's lines through this gateway with the
@@ -125,10 +125,10 @@ def add_batch_routes(app: FastAPI, dataplane: GatewayDataPlane, batch: BatchServ
             limit = int(request.query_params.get("limit", "20"))
         except ValueError:
             raise InvalidArgument("limit must be an integer") from None
-        jobs = await service.list(principal.tenant_id, limit)
+        jobs, more = await service.list(principal.tenant_id, limit, request.query_params.get("after") or None)
         data = [batch_object(j) for j in jobs]
         return _json({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-                      "last_id": data[-1]["id"] if data else None, "has_more": False})  # fmt: skip
+                      "last_id": data[-1]["id"] if data else None, "has_more": more})  # fmt: skip
 
     @app.get("/v1/batches/{batch_id}")
     async def get_batch(batch_id: str, request: Request):

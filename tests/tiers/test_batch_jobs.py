@@ -149,6 +149,9 @@ def test_the_official_openai_client_uploads_runs_and_downloads_a_job(batch_suite
     assert batch.status == "completed", batch
     assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (200, 200, 0)
     assert batch.id in [b.id for b in client.batches.list()]
+    # batches.list pages with `after` (one a page here) through the same jobs as one page of 100.
+    paged_jobs = [b.id for b in client.batches.list(limit=1)]
+    assert paged_jobs == [b.id for b in client.batches.list(limit=100).data] and batch.id in paged_jobs
     out = [orjson.loads(line) for line in client.files.content(batch.output_file_id).content.splitlines()]
     assert [o["custom_id"] for o in out] == [f"row-{i}" for i in range(200)]
     assert [o["response"]["outputs"][0]["data"][0] for o in out] == expected

@@ -72,7 +72,7 @@ async def test_submission_refuses_a_missing_input_and_hides_other_tenants_jobs(s
     assert (await service.get("t", job.id)).chunk_size == 7
     with pytest.raises(NotFound):
         await service.get("u", job.id)
-    assert await service.list("u") == [] and [j.id for j in await service.list("t")] == [job.id]
+    assert await service.list("u") == ([], False) and [j.id for j in (await service.list("t"))[0]] == [job.id]
 
 
 def test_the_runner_collector_reports_progress_and_active_jobs():

@@ -199,10 +199,23 @@ class JobStore:
         doc = await self.redis.hgetall(self._k("job", job_id))
         return Job.from_hash(doc) if doc else None
 
-    async def list(self, tenant: str, limit: int = 20) -> list[Job]:
-        ids = await self.redis.zrevrange(self._k("tenant", tenant, "jobs"), 0, limit - 1)
-        jobs = [await self.get(i) for i in ids]
-        return [j for j in jobs if j is not None]
+    async def list(self, tenant: str, limit: int = 20, *, after: str | None = None) -> list[Job]:
+        """Up to ``limit`` of ``tenant``'s jobs, newest first, starting after the job ``after`` (a cursor)."""
+        ids = await self._page(self._k("tenant", tenant, "jobs"), limit, after, ascending=False)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for job_id in ids:
+                pipe.hgetall(self._k("job", job_id))
+            docs = await pipe.execute()
+        return [Job.from_hash(doc) for doc in docs if doc]
+
+    async def _page(self, key: str, limit: int, after: str | None, *, ascending: bool) -> list[str]:
+        """Up to ``limit`` members of the sorted set ``key`` by score, after the member ``after`` (one that is
+        not there: from the start)."""
+        start = 0
+        if after:
+            rank = await (self.redis.zrank(key, after) if ascending else self.redis.zrevrank(key, after))
+            start = rank + 1 if rank is not None else 0
+        return await (self.redis.zrange if ascending else self.redis.zrevrange)(key, start, start + limit - 1)
 
     async def active_count(self, tenant: str) -> int:
         """How many of ``tenant``'s jobs have not ended."""
@@ -305,12 +318,7 @@ class JobStore:
                          ascending: bool = False) -> list[FileRecord]:  # fmt: skip
         """Up to ``limit`` of ``tenant``'s files by creation time (newest first unless ``ascending``), starting
         after the file ``after`` (a cursor: an id from an earlier page; one not the tenant's starts at the top)."""
-        key = self._k("tenant", tenant, "files")
-        start = 0
-        if after:
-            rank = await (self.redis.zrank(key, after) if ascending else self.redis.zrevrank(key, after))
-            start = rank + 1 if rank is not None else 0
-        ids = await (self.redis.zrange if ascending else self.redis.zrevrange)(key, start, start + limit - 1)
+        ids = await self._page(self._k("tenant", tenant, "files"), limit, after, ascending=ascending)
         async with self.redis.pipeline(transaction=False) as pipe:
             for file_id in ids:
                 pipe.hgetall(self._k("file", file_id))

@@ -254,8 +254,13 @@ class BatchService:
             raise NotFound(f"no batch '{job_id[:80]}'")
         return job
 
-    async def list(self, tenant: str, limit: int = 20) -> list[Job]:
-        return await self.store.list(tenant, max(1, min(limit, 100)))
+    async def list(self, tenant: str, limit: int = 20, after: str | None = None) -> tuple[list[Job], bool]:
+        """A page of the tenant's jobs, newest first, as OpenAI's ``GET /v1/batches`` (limit 1-100, ``after`` a
+        batch id of the previous page), and whether more follow."""
+        if not 1 <= limit <= 100:
+            raise InvalidArgument(f"limit must be between 1 and 100, not {limit}")
+        jobs = await self.store.list(tenant, limit + 1, after=after)
+        return jobs[:limit], len(jobs) > limit
 
     async def cancel(self, tenant: str, job_id: str) -> Job:
         job = await self.get(tenant, job_id)
