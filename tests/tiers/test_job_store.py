@@ -126,6 +126,30 @@ async def test_a_job_whose_chunks_were_recorded_inline_before_parts_still_finish
     assert not (tmp_path / "out.jsonl.parts").exists()
 
 
+async def test_parts_left_by_a_runner_that_died_after_ending_its_job_are_swept_by_an_idle_runner(store, tmp_path):
+    """The job ended (its files written, its status final) and its runner died before removing the parts: the job
+    is on the sweep list from the moment it ended, and the next idle poll of any runner removes them."""
+    from aiworks.batch.runner import BatchRunner
+    from aiworks.batch.settings import BatchSettings
+
+    (tmp_path / "in.jsonl").write_bytes(b'{"inputs": [{}]}\n')
+    job = await BatchService(store, None).submit("t", "digits", str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"),
+                                                 str(tmp_path / "err.jsonl"))  # fmt: skip
+    parts = tmp_path / "out.jsonl.parts"
+    parts.mkdir()
+    (parts / "00000000.dead-runner.out").write_bytes(b'{"line": 1}\n')
+    await store.finish(job.id, "completed")  # ... and the runner was killed here
+    assert parts.exists()
+    runner = BatchRunner(store, BatchSettings(redis_url="redis://unused", gateway_url="http://127.0.0.1:9"))
+    try:
+        assert not await runner.run_once()  # no job to run: it sweeps one ended job instead
+        assert not parts.exists()
+        assert await store.to_sweep() is None  # swept once: off the list
+        assert not await runner.run_once()
+    finally:
+        await runner.close()
+
+
 async def test_a_job_past_its_completion_window_expires_with_every_line_in_the_error_file(store, tmp_path):
     """The window ended before the runner got to it: no request is sent, each line is reported as expired."""
     import time

@@ -9,6 +9,8 @@ Keys (prefix ``aiworks:batch:``):
 - ``lease:{id}``: which runner holds the job, with a TTL the runner renews;
 - ``secret:{id}``: the submitter's credential, sent with the job's requests, sealed under the installation's
   credential key (:mod:`aiworks.security.sealing`) where the store has one; deleted when the job ends;
+- ``sweep``: set of ended jobs whose parts may still be in storage (a runner that dies right after ending a
+  job leaves them; an idle runner removes them);
 - ``active``: set of jobs not yet ended (``tenant:{t}:active``: a tenant's); ``tenant:{t}:jobs``: a tenant's
   jobs by creation time;
 - ``file:{id}`` and ``tenant:{t}:files``: files of the Batch API (:class:`FileRecord`).
@@ -250,7 +252,19 @@ class JobStore:
             pipe.hset(self._k("job", job_id), mapping={"status": status, **{k: str(v) for k, v in values.items()}})
             pipe.srem(self._k("active"), job_id)
             pipe.delete(self._k("chunks", job_id), self._k("secret", job_id), self._k("lease", job_id))
+            pipe.sadd(self._k("sweep"), job_id)  # its parts are removed next, by whoever ends it or by any runner
             await pipe.execute()
+
+    async def swept(self, job_id: str) -> None:
+        """The ended job's parts are gone."""
+        await self.redis.srem(self._k("sweep"), job_id)
+
+    async def to_sweep(self) -> str | None:
+        """An ended job whose parts may still be there, taken off the list (put it back with :meth:`resweep`)."""
+        return await self.redis.spop(self._k("sweep"))
+
+    async def resweep(self, job_id: str) -> None:
+        await self.redis.sadd(self._k("sweep"), job_id)
 
     # ---- leases and chunks --------------------------------------------------------------------
 

@@ -24,7 +24,8 @@ is recorded after the cancel: the job stops within one chunk. When every
 chunk is in, the runner writes the output file (one line per successful
 input line, in input order) and the error file (one line per refused or
 failed input line, with its line number and reason), copying the parts in
-order, one at a time, and then removes the parts. A Parquet
+order, one at a time, and then removes the parts (a job ended by a runner
+that died before removing them is swept by an idle runner). A Parquet
 job (:mod:`aiworks.batch.tables`) is read one chunk of rows at a time and its
 output file is a Parquet table; its chunks are recorded as JSONL all the same.
 
@@ -149,6 +150,7 @@ class BatchRunner:
                 finally:
                     await self.store.release(job_id, self.runner_id)
                 return True
+        await self._sweep()  # nothing to run: tidy one ended job's leftovers (one a poll)
         return False
 
     async def run_job(self, job_id: str) -> None:
@@ -424,13 +426,39 @@ class BatchRunner:
         await self.store.finish(
             job.id, final, output_file_id=output_file_id(job.id), error_file_id=error_file_id(job.id)
         )
-        try:  # after the job has ended: a runner that dies first leaves parts behind, never a job without them
-            await asyncio.to_thread(objects.delete_tree, parts_prefix(job))
-        except (AIWorksError, OSError) as exc:
-            log.warning("batch job %s: its parts under %s were not removed: %s", job.id, parts_prefix(job), exc)
+        # After the job has ended: a runner that dies first leaves parts behind, never a job without them; the
+        # job stays on the sweep list, and an idle runner removes them (_sweep).
+        await self._remove_parts(job)
         BATCH_JOBS_FINISHED.labels(final).inc()
         self.seen.pop(job.id, None)
         log.info("batch job %s %s: %d lines answered, %d failed", job.id, final, job.completed, job.failed)
+
+
+    async def _remove_parts(self, job: Job) -> bool:
+        """Remove an ended job's parts, and take it off the sweep list; False (it stays there) when storage
+        refused."""
+        try:
+            await asyncio.to_thread(objects.delete_tree, parts_prefix(job))
+        except (AIWorksError, OSError) as exc:
+            log.warning("batch job %s: its parts under %s were not removed: %s", job.id, parts_prefix(job), exc)
+            return False
+        await self.store.swept(job.id)
+        return True
+
+    async def _sweep(self) -> bool:
+        """Idle: remove the parts of one ended job whose runner did not (it died, or storage refused); False
+        when there was none."""
+        job_id = await self.store.to_sweep()
+        if job_id is None:
+            return False
+        job = await self.store.get(job_id)
+        if job is None or job.status not in TERMINAL or not job.output_url:
+            return True  # gone, resumed by nobody (not ended), or never had an output: nothing to remove
+        if not await self._remove_parts(job):
+            await self.store.resweep(job_id)
+            return False
+        log.info("batch job %s: removed the parts it left under %s", job_id, parts_prefix(job))
+        return True
 
 
 def _open_input(job: Job, stack: contextlib.ExitStack) -> tuple[int, Iterator[Callable[[], list[Line]]]]:
