@@ -141,3 +141,23 @@ def test_an_object_over_the_single_put_limit_goes_up_in_parts_and_a_failed_one_l
     with client._open(client._url("", {"uploads": ""})) as reply:  # ListMultipartUploads: none left open
         listing = reply.read().decode()
     assert "<UploadId>" not in listing, listing
+
+
+def test_an_s3_input_is_read_in_ranges_of_one_version_and_a_replaced_one_is_named(s3, monkeypatch):
+    """The runner reads an s3:// input in ranges (no copy on disk): the scan in blocks, then one ranged read a
+    chunk, each pinned to the object's ETag, so an input replaced mid-job is an error that says so."""
+    from aiworks.batch import objects
+    from aiworks.batch.lines import LineIndex
+
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    lines = [b'{"n": %d}' % i for i in range(1000)]
+    s3.put("in/lines.jsonl", b"\n".join(lines) + b"\n")
+    with objects.mapped("s3://jobs/in/lines.jsonl") as data:
+        assert isinstance(data, objects.Ranged)
+        index = LineIndex(data)
+        assert index.total == 1000
+        assert index.lines(0, 3) == lines[:3] and index.lines(998, 1000) == lines[998:]
+        s3.put("in/lines.jsonl", b"another file\n")
+        with pytest.raises(Exception, match="was replaced while the job read it"):
+            index.lines(500, 600)

@@ -79,6 +79,38 @@ def test_a_mapped_file_agrees_with_its_line_count_and_closes(tmp_path, monkeypat
         assert LineIndex(data).total == 0 == objects.count_lines(str(tmp_path / "empty.jsonl"))
 
 
+class _Ranges:
+    """A source read in ranges, as ``objects.Ranged`` is (an S3 object): counts its reads."""
+
+    def __init__(self, data: bytes):
+        self.data, self.reads = data, []
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, span: slice) -> bytes:
+        self.reads.append((span.start, span.stop))
+        return self.data[span]
+
+    def blocks(self, size: int):
+        for start in range(0, len(self.data), size):
+            yield self[start : start + size]
+
+
+def test_a_source_read_in_ranges_is_scanned_in_blocks_and_read_once_a_chunk(monkeypatch):
+    import aiworks.batch.lines as lines_module
+
+    monkeypatch.setattr(lines_module, "_SCAN", 7)
+    rows = [b'{"n": %d}' % i for i in range(50)] + [b"", b"last\r"]
+    source = _Ranges(b"\n".join(rows) + b"\n")
+    index = LineIndex(source)
+    assert index.total == len(rows) and len(source.reads) == -(-len(source.data) // 7)  # the scan: blocks of 7
+    source.reads.clear()
+    chunks = chunk_bounds(index.total, 8)
+    assert [line for start, end in chunks for line in index.lines(start, end)] == rows[:-1] + [b"last"]
+    assert len(source.reads) == len(chunks)  # one ranged read a chunk, not one a line
+
+
 def test_a_sink_leaves_the_object_whole_or_untouched(tmp_path):
     target = tmp_path / "out" / "result.jsonl"
     with objects.sink(str(target)) as f:

@@ -69,7 +69,11 @@ _SCAN = 8 << 20  # bytes looked at a time for newlines (a byte of comparison eac
 
 
 class LineIndex:
-    """The lines of a (mapped) file, taken a slice at a time: where each line ends is all that is kept.
+    """The lines of a file, taken a slice at a time: where each line ends is all that is kept.
+
+    ``data`` is the file's bytes as a buffer (a mapped local file), or a
+    source read in ranges (``objects.Ranged``: an S3 object), which gives
+    ``blocks()`` to scan and is sliced once a chunk.
 
     A final newline ends the last line rather than starting an empty one;
     an inner empty line is a line. Nothing is split into objects up front:
@@ -80,11 +84,18 @@ class LineIndex:
     def __init__(self, data):
         self._data = data
         size = len(data)
-        view = np.frombuffer(data, dtype=np.uint8) if size else np.empty(0, np.uint8)
-        try:
-            ends = [np.flatnonzero(view[at : at + _SCAN] == 10) + at for at in range(0, size, _SCAN)]
-        finally:
-            del view  # a mapped file cannot close while an array still points into it
+        ends = []
+        if hasattr(data, "blocks"):  # read in ranges: scan the blocks as they arrive
+            at = 0
+            for block in data.blocks(_SCAN):
+                ends.append(np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10) + at)
+                at += len(block)
+        elif size:
+            view = np.frombuffer(data, dtype=np.uint8)
+            try:
+                ends = [np.flatnonzero(view[at : at + _SCAN] == 10) + at for at in range(0, size, _SCAN)]
+            finally:
+                del view  # a mapped file cannot close while an array still points into it
         newlines = np.concatenate(ends) if ends else np.empty(0, np.int64)
         if size and (not len(newlines) or newlines[-1] != size - 1):
             newlines = np.append(newlines, size)  # the last line has no newline of its own
@@ -92,13 +103,19 @@ class LineIndex:
         self.total = len(self._ends)
 
     def lines(self, start: int, end: int) -> list[bytes]:
-        """Lines ``[start, end)`` (0-based), each without its newline (nor a ``\\r`` before it)."""
-        out = []
+        """Lines ``[start, end)`` (0-based), each without its newline (nor a ``\\r`` before it): the span they
+        cover is read once (one ranged read from a ranged source)."""
+        end = min(end, self.total)
+        if start >= end:
+            return []
         ends = self._ends
-        begin = 0 if start == 0 else int(ends[start - 1]) + 1
-        for i in range(start, min(end, self.total)):
-            stop = int(ends[i])
-            line = self._data[begin:stop]
+        first = 0 if start == 0 else int(ends[start - 1]) + 1
+        span = self._data[first : int(ends[end - 1])]
+        out = []
+        begin = 0
+        for i in range(start, end):
+            stop = int(ends[i]) - first
+            line = span[begin:stop]
             out.append(line[:-1] if line.endswith(b"\r") else line)
             begin = stop + 1
         return out

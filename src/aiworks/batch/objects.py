@@ -2,8 +2,8 @@
 
 Small objects (a chunk's part, an upload) are read and written whole. A job's
 input and its output files can be gigabytes, so they are not: the input is
-mapped (:func:`mapped`: a local file in place, an S3 object through a
-temporary file), its lines counted in blocks (:func:`count_lines`), and the
+mapped (:func:`mapped`: a local file in place, an S3 object read in ranges
+as it is sliced), its lines counted in blocks (:func:`count_lines`), and the
 output written through a :func:`sink`, a file on disk that becomes the
 object when it is complete.
 
@@ -20,11 +20,12 @@ import mmap
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from aiworks.core.errors import InvalidArgument, NotFound, PayloadTooLarge
+from aiworks.core.errors import AIWorksError, InvalidArgument, NotFound, PayloadTooLarge, Status
 from aiworks.storage.s3 import S3Client
 
 DEFAULT_MAX_BYTES = 8 << 30
@@ -136,38 +137,96 @@ def count_lines(url: str, max_bytes: int = DEFAULT_MAX_BYTES) -> int:
     return lines + (1 if size and last != b"\n" else 0)
 
 
-def local_copy(url: str, max_bytes: int = DEFAULT_MAX_BYTES) -> BinaryIO:
-    """An S3 object downloaded, in blocks, to a temporary file (gone once closed), positioned at its start."""
-    client, key = _s3(url)
-    f = tempfile.TemporaryFile(prefix="aiworks-batch-input-")
-    try:
-        client.download(key, f, max_bytes)
-        f.flush()
-        f.seek(0)
-    except BaseException:
-        f.close()
-        raise
-    return f
+class Ranged:
+    """One version of an S3 object, read in ranges as it is sliced (``obj[a:b]``: one ranged GetObject), and
+    streamed in blocks (:meth:`blocks`) for a scan. Every read names the object's ETag (``If-Match``), so an
+    object replaced while a job reads it is an error that says so, never a mix of two files. A read that
+    fails for the endpoint (5xx, unreachable) is tried again, three times in all."""
+
+    ATTEMPTS = 3
+
+    def __init__(self, url: str, max_bytes: int = DEFAULT_MAX_BYTES):
+        self.url = url
+        self._client, self._key = _s3(url)
+        self.size, self.etag = self._client.head(self._key)
+        if self.size > max_bytes:
+            raise PayloadTooLarge(f"{url} is larger than {max_bytes} bytes")
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, span: slice) -> bytes:
+        start, stop, step = span.indices(self.size)
+        if step != 1:
+            raise ValueError("ranged reads take contiguous slices")
+        for attempt in range(1, self.ATTEMPTS + 1):
+            try:
+                return self._client.read_range(self._key, start, stop, self.etag)
+            except AIWorksError as exc:
+                if exc.status is not Status.UNAVAILABLE or attempt == self.ATTEMPTS:
+                    if "412" in exc.message:
+                        raise InvalidArgument(f"{self.url} was replaced while the job read it ({exc.message})") from None
+                    raise
+                time.sleep(0.5 * 2 ** (attempt - 1))
+        raise AssertionError("unreachable")
+
+    def blocks(self, size: int = _BLOCK) -> Iterator[bytes]:
+        for start in range(0, self.size, size):
+            yield self[start : min(start + size, self.size)]
+
+
+class RangedFile(io.RawIOBase):
+    """A :class:`Ranged` object as a read-only, seekable file (for pyarrow's Parquet reader: the footer, then
+    each row group's column chunks, each one ranged read)."""
+
+    def __init__(self, url: str, max_bytes: int = DEFAULT_MAX_BYTES):
+        super().__init__()
+        self._source = Ranged(url, max_bytes)
+        self._at = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._at
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: self._source.size}[whence]
+        self._at = max(0, base + offset)
+        return self._at
+
+    def readinto(self, buffer) -> int:
+        end = min(self._source.size, self._at + len(buffer))
+        if end <= self._at:
+            return 0
+        data = self._source[self._at : end]
+        buffer[: len(data)] = data
+        self._at += len(data)
+        return len(data)
 
 
 @contextlib.contextmanager
-def mapped(url: str, max_bytes: int = DEFAULT_MAX_BYTES) -> Iterator[mmap.mmap | bytes]:
+def mapped(url: str, max_bytes: int = DEFAULT_MAX_BYTES) -> Iterator[mmap.mmap | bytes | Ranged]:
     """The file's bytes, mapped read-only: pages come from disk as they are read, so a file of gigabytes
-    costs its reader no more memory than the slices it takes. An S3 object is downloaded to a temporary
-    file first (removed on the way out). An empty file is ``b""`` (an empty file cannot be mapped)."""
+    costs its reader no more memory than the slices it takes. An S3 object is read in ranges as it is sliced
+    (:class:`Ranged`: no copy on disk). An empty file is ``b""`` (an empty file cannot be mapped)."""
     check_url(url)
-    with contextlib.ExitStack() as stack:
-        if url.startswith("s3://"):
-            f: BinaryIO = stack.enter_context(local_copy(url, max_bytes))
-        else:
-            path = _local(url)
-            if not path.is_file():
-                raise NotFound(f"input file '{url}' does not exist")
-            f = stack.enter_context(path.open("rb"))
+    if url.startswith("s3://"):
+        source = Ranged(url, max_bytes)
+        yield source if len(source) else b""
+        return
+    path = _local(url)
+    if not path.is_file():
+        raise NotFound(f"input file '{url}' does not exist")
+    with path.open("rb") as f:
         if os.fstat(f.fileno()).st_size == 0:
             yield b""
             return
-        yield stack.enter_context(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            yield data
 
 
 class Sink:

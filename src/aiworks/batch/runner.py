@@ -175,7 +175,7 @@ class BatchRunner:
                 log.warning("batch job %s: lease renewal failed: %s", job_id, exc)
 
     async def _run(self, job: Job) -> None:
-        with contextlib.ExitStack() as inputs:  # the mapped input (and an S3 input's temporary copy) until the end
+        with contextlib.ExitStack() as inputs:  # the mapped input until the end
             try:
                 total, chunks = await asyncio.to_thread(_open_input, job, inputs)
             except AIWorksError as exc:

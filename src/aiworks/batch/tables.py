@@ -166,13 +166,13 @@ def plan(schema, input_columns: dict[str, list[str]]) -> list[InputColumns]:
 
 
 def open_file(url: str):
-    """A ``pyarrow.parquet.ParquetFile``: a local file is read from disk as needed, an S3 object from a
-    temporary copy on disk (removed when the ParquetFile is let go)."""
+    """A ``pyarrow.parquet.ParquetFile``: a local file is read from disk as needed, an S3 object in ranges as
+    needed (the footer, then each row group's column chunks: no copy on disk)."""
     pa, pq = _arrow()
     objects.check_url(url)
     try:
         if url.startswith("s3://"):
-            return pq.ParquetFile(objects.local_copy(url))
+            return pq.ParquetFile(io.BufferedReader(objects.RangedFile(url), buffer_size=1 << 20))
         return pq.ParquetFile(url[len("file://") :] if url.startswith("file://") else url)
     except (pa.ArrowInvalid, OSError) as exc:
         raise InvalidArgument(f"the input file is not a readable Parquet file: {str(exc)[:300]}") from None

@@ -132,13 +132,15 @@ class S3Client:
             url += "?" + "&".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(query.items()))
         return url
 
-    def _open(self, url: str, method: str = "GET", body: bytes | BinaryIO | None = None, length: int | None = None):
+    def _open(self, url: str, method: str = "GET", body: bytes | BinaryIO | None = None, length: int | None = None,
+              extra: Mapping[str, str] | None = None):  # fmt: skip
         headers = {}
         payload = _UNSIGNED if self.config.access_key or body is not None else _EMPTY_SHA256
         if self.config.access_key and self.config.secret_key:
             headers = sigv4_headers(self.config, method, url, payload_hash=payload)
         if length is not None:  # a file as the body: urllib would send it chunked, which S3 refuses
             headers["Content-Length"] = str(length)
+        headers.update(extra or {})  # unsigned headers (Range, If-Match): SigV4 needs only host and x-amz-*
         request = urllib.request.Request(url, data=body, headers=headers, method=method)
         try:
             return urllib.request.urlopen(request, timeout=self.config.timeout_s, context=self._context)
@@ -225,6 +227,27 @@ class S3Client:
         except NotFound:
             return False
         return True
+
+    def head(self, key: str) -> tuple[int, str]:
+        """``(size, ETag)`` of one object (HeadObject)."""
+        with self._open(self._url(key), "HEAD") as reply:
+            reply.read()
+            return int(reply.headers.get("Content-Length", "0")), reply.headers.get("ETag", "")
+
+    def read_range(self, key: str, start: int, end: int, etag: str = "") -> bytes:
+        """Bytes ``[start, end)`` of one object (a ranged GetObject); with ``etag``, only of that version of it
+        (``If-Match``: a 412 from S3, an error here, once the object has been replaced)."""
+        if end <= start:
+            return b""
+        extra = {"Range": f"bytes={start}-{end - 1}"}
+        if etag:
+            extra["If-Match"] = etag
+        with self._open(self._url(key), extra=extra) as reply:
+            data = reply.read()
+        if len(data) != end - start:
+            raise AIWorksError(f"s3://{self.bucket}/{key}: asked for bytes {start}-{end - 1}, got {len(data)}",
+                               Status.UNAVAILABLE)  # fmt: skip
+        return data
 
     def stream(self, key: str) -> Iterator[bytes]:
         """One object's bytes in blocks, as they arrive (GetObject)."""
