@@ -161,3 +161,28 @@ def test_an_s3_input_is_read_in_ranges_of_one_version_and_a_replaced_one_is_name
         s3.put("in/lines.jsonl", b"another file\n")
         with pytest.raises(Exception, match="was replaced while the job read it"):
             index.lines(500, 600)
+
+
+def test_a_job_whose_s3_input_is_replaced_while_it_runs_fails_saying_so(batch_suite, runners, s3, monkeypatch):
+    import time
+
+    import requests
+
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    x = _digits(20_000)
+    s3.put("in/moving.jsonl", _jsonl([_line(i, row) for i, row in enumerate(x)]))
+    job = _submit(batch_suite, input_url="s3://jobs/in/moving.jsonl", output_url="s3://jobs/out/moving.jsonl",
+                  error_url="s3://jobs/out/moving-errors.jsonl", chunk_size=100)  # fmt: skip
+    runners("s3-moving", env=s3.env(), args=("--concurrency", "1"))
+    url, alice = f"{batch_suite.base}/v1/batches/{job.id}", batch_suite.headers("alice")
+    deadline = time.monotonic() + 60
+    while (doc := requests.get(url, headers=alice, timeout=10).json())["request_counts"]["completed"] == 0:
+        assert time.monotonic() < deadline and doc["status"] in ("validating", "in_progress"), doc
+        time.sleep(0.05)
+    assert doc["status"] == "in_progress", doc
+    s3.put("in/moving.jsonl", b"a different file\n")
+    ended = wait_batch(batch_suite, "alice", job.id, lambda d: d["status"] not in ("validating", "in_progress"))
+    assert ended["status"] == "failed", ended
+    message = ended["errors"]["data"][0]["message"]
+    assert "cannot read the input file" in message and "was replaced while the job read it" in message, message

@@ -222,7 +222,9 @@ class BatchRunner:
                     break
                 if not in_flight and not await self._in_progress(job.id):
                     break  # cancelling (or gone) before anything was sent
-                parsed = await asyncio.to_thread(make)
+                parsed = await self._lines(job, make)
+                if parsed is None:
+                    return
                 rows = self._rows_now(pack_rows)
                 in_flight.append((index, asyncio.create_task(self._chunk(job, parsed, headers, rows))))
                 if len(in_flight) == _CHUNKS_IN_FLIGHT:  # the next chunk's lines are queued: record the oldest
@@ -248,7 +250,9 @@ class BatchRunner:
             index, make = expired
             while True:
                 if index not in done:
-                    lines = await asyncio.to_thread(make)
+                    lines = await self._lines(job, make)
+                    if lines is None:
+                        return
                     errors = b"".join(_error_line(line, "batch_expired", reason) for line in lines)
                     unsent[index] = part = part_name(index, "unsent", False, bool(errors))
                     await asyncio.to_thread(_write_part, job, part, b"", errors)
@@ -293,6 +297,16 @@ class BatchRunner:
             BATCH_JOBS_FINISHED.labels("failed").inc()
             return None
         return make
+
+    async def _lines(self, job: Job, make: Callable[[], list[Line]]) -> list[Line] | None:
+        """A chunk's lines (a JSONL chunk is read here: one ranged GET from S3); None, with the job ended
+        ``failed``, when the input cannot be read (replaced under the job, or its store failing)."""
+        try:
+            return await asyncio.to_thread(make)
+        except AIWorksError as exc:
+            await self.store.finish(job.id, "failed", error=f"cannot read the input file: {exc.message}")
+            BATCH_JOBS_FINISHED.labels("failed").inc()
+            return None
 
     async def _chunk(self, job: Job, parsed: list[Line], headers: dict, pack_rows: int = 1) -> tuple[bytes, bytes, int, int]:
         """Send a chunk's lines (neighbours that agree packed into one request, :mod:`aiworks.batch.packing`)."""
