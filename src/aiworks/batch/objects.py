@@ -113,15 +113,20 @@ def delete(url: str) -> None:
     _local(url).unlink(missing_ok=True)
 
 
-def delete_tree(prefix: str) -> None:
-    """Remove everything under ``prefix``: a local folder, or every S3 object whose key starts with it."""
+def delete_tree(prefix: str) -> int:
+    """Remove everything under ``prefix``: a local folder, or every S3 object whose key starts with it; how
+    many files or objects there were."""
     check_url(prefix)
     if prefix.startswith("s3://"):
         client, key = _s3(prefix)
-        for name, _ in list(client.list(key)):
+        names = [name for name, _ in client.list(key)]
+        for name in names:
             client.delete(name)
-        return
-    shutil.rmtree(_local(prefix), ignore_errors=True)
+        return len(names)
+    folder = _local(prefix)
+    count = sum(1 for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
+    shutil.rmtree(folder, ignore_errors=True)
+    return count
 
 
 def count_lines(url: str, max_bytes: int = DEFAULT_MAX_BYTES) -> int:

@@ -447,17 +447,16 @@ class BatchRunner:
         self.seen.pop(job.id, None)
         log.info("batch job %s %s: %d lines answered, %d failed", job.id, final, job.completed, job.failed)
 
-
-    async def _remove_parts(self, job: Job) -> bool:
-        """Remove an ended job's parts, and take it off the sweep list; False (it stays there) when storage
-        refused."""
+    async def _remove_parts(self, job: Job) -> int | None:
+        """Remove an ended job's parts, and take it off the sweep list: how many there were; None (it stays
+        on the list) when storage refused."""
         try:
-            await asyncio.to_thread(objects.delete_tree, parts_prefix(job))
+            removed = await asyncio.to_thread(objects.delete_tree, parts_prefix(job))
         except (AIWorksError, OSError) as exc:
             log.warning("batch job %s: its parts under %s were not removed: %s", job.id, parts_prefix(job), exc)
-            return False
+            return None
         await self.store.swept(job.id)
-        return True
+        return removed
 
     async def _sweep(self) -> bool:
         """Idle: remove the parts of one ended job whose runner did not (it died, or storage refused); False
@@ -468,10 +467,12 @@ class BatchRunner:
         job = await self.store.get(job_id)
         if job is None or job.status not in TERMINAL or not job.output_url:
             return True  # gone, resumed by nobody (not ended), or never had an output: nothing to remove
-        if not await self._remove_parts(job):
+        removed = await self._remove_parts(job)
+        if removed is None:
             await self.store.resweep(job_id)
             return False
-        log.info("batch job %s: removed the parts it left under %s", job_id, parts_prefix(job))
+        if removed:
+            log.info("batch job %s: removed the %d part file(s) left under %s", job_id, removed, parts_prefix(job))
         return True
 
 

@@ -131,14 +131,15 @@ class BatchService:
             raise InvalidArgument(f"order must be 'asc' or 'desc', not '{order[:20]}'")
         page: list[FileRecord] = []
         cursor = after
-        while True:  # a purpose filter may skip records: read on until the page is full or the list ends
-            records = await self.store.list_files(tenant, limit + 1, after=cursor, ascending=order == "asc")
+        step = max(limit + 1, 1000)  # a purpose filter may skip records: read on, a thousand at least a time
+        while True:
+            records = await self.store.list_files(tenant, step, after=cursor, ascending=order == "asc")
             for record in records:
                 if purpose is None or record.purpose == purpose:
                     page.append(record)
                     if len(page) > limit:
                         return page[:limit], True
-            if len(records) <= limit:
+            if len(records) < step:
                 return page, False
             cursor = records[-1].id
 
