@@ -41,7 +41,7 @@ MODULES = {
               "aiworks.batch.tables", "aiworks.batch.objects", "aiworks.storage.s3", "pyarrow.parquet",
               "aiworks.nearline.worker", "aiworks.nearline.queue", "aiworks.nearline.callbacks",
               "aiworks.nearline.delivery", "aiworks.core.logging", "aiworks.core.metrics", "aiworks.probe",
-              "redis.asyncio", "aiohttp"],
+              "redis.asyncio", "aiohttp", "aiworks.security.sealing"],
 }
 # Imported when a Parquet job is submitted (the Batch API's checks): the gateway image carries pyarrow for it.
 MODULES["gateway"] += ["aiworks.batch.service", "aiworks.batch.tables", "pyarrow.parquet"]
