@@ -24,9 +24,10 @@ from .test_batch_jobs import _digits, _jsonl, _line, _soon
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-@pytest.fixture
-def s3(tmp_path):
-    server = SeaweedS3(tmp_path / "s3", bucket="jobs")
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """One SeaweedFS for the module (each start and stop costs seconds); the tests keep to keys of their own."""
+    server = SeaweedS3(tmp_path_factory.mktemp("s3"), bucket="jobs")
     server.start()
     yield server
     server.stop()
@@ -129,15 +130,15 @@ def test_an_object_over_the_single_put_limit_goes_up_in_parts_and_a_failed_one_l
     client = S3Client("jobs", S3Config(endpoint=s3.endpoint, access_key=env["AWS_ACCESS_KEY_ID"],
                                        secret_key=env["AWS_SECRET_ACCESS_KEY"]))  # fmt: skip
     data = bytes(range(256)) * (12 * 4096) + b"tail"  # 12 MiB and 4 bytes: parts of 5, 5 and 2 MiB + 4 bytes
-    client.upload_file("out/big.jsonl", io.BytesIO(data), len(data), single_max=5 << 20, part_bytes=5 << 20)
+    client.upload_file("big/big.jsonl", io.BytesIO(data), len(data), single_max=5 << 20, part_bytes=5 << 20)
     back = io.BytesIO()
-    assert client.download("out/big.jsonl", back, 1 << 30) == len(data) and back.getvalue() == data
-    assert list(client.list("out/")) == [("out/big.jsonl", len(data))]
+    assert client.download("big/big.jsonl", back, 1 << 30) == len(data) and back.getvalue() == data
+    assert list(client.list("big/")) == [("big/big.jsonl", len(data))]
 
     with pytest.raises(Exception, match="the disk went away"):  # (the client names it as the endpoint's failure)
-        client.upload_file("out/broken.jsonl", _Breaks(data, 7 << 20), len(data), single_max=5 << 20,
+        client.upload_file("big/broken.jsonl", _Breaks(data, 7 << 20), len(data), single_max=5 << 20,
                            part_bytes=5 << 20)  # fmt: skip
-    assert not client.exists("out/broken.jsonl")
+    assert not client.exists("big/broken.jsonl")
     with client._open(client._url("", {"uploads": ""})) as reply:  # ListMultipartUploads: none left open
         listing = reply.read().decode()
     assert "<UploadId>" not in listing, listing

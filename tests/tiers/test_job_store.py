@@ -142,7 +142,15 @@ async def test_parts_left_by_a_runner_that_died_after_ending_its_job_are_swept_b
     assert parts.exists()
     runner = BatchRunner(store, BatchSettings(redis_url="redis://unused", gateway_url="http://127.0.0.1:9"))
     try:
+        # The same output resubmitted: while that job runs, the folder holds its parts, and is left to it.
+        again = await BatchService(store, None).submit("t", "digits", str(tmp_path / "in.jsonl"),
+                                                       str(tmp_path / "out.jsonl"), str(tmp_path / "err.jsonl"))  # fmt: skip
+        await store.claim(again.id, "someone-else", 30.0)  # held by a runner elsewhere: not this one's to run
+        assert not await runner.run_once()
+        assert parts.exists()
+        await store.finish(again.id, "cancelled")
         assert not await runner.run_once()  # no job to run: it sweeps one ended job instead
+        assert not await runner.run_once()
         assert not parts.exists()
         assert await store.to_sweep() is None  # swept once: off the list
         assert not await runner.run_once()

@@ -467,6 +467,12 @@ class BatchRunner:
         job = await self.store.get(job_id)
         if job is None or job.status not in TERMINAL or not job.output_url:
             return True  # gone, resumed by nobody (not ended), or never had an output: nothing to remove
+        for other_id in await self.store.active_ids():
+            other = await self.store.get(other_id)
+            if other is not None and other.output_url == job.output_url:
+                # A job resubmitted to the same output writes its parts in the same folder: leave them to it (its
+                # own end removes the folder, this job's leftovers with it).
+                return True
         removed = await self._remove_parts(job)
         if removed is None:
             await self.store.resweep(job_id)
