@@ -427,6 +427,26 @@ def test_the_cli_submits_shows_progress_and_fetches_results(batch_suite, runners
     missing = subprocess.run(cli + ["submit", str(tmp_path / "nope.jsonl"), "-m", "digits"], env=env,
                              capture_output=True, text=True, timeout=30)  # fmt: skip
     assert missing.returncode != 0 and "does not exist" in missing.stderr
+    # Files: listed (all pages), the job's output file written to a file, then deleted; alice sees none of it.
+    out = tmp_path / "out.jsonl"
+    saved = subprocess.run(cli + ["results", doc["id"], "--out", str(out)], env=env, capture_output=True, text=True,
+                           timeout=30)  # fmt: skip
+    assert saved.returncode == 0 and out.read_text() == results.stdout
+    listed = subprocess.run(cli + ["files", "-o", "json"], env=env, capture_output=True, text=True, timeout=30)
+    files = {f["id"]: f for f in json.loads(listed.stdout)}
+    assert files[doc["output_file_id"]]["purpose"] == "batch_output" and files[doc["input_file_id"]]["purpose"] == "batch"
+    table = subprocess.run(cli + ["files", "--purpose", "batch_output"], env=env, capture_output=True, text=True,
+                           timeout=30)  # fmt: skip
+    assert doc["output_file_id"] in table.stdout and doc["input_file_id"] not in table.stdout
+    refused = subprocess.run(cli + ["delete-file", doc["output_file_id"]], env=other, capture_output=True, text=True,
+                             timeout=30)  # fmt: skip
+    assert refused.returncode != 0 and "404" in refused.stderr
+    deleted = subprocess.run(cli + ["delete-file", doc["output_file_id"], doc["input_file_id"]], env=env,
+                             capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert deleted.returncode == 0 and deleted.stdout.splitlines() == [
+        f"{doc['output_file_id']}  deleted", f"{doc['input_file_id']}  deleted"]  # fmt: skip
+    gone = subprocess.run(cli + ["results", doc["id"]], env=env, capture_output=True, text=True, timeout=30)
+    assert gone.returncode != 0 and "404" in gone.stderr
 
 
 def test_aiworks_status_shows_jobs_not_yet_ended(batch_suite):

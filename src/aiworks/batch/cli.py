@@ -8,6 +8,7 @@ goes to stderr, results to stdout; ``-o json`` prints the Batch object.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -19,7 +20,8 @@ _DONE = ("completed", "failed", "cancelled", "expired")
 
 
 def add_batch_parser(sub) -> None:
-    bp = sub.add_parser("batch", help="batch jobs (offline tier): run the runner, submit, status, cancel, results")
+    bp = sub.add_parser("batch", help="batch jobs (offline tier): run the runner, submit, status, cancel, results, "
+                        "files")  # fmt: skip
     actions = bp.add_subparsers(dest="batch_command", metavar="ACTION", required=True)
 
     rn = actions.add_parser("runner", help="run a batch runner: takes jobs from Redis, sends them to the gateway")
@@ -72,6 +74,17 @@ def add_batch_parser(sub) -> None:
     rs.add_argument("--out", help="write to this file instead of stdout")
     client(rs)
     rs.set_defaults(func=cmd_results)
+
+    fl = actions.add_parser("files", help="list your files: uploads and jobs' output and error files")
+    fl.add_argument("--purpose", choices=["batch", "batch_output"], help="only uploads, or only jobs' files")
+    client(fl)
+    fl.set_defaults(func=cmd_files)
+
+    df = actions.add_parser("delete-file", help="delete files from storage (refused while a job not ended reads "
+                            "one)")  # fmt: skip
+    df.add_argument("ids", nargs="+", metavar="FILE_ID", help="file ids (aiworks batch files lists them)")
+    client(df)
+    df.set_defaults(func=cmd_delete_file)
 
 
 # ---- the runner ---------------------------------------------------------------------------------------
@@ -248,8 +261,35 @@ def cmd_results(args) -> None:
     if not file_id:
         which = "error" if args.errors else "output"
         raise SystemExit(f"error: batch {args.id} is {batch['status']} and has no {which} file yet")
-    content = _check(session.get(f"{args.url}/v1/files/{file_id}/content", timeout=300)).content
-    if args.out:
-        Path(args.out).write_bytes(content)
-    else:
-        sys.stdout.buffer.write(content)
+    reply = _check(session.get(f"{args.url}/v1/files/{file_id}/content", timeout=300, stream=True))
+    with reply, (open(args.out, "wb") if args.out else contextlib.nullcontext(sys.stdout.buffer)) as out:
+        for block in reply.iter_content(1 << 20):  # as the gateway streams it: no file held in memory
+            out.write(block)
+
+
+def cmd_files(args) -> None:
+    session = _session(args)
+    files, after = [], ""
+    while True:  # the gateway pages as OpenAI's does
+        query = f"?limit=1000{after}" + (f"&purpose={args.purpose}" if args.purpose else "")
+        page = _check(session.get(f"{args.url}/v1/files{query}", timeout=60)).json()
+        files += page["data"]
+        if not page["has_more"]:
+            break
+        after = f"&after={page['last_id']}"
+    if args.output == "json":
+        print(json.dumps(files, indent=2))
+        return
+    for f in files:
+        created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(f["created_at"]))
+        print(f"{f['id']}  {f['purpose']:<12}  {f['bytes']:>12,} B  {created}  {f['filename']}")
+
+
+def cmd_delete_file(args) -> None:
+    session = _session(args)
+    done = [_check(session.delete(f"{args.url}/v1/files/{file_id}", timeout=60)).json() for file_id in args.ids]
+    if args.output == "json":
+        print(json.dumps(done, indent=2))
+        return
+    for d in done:
+        print(f"{d['id']}  deleted")
