@@ -164,16 +164,17 @@ class Ranged:
         start, stop, step = span.indices(self.size)
         if step != 1:
             raise ValueError("ranged reads take contiguous slices")
-        for attempt in range(1, self.ATTEMPTS + 1):
+        attempt = 1
+        while True:
             try:
                 return self._client.read_range(self._key, start, stop, self.etag)
             except AIWorksError as exc:
+                if exc.status is Status.FAILED_PRECONDITION:  # If-Match: another object under the key now
+                    raise InvalidArgument(f"{self.url} was replaced while the job read it ({exc.message})") from None
                 if exc.status is not Status.UNAVAILABLE or attempt == self.ATTEMPTS:
-                    if "412" in exc.message:
-                        raise InvalidArgument(f"{self.url} was replaced while the job read it ({exc.message})") from None
                     raise
-                time.sleep(0.5 * 2 ** (attempt - 1))
-        raise AssertionError("unreachable")
+            time.sleep(0.5 * 2 ** (attempt - 1))
+            attempt += 1
 
     def blocks(self, size: int = _BLOCK) -> Iterator[bytes]:
         for start in range(0, self.size, size):

@@ -302,4 +302,6 @@ def _error(exc: urllib.error.HTTPError, bucket: str) -> AIWorksError:
         return NotFound(text)
     if exc.code in (401, 403):
         return PermissionDenied(text + "; check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY")
+    if exc.code == 412:  # a condition (If-Match) the object no longer meets
+        return AIWorksError(text, Status.FAILED_PRECONDITION)
     return AIWorksError(text, Status.UNAVAILABLE if exc.code >= 500 else Status.INVALID_ARGUMENT)
