@@ -280,9 +280,10 @@ def cmd_files(args) -> None:
     if args.output == "json":
         print(json.dumps(files, indent=2))
         return
+    width = max((len(f["id"]) for f in files), default=0)  # uploads' ids are shorter than jobs' files'
     for f in files:
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(f["created_at"]))
-        print(f"{f['id']}  {f['purpose']:<12}  {f['bytes']:>12,} B  {created}  {f['filename']}")
+        print(f"{f['id']:<{width}}  {f['purpose']:<12}  {f['bytes']:>12,} B  {created}  {f['filename']}")
 
 
 def cmd_delete_file(args) -> None:
