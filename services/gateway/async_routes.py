@@ -31,7 +31,7 @@ import redis.exceptions as redis
 from starlette.datastructures import Headers
 
 from aiworks.core.errors import AIWorksError, NotFound, PayloadTooLarge, ResourceExhausted, Status, Unavailable
-from aiworks.gateway.batch_routes import caller_credential
+from aiworks.gateway.batch_routes import work_credential
 from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
 from aiworks.gateway.filters import check_body_size
 from aiworks.gateway.http_codec import HEADER_LENGTH, parse_infer_header
@@ -112,6 +112,7 @@ class AsyncInferFront:
     async def _submit(self, model: str, version: str, scope, receive):
         headers = Headers(scope=scope)
         principal = self.dataplane.authenticate(headers)  # before a byte of the body is read
+        self.dataplane.refuse_work_token(principal, "queue asynchronous requests")
         self.dataplane.authorize(principal, model, version)
         limit = request_limit(principal, self.max_request_bytes)
         declared = headers.get("content-length")
@@ -146,7 +147,9 @@ class AsyncInferFront:
             raise ResourceExhausted(f"the asynchronous queue is full ({self.max_backlog} requests)", retry_after_s=1.0)
         path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
         request_id, _ = await self.queue.enqueue(
-            principal.tenant_id, path, parsed.body, caller_credential(headers, principal),
+            principal.tenant_id, path, parsed.body,
+            # A work token, sealed in the queue: it runs this request's inference only, until its record expires.
+            work_credential(self.dataplane, principal, "async", model, self.queue.ttl_s),
             content_type=headers.get("content-type", "application/json"), header_length=parsed.header_length or "",
             deadline_s=deadline_s, callback=callback,
         )  # fmt: skip
@@ -159,6 +162,7 @@ class AsyncInferFront:
 
     async def _result(self, request_id: str, scope):
         principal = self.dataplane.authenticate(Headers(scope=scope))
+        self.dataplane.refuse_work_token(principal, "read asynchronous results")
         record = await self.queue.get(request_id) if request_id else None
         if record is None or record["tenant"].decode() != principal.tenant_id:
             raise NotFound(f"no request '{request_id[:64]}' (results are kept for a limited time)")

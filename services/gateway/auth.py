@@ -50,7 +50,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
-from aiworks.core.errors import InvalidArgument, PermissionDenied, Unauthenticated
+from aiworks.core.errors import Internal, InvalidArgument, PermissionDenied, Unauthenticated
 from aiworks.gateway.tenancy import (
     ANONYMOUS,
     HMAC_ALGORITHMS,
@@ -59,6 +59,7 @@ from aiworks.gateway.tenancy import (
     Tenant,
     load_tenancy,
 )
+from aiworks.security.work_tokens import TokenError, WorkTokens, is_work_token
 
 log = logging.getLogger(__name__)
 
@@ -183,8 +184,15 @@ class Principal:
     """Who a request is: its tenant, how it proved it, and the subject (JWT ``sub`` or the key's hash prefix)."""
 
     tenant: Tenant
-    method: str  # "api_key", "jwt" or "anonymous"
+    method: str  # "api_key", "jwt", "work_token" or "anonymous"
     subject: str = ""
+    key_hash: str = ""  # an API key's full SHA-256 (hex), for the work tokens minted for its calls
+    model: str = ""  # a work token's one model; "" for every other credential (the tenant's models)
+
+    @property
+    def is_work_token(self) -> bool:
+        """A batch job's or queued request's token (:mod:`aiworks.security.work_tokens`): inference only."""
+        return self.method == "work_token"
 
     @property
     def tenant_id(self) -> str:
@@ -215,8 +223,11 @@ def _looks_like_jwt(token: str) -> bool:
 class Authenticator:
     """Resolves credentials to a :class:`Principal`; built once at start-up from the tenancy config."""
 
-    def __init__(self, config: TenancyConfig, jwt_key: bytes | str | None = None, *, token_cache_size: int = 4096):
+    def __init__(self, config: TenancyConfig, jwt_key: bytes | str | None = None, *, token_cache_size: int = 4096,
+                 work_tokens: WorkTokens | None = None):  # fmt: skip
         self.config = config
+        # Mints and verifies the tokens batch jobs and queued requests run with (the credential key file's key).
+        self.work_tokens = work_tokens
         self._keys: dict[bytes, tuple[bytes, Tenant]] = {}
         self._claims: dict[str, Tenant] = {}
         self._jwt_key = None
@@ -256,8 +267,15 @@ class Authenticator:
                 log.warning("tenant '%s' has no API key and JWTs are off: no request can reach it", tenant_id)
 
     @classmethod
-    def from_files(cls, config: TenancyConfig, jwt_key_file: Path | str | None = None) -> Authenticator:
-        return cls(config, load_jwt_key(jwt_key_file) if jwt_key_file else None)
+    def from_files(cls, config: TenancyConfig, jwt_key_file: Path | str | None = None,
+                   credential_key_file: Path | str | None = None) -> Authenticator:  # fmt: skip
+        tokens = None
+        if credential_key_file:
+            try:
+                tokens = WorkTokens.from_file(credential_key_file)
+            except InvalidArgument as exc:
+                raise InvalidArgument(f"AIWORKS_GATEWAY_CREDENTIAL_KEY_FILE: {exc.message}") from None
+        return cls(config, load_jwt_key(jwt_key_file) if jwt_key_file else None, work_tokens=tokens)
 
     @property
     def required(self) -> bool:
@@ -280,13 +298,18 @@ class Authenticator:
                 )
             if not token:
                 raise unauthenticated("authorization header has no bearer token")
+            if is_work_token(token):
+                return self._work_token(token)
             return self._jwt(token) if _looks_like_jwt(token) else self._api_key(token)
         if api_key is not None and api_key.strip():
             return self._api_key(api_key.strip())
         raise unauthenticated("credentials required: send 'authorization: Bearer <API key or JWT>' or 'x-api-key'")
 
     def authorize(self, principal: Principal, model: str) -> None:
-        """PERMISSION_DENIED unless the principal's tenant may use ``model``."""
+        """PERMISSION_DENIED unless the principal's tenant may use ``model`` (a work token: its one model)."""
+        if principal.model and model != principal.model:
+            raise permission_denied(f"a work token may use model '{principal.model}' only, the model of the work "
+                                    "it was minted for")  # fmt: skip
         if not principal.tenant.allows(model):
             raise permission_denied(f"tenant '{principal.tenant_id}' may not use model '{model}'")
 
@@ -304,7 +327,41 @@ class Authenticator:
         # The lookup already matched; the constant-time comparison keeps the check honest if the map changes.
         if found is None or not hmac.compare_digest(found[0], digest):
             raise unauthenticated("API key is not recognised")
-        return Principal(found[1], "api_key", "sha256:" + digest.hex()[:12])
+        hexed = digest.hex()
+        return Principal(found[1], "api_key", "sha256:" + hexed[:12], hexed)
+
+    def mint_work_token(self, principal: Principal, work: str, model: str, lifetime_s: float) -> str | None:
+        """The token a batch job (``work`` "batch") or a queued request ("async") on ``model`` runs with, for
+        ``lifetime_s``; ``None`` for an anonymous caller (demo mode: nothing checks one)."""
+        if principal.method == "anonymous":
+            return None
+        if principal.is_work_token:  # the routes refuse these first; a token never mints a longer-lived one
+            raise permission_denied("a work token cannot submit work")
+        if self.work_tokens is None:
+            raise Internal("this gateway has no credential key file (AIWORKS_GATEWAY_CREDENTIAL_KEY_FILE) to mint "
+                           "the token the work runs with")  # fmt: skip
+        return self.work_tokens.mint(tenant=principal.tenant_id, method=principal.method, subject=principal.subject,
+                                     key=principal.key_hash, work=work, model=model, lifetime_s=lifetime_s)  # fmt: skip
+
+    def _work_token(self, token: str) -> Principal:
+        if self.work_tokens is None:
+            raise unauthenticated("work tokens are not accepted by this gateway (it has no credential key file)")
+        try:
+            claims = self.work_tokens.verify(token)
+        except TokenError as exc:
+            raise unauthenticated(str(exc)) from None
+        tenant = self.config.tenants.get(claims.tenant)
+        if tenant is None:
+            raise unauthenticated(f"the work token's tenant '{claims.tenant}' is no longer in the tenants file")
+        if claims.method == "api_key":
+            try:
+                found = self._keys.get(bytes.fromhex(claims.key))
+            except ValueError:
+                found = None
+            if found is None or found[1].id != tenant.id:
+                raise unauthenticated(f"the API key that submitted this {claims.work} work ({claims.subject}) was "
+                                      "revoked")  # fmt: skip
+        return Principal(tenant, "work_token", claims.subject, model=claims.model)
 
     def _jwt(self, token: str) -> Principal:
         if self._jwt_key is None:

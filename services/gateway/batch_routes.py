@@ -21,7 +21,7 @@ import orjson
 from fastapi import FastAPI, Request
 from starlette.responses import Response, StreamingResponse
 
-from aiworks.batch.service import BatchService, batch_object, parse_endpoint
+from aiworks.batch.service import BatchService, batch_object, check_window, parse_endpoint
 from aiworks.core.errors import InvalidArgument, PayloadTooLarge
 from aiworks.gateway.dataplane import GatewayDataPlane
 from aiworks.gateway.multipart import PART_END, FormStream, Part, boundary_of
@@ -33,18 +33,15 @@ def _json(doc, status: int = 200) -> Response:
     return Response(orjson.dumps(doc), status_code=status, media_type="application/json")
 
 
-def caller_credential(headers, principal) -> str | None:
-    """What the runner sends for this tenant: the caller's own bearer token or API key, as a bearer header.
+def work_credential(dataplane: GatewayDataPlane, principal, work: str, model: str, lifetime_s: float) -> str | None:
+    """What the runner or worker sends for this tenant: a work token the gateway mints now, as a bearer header.
 
-    Only a credential that proved who the caller is: an anonymous caller's (demo mode) headers are not kept,
-    as nothing will check them. The stores seal it (``aiworks.security.sealing``)."""
-    if principal.method == "anonymous":
-        return None
-    authorization = headers.get("authorization")
-    if authorization:
-        return authorization.strip()
-    key = headers.get("x-api-key")
-    return f"Bearer {key.strip()}" if key and key.strip() else None
+    Never the caller's own API key or JWT (:mod:`aiworks.security.work_tokens`): the token runs inference of
+    ``model`` only, expires with the work, and stops working when the submitting API key is revoked. An
+    anonymous caller's (demo mode) work keeps nothing, as nothing will check it. The stores seal it
+    (``aiworks.security.sealing``)."""
+    token = dataplane.tenancy.auth.mint_work_token(principal, work, model, lifetime_s)
+    return f"Bearer {token}" if token else None
 
 
 def add_batch_routes(app: FastAPI, dataplane: GatewayDataPlane, batch: BatchService | None, max_file_bytes: int):
@@ -53,7 +50,9 @@ def add_batch_routes(app: FastAPI, dataplane: GatewayDataPlane, batch: BatchServ
         return
 
     def caller(request: Request):
-        return dataplane.authenticate(request.headers), batch
+        principal = dataplane.authenticate(request.headers)
+        dataplane.refuse_work_token(principal, "use the Batch or Files API")
+        return principal, batch
 
     @app.post("/v1/files")
     async def upload_file(request: Request):
@@ -112,8 +111,10 @@ def add_batch_routes(app: FastAPI, dataplane: GatewayDataPlane, batch: BatchServ
         model, version = parse_endpoint(doc.get("endpoint", ""))
         dataplane.authorize(principal, model, version)
         tenant = principal.tenant
+        # The token lives as long as the job may: its completion window, and a quarter of an hour for its last chunk.
+        lifetime_s = int(check_window(doc.get("completion_window", "24h"))[:-1]) * 3600 + 900
         job = await service.create_batch(
-            tenant.id, doc, caller_credential(request.headers, principal),
+            tenant.id, doc, work_credential(dataplane, principal, "batch", model, lifetime_s),
             requests_per_second=tenant.requests_per_second, burst=tenant.bucket_size if tenant.requests_per_second else 0,
         )  # fmt: skip
         return _json(batch_object(job))

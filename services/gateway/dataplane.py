@@ -118,7 +118,7 @@ class Tenancy:
             audit = AuditLog(None if sink else settings.audit_log, sink=sink, key=key,
                              flush_interval_s=settings.audit_flush_interval_s)  # fmt: skip
         return cls(
-            auth=Authenticator.from_files(config, settings.jwt_key_file),
+            auth=Authenticator.from_files(config, settings.jwt_key_file, settings.credential_key_file),
             filters=InputFilter(
                 limits=InputLimits(
                     max_tensor_elements=settings.max_tensor_elements,
@@ -335,7 +335,14 @@ class GatewayDataPlane:
 
     @staticmethod
     def is_admin(principal: Principal) -> bool:
-        return principal.method == "anonymous" or principal.tenant.admin
+        """An admin tenant's own credential; never a work token (what a job or queued request runs with)."""
+        return principal.method == "anonymous" or (principal.tenant.admin and not principal.is_work_token)
+
+    @staticmethod
+    def refuse_work_token(principal: Principal, what: str) -> None:
+        """403 for a work token where it may not go: it runs its job's or request's inference, nothing else."""
+        if principal.is_work_token:
+            raise PermissionDenied(f"a batch job's or queued request's work token may not {what}; it runs inference only")
 
     def _require_admin(self, principal: Principal, what: str) -> None:
         if not self.is_admin(principal):

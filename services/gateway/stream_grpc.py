@@ -31,6 +31,7 @@ class ResultStreamsServicer(streams_pb2_grpc.ResultStreamsServicer):
     async def Subscribe(self, request, context):
         try:
             principal = self.dataplane.authenticate(context.invocation_metadata())
+            self.dataplane.refuse_work_token(principal, "subscribe to result streams")
             subscription = await self.subscriptions.open(
                 principal.tenant_id, request.name, group=request.group or None, consumer=request.consumer or None,
                 start=request.from_id or None, policy=principal.tenant.stream_policy(request.name),

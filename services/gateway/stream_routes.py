@@ -63,6 +63,7 @@ class StreamFront:
         """Who asks for what, checked; 401, 400, 404 or 429 before the response starts."""
         headers = Headers(scope=scope)
         principal = self.dataplane.authenticate(headers)
+        self.dataplane.refuse_work_token(principal, "subscribe to result streams")
         query = {k: v[-1] for k, v in parse_qs(scope["query_string"].decode("latin-1")).items()}
         return await self.subscriptions.open(
             principal.tenant_id, name, group=query.get("group"), consumer=query.get("consumer") or None,

@@ -280,3 +280,90 @@ def test_key_type_must_fit_the_algorithms(write_yaml, tmp_path):
         jwt_authenticator(write_yaml, "ES256", HMAC_SECRET)
     with pytest.raises(InvalidArgument, match="cannot be read"):
         load_jwt_key(tmp_path / "missing.pem")
+
+
+# ---- work tokens: what batch jobs and queued requests run with -------------------------------------------
+
+CREDENTIAL_KEY = b"credential-key-for-the-work-token-tests-0123456789"
+
+
+def test_work_token_runs_as_its_submitter_after_the_submitters_jwt_expired(write_yaml):
+    from aiworks.security.work_tokens import WorkTokens
+
+    settings = {"algorithms": ["HS256"], "issuer": "idp", "audience": "aiworks"}
+    auth = Authenticator(load_tenancy(write_yaml("t.yaml", tenants_doc(settings))), HMAC_SECRET,
+                         work_tokens=WorkTokens(CREDENTIAL_KEY))  # fmt: skip
+    short = jwt.encode({"tenant": "acme", "sub": "alice", "iss": "idp", "aud": "aiworks", "exp": time.time() + 2},
+                       HMAC_SECRET, algorithm="HS256")  # fmt: skip
+    submitter = auth.authenticate({"authorization": f"Bearer {short}"})
+    token = auth.mint_work_token(submitter, "batch", "digits", 3600)
+    assert token.startswith("aiwt1.") and short not in token and "alice" not in token.split(".")[0]
+    # 50 minutes later the 2-s JWT is long dead (exp is checked by PyJWT's own clock); the work it submitted still runs, as the same tenant and subject.
+    later = time.time() + 3000
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(time, "time", lambda: later)
+        worker = auth.authenticate({"authorization": f"Bearer {token}"})
+        assert (worker.tenant_id, worker.method, worker.subject) == ("acme", "work_token", "alice")
+        assert worker.is_work_token
+        patch.setattr(time, "time", lambda: later + 700)  # past its lifetime: the work outlived its window
+        status, message = status_of(lambda: auth.authenticate({"authorization": f"Bearer {token}"}))
+        assert status is Status.UNAUTHENTICATED and "expired" in message and token not in message
+
+
+def test_work_token_dies_with_its_api_key_and_tenant(config, write_yaml):
+    from aiworks.security.work_tokens import WorkTokens
+
+    tokens = WorkTokens(CREDENTIAL_KEY)
+    auth = Authenticator(config, work_tokens=tokens)
+    token = auth.mint_work_token(auth.authenticate({"x-api-key": KEY_LAB}), "async", "iris", 60)
+    assert KEY_LAB not in token and HASH_LAB.removeprefix("sha256:") in tokens.verify(token).key
+    worker = auth.authenticate({"authorization": f"Bearer {token}"})
+    assert worker.tenant_id == "lab"
+    auth.authorize(worker, "iris")  # its work's model, and no other, even one its tenant may use
+    assert status_of(lambda: auth.authorize(worker, "digits"))[0] is Status.PERMISSION_DENIED
+    acme = auth.mint_work_token(auth.authenticate({"x-api-key": KEY_ACME}), "batch", "iris", 60)
+    status, message = status_of(lambda: auth.authorize(auth.authenticate({"authorization": f"Bearer {acme}"}), "bert"))
+    assert status is Status.PERMISSION_DENIED and "may use model 'iris' only" in message
+    # Another gateway replica with the same credential key file and tenants verifies it too.
+    assert Authenticator(config, work_tokens=WorkTokens(CREDENTIAL_KEY)).authenticate(
+        {"authorization": f"Bearer {token}"}).tenant_id == "lab"  # fmt: skip
+    # The lab's key revoked (gone from the keys file): the work it submitted is refused, naming the key's prefix.
+    revoked = load_tenancy(write_yaml("t2.yaml", tenants_doc()), write_yaml("k2.yaml", {"keys": []}))
+    status, message = status_of(lambda: Authenticator(revoked, work_tokens=tokens).authenticate(
+        {"authorization": f"Bearer {token}"}))  # fmt: skip
+    assert status is Status.UNAUTHENTICATED and "revoked" in message and "sha256:" + HASH_LAB[7:19] in message
+    # The tenant removed: all of its work stops.
+    gone = load_tenancy(write_yaml("t3.yaml", {"tenants": [tenants_doc()["tenants"][0]]}))
+    status, message = status_of(lambda: Authenticator(gone, work_tokens=tokens).authenticate(
+        {"authorization": f"Bearer {token}"}))  # fmt: skip
+    assert status is Status.UNAUTHENTICATED and "'lab' is no longer" in message
+
+
+def test_work_token_forgeries_are_refused(config):
+    from aiworks.security.work_tokens import WorkTokens
+
+    auth = Authenticator(config, work_tokens=WorkTokens(CREDENTIAL_KEY))
+    token = auth.mint_work_token(auth.authenticate({"x-api-key": KEY_LAB}), "batch", "iris", 60)
+    prefix, key_id, payload, mac = token.split(".")
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    claims["t"] = "acme"  # the lab's token made to say acme
+    forged_payload = base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=").decode()
+    cases = {
+        f"{prefix}.{key_id}.{forged_payload}.{mac}": "altered",
+        token[:-4] + ("AAAA" if not token.endswith("AAAA") else "BBBB"): "altered",
+        WorkTokens(b"another-installation-credential-key-0123").mint(
+            tenant="acme", method="jwt", subject="x", work="batch", model="iris", lifetime_s=60): "credential key",
+        "aiwt1.nonsense": "malformed",
+        f"{prefix}.{key_id}.!!!.{mac}": "altered",
+    }
+    for forged, reason in cases.items():
+        status, message = status_of(lambda f=forged: auth.authenticate({"authorization": f"Bearer {f}"}))
+        assert status is Status.UNAUTHENTICATED and reason in message, (forged, message)
+    # A gateway without the credential key file accepts none, and says why.
+    status, message = status_of(lambda: Authenticator(config).authenticate({"authorization": f"Bearer {token}"}))
+    assert status is Status.UNAUTHENTICATED and "no credential key file" in message
+    # A work token never mints another (so it cannot extend its own life); demo mode mints nothing.
+    worker = auth.authenticate({"authorization": f"Bearer {token}"})
+    assert status_of(lambda: auth.mint_work_token(worker, "batch", "iris", 10**6))[0] is Status.PERMISSION_DENIED
+    demo = Authenticator(load_tenancy(None), work_tokens=WorkTokens(CREDENTIAL_KEY))
+    assert demo.mint_work_token(demo.authenticate({}), "batch", "iris", 60) is None

@@ -127,7 +127,8 @@ def test_a_queue_store_that_cannot_be_reached_is_a_503_with_retry_after_not_a_50
     from aiworks.supervisor.supervisor import free_port
 
     queue = AsyncQueue.from_url(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
-    caller = SimpleNamespace(authenticate=lambda headers: SimpleNamespace(tenant_id="t"))
+    caller = SimpleNamespace(authenticate=lambda headers: SimpleNamespace(tenant_id="t"),
+                             refuse_work_token=lambda principal, what: None)  # fmt: skip
     front = AsyncInferFront(None, dataplane=caller, queue=queue, max_request_bytes=1024, max_backlog=1)
     sent = []
 

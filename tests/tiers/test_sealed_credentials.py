@@ -106,3 +106,38 @@ def test_a_runner_or_worker_without_the_key_says_so_rather_than_sending_anything
     answer = _result(batch_suite, "bob", queued.json()["id"])
     assert answer.status_code == 500 and answer.headers["aiworks-request-status"] == "failed"
     assert "no credential key file" in answer.json()["error"], answer.text
+
+
+def test_what_waits_is_a_work_token_that_runs_inference_only(batch_suite):
+    """Opened with the key file, a job's stored credential is a token the gateway minted, not alice's key; it
+    runs her job's model and nothing else (no other model, no Batch or Files API, no async queue, no streams,
+    no results)."""
+    from aiworks.security.sealing import Sealer
+
+    x = _digits(3)
+    job = _submit(batch_suite, "alice", _jsonl([_line(i, row) for i, row in enumerate(x)]))
+    client = redis.Redis.from_url(batch_suite.redis_url, decode_responses=True)
+    try:
+        sealed = client.get(f"aiworks:batch:secret:{job['id']}")
+    finally:
+        client.close()
+    opened = Sealer.from_file(batch_suite.credential_key).open(sealed, f"batch job {job['id']}")
+    assert opened.startswith("Bearer aiwt1.") and batch_suite.keys["alice"] not in opened
+    as_job = {"authorization": opened}
+    base = batch_suite.base
+    answer = requests.post(f"{base}/v2/models/digits/infer", json=_body(x[0]), headers=as_job, timeout=10)
+    assert answer.status_code == 200, answer.text
+    refused = {
+        "batches": requests.get(f"{base}/v1/batches", headers=as_job, timeout=10),
+        "files": requests.get(f"{base}/v1/files", headers=as_job, timeout=10),
+        "async": requests.post(f"{base}/v2/models/digits/infer", json=_body(x[0]),
+                               headers={**as_job, "prefer": "respond-async"}, timeout=10),  # fmt: skip
+        "result": requests.get(f"{base}/v2/requests/req_x", headers=as_job, timeout=10),
+        "stream": requests.get(f"{base}/v2/streams/alarms", headers=as_job, timeout=10),
+    }
+    other = requests.post(f"{base}/v2/models/iris/infer", headers=as_job, timeout=10, json={
+        "inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 4], "data": [5.1, 3.5, 1.4, 0.2]}]})
+    refused["another model of the tenant"] = other
+    for what, response in refused.items():
+        assert response.status_code == 403 and "work token" in response.text, (what, response.text)
+    requests.post(f"{base}/v1/batches/{job['id']}/cancel", headers=batch_suite.headers("alice"), timeout=10)

@@ -7,8 +7,9 @@ Keys (prefix ``aiworks:batch:``):
   (:func:`part_name`; the lines themselves are in the job's storage, next to its output file, so a job of
   millions of lines holds Redis to a few bytes a chunk);
 - ``lease:{id}``: which runner holds the job, with a TTL the runner renews;
-- ``secret:{id}``: the submitter's credential, sent with the job's requests, sealed under the installation's
-  credential key (:mod:`aiworks.security.sealing`) where the store has one; deleted when the job ends;
+- ``secret:{id}``: the job's work token (:mod:`aiworks.security.work_tokens`), sent with its requests,
+  sealed under the installation's credential key (:mod:`aiworks.security.sealing`) where the store has one;
+  deleted when the job ends;
 - ``sweep``: set of ended jobs whose parts may still be in storage (a runner that dies right after ending a
   job leaves them; an idle runner removes them);
 - ``active``: set of jobs not yet ended (``tenant:{t}:active``: a tenant's); ``tenant:{t}:jobs``: a tenant's

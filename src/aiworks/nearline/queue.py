@@ -2,7 +2,8 @@
 
 Keys (prefix ``aiworks:async:``):
 
-- ``requests``: the stream (one entry per request: id, path, body, credential (sealed under the
+- ``requests``: the stream (one entry per request: id, path, body, credential (the request's work token,
+  sealed under the
   installation's credential key where the queue has one: :mod:`aiworks.security.sealing`), the deadline
   and the callback URL), read by the
   consumer group ``workers``; an entry is deleted once its result is stored;

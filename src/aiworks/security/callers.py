@@ -73,15 +73,15 @@ def caller_token(secret: bytes, name: str) -> str:
     return hmac.new(secret, name.encode(), hashlib.sha256).hexdigest()
 
 
-def read_secret(path: Path | str, what: str = "internal token file") -> bytes:
-    """The secret in ``path`` (surrounding whitespace dropped); an error naming the file otherwise."""
+def read_secret(path: Path | str, what: str = "internal token file",
+                maker: str = "`aiworks up` or `aiworks certs --internal-token FILE`") -> bytes:  # fmt: skip
+    """The secret in ``path`` (surrounding whitespace dropped); an error naming the file (and ``maker``, what
+    makes one) otherwise."""
     path = Path(path)
     try:
         data = path.read_bytes().strip()
     except FileNotFoundError:
-        raise InvalidArgument(
-            f"{what} {path} does not exist (`aiworks up` or `aiworks certs --internal-token FILE` makes one)"
-        ) from None
+        raise InvalidArgument(f"{what} {path} does not exist ({maker} makes one)") from None
     except PermissionError:
         raise InvalidArgument(f"{what} {path} is not readable by this process") from None
     except IsADirectoryError:

@@ -1,10 +1,12 @@
 """Callers' credentials kept for later use, sealed at rest under the installation's credential key.
 
 A batch job and a queued asynchronous request run after the call that made
-them, with the submitter's ``Authorization`` value, so tenancy, limits and
-metering apply to them as to the call. That value waits in Redis until a
-batch runner or a nearline worker sends it. It is stored sealed, never in
-clear: a Redis dump, a replica, a backup or ``MONITOR`` shows no API key.
+them, as their submitter, so tenancy, limits and metering apply to them as
+to the call. What they run with (a work token the gateway minted,
+:mod:`aiworks.security.work_tokens`; from a gateway before those, the
+submitter's own ``Authorization`` value) waits in Redis until a batch runner
+or a nearline worker sends it. It is stored sealed, never in clear: a Redis
+dump, a replica, a backup or ``MONITOR`` shows no token and no API key.
 
 Format of a sealed value (ASCII)::
 
@@ -41,6 +43,8 @@ from aiworks.core.errors import AIWorksError, Internal
 from aiworks.security.callers import read_secret
 
 PREFIX = "aiw1."
+# What makes a credential key file, for the error that finds none.
+CREDENTIAL_KEY_MAKER = "`aiworks up --tiers`, the chart's install hook or `aiworks certs --credential-key FILE`"
 _INFO = b"aiworks credential seal v1"
 _NONCE = 12
 
@@ -63,7 +67,7 @@ class Sealer:
 
     @classmethod
     def from_file(cls, path: Path | str) -> Sealer:
-        return cls(read_secret(path, "credential key file"))
+        return cls(read_secret(path, "credential key file", CREDENTIAL_KEY_MAKER))
 
     def _aad(self, key_id: str, context: str) -> bytes:
         return f"{key_id}|{context}".encode()

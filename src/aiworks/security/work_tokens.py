@@ -1,0 +1,134 @@
+"""Work tokens: what a batch job or a queued asynchronous request runs with, minted by the gateway.
+
+Work submitted now runs later: a batch job's lines over hours, a queued
+request when a worker takes it. The runner or worker calls the gateway as the
+submitter, so tenancy, limits, metering and the audit apply. What it sends is
+not the submitter's own API key or JWT but a token the gateway minted at
+submission:
+
+- **It outlives the submitter's JWT.** A job of ten million lines runs longer
+  than a JWT lives; the work was authorized when it was submitted, so it
+  runs to its end (its completion window) however short the JWT was.
+- **It dies with the submitter's API key.** A token minted for a call made
+  with an API key carries that key's SHA-256, and the gateway refuses it once
+  the key is no longer in its tenants file: revoking a key stops the work it
+  submitted. A tenant removed from the file stops all of its work.
+- **It can only run inference, of its work's model.** A gateway refuses it
+  for any other model, for the Batch and Files APIs, for asynchronous
+  submission and results, for result streams and for admin calls, so a token
+  cannot submit more work or mint a longer-lived one.
+- **It is not the submitter's credential.** What waits in Redis (sealed,
+  :mod:`aiworks.security.sealing`) is this token, which expires with the
+  work; the caller's long-lived API key is kept nowhere.
+
+Format (ASCII)::
+
+    aiwt1.<key id: 8 hex>.<base64url of the claims' JSON>.<base64url of HMAC-SHA256>
+
+The HMAC covers everything before its own dot, under a key derived
+(HKDF-SHA256) from the installation's credential key file: every gateway
+replica that holds the file mints and verifies the same tokens. Claims:
+``t`` tenant id, ``m`` how the submitter proved it (``api_key`` or ``jwt``),
+``s`` its subject (the key's hash prefix or the JWT's ``sub``), ``k`` the
+key's full SHA-256 (API keys only), ``w`` what the work is (``batch`` or
+``async``), ``n`` the one model it may use, ``i`` and ``e`` issued and expiry
+(Unix seconds).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from aiworks.security.callers import read_secret
+from aiworks.security.sealing import CREDENTIAL_KEY_MAKER
+
+PREFIX = "aiwt1."
+_INFO = b"aiworks work token v1"
+
+
+class TokenError(ValueError):
+    """A work token that does not verify; the message says why and never holds the token."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkClaims:
+    tenant: str
+    method: str
+    subject: str
+    key: str  # hex SHA-256 of the submitting API key, "" for a JWT
+    work: str
+    model: str
+    issued_at: int
+    expires_at: int
+
+
+def is_work_token(token: str) -> bool:
+    return token.startswith(PREFIX)
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+class WorkTokens:
+    """Mints and verifies work tokens under one key (the credential key file's)."""
+
+    def __init__(self, secret: bytes):
+        self._key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_INFO).derive(secret)
+        self.key_id = hashlib.sha256(self._key).hexdigest()[:8]
+
+    @classmethod
+    def from_file(cls, path: Path | str) -> WorkTokens:
+        return cls(read_secret(path, "credential key file", CREDENTIAL_KEY_MAKER))
+
+    def _mac(self, signed: str) -> bytes:
+        return hmac.new(self._key, signed.encode(), hashlib.sha256).digest()
+
+    def mint(self, *, tenant: str, method: str, subject: str, key: str = "", work: str, model: str,
+             lifetime_s: float, now: float | None = None) -> str:  # fmt: skip
+        issued = int(time.time() if now is None else now)
+        claims = {"t": tenant, "m": method, "s": subject, "w": work, "n": model, "i": issued,
+                  "e": issued + int(lifetime_s) + 1}  # fmt: skip
+        if key:
+            claims["k"] = key
+        signed = f"{PREFIX}{self.key_id}.{_b64(orjson.dumps(claims))}"
+        return f"{signed}.{_b64(self._mac(signed))}"
+
+    def verify(self, token: str, now: float | None = None) -> WorkClaims:
+        """The token's claims; :class:`TokenError` when it is malformed, from another key, altered or expired."""
+        signed, _, mac = token.rpartition(".")
+        parts = signed[len(PREFIX):].split(".")
+        if not token.startswith(PREFIX) or len(parts) != 2:
+            raise TokenError("work token is malformed")
+        key_id, payload = parts
+        if key_id != self.key_id:
+            raise TokenError(f"work token was minted under credential key {key_id[:8]!r}, not this gateway's")
+        try:
+            given = _unb64(mac)
+        except (ValueError, binascii.Error):
+            raise TokenError("work token is malformed") from None
+        if not hmac.compare_digest(given, self._mac(signed)):
+            raise TokenError("work token's signature does not match: it was altered")
+        try:
+            raw = orjson.loads(_unb64(payload))
+            claims = WorkClaims(str(raw["t"]), str(raw["m"]), str(raw.get("s", "")), str(raw.get("k", "")),
+                                str(raw["w"]), str(raw["n"]), int(raw["i"]), int(raw["e"]))  # fmt: skip
+        except (ValueError, KeyError, TypeError, binascii.Error, orjson.JSONDecodeError):
+            raise TokenError("work token's claims are malformed") from None
+        if (time.time() if now is None else now) >= claims.expires_at:
+            raise TokenError(f"work token expired (the {claims.work} work it was minted for outlived its window)")
+        return claims
