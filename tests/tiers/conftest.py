@@ -96,14 +96,19 @@ def batch_suite(model_repository, tmp_path_factory):
         ], "stream_policies": {"patient": "pause"}})  # fmt: skip
     # Asynchronous requests' callbacks (test_nearline_more.py): alice may name this machine, bob no host at all.
     tenants[0]["callbacks"] = {"hosts": ["127.0.0.1"], "secret_file": str(work / "callback-secret")}
+    # JWTs too (HS256, the key in work/jwt-key): a job submitted with a short-lived one outlives it
+    # (test_sealed_credentials.py).
+    (work / "jwt-key").write_text("jwt-hs256-secret-of-the-tier-tests-0123456789\n")
+    jwt_settings = {"algorithms": ["HS256"], "issuer": "tier-tests", "audience": "aiworks", "leeway_s": 0}
     tenants_file = work / "tenants.yaml"
-    tenants_file.write_text(yaml.safe_dump({"tenants": tenants}, sort_keys=False))
+    tenants_file.write_text(yaml.safe_dump({"tenants": tenants, "jwt": jwt_settings}, sort_keys=False))
     env = {
         "AIWORKS_GATEWAY_TENANTS_FILE": str(tenants_file),
         "AIWORKS_GATEWAY_REDIS_URL": redis.url,
         "AIWORKS_GATEWAY_BATCH_FILES_URL": str(work / "files"),
         "AIWORKS_GATEWAY_ASYNC_REQUESTS": "true",
         "AIWORKS_GATEWAY_CREDENTIAL_KEY_FILE": str(work / "credential-key"),
+        "AIWORKS_GATEWAY_JWT_KEY_FILE": str(work / "jwt-key"),
         # Long, for the burst tests; test_nearline_more.py shortens it per request with parameters.timeout.
         "AIWORKS_GATEWAY_ASYNC_DEADLINE_S": "120",
         "AIWORKS_GATEWAY_RESULT_STREAMS": "true",

@@ -49,10 +49,10 @@ def _everything_in(url: str) -> bytes:
     return b"\n".join(out)
 
 
-def _job_doc(batch, job_id: str, until, timeout_s: float = 60.0) -> dict:
+def _job_doc(batch, job_id: str, until, timeout_s: float = 60.0, tenant: str = "bob") -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
-        doc = requests.get(f"{batch.base}/v1/batches/{job_id}", headers=batch.headers("bob"), timeout=10).json()
+        doc = requests.get(f"{batch.base}/v1/batches/{job_id}", headers=batch.headers(tenant), timeout=10).json()
         if until(doc):
             return doc
         assert time.monotonic() < deadline, doc
@@ -141,3 +141,63 @@ def test_what_waits_is_a_work_token_that_runs_inference_only(batch_suite):
     for what, response in refused.items():
         assert response.status_code == 403 and "work token" in response.text, (what, response.text)
     requests.post(f"{base}/v1/batches/{job['id']}/cancel", headers=batch_suite.headers("alice"), timeout=10)
+
+
+def test_a_job_submitted_with_a_short_lived_jwt_runs_to_its_end_after_the_jwt_expired(batch_suite, runners):
+    """The job runs with its work token, not the JWT: before work tokens, every line after the JWT's expiry was
+    a 401. The JWT lives 3 s; no runner starts until it is dead."""
+    import jwt
+
+    from .test_batch_jobs import ENDPOINT, _upload
+
+    secret = (batch_suite.work / "jwt-key").read_bytes().strip()
+    expiry = int(time.time()) + 3
+    short = jwt.encode({"tenant": "bob", "sub": "bob-laptop", "iss": "tier-tests", "aud": "aiworks", "exp": expiry},
+                       secret, algorithm="HS256")  # fmt: skip
+    as_bob = {"authorization": f"Bearer {short}"}
+    x = _digits(10)
+    uploaded = _upload(batch_suite, "bob", _jsonl([_line(i, row) for i, row in enumerate(x)]))
+    reply = requests.post(f"{batch_suite.base}/v1/batches", headers=as_bob, timeout=30,
+                          json={"input_file_id": uploaded["id"], "endpoint": ENDPOINT, "completion_window": "24h"})
+    assert reply.status_code == 200, reply.text
+    time.sleep(max(0.0, expiry + 1.2 - time.time()))
+    expired = requests.get(f"{batch_suite.base}/v1/batches", headers=as_bob, timeout=10)
+    assert expired.status_code == 401 and "expired" in expired.text, expired.text  # the JWT is dead
+    runners("after-the-jwt")
+    done = wait_batch(batch_suite, "bob", reply.json()["id"], lambda d: d["status"] == "completed")
+    assert done["request_counts"] == {"total": 10, "completed": 10, "failed": 0}
+
+
+def test_a_job_whose_token_the_gateway_refuses_stops_and_accounts_for_every_line(batch_suite, runners):
+    """A 401 (the submitting key revoked, the tenant removed, the token from another installation) would refuse
+    every further line the same: the job stops after the chunks in flight and ends failed, saying why, with
+    every line it did not answer in the error file. Here the stored token is swapped for one another
+    installation minted, sealed as the gateway would."""
+    from aiworks.security.sealing import Sealer
+    from aiworks.security.work_tokens import WorkTokens
+
+    from .test_batch_jobs import _content
+
+    x = _digits(1000)
+    job = _submit(batch_suite, "carol", _jsonl([_line(i, row) for i, row in enumerate(x)]), chunk_size=100)
+    foreign = WorkTokens(b"another-installations-credential-key-0123").mint(
+        tenant="carol", method="api_key", subject="sha256:000000000000", work="batch", model="digits",
+        lifetime_s=3600)  # fmt: skip
+    context = f"batch job {job['id']}"
+    client = redis.Redis.from_url(batch_suite.redis_url, decode_responses=True)
+    try:
+        client.set(f"aiworks:batch:secret:{job['id']}",
+                   Sealer.from_file(batch_suite.credential_key).seal(f"Bearer {foreign}", context))  # fmt: skip
+    finally:
+        client.close()
+    runners("refused")
+    ended = _job_doc(batch_suite, job["id"], lambda d: d["status"] not in ("validating", "in_progress"),
+                     tenant="carol")  # fmt: skip
+    assert ended["status"] == "failed", ended
+    message = ended["errors"]["data"][0]["message"]
+    assert "refused the job's credential" in message and "credential key" in message and foreign not in message
+    errors = _content(batch_suite, "carol", ended["error_file_id"])
+    assert sorted(e["line"] for e in errors) == list(range(1, 1001))  # every line, once, with its reason
+    codes = [e["error"]["code"] for e in errors]
+    assert set(codes) == {"401", "credential_refused"} and codes.count("credential_refused") >= 700, codes
+    assert ended["request_counts"]["completed"] == 0

@@ -97,6 +97,9 @@ class BatchRunner:
         self.base_url = settings.gateway_url.rstrip("/")
         self._client: aiohttp.ClientSession | None = None
         self.seen: dict[str, Job] = {}  # jobs not yet ended, as last read (metrics)
+        # Jobs whose credential the gateway refused (401: the submitting API key revoked, the tenant removed, the
+        # token past its window): why. Every further line would be refused the same, so the job stops.
+        self.refused: dict[str, str] = {}
         self._rows_ok, self._rows_failed = BATCH_ROWS.labels("ok"), BATCH_ROWS.labels("failed")
         self.pacer = Pacer(settings.concurrency, tolerance=settings.latency_tolerance, decrease=settings.backoff_factor,
                            adaptive=settings.adaptive, floor=min(settings.min_in_flight, settings.concurrency))  # fmt: skip
@@ -208,7 +211,8 @@ class BatchRunner:
             headers["authorization"] = credential
         pack_rows = await self._pack_rows(job, headers)
         expires_at = job.created_at + int(job.completion_window[:-1]) * 3600
-        expired = None  # the first chunk not run once the completion window ended
+        expired = None  # the first chunk not run once the completion window ended, or the credential was refused
+        self.refused.pop(job.id, None)
         in_flight: deque[tuple[int, asyncio.Task]] = deque()  # the chunks sent and not yet recorded, oldest first
         try:
             for index in range(len(bounds)):
@@ -217,7 +221,7 @@ class BatchRunner:
                     return
                 if index in done:
                     continue
-                if time.time() >= expires_at:
+                if time.time() >= expires_at or job.id in self.refused:
                     expired = index, make
                     break
                 if not in_flight and not await self._in_progress(job.id):
@@ -242,18 +246,24 @@ class BatchRunner:
             for _, task in in_flight:
                 task.cancel()
             await asyncio.gather(*(task for _, task in in_flight), return_exceptions=True)
+        refused = self.refused.pop(job.id, None)
+        if refused is not None and expired is None and await self._in_progress(job.id):
+            expired = len(bounds), None  # refused on the last chunks: every line was sent and recorded; it fails
         unsent = None
         if expired is not None:  # every line not answered goes to the error file: each input line is in one file
             done = await self.store.done_chunks(job.id)
-            reason = f"the job's completion window ({job.completion_window}) ended first"
+            if refused is not None:
+                code, reason = "credential_refused", f"the gateway refused the job's credential: {refused}"
+            else:
+                code, reason = "batch_expired", f"the job's completion window ({job.completion_window}) ended first"
             unsent = {}  # chunk index: its part (error lines only), written now, not recorded
             index, make = expired
-            while True:
+            while index < len(bounds):
                 if index not in done:
                     lines = await self._lines(job, make)
                     if lines is None:
                         return
-                    errors = b"".join(_error_line(line, "batch_expired", reason) for line in lines)
+                    errors = b"".join(_error_line(line, code, reason) for line in lines)
                     unsent[index] = part = part_name(index, "unsent", False, bool(errors))
                     await asyncio.to_thread(_write_part, job, part, b"", errors)
                 index += 1
@@ -262,7 +272,7 @@ class BatchRunner:
                 make = await self._next_chunk(job, chunks)
                 if make is None:
                     return
-        await self._finalize(job.id, unsent)
+        await self._finalize(job.id, unsent, refused)
 
     async def _in_progress(self, job_id: str) -> bool:
         """Whether the job is still to run (not cancelling, not gone); keeps it for the metrics."""
@@ -370,6 +380,8 @@ class BatchRunner:
                 if status in _OVERLOAD:
                     pacer.refused()
                 reason = _gateway_error(status, content)
+                if status == 401:
+                    self.refused.setdefault(job.id, reason)
                 if status not in _TRANSIENT:
                     return status, b"", reason
                 delay = _retry_after(retry_after)
@@ -410,13 +422,14 @@ class BatchRunner:
         max_batch = config.get("max_batch_size", 0) if isinstance(config, dict) else 0
         return max(1, min(self.settings.pack_rows, int(max_batch))) if isinstance(max_batch, int) else 1
 
-    async def _finalize(self, job_id: str, unsent: dict[int, str] | None = None) -> None:
-        """Write the output and error files from the recorded parts; ``unsent``: an expired job's other parts."""
+    async def _finalize(self, job_id: str, unsent: dict[int, str] | None = None, refused: str | None = None) -> None:
+        """Write the output and error files from the recorded parts; ``unsent``: an expired job's other parts
+        (or a job whose credential was refused, ``refused`` saying why: it ends ``failed``, its files kept)."""
         job = await self.store.get(job_id)
         if job is None or job.status in TERMINAL:
             return
         cancelled = job.status == "cancelling"
-        final = "expired" if unsent is not None else "cancelled" if cancelled else "completed"
+        final = "failed" if refused else "expired" if unsent is not None else "cancelled" if cancelled else "completed"
         if final == "completed":
             await self.store.update(job.id, status="finalizing", finalizing_at=time.time())
         parts = await self.store.chunk_parts(job.id)
@@ -437,8 +450,9 @@ class BatchRunner:
         ):
             record = FileRecord(file_id, job.tenant, f"{job.id}-{name}", "batch_output", url, size)
             await self.store.add_file(record)
+        why = {"error": f"the gateway refused the job's credential, so it stopped: {refused}"} if refused else {}
         await self.store.finish(
-            job.id, final, output_file_id=output_file_id(job.id), error_file_id=error_file_id(job.id)
+            job.id, final, output_file_id=output_file_id(job.id), error_file_id=error_file_id(job.id), **why
         )
         # After the job has ended: a runner that dies first leaves parts behind, never a job without them; the
         # job stays on the sweep list, and an idle runner removes them (_sweep).
