@@ -189,7 +189,14 @@ async def test_a_job_past_its_completion_window_expires_with_every_line_in_the_e
     ]
 
 
-async def test_a_job_over_the_tenants_request_rate_for_its_window_is_refused_at_submission(store, tmp_path):
+async def test_a_job_over_the_tenants_request_rate_for_its_window_is_refused_at_submission(store, tmp_path, monkeypatch):
+    """Counted from the upload's lines as they arrived: the file is not read back (on S3, a second full GET)."""
+    import aiworks.batch.service as service_module
+
+    def read_back(*args):
+        raise AssertionError("the upload was read back to count its lines")
+
+    monkeypatch.setattr(service_module, "_count_lines", read_back)
     service = BatchService(store, str(tmp_path / "files"))
     line = b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}]}\n'
     body = {"endpoint": "/v2/models/digits/versions/1/infer", "completion_window": "1h"}
@@ -200,6 +207,7 @@ async def test_a_job_over_the_tenants_request_rate_for_its_window_is_refused_at_
     assert err.value.status.http == 429
     assert await store.active_ids() == []  # nothing queued
     four = await _upload(service, "four.jsonl", line * 3 + line[:-1])  # no final newline: still 4
+    assert (five.lines, four.lines) == (5, 4) and (await store.get_file(four.id)).lines == 4
     job = await service.create_batch("t", {**body, "input_file_id": four.id}, None, **rate)
     assert job.status == "validating"
     unlimited = await service.create_batch("t", {**body, "input_file_id": five.id}, None)  # no rate: no bound

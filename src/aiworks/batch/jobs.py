@@ -154,6 +154,7 @@ class FileRecord:
     url: str
     bytes: int = 0
     created_at: float = 0.0
+    lines: int = -1  # an upload's JSONL lines, counted as it arrived (-1: not known; read the file to count)
 
     def public(self) -> dict:
         """OpenAI's File object; the storage location stays inside."""
@@ -349,4 +350,4 @@ class JobStore:
 
 def _file_record(doc: dict) -> FileRecord:
     return FileRecord(doc["id"], doc["tenant"], doc["filename"], doc["purpose"], doc["url"],
-                      int(doc.get("bytes", 0)), float(doc.get("created_at", 0)))  # fmt: skip
+                      int(doc.get("bytes", 0)), float(doc.get("created_at", 0)), int(doc.get("lines", -1)))  # fmt: skip

@@ -243,6 +243,8 @@ class Sink:
     def __init__(self, url: str):
         check_url(url)
         self.url = url
+        self._newlines = 0  # of what went through write(), so an upload's lines are known without reading it back
+        self._last = b""
         if url.startswith("s3://"):
             self.file: BinaryIO = tempfile.TemporaryFile(prefix="aiworks-batch-output-")
         else:
@@ -252,6 +254,15 @@ class Sink:
 
     def write(self, data: bytes) -> None:
         self.file.write(data)
+        if data:
+            self._newlines += data.count(b"\n")
+            self._last = data[-1:]
+
+    @property
+    def lines(self) -> int:
+        """Lines written through :meth:`write`, counted as :func:`count_lines` counts them (a final newline
+        ends the last line rather than starting one)."""
+        return self._newlines + (1 if self._last not in (b"", b"\n") else 0)
 
     def commit(self) -> int:
         """Make the object what was written; its size."""

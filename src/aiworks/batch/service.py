@@ -104,7 +104,7 @@ class BatchService:
             raise InvalidArgument(f"purpose must be 'batch', not '{purpose[:40]}'")
         size = await asyncio.to_thread(sink.commit)
         name = (filename or "upload.jsonl")[:256]
-        return await self.store.add_file(FileRecord(file_id, tenant, name, purpose, sink.url, size))
+        return await self.store.add_file(FileRecord(file_id, tenant, name, purpose, sink.url, size, lines=sink.lines))
 
     async def file(self, tenant: str, file_id: str) -> FileRecord:
         record = await self.store.get_file(file_id)
@@ -185,7 +185,8 @@ class BatchService:
         form = tables.format_of(record.filename, body.get("format"))
         input_columns = body.get("input_columns")
         if requests_per_second:
-            await self._check_rate(tenant, record.url, window, requests_per_second, burst, form, input_columns)
+            await self._check_rate(tenant, record.url, window, requests_per_second, burst, form, input_columns,
+                                   known_lines=record.lines if form == "jsonl" else -1)  # fmt: skip
         job_id = new_id("batch")
         return await self.submit(
             tenant, model, record.url, self._where(tenant, f"{job_id}/output.{form}"),
@@ -196,11 +197,13 @@ class BatchService:
 
     @staticmethod
     async def _check_rate(tenant: str, url: str, window: str, requests_per_second: float, burst: int,
-                          form: str = "jsonl", input_columns: object = None) -> None:  # fmt: skip
+                          form: str = "jsonl", input_columns: object = None, *, known_lines: int = -1) -> None:  # fmt: skip
+        """429 for a job the tenant's rate could not finish in its window. ``known_lines``: a JSONL upload's
+        lines, counted as it arrived (the file is not read again); -1 reads the file to count them."""
         window_s = int(window[:-1]) * 3600
         allowed = int(burst + requests_per_second * window_s)
         columns = tables.check_mapping(input_columns) if form == "parquet" else None
-        lines = await asyncio.to_thread(_count_lines, url, form, columns)
+        lines = known_lines if known_lines >= 0 else await asyncio.to_thread(_count_lines, url, form, columns)
         if lines > allowed:
             raise ResourceExhausted(
                 f"the job has {lines} lines, more than tenant '{tenant}' may send in its completion window "
