@@ -187,3 +187,36 @@ def test_a_job_whose_s3_input_is_replaced_while_it_runs_fails_saying_so(batch_su
     assert ended["status"] == "failed", ended
     message = ended["errors"]["data"][0]["message"]
     assert "cannot read the input file" in message and "was replaced while the job read it" in message, message
+
+
+def test_a_job_pauses_while_its_s3_store_is_down_and_finishes_when_it_is_back(batch_suite, runners, s3, monkeypatch):
+    """The S3 server stopped mid-job (an outage, not a bad file): the runner pauses the job, keeping its finished
+    chunks, rather than failing it, and the job completes with every line once the server is back. Last in the
+    module: the server is restarted under it."""
+    import time
+
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    x = _digits(3000)
+    s3.put("in/outage.jsonl", _jsonl([_line(i, row) for i, row in enumerate(x)]))
+    job = _submit(batch_suite, input_url="s3://jobs/in/outage.jsonl", output_url="s3://jobs/outage/result.jsonl",
+                  error_url="s3://jobs/outage/errors.jsonl", chunk_size=50)  # fmt: skip
+    # One line a request, one at a time: slow enough to stop the server mid-job.
+    runner = runners("s3-outage", env={**s3.env(), "AIWORKS_BATCH_ADAPTIVE": "false", "AIWORKS_BATCH_CONCURRENCY": "1",
+                                       "AIWORKS_BATCH_PACK_ROWS": "1"})  # fmt: skip
+    wait_batch(batch_suite, "alice", job.id, lambda d: d["chunks"]["done"] >= 3)
+    s3.stop()
+    try:
+        assert _soon(lambda: "paused: cannot" in runner.log.read_text(), timeout_s=60), runner.log.read_text()[-3000:]
+        time.sleep(1.0)
+        held = wait_batch(batch_suite, "alice", job.id, lambda d: True)
+        assert held["status"] == "in_progress" and 3 <= held["chunks"]["done"] < 60, held  # paused, not failed
+    finally:
+        s3.start()
+    done = wait_batch(batch_suite, "alice", job.id, lambda d: d["status"] == "completed", timeout_s=180)
+    assert done["request_counts"] == {"total": 3000, "completed": 3000, "failed": 0}
+    client = S3Client("jobs", S3Config(endpoint=s3.endpoint, access_key=s3.env()["AWS_ACCESS_KEY_ID"],
+                                       secret_key=s3.env()["AWS_SECRET_ACCESS_KEY"]))  # fmt: skip
+    out = io.BytesIO()
+    client.download("outage/result.jsonl", out, 1 << 30)
+    assert [orjson.loads(line)["line"] for line in out.getvalue().splitlines()] == list(range(1, 3001))

@@ -258,3 +258,41 @@ async def test_a_parquet_job_expires_row_by_row_and_an_unreadable_one_fails(stor
         assert failed.status == "failed" and "not a readable Parquet file" in failed.error
     finally:
         await runner.close()
+
+
+async def test_a_job_whose_store_is_down_pauses_and_resumes_and_fails_only_after_its_window(store, tmp_path,
+                                                                                            monkeypatch):  # fmt: skip
+    """An S3 endpoint that cannot be reached (here: nothing listens) is an outage, not a bad file: the job is
+    paused, its lease released, tried again later, and fails only once its completion window has ended."""
+    import time
+
+    from aiworks.batch.runner import BatchRunner
+    from aiworks.batch.settings import BatchSettings
+    from aiworks.supervisor.supervisor import free_port
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{free_port()}")
+    job = await store.create(Job(id="batch_s3down", tenant="t", model="digits", input_url="s3://jobs/in.jsonl",
+                                 output_url=str(tmp_path / "out.jsonl"), error_url=str(tmp_path / "err.jsonl"),
+                                 completion_window="1h", created_at=time.time()), None)  # fmt: skip
+    runner = BatchRunner(store, BatchSettings(redis_url="redis://unused", gateway_url="http://127.0.0.1:9"))
+    try:
+        assert not await runner.run_once()  # paused: nothing done, so the runner waits a poll
+        paused = await store.get(job.id)
+        assert paused.status == "validating" and not paused.error
+        assert job.id in await store.active_ids()
+        assert await store.claim(job.id, "another-runner", 30)  # its lease was released: any runner may resume it
+        await store.release(job.id, "another-runner")
+        until, wait = runner.paused[job.id]
+        assert wait == 2.0 and until > time.monotonic()
+        assert not await runner.run_once() and runner.paused[job.id] == (until, wait)  # not tried again yet
+        runner.paused[job.id] = (0.0, wait)
+        assert not await runner.run_once() and runner.paused[job.id][1] == 4.0  # still down: it waits longer
+        # The window ends while the store is still down: the job fails, saying why.
+        await store.update(job.id, created_at=time.time() - 3601)
+        runner.paused.clear()
+        assert await runner.run_once()
+        failed = await store.get(job.id)
+        assert failed.status == "failed" and "cannot read the input file" in failed.error, failed.error
+        assert "unreachable" in failed.error
+    finally:
+        await runner.close()

@@ -54,7 +54,7 @@ from aiworks.batch.jobs import TERMINAL, FileRecord, Job, JobStore, part_name
 from aiworks.batch.lines import Line, LineIndex, chunk_bounds, parse_line
 from aiworks.batch.pacing import PacedGate, Pacer
 from aiworks.batch.settings import BatchSettings
-from aiworks.core.errors import AIWorksError, InvalidArgument
+from aiworks.core.errors import AIWorksError, InvalidArgument, Status
 from aiworks.core.metrics import BATCH_CHUNKS, BATCH_JOBS_FINISHED, BATCH_ROWS
 from aiworks.core.options import ONLINE_LOAD
 from aiworks.security.sealing import SealError
@@ -85,6 +85,15 @@ class LeaseLost(Exception):
     """Another runner holds the job now."""
 
 
+class StorageUnavailable(Exception):
+    """The job's input or output store cannot be reached now (after its own tries): the job pauses, its lease
+    released and its finished chunks kept, and resumes on a later poll; past its completion window it fails."""
+
+
+# A paused job is tried again after this long, doubling while its store stays down, up to the maximum.
+_PAUSE_FIRST_S, _PAUSE_MAX_S = 2.0, 60.0
+
+
 class BatchRunner:
     """Runs batch jobs one at a time; several runners share the jobs through their leases."""
 
@@ -100,6 +109,8 @@ class BatchRunner:
         # Jobs whose credential the gateway refused (401: the submitting API key revoked, the tenant removed, the
         # token past its window): why. Every further line would be refused the same, so the job stops.
         self.refused: dict[str, str] = {}
+        # Jobs paused on their store (StorageUnavailable): when to try again, and the wait after that.
+        self.paused: dict[str, tuple[float, float]] = {}
         self._rows_ok, self._rows_failed = BATCH_ROWS.labels("ok"), BATCH_ROWS.labels("failed")
         self.pacer = Pacer(settings.concurrency, tolerance=settings.latency_tolerance, decrease=settings.backoff_factor,
                            adaptive=settings.adaptive, floor=min(settings.min_in_flight, settings.concurrency))  # fmt: skip
@@ -146,12 +157,22 @@ class BatchRunner:
             if job is not None:
                 seen[job_id] = job
         self.seen = seen
+        now = time.monotonic()
         for job_id in active:
+            if self.paused.get(job_id, (0.0, 0.0))[0] > now:
+                continue  # its store was down a moment ago; other jobs go first
             if await self.store.claim(job_id, self.runner_id, self.settings.lease_ttl_s):
                 try:
                     await self.run_job(job_id)
+                except StorageUnavailable as exc:
+                    wait = min(self.paused.get(job_id, (0.0, _PAUSE_FIRST_S / 2))[1] * 2, _PAUSE_MAX_S)
+                    self.paused[job_id] = now + wait, wait
+                    log.warning("batch job %s paused: %s; its finished chunks are kept, and it resumes in %.0f s "
+                                "or on another runner", job_id, exc, wait)  # fmt: skip
+                    return False  # nothing done: the runner waits a poll
                 finally:
                     await self.store.release(job_id, self.runner_id)
+                self.paused.pop(job_id, None)
                 return True
         await self._sweep()  # nothing to run: tidy one ended job's leftovers (one a poll)
         return False
@@ -182,8 +203,7 @@ class BatchRunner:
             try:
                 total, chunks = await asyncio.to_thread(_open_input, job, inputs)
             except AIWorksError as exc:
-                await self.store.finish(job.id, "failed", error=f"cannot read the input file: {exc.message}")
-                BATCH_JOBS_FINISHED.labels("failed").inc()
+                await self._unreadable(job, exc)
                 return
             await self._run_chunks(job, total, chunks)
 
@@ -210,7 +230,7 @@ class BatchRunner:
         if credential:
             headers["authorization"] = credential
         pack_rows = await self._pack_rows(job, headers)
-        expires_at = job.created_at + int(job.completion_window[:-1]) * 3600
+        expires_at = _expires_at(job)
         expired = None  # the first chunk not run once the completion window ended, or the credential was refused
         self.refused.pop(job.id, None)
         in_flight: deque[tuple[int, asyncio.Task]] = deque()  # the chunks sent and not yet recorded, oldest first
@@ -286,7 +306,12 @@ class BatchRunner:
         """Wait for a chunk's lines, write them as a part, and record the part in Redis (all or none)."""
         out, err, ok, bad = await task
         part = part_name(index, self.runner_id, bool(out), bool(err))
-        await asyncio.to_thread(_write_part, job, part, out, err)
+        try:
+            await asyncio.to_thread(_write_part, job, part, out, err)
+        except AIWorksError as exc:
+            if exc.status is Status.UNAVAILABLE:  # the chunk is sent again when the job resumes
+                raise StorageUnavailable(f"cannot write the job's results: {exc.message}") from None
+            raise
         recorded = await self.store.record_chunk(job.id, self.runner_id, index, part, ok, bad)
         if recorded < 0:
             raise LeaseLost(job.id)
@@ -303,8 +328,7 @@ class BatchRunner:
             if make is None:
                 raise InvalidArgument("the input file ended before the rows its footer counts")
         except AIWorksError as exc:
-            await self.store.finish(job.id, "failed", error=f"cannot read the input file: {exc.message}")
-            BATCH_JOBS_FINISHED.labels("failed").inc()
+            await self._unreadable(job, exc)
             return None
         return make
 
@@ -314,9 +338,16 @@ class BatchRunner:
         try:
             return await asyncio.to_thread(make)
         except AIWorksError as exc:
-            await self.store.finish(job.id, "failed", error=f"cannot read the input file: {exc.message}")
-            BATCH_JOBS_FINISHED.labels("failed").inc()
+            await self._unreadable(job, exc)
             return None
+
+    async def _unreadable(self, job: Job, exc: AIWorksError) -> None:
+        """The input could not be read: a store that cannot be reached now pauses the job (StorageUnavailable)
+        until its completion window ends; anything else (gone, replaced, malformed) fails it, saying why."""
+        if exc.status is Status.UNAVAILABLE and time.time() < _expires_at(job):
+            raise StorageUnavailable(f"cannot read the input file: {exc.message}")
+        await self.store.finish(job.id, "failed", error=f"cannot read the input file: {exc.message}")
+        BATCH_JOBS_FINISHED.labels("failed").inc()
 
     async def _chunk(self, job: Job, parsed: list[Line], headers: dict, pack_rows: int = 1) -> tuple[bytes, bytes, int, int]:
         """Send a chunk's lines (neighbours that agree packed into one request, :mod:`aiworks.batch.packing`)."""
@@ -439,6 +470,8 @@ class BatchRunner:
         try:
             sizes = await asyncio.to_thread(_write_results, job, ordered)
         except AIWorksError as exc:
+            if exc.status is Status.UNAVAILABLE and time.time() < _expires_at(job):  # written again on resuming
+                raise StorageUnavailable(f"cannot write the results: {exc.message}") from None
             await self.store.finish(job.id, "failed", error=f"cannot write the results: {exc.message}")
             return
         for (file_id, url, name), size in zip(
@@ -512,6 +545,11 @@ def _open_input(job: Job, stack: contextlib.ExitStack) -> tuple[int, Iterator[Ca
             ]
 
     return index.total, chunks()
+
+
+def _expires_at(job: Job) -> float:
+    """The end of the job's completion window (Unix time)."""
+    return job.created_at + int(job.completion_window[:-1]) * 3600
 
 
 def parts_prefix(job: Job) -> str:
