@@ -993,12 +993,14 @@ def tiers() -> Board:
         .panel(
             graph(
                 "Jobs ended and chunks",
-                "Batch jobs ended per second by final status, and chunks recorded.",
+                "Batch jobs ended per second by final status, chunks recorded, and jobs paused because their "
+                "store (S3) could not be reached (they resume by themselves; the runner's log names the error).",
                 "short",
                 w=12,
             ),
             target(rate("aiworks_batch_jobs_finished_total", by="status"), "jobs {{status}}"),
             target(rate("aiworks_batch_chunks_total"), "chunks"),
+            target(rate("aiworks_batch_job_pauses_total"), "pauses (store unreachable)"),
         )
         .row("Result streams")
         .panel(

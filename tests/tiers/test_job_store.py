@@ -274,6 +274,12 @@ async def test_a_job_whose_store_is_down_pauses_and_resumes_and_fails_only_after
     job = await store.create(Job(id="batch_s3down", tenant="t", model="digits", input_url="s3://jobs/in.jsonl",
                                  output_url=str(tmp_path / "out.jsonl"), error_url=str(tmp_path / "err.jsonl"),
                                  completion_window="1h", created_at=time.time()), None)  # fmt: skip
+    from prometheus_client import REGISTRY
+
+    def pauses() -> float:
+        return REGISTRY.get_sample_value("aiworks_batch_job_pauses_total") or 0.0
+
+    before = pauses()
     runner = BatchRunner(store, BatchSettings(redis_url="redis://unused", gateway_url="http://127.0.0.1:9"))
     try:
         assert not await runner.run_once()  # paused: nothing done, so the runner waits a poll
@@ -287,6 +293,7 @@ async def test_a_job_whose_store_is_down_pauses_and_resumes_and_fails_only_after
         assert not await runner.run_once() and runner.paused[job.id] == (until, wait)  # not tried again yet
         runner.paused[job.id] = (0.0, wait)
         assert not await runner.run_once() and runner.paused[job.id][1] == 4.0  # still down: it waits longer
+        assert pauses() - before == 2  # aiworks_batch_job_pauses_total, on the Tiers dashboard
         # The window ends while the store is still down: the job fails, saying why.
         await store.update(job.id, created_at=time.time() - 3601)
         runner.paused.clear()

@@ -55,7 +55,7 @@ from aiworks.batch.lines import Line, LineIndex, chunk_bounds, parse_line
 from aiworks.batch.pacing import PacedGate, Pacer
 from aiworks.batch.settings import BatchSettings
 from aiworks.core.errors import AIWorksError, InvalidArgument, Status
-from aiworks.core.metrics import BATCH_CHUNKS, BATCH_JOBS_FINISHED, BATCH_ROWS
+from aiworks.core.metrics import BATCH_CHUNKS, BATCH_JOB_PAUSES, BATCH_JOBS_FINISHED, BATCH_ROWS
 from aiworks.core.options import ONLINE_LOAD
 from aiworks.security.sealing import SealError
 
@@ -167,6 +167,7 @@ class BatchRunner:
                 except StorageUnavailable as exc:
                     wait = min(self.paused.get(job_id, (0.0, _PAUSE_FIRST_S / 2))[1] * 2, _PAUSE_MAX_S)
                     self.paused[job_id] = now + wait, wait
+                    BATCH_JOB_PAUSES.inc()
                     log.warning("batch job %s paused: %s; its finished chunks are kept, and it resumes in %.0f s "
                                 "or on another runner", job_id, exc, wait)  # fmt: skip
                     return False  # nothing done: the runner waits a poll

@@ -249,6 +249,9 @@ BATCH_CHUNKS = Counter("aiworks_batch_chunks_total", "Chunks of batch jobs recor
 BATCH_JOBS_FINISHED = Counter(
     "aiworks_batch_jobs_finished_total", "Batch jobs this runner ended, by final status.", ["status"]
 )
+BATCH_JOB_PAUSES = Counter(
+    "aiworks_batch_job_pauses_total", "Times this runner paused a batch job because its store could not be reached."
+)  # each pause is logged with the store's error; the job resumes on a later poll
 BATCH_JOB_PROGRESS = "aiworks_batch_job_progress_ratio"  # {job, tenant}: lines done / lines, jobs not yet ended
 BATCH_JOBS_ACTIVE = "aiworks_batch_jobs_active"  # {status}: jobs not yet ended, read from Redis at scrape
 BATCH_IN_FLIGHT_LIMIT = "aiworks_batch_in_flight_limit"  # requests a runner may have in flight now (its AIMD limit)
