@@ -303,3 +303,46 @@ async def test_a_job_whose_store_is_down_pauses_and_resumes_and_fails_only_after
         assert "unreachable" in failed.error
     finally:
         await runner.close()
+
+
+async def test_a_401_that_goes_away_on_a_new_connection_costs_no_line(store, tmp_path):
+    """A rolling upgrade: one gateway replica (from before work tokens) refuses the token, the others accept it.
+    The runner tries a 401 again on a new connection, so the line lands elsewhere; nothing fails, nothing stops."""
+    from aiohttp import web
+
+    from aiworks.batch.runner import BatchRunner
+    from aiworks.batch.settings import BatchSettings
+    from aiworks.supervisor.supervisor import free_port
+
+    peers, refusals = [], [3]
+
+    async def infer(request: web.Request) -> web.Response:
+        peers.append(request.transport.get_extra_info("peername")[1])
+        if refusals[0]:
+            refusals[0] -= 1
+            return web.json_response({"error": "API key is not recognised"}, status=401)
+        answer = {"model_name": "digits", "outputs": [{"name": "y", "datatype": "FP32", "shape": [1], "data": [1.0]}]}
+        return web.json_response(answer)
+
+    app = web.Application()
+    app.router.add_post("/v2/models/digits/infer", infer)
+    runner_app = web.AppRunner(app)
+    await runner_app.setup()
+    port = free_port()
+    await web.TCPSite(runner_app, "127.0.0.1", port).start()
+    (tmp_path / "in.jsonl").write_bytes(b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}]}\n' * 3)
+    job = await BatchService(store, None).submit("t", "digits", str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"),
+                                                 str(tmp_path / "err.jsonl"), chunk_size=3)  # fmt: skip
+    settings = BatchSettings(redis_url="redis://unused", gateway_url=f"http://127.0.0.1:{port}", concurrency=1,
+                             adaptive=False)  # fmt: skip
+    runner = BatchRunner(store, settings)
+    try:
+        assert await runner.run_once()
+    finally:
+        await runner.close()
+        await runner_app.cleanup()
+    done = await store.get(job.id)
+    assert (done.status, done.completed, done.failed) == ("completed", 3, 0), done
+    # Each line's first try on the pooled connection (refused), its second on a new one of its own (answered).
+    assert len(peers) == 6 and len(set(peers[3:])) == 3 and not set(peers[:3]) & set(peers[3:]), peers
+    assert (tmp_path / "err.jsonl").read_bytes() == b""

@@ -105,6 +105,7 @@ class BatchRunner:
         self.on_chunk = on_chunk
         self.base_url = settings.gateway_url.rstrip("/")
         self._client: aiohttp.ClientSession | None = None
+        self._fresh: aiohttp.ClientSession | None = None  # a new connection per request: retries after a 401
         self.seen: dict[str, Job] = {}  # jobs not yet ended, as last read (metrics)
         # Jobs whose credential the gateway refused (401: the submitting API key revoked, the tenant removed, the
         # token past its window): why. Every further line would be refused the same, so the job stops.
@@ -116,24 +117,36 @@ class BatchRunner:
                            adaptive=settings.adaptive, floor=min(settings.min_in_flight, settings.concurrency))  # fmt: skip
         self._gate = PacedGate(self.pacer)  # one for the runner's life: what it learnt holds across chunks and jobs
 
+    def _session(self, force_close: bool = False) -> aiohttp.ClientSession:
+        ssl_context = None
+        if self.settings.ca_file:
+            import ssl
+
+            ssl_context = ssl.create_default_context(cafile=self.settings.ca_file)
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=self.settings.concurrency, ssl=ssl_context, force_close=force_close),
+            timeout=aiohttp.ClientTimeout(total=self.settings.request_timeout_s),
+        )
+
     @property
     def client(self) -> aiohttp.ClientSession:
         """One HTTP session for the runner's life, made on its event loop at first use."""
         if self._client is None:
-            ssl_context = None
-            if self.settings.ca_file:
-                import ssl
-
-                ssl_context = ssl.create_default_context(cafile=self.settings.ca_file)
-            self._client = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.settings.concurrency, ssl=ssl_context),
-                timeout=aiohttp.ClientTimeout(total=self.settings.request_timeout_s),
-            )
+            self._client = self._session()
         return self._client
 
+    @property
+    def fresh_client(self) -> aiohttp.ClientSession:
+        """A session that opens a new connection for each request (and closes it after): a try after a 401
+        reaches the gateway through a new connection, so a load balancer may send it to another replica."""
+        if self._fresh is None:
+            self._fresh = self._session(force_close=True)
+        return self._fresh
+
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.close()
+        for session in (self._client, self._fresh):
+            if session is not None:
+                await session.close()
 
     async def run_forever(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -389,17 +402,20 @@ class BatchRunner:
         """(200, the answer without its signal, "") or (the HTTP status, or 0 unreached; b""; why).
 
         A 429/502/503/504 or no answer is retried with backoff (``Retry-After`` first) for up to
-        ``retry_for_s``; any other answer is final.
+        ``retry_for_s``; a 401 for up to ``auth_retry_s``, each try on a new connection, and then the job is
+        marked refused (it stops); any other answer is final.
         """
         give_up = time.monotonic() + self.settings.retry_for_s
+        auth_give_up = time.monotonic() + self.settings.auth_retry_s
         attempt = 0
         gate, pacer = self._gate, self.pacer
+        client = self.client
         while True:
             attempt += 1
             await gate.acquire()  # per attempt: a line waiting to retry holds no place in flight
             started = time.perf_counter()
             try:
-                async with self.client.post(self.base_url + job.infer_path, data=body, headers=headers) as reply:
+                async with client.post(self.base_url + job.infer_path, data=body, headers=headers) as reply:
                     status, content = reply.status, await reply.read()
                     retry_after = reply.headers.get("retry-after")
             except (aiohttp.ClientError, TimeoutError) as exc:
@@ -413,10 +429,17 @@ class BatchRunner:
                     pacer.refused()
                 reason = _gateway_error(status, content)
                 if status == 401:
-                    self.refused.setdefault(job.id, reason)
-                if status not in _TRANSIENT:
+                    # Refused for the job's token. Tried again for a while first: in a rolling upgrade, a gateway
+                    # from before work tokens refuses one that the others accept. Then the job stops (refused).
+                    delay = min(_MAX_BACKOFF_S, 0.05 * 2**attempt)
+                    client = self.fresh_client  # the next try on a new connection: perhaps another gateway replica
+                    if job.id in self.refused or time.monotonic() + delay > auth_give_up:
+                        self.refused.setdefault(job.id, reason)
+                        return status, b"", reason
+                elif status not in _TRANSIENT:
                     return status, b"", reason
-                delay = _retry_after(retry_after)
+                else:
+                    delay = _retry_after(retry_after)
             finally:
                 gate.release(time.perf_counter() - started)
             delay = delay if delay is not None else min(_MAX_BACKOFF_S, 0.05 * 2**attempt)

@@ -60,6 +60,11 @@ class BatchSettings(BaseSettings):
         600.0, ge=0,
         description="How long one line is retried while the gateway refuses for load (429/503) or is unreachable.",
     )  # fmt: skip
+    auth_retry_s: float = Field(
+        30.0, ge=0,
+        description="How long one line is retried on a 401, each try on a new connection (while a gateway rollout "
+                    "leaves replicas that do not know work tokens); a 401 that lasts stops the job.",
+    )  # fmt: skip
     ca_file: str | None = Field(None, description="CA that signs the gateway's certificate (https://).")
     credential_key_file: str | None = Field(
         None,
