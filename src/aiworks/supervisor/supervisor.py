@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import signal
 import socket
 import ssl
@@ -103,7 +104,39 @@ def _hold_grpc_initialized() -> None:
         _GRPC_HOLD = grpc.insecure_channel("127.0.0.1:9")
 
 
+_HANDED_OUT: set[int] = set()  # ports free_port gave this process: never twice
+_PORT_DRAW = random.Random()
+
+
+def _ephemeral_start() -> int:
+    """The first port of the kernel's ephemeral range (outgoing connections' ports, and bind(0)'s)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now, for a service started in a moment.
+
+    Drawn below the kernel's ephemeral range: the kernel gives ports from that range to outgoing connections,
+    so a port chosen there (as bind(0) chooses) can be taken by any connection the suite makes before the
+    service binds it, and the service then fails to start ("Failed to bind"). Never one this process handed out
+    before, so services started together do not draw the same one. The kernel's choice only when none is free.
+    """
+    top = _ephemeral_start()
+    bottom = max(1024, top - 12000)
+    for _ in range(100 if top > bottom else 0):
+        port = _PORT_DRAW.randint(bottom, top - 1)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
