@@ -21,6 +21,7 @@ import orjson
 from fastapi import FastAPI, Request
 from starlette.responses import Response, StreamingResponse
 
+from aiworks.batch.jobs import window_seconds
 from aiworks.batch.service import BatchService, batch_object, check_window, parse_endpoint
 from aiworks.core.errors import InvalidArgument, PayloadTooLarge
 from aiworks.gateway.dataplane import GatewayDataPlane
@@ -112,7 +113,7 @@ def add_batch_routes(app: FastAPI, dataplane: GatewayDataPlane, batch: BatchServ
         dataplane.authorize(principal, model, version)
         tenant = principal.tenant
         # The token lives as long as the job may: its completion window, and a quarter of an hour for its last chunk.
-        lifetime_s = int(check_window(doc.get("completion_window", "24h"))[:-1]) * 3600 + 900
+        lifetime_s = window_seconds(check_window(doc.get("completion_window", "24h"))) + 900
         job = await service.create_batch(
             tenant.id, doc, work_credential(dataplane, principal, "batch", model, lifetime_s),
             requests_per_second=tenant.requests_per_second, burst=tenant.bucket_size if tenant.requests_per_second else 0,

@@ -119,6 +119,11 @@ class Job:
         version = f"/versions/{self.version}" if self.version else ""
         return f"/v2/models/{self.model}{version}/infer"
 
+    @property
+    def expires_at(self) -> float:
+        """The end of the job's completion window (Unix time): OpenAI's ``expires_at``."""
+        return self.created_at + window_seconds(self.completion_window)
+
     def to_hash(self) -> dict[str, str]:
         doc = asdict(self)
         for name in _JSON_FIELDS:
@@ -141,6 +146,11 @@ class Job:
             else:
                 values[f.name] = raw
         return cls(**values)
+
+
+def window_seconds(window: str) -> int:
+    """A completion window (``"24h"``, checked by the Batch API at submission) in seconds."""
+    return int(window[:-1]) * 3600
 
 
 @dataclass

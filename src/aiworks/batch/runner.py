@@ -244,7 +244,7 @@ class BatchRunner:
         if credential:
             headers["authorization"] = credential
         pack_rows = await self._pack_rows(job, headers)
-        expires_at = _expires_at(job)
+        expires_at = job.expires_at
         expired = None  # the first chunk not run once the completion window ended, or the credential was refused
         self.refused.pop(job.id, None)
         in_flight: deque[tuple[int, asyncio.Task]] = deque()  # the chunks sent and not yet recorded, oldest first
@@ -358,7 +358,7 @@ class BatchRunner:
     async def _unreadable(self, job: Job, exc: AIWorksError) -> None:
         """The input could not be read: a store that cannot be reached now pauses the job (StorageUnavailable)
         until its completion window ends; anything else (gone, replaced, malformed) fails it, saying why."""
-        if exc.status is Status.UNAVAILABLE and time.time() < _expires_at(job):
+        if exc.status is Status.UNAVAILABLE and time.time() < job.expires_at:
             raise StorageUnavailable(f"cannot read the input file: {exc.message}")
         await self.store.finish(job.id, "failed", error=f"cannot read the input file: {exc.message}")
         BATCH_JOBS_FINISHED.labels("failed").inc()
@@ -494,7 +494,7 @@ class BatchRunner:
         try:
             sizes = await asyncio.to_thread(_write_results, job, ordered)
         except AIWorksError as exc:
-            if exc.status is Status.UNAVAILABLE and time.time() < _expires_at(job):  # written again on resuming
+            if exc.status is Status.UNAVAILABLE and time.time() < job.expires_at:  # written again on resuming
                 raise StorageUnavailable(f"cannot write the results: {exc.message}") from None
             await self.store.finish(job.id, "failed", error=f"cannot write the results: {exc.message}")
             return
@@ -569,11 +569,6 @@ def _open_input(job: Job, stack: contextlib.ExitStack) -> tuple[int, Iterator[Ca
             ]
 
     return index.total, chunks()
-
-
-def _expires_at(job: Job) -> float:
-    """The end of the job's completion window (Unix time)."""
-    return job.created_at + int(job.completion_window[:-1]) * 3600
 
 
 def parts_prefix(job: Job) -> str:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 
 from aiworks.batch import objects, tables
-from aiworks.batch.jobs import CANCELLABLE, TERMINAL, FileRecord, Job, JobStore, new_id
+from aiworks.batch.jobs import CANCELLABLE, TERMINAL, FileRecord, Job, JobStore, new_id, window_seconds
 from aiworks.core.errors import AIWorksError, InvalidArgument, NotFound, ResourceExhausted, Status, Unavailable
 from aiworks.core.names import check_model_name, check_version
 
@@ -62,7 +62,7 @@ def batch_object(job: Job) -> dict:
         "input_file_id": job.input_file_id or None, "completion_window": job.completion_window,
         "status": job.status, "output_file_id": job.output_file_id or None, "error_file_id": job.error_file_id or None,
         "created_at": stamp(job.created_at), "in_progress_at": stamp(job.in_progress_at),
-        "expires_at": stamp(job.created_at + int(job.completion_window[:-1]) * 3600),
+        "expires_at": stamp(job.expires_at),
         "finalizing_at": stamp(job.finalizing_at), "completed_at": stamp(job.completed_at),
         "failed_at": stamp(job.failed_at), "expired_at": stamp(job.expired_at),
         "cancelling_at": stamp(job.cancelling_at),
@@ -200,7 +200,7 @@ class BatchService:
                           form: str = "jsonl", input_columns: object = None, *, known_lines: int = -1) -> None:  # fmt: skip
         """429 for a job the tenant's rate could not finish in its window. ``known_lines``: a JSONL upload's
         lines, counted as it arrived (the file is not read again); -1 reads the file to count them."""
-        window_s = int(window[:-1]) * 3600
+        window_s = window_seconds(window)
         allowed = int(burst + requests_per_second * window_s)
         columns = tables.check_mapping(input_columns) if form == "parquet" else None
         lines = known_lines if known_lines >= 0 else await asyncio.to_thread(_count_lines, url, form, columns)
