@@ -45,6 +45,15 @@ def _submit(batch_suite, **kwargs):
     return asyncio.run(go())
 
 
+def _digits_job(batch_suite, s3, monkeypatch, name: str, rows: int, chunk_size: int):
+    """A job of ``rows`` digits lines at ``s3://jobs/in/{name}.jsonl``, its results under ``s3://jobs/{name}/``."""
+    for variable, value in s3.env().items():
+        monkeypatch.setenv(variable, value)  # the submission checks the input exists, with these credentials
+    s3.put(f"in/{name}.jsonl", _jsonl([_line(i, row) for i, row in enumerate(_digits(rows))]))
+    return _submit(batch_suite, input_url=f"s3://jobs/in/{name}.jsonl", output_url=f"s3://jobs/{name}/result.jsonl",
+                   error_url=f"s3://jobs/{name}/errors.jsonl", chunk_size=chunk_size)  # fmt: skip
+
+
 def test_a_job_reads_and_writes_s3(batch_suite, runners, s3, monkeypatch):
     for name, value in s3.env().items():
         monkeypatch.setenv(name, value)  # the submission checks the input exists, with these credentials
@@ -169,12 +178,7 @@ def test_a_job_whose_s3_input_is_replaced_while_it_runs_fails_saying_so(batch_su
 
     import requests
 
-    for name, value in s3.env().items():
-        monkeypatch.setenv(name, value)
-    x = _digits(20_000)
-    s3.put("in/moving.jsonl", _jsonl([_line(i, row) for i, row in enumerate(x)]))
-    job = _submit(batch_suite, input_url="s3://jobs/in/moving.jsonl", output_url="s3://jobs/out/moving.jsonl",
-                  error_url="s3://jobs/out/moving-errors.jsonl", chunk_size=100)  # fmt: skip
+    job = _digits_job(batch_suite, s3, monkeypatch, "moving", 20_000, chunk_size=100)
     runners("s3-moving", env=s3.env(), args=("--concurrency", "1"))
     url, alice = f"{batch_suite.base}/v1/batches/{job.id}", batch_suite.headers("alice")
     deadline = time.monotonic() + 60
@@ -195,12 +199,7 @@ def test_a_job_pauses_while_its_s3_store_is_down_and_finishes_when_it_is_back(ba
     module: the server is restarted under it."""
     import time
 
-    for name, value in s3.env().items():
-        monkeypatch.setenv(name, value)
-    x = _digits(3000)
-    s3.put("in/outage.jsonl", _jsonl([_line(i, row) for i, row in enumerate(x)]))
-    job = _submit(batch_suite, input_url="s3://jobs/in/outage.jsonl", output_url="s3://jobs/outage/result.jsonl",
-                  error_url="s3://jobs/outage/errors.jsonl", chunk_size=50)  # fmt: skip
+    job = _digits_job(batch_suite, s3, monkeypatch, "outage", 3000, chunk_size=50)
     # One line a request, one at a time: slow enough to stop the server mid-job.
     runner = runners("s3-outage", env={**s3.env(), "AIWORKS_BATCH_ADAPTIVE": "false", "AIWORKS_BATCH_CONCURRENCY": "1",
                                        "AIWORKS_BATCH_PACK_ROWS": "1"})  # fmt: skip
