@@ -23,7 +23,9 @@ falling back to ``sub`` only when the tenants file opts in
 happens to equal a tenant id would act as that tenant. The value is a tenant
 id or one of a tenant's ``jwt_subjects``. Verified tokens are remembered (bounded LRU) until they
 expire or for :data:`TOKEN_CACHE_S`, whichever comes first, so a client that
-reuses its token pays for one signature check, not one per request.
+reuses its token pays for one signature check, not one per request. Work
+tokens (what batch jobs and queued requests run with,
+:mod:`aiworks.security.work_tokens`) are remembered the same way.
 
 Failures: no or invalid credentials are UNAUTHENTICATED (401) and say why,
 never echoing the credential; a valid identity without a tenant, or a tenant
@@ -343,11 +345,31 @@ class Authenticator:
         return self.work_tokens.mint(tenant=principal.tenant_id, method=principal.method, subject=principal.subject,
                                      key=principal.key_hash, work=work, model=model, lifetime_s=lifetime_s)  # fmt: skip
 
+    def _cached(self, token: str, now: float) -> Principal | None:
+        """A bearer token verified before and not yet due for another check (JWTs and work tokens)."""
+        cached = self._tokens.get(token)
+        if cached is not None:
+            if cached[1] > now:
+                self._tokens.move_to_end(token)
+                return cached[0]
+            del self._tokens[token]
+        return None
+
+    def _remember(self, token: str, principal: Principal, expires: float) -> Principal:
+        self._tokens[token] = (principal, expires)
+        if len(self._tokens) > self._token_cache_size:
+            self._tokens.popitem(last=False)
+        return principal
+
     def _work_token(self, token: str) -> Principal:
         if self.work_tokens is None:
             raise unauthenticated("work tokens are not accepted by this gateway (it has no credential key file)")
+        now = time.time()
+        cached = self._cached(token, now)  # a job sends the same token with every request: verified once a while
+        if cached is not None:
+            return cached
         try:
-            claims = self.work_tokens.verify(token)
+            claims = self.work_tokens.verify(token, now)
         except TokenError as exc:
             raise unauthenticated(str(exc)) from None
         tenant = self.config.tenants.get(claims.tenant)
@@ -361,18 +383,17 @@ class Authenticator:
             if found is None or found[1].id != tenant.id:
                 raise unauthenticated(f"the API key that submitted this {claims.work} work ({claims.subject}) was "
                                       "revoked")  # fmt: skip
-        return Principal(tenant, "work_token", claims.subject, model=claims.model)
+        principal = Principal(tenant, "work_token", claims.subject, model=claims.model)
+        # The tenants and keys it is checked against are fixed for this authenticator's life.
+        return self._remember(token, principal, min(float(claims.expires_at), now + TOKEN_CACHE_S))
 
     def _jwt(self, token: str) -> Principal:
         if self._jwt_key is None:
             raise unauthenticated("bearer JWTs are not accepted by this gateway; use an API key")
         now = time.time()
-        cached = self._tokens.get(token)
+        cached = self._cached(token, now)
         if cached is not None:
-            if cached[1] > now:
-                self._tokens.move_to_end(token)
-                return cached[0]
-            del self._tokens[token]
+            return cached
         settings = self.config.jwt
         required = ["exp"] + (["iss"] if settings.issuer else []) + (["aud"] if settings.audience else [])
         try:
@@ -402,8 +423,4 @@ class Authenticator:
         if tenant is None:
             raise permission_denied(f"JWT claim '{claim}' is '{value[:64]}', which maps to no tenant")
         principal = Principal(tenant, "jwt", str(claims.get("sub", ""))[:128])
-        expires = min(float(claims["exp"]) + settings.leeway_s, now + TOKEN_CACHE_S)
-        self._tokens[token] = (principal, expires)
-        if len(self._tokens) > self._token_cache_size:
-            self._tokens.popitem(last=False)
-        return principal
+        return self._remember(token, principal, min(float(claims["exp"]) + settings.leeway_s, now + TOKEN_CACHE_S))
