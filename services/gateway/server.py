@@ -71,9 +71,11 @@ def _credential_sealer(settings: GatewaySettings, tenancy: Tenancy) -> Sealer | 
     tiers = bool(settings.batch_files_url or settings.async_requests)
     if settings.credential_key_file is not None:
         try:
-            return Sealer.from_file(settings.credential_key_file)
+            sealer = Sealer.from_file(settings.credential_key_file)
         except AIWorksError as exc:
             raise SystemExit(f"gateway: AIWORKS_GATEWAY_CREDENTIAL_KEY_FILE: {exc.message}") from None
+        log.info("credential key file %s: %s", settings.credential_key_file, sealer.describe())
+        return sealer
     if tiers and not tenancy.demo_mode:
         raise SystemExit(
             "gateway: the Batch API and asynchronous requests keep each caller's credential in Redis until a runner "

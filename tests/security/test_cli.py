@@ -66,6 +66,33 @@ def test_certs_command_as_docker_compose_calls_it(tmp_path, capsys):
     assert "neither a hostname nor an IP" in capsys.readouterr().err
 
 
+def test_certs_rotates_the_credential_key_file_step_by_step(tmp_path, capsys):
+    from aiworks.security.keyring import read_keys
+    from aiworks.security.sealing import Sealer
+
+    key = tmp_path / "credential-key"
+    assert _exit_code("certs", "--credential-key", str(key), "--rotate-credential-key", "stage") == 2
+    assert "does not exist" in capsys.readouterr().err
+    run("certs", "--credential-key", str(key))  # no --out-dir: only the secret file
+    assert "credential key file" in capsys.readouterr().out and not (tmp_path / "ca.crt").exists()
+    first = read_keys(key)
+    run("certs", "--credential-key", str(key), "--rotate-credential-key", "stage")
+    out = capsys.readouterr().out
+    staged = read_keys(key)
+    assert staged[0] == first[0] and len(staged) == 2
+    assert f"seals under credential key {Sealer(first).key_id}; also opens under " in out and "then" in out
+    assert first[0].decode() not in out and staged[1].decode() not in out, "key ids only, never a key"
+    run("certs", "--credential-key", str(key), "--rotate-credential-key", "promote")
+    assert f"seals under credential key {Sealer(staged[1]).key_id}" in capsys.readouterr().out
+    run("certs", "--credential-key", str(key), "--rotate-credential-key", "retire")
+    assert read_keys(key) == [staged[1]] and stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert _exit_code("certs", "--credential-key", str(key), "--rotate-credential-key", "promote") == 2
+    assert "stage a new one before promoting" in capsys.readouterr().err
+    assert _exit_code("certs", "--rotate-credential-key", "at-once") == 2
+    assert "needs --credential-key FILE" in capsys.readouterr().err
+    assert _exit_code("certs") == 2 and "--out-dir is required" in capsys.readouterr().err
+
+
 async def test_audit_verify_command(tmp_path, capsys):
     from aiworks.security.audit import AuditLog
 

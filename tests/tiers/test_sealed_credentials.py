@@ -201,3 +201,63 @@ def test_a_job_whose_token_the_gateway_refuses_stops_and_accounts_for_every_line
     codes = [e["error"]["code"] for e in errors]
     assert set(codes) == {"401", "credential_refused"} and codes.count("credential_refused") >= 700, codes
     assert ended["request_counts"]["completed"] == 0
+
+
+def _stored_credential(batch, job_id: str) -> str:
+    client = redis.Redis.from_url(batch.redis_url, decode_responses=True)
+    try:
+        return client.get(f"aiworks:batch:secret:{job_id}")
+    finally:
+        client.close()
+
+
+def test_work_in_flight_across_a_credential_key_rotation_finishes_and_a_retired_key_opens_nothing(
+    batch_suite, runners, workers
+):
+    """The credential key file rotated at once (a new key seals and mints, the old one still opens and
+    verifies), the gateway restarted on it: a job and a queued request sealed under the old key before the
+    rotation, and a job sealed under the new one after it, all run with a runner and a worker started on the
+    new file. Once the old key is retired and the gateway restarted again, the old key's work token is
+    refused (401, naming why) and the new key's still runs inference."""
+    from aiworks.security.keyring import rotate_file
+    from aiworks.security.sealing import Sealer
+
+    from .test_batch_jobs import _ready
+
+    supervisor = batch_suite.suite.supervisor
+    key_file = batch_suite.credential_key
+    x = _digits(8)
+    before = _submit(batch_suite, "alice", _jsonl([_line(i, row) for i, row in enumerate(x)]))
+    queued = _post(batch_suite, "alice", _body(x[0]))
+    assert queued.status_code == 202, queued.text
+    old_id = Sealer.from_file(key_file).key_id
+    sealed_before = _stored_credential(batch_suite, before["id"])
+    assert sealed_before.startswith(f"aiw1.{old_id}.")
+    old_token = Sealer.from_file(key_file).open(sealed_before, f"batch job {before['id']}")
+
+    rotate_file(key_file, "at-once")
+    supervisor.restart("gateway")
+    _ready(batch_suite)
+    new_id = Sealer.from_file(key_file).key_id
+    assert new_id != old_id
+    after = _submit(batch_suite, "alice", _jsonl([_line(i, row) for i, row in enumerate(x)]))
+    sealed_after = _stored_credential(batch_suite, after["id"])
+    assert sealed_after.startswith(f"aiw1.{new_id}."), "the new key seals after the rotation"
+    new_token = Sealer.from_file(key_file).open(sealed_after, f"batch job {after['id']}")
+
+    runners("rotated")
+    workers("rotated")
+    for job in (before, after):
+        done = wait_batch(batch_suite, "alice", job["id"], lambda d: d["status"] in ("completed", "failed"))
+        assert done["request_counts"] == {"total": 8, "completed": 8, "failed": 0}, done
+    answer = _result(batch_suite, "alice", queued.json()["id"])
+    assert answer.status_code == 200 and answer.headers["aiworks-request-status"] == "completed", answer.text
+
+    rotate_file(key_file, "retire")
+    supervisor.restart("gateway")
+    _ready(batch_suite)
+    infer = f"{batch_suite.base}/v2/models/digits/infer"
+    refused = requests.post(infer, json=_body(x[0]), headers={"authorization": old_token}, timeout=10)
+    assert refused.status_code == 401 and "does not hold" in refused.text, refused.text
+    kept = requests.post(infer, json=_body(x[0]), headers={"authorization": new_token}, timeout=10)
+    assert kept.status_code == 200, kept.text

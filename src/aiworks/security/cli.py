@@ -37,6 +37,13 @@ def cmd_certs(args) -> None:
     from aiworks.core.errors import AIWorksError
     from aiworks.security.certs import DEFAULT_HOSTNAMES, write_certificates
 
+    if args.rotate_credential_key and not args.credential_key:
+        _fail("--rotate-credential-key needs --credential-key FILE, the file to rotate")
+    if not args.out_dir:
+        if args.internal_token or args.credential_key:
+            _secret_files(args)  # only the secrets were asked for
+            return
+        _fail("--out-dir is required to write certificates")
     hostnames = _split(args.hostname) or list(DEFAULT_HOSTNAMES)
     out = Path(args.out_dir)
     wanted = [out / "tls.crt"] + [out / svc / "tls.crt" for svc in _split(args.services)]
@@ -68,11 +75,36 @@ def _secret_files(args) -> None:
         if not value:
             continue
         path = Path(value)
+        if what == "credential key file" and args.rotate_credential_key:
+            _rotate_credential_key(path, args.rotate_credential_key)
+            continue
         try:
             ensure_secret_file(path)
         except (AIWorksError, OSError) as exc:
             _fail(f"cannot write the {what} {path}: {exc}")
         print(f"{what}: {path} (mode 0600; kept when it exists)")
+
+
+def _rotate_credential_key(path: Path, step: str) -> None:
+    """One step of a credential key rotation (:mod:`aiworks.security.keyring`); says what seals now."""
+    from aiworks.core.errors import AIWorksError
+    from aiworks.security.keyring import rotate_file
+    from aiworks.security.sealing import Sealer
+
+    try:
+        keys = rotate_file(path, step)
+    except AIWorksError as exc:
+        _fail(f"cannot rotate: {exc.message}")
+    except OSError as exc:
+        _fail(f"cannot rotate the credential key file {path}: {exc.strerror or exc}")
+    after = {
+        "stage": "roll it out to every gateway, batch runner and nearline worker, then --rotate-credential-key promote",
+        "promote": "roll it out; once what the older key sealed has ended, --rotate-credential-key retire",
+        "retire": "roll it out: what an older key sealed no longer opens",
+        "at-once": "restart every process that reads it; later, --rotate-credential-key retire",
+    }[step]
+    print(f"credential key file {path}: {step}: {len(keys)} key{'s' if len(keys) > 1 else ''}, "
+          f"{Sealer(keys).describe()}; {after}")  # fmt: skip
 
 
 # ---- audit -------------------------------------------------------------------------------------
@@ -272,6 +304,8 @@ def _key_options(p: argparse.ArgumentParser, what: str) -> None:
 
 def add_security_parsers(sub, *, model_command: str = "model") -> None:
     """Register ``certs``, ``audit`` and the model-protection command (``model`` unless renamed)."""
+    from aiworks.security.keyring import ROTATION_STEPS
+
     fmt = argparse.RawDescriptionHelpFormatter
 
     c = sub.add_parser(
@@ -286,10 +320,15 @@ def add_security_parsers(sub, *, model_command: str = "model") -> None:
         "With --internal-token FILE, also FILE (0600): the installation's secret, which the control APIs'\n"
         "bearer tokens and plaintext callers' tokens derive from (kept when it exists).\n"
         "With --credential-key FILE, also FILE (0600): the key the gateway seals callers' credentials under\n"
-        "while their batch jobs and asynchronous requests wait in Redis; the tiers' workers read it too.\n\n"
-        "  aiworks certs --out-dir certs --services gateway,scheduler,runtime,cache,monitor,admin",
+        "while their batch jobs and asynchronous requests wait in Redis; the tiers' workers read it too.\n"
+        "With --rotate-credential-key STEP, rotate FILE's keys instead (docs/security.md, \"Rotating the\n"
+        "credential key\"): stage, promote, retire where processes restart one by one; at-once where they\n"
+        "all restart together. Without --out-dir, only the secret files are written.\n\n"
+        "  aiworks certs --out-dir certs --services gateway,scheduler,runtime,cache,monitor,admin\n"
+        "  aiworks certs --credential-key .aiworks/credential-key --rotate-credential-key at-once",
     )
-    c.add_argument("--out-dir", required=True, help="folder to write the certificates into")
+    c.add_argument("--out-dir", help="folder to write the certificates into (required unless only secret files "
+                   "are asked for)")  # fmt: skip
     c.add_argument(
         "--hostname",
         action="append",
@@ -302,6 +341,11 @@ def add_security_parsers(sub, *, model_command: str = "model") -> None:
     c.add_argument(
         "--credential-key", metavar="FILE",
         help="also write the credential key (the tiers' sealed credentials) to FILE (0600; kept if present)",
+    )  # fmt: skip
+    c.add_argument(
+        "--rotate-credential-key", metavar="STEP", choices=ROTATION_STEPS,
+        help="rotate the keys in --credential-key FILE: stage (a new key that opens only), promote (it seals), "
+        "retire (drop the older keys), at-once (stage and promote)",
     )  # fmt: skip
     c.add_argument("--ca-dir", help="keep ca.crt and ca.key here instead of --out-dir (keep the CA key off servers)")
     c.add_argument(

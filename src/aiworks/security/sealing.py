@@ -20,9 +20,11 @@ id), so a sealed value copied onto another record does not open. The key id
 names which key sealed a value, so a process given another key says so
 rather than sending a wrong credential.
 
-The key file is any secret of at least 16 bytes: ``aiworks up`` makes one
-(``ensure_secret_file``), the chart's install hook keeps one in a Secret, and
-``aiworks certs --credential-key FILE`` makes one for compose.
+The key file holds one secret of at least 16 bytes per line: ``aiworks up``
+makes one (``ensure_secret_file``), the chart's install hook keeps one in a
+Secret, and ``aiworks certs --credential-key FILE`` makes one for compose.
+The first line seals; the others still open what they sealed before a
+rotation (:mod:`aiworks.security.keyring`).
 """
 
 from __future__ import annotations
@@ -40,11 +42,9 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from aiworks.core.errors import AIWorksError, Internal
-from aiworks.security.callers import read_secret
+from aiworks.security.keyring import read_keys
 
 PREFIX = "aiw1."
-# What makes a credential key file, for the error that finds none.
-CREDENTIAL_KEY_MAKER = "`aiworks up --tiers`, the chart's install hook or `aiworks certs --credential-key FILE`"
 _INFO = b"aiworks credential seal v1"
 _NONCE = 12
 
@@ -58,23 +58,32 @@ def is_sealed(value: str) -> bool:
 
 
 class Sealer:
-    """Seals and opens credentials under one key; ``context`` binds a sealed value to its record."""
+    """Seals under the ring's current key and opens under any of its keys (:mod:`aiworks.security.keyring`);
+    ``context`` binds a sealed value to its record."""
 
-    def __init__(self, secret: bytes):
-        key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_INFO).derive(secret)
-        self.key_id = hashlib.sha256(key).hexdigest()[:8]
-        self._aead = AESGCM(key)
+    def __init__(self, keys: bytes | list[bytes]):
+        self._aeads: dict[str, AESGCM] = {}
+        for secret in [keys] if isinstance(keys, bytes) else keys:
+            key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_INFO).derive(secret)
+            self._aeads.setdefault(hashlib.sha256(key).hexdigest()[:8], AESGCM(key))
+        self.key_id = next(iter(self._aeads))  # the current key's: what seal() uses
+        self.key_ids = tuple(self._aeads)
 
     @classmethod
     def from_file(cls, path: Path | str) -> Sealer:
-        return cls(read_secret(path, "credential key file", CREDENTIAL_KEY_MAKER))
+        return cls(read_keys(path))
+
+    def describe(self) -> str:
+        """The ring for a start-up log line: key ids only, never a key."""
+        others = self.key_ids[1:]
+        return f"seals under credential key {self.key_id}" + (f"; also opens under {', '.join(others)}" if others else "")
 
     def _aad(self, key_id: str, context: str) -> bytes:
         return f"{key_id}|{context}".encode()
 
     def seal(self, credential: str, context: str) -> str:
         nonce = os.urandom(_NONCE)
-        sealed = self._aead.encrypt(nonce, credential.encode(), self._aad(self.key_id, context))
+        sealed = self._aeads[self.key_id].encrypt(nonce, credential.encode(), self._aad(self.key_id, context))
         return f"{PREFIX}{self.key_id}.{base64.urlsafe_b64encode(nonce + sealed).decode()}"
 
     def open(self, sealed: str, context: str) -> str:
@@ -83,13 +92,16 @@ class Sealer:
             raw = base64.urlsafe_b64decode(blob.encode())
         except (ValueError, binascii.Error):
             raise SealError(f"the stored credential of {context} is not a sealed value") from None
-        if key_id != self.key_id:
+        aead = self._aeads.get(key_id)
+        if aead is None:
+            held = ", ".join(self.key_ids)
             raise SealError(
-                f"the credential of {context} was sealed under credential key {key_id}, and this process holds "
-                f"key {self.key_id}: give it the same credential key file as the gateway"
+                f"the credential of {context} was sealed under credential key {key_id[:8]}, and this process holds "
+                f"key{'s' if len(self.key_ids) > 1 else ''} {held}: give it the gateway's credential key file (a "
+                "retired key opens nothing)"
             )
         try:
-            return self._aead.decrypt(raw[:_NONCE], raw[_NONCE:], self._aad(key_id, context)).decode()
+            return aead.decrypt(raw[:_NONCE], raw[_NONCE:], self._aad(key_id, context)).decode()
         except (InvalidTag, ValueError):
             raise SealError(f"the sealed credential of {context} does not open: it was changed, or belongs to "
                             "another record") from None  # fmt: skip
@@ -123,6 +135,8 @@ def load_sealer(path: str | Path | None, variable: str, what: str) -> Sealer | N
         )
         return None
     try:
-        return Sealer.from_file(path)
+        sealer = Sealer.from_file(path)
     except AIWorksError as exc:
         raise SystemExit(f"error: {variable}: {exc.message}") from None
+    logging.getLogger(__name__).info("credential key file %s: %s", path, sealer.describe())
+    return sealer

@@ -27,7 +27,9 @@ Format (ASCII)::
 
 The HMAC covers everything before its own dot, under a key derived
 (HKDF-SHA256) from the installation's credential key file: every gateway
-replica that holds the file mints and verifies the same tokens. Claims:
+replica that holds the file mints and verifies the same tokens. The file's
+first key mints; its other keys still verify, so a rotation
+(:mod:`aiworks.security.keyring`) does not stop work in flight. Claims:
 ``t`` tenant id, ``m`` how the submitter proved it (``api_key`` or ``jwt``),
 ``s`` its subject (the key's hash prefix or the JWT's ``sub``), ``k`` the
 key's full SHA-256 (API keys only), ``w`` what the work is (``batch`` or
@@ -49,8 +51,7 @@ import orjson
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from aiworks.security.callers import read_secret
-from aiworks.security.sealing import CREDENTIAL_KEY_MAKER
+from aiworks.security.keyring import read_keys
 
 PREFIX = "aiwt1."
 _INFO = b"aiworks work token v1"
@@ -85,18 +86,23 @@ def _unb64(text: str) -> bytes:
 
 
 class WorkTokens:
-    """Mints and verifies work tokens under one key (the credential key file's)."""
+    """Mints under the credential key file's current key, verifies under any of its keys
+    (:mod:`aiworks.security.keyring`): a token minted before a rotation runs to its end."""
 
-    def __init__(self, secret: bytes):
-        self._key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_INFO).derive(secret)
-        self.key_id = hashlib.sha256(self._key).hexdigest()[:8]
+    def __init__(self, keys: bytes | list[bytes]):
+        self._keys: dict[str, bytes] = {}
+        for secret in [keys] if isinstance(keys, bytes) else keys:
+            key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_INFO).derive(secret)
+            self._keys.setdefault(hashlib.sha256(key).hexdigest()[:8], key)
+        self.key_id = next(iter(self._keys))  # the current key's: what mint() uses
+        self.key_ids = tuple(self._keys)
 
     @classmethod
     def from_file(cls, path: Path | str) -> WorkTokens:
-        return cls(read_secret(path, "credential key file", CREDENTIAL_KEY_MAKER))
+        return cls(read_keys(path))
 
-    def _mac(self, signed: str) -> bytes:
-        return hmac.new(self._key, signed.encode(), hashlib.sha256).digest()
+    def _mac(self, signed: str, key_id: str | None = None) -> bytes:
+        return hmac.new(self._keys[key_id or self.key_id], signed.encode(), hashlib.sha256).digest()
 
     def mint(self, *, tenant: str, method: str, subject: str, key: str = "", work: str, model: str,
              lifetime_s: float, now: float | None = None) -> str:  # fmt: skip
@@ -115,13 +121,14 @@ class WorkTokens:
         if not token.startswith(PREFIX) or len(parts) != 2:
             raise TokenError("work token is malformed")
         key_id, payload = parts
-        if key_id != self.key_id:
-            raise TokenError(f"work token was minted under credential key {key_id[:8]!r}, not this gateway's")
+        if key_id not in self._keys:
+            raise TokenError(f"work token was minted under credential key {key_id[:8]!r}, which this gateway does "
+                             "not hold (another installation's, or retired)")
         try:
             given = _unb64(mac)
         except (ValueError, binascii.Error):
             raise TokenError("work token is malformed") from None
-        if not hmac.compare_digest(given, self._mac(signed)):
+        if not hmac.compare_digest(given, self._mac(signed, key_id)):
             raise TokenError("work token's signature does not match: it was altered")
         try:
             raw = orjson.loads(_unb64(payload))
