@@ -74,7 +74,8 @@ def _credential_sealer(settings: GatewaySettings, tenancy: Tenancy) -> Sealer | 
             sealer = Sealer.from_file(settings.credential_key_file)
         except AIWorksError as exc:
             raise SystemExit(f"gateway: AIWORKS_GATEWAY_CREDENTIAL_KEY_FILE: {exc.message}") from None
-        log.info("credential key file %s: %s", settings.credential_key_file, sealer.describe())
+        log.info("credential key file %s: %s; %s", settings.credential_key_file, sealer.describe(),
+                 tenancy.auth.work_tokens.describe() if tenancy.auth.work_tokens else "no work tokens")
         return sealer
     if tiers and not tenancy.demo_mode:
         raise SystemExit(

@@ -80,10 +80,10 @@ def test_certs_rotates_the_credential_key_file_step_by_step(tmp_path, capsys):
     out = capsys.readouterr().out
     staged = read_keys(key)
     assert staged[0] == first[0] and len(staged) == 2
-    assert f"seals under credential key {Sealer(first).key_id}; also opens under " in out and "then" in out
+    assert f"credential key ids {Sealer(first).key_id} (seals), {Sealer(staged[1:]).key_id} (opens only)" in out
     assert first[0].decode() not in out and staged[1].decode() not in out, "key ids only, never a key"
     run("certs", "--credential-key", str(key), "--rotate-credential-key", "promote")
-    assert f"seals under credential key {Sealer(staged[1]).key_id}" in capsys.readouterr().out
+    assert f"credential key ids {Sealer(staged[1]).key_id} (seals), " in capsys.readouterr().out
     run("certs", "--credential-key", str(key), "--rotate-credential-key", "retire")
     assert read_keys(key) == [staged[1]] and stat.S_IMODE(key.stat().st_mode) == 0o600
     assert _exit_code("certs", "--credential-key", str(key), "--rotate-credential-key", "promote") == 2

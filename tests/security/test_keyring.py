@@ -56,7 +56,10 @@ def test_what_an_older_key_sealed_opens_until_it_is_retired_and_then_names_the_i
     assert sealer.key_ids == (Sealer(ring[:1]).key_id, Sealer(old).key_id)
     assert sealer.seal(CREDENTIAL, "x").startswith(f"aiw1.{sealer.key_id}.")
     assert WorkTokens(ring).mint(**CLAIMS).startswith(f"aiwt1.{WorkTokens(ring).key_id}.")
-    assert sealer.describe() == f"seals under credential key {sealer.key_ids[0]}; also opens under {sealer.key_ids[1]}"
+    assert sealer.describe() == f"credential key ids {sealer.key_ids[0]} (seals), {sealer.key_ids[1]} (opens only)"
+    tokens = WorkTokens(ring)
+    assert tokens.describe() == f"work tokens: credential key ids {tokens.key_ids[0]} (mints), {tokens.key_ids[1]} " \
+        "(verifies only)"
     retired = Sealer(rotated(ring, "retire"))
     with pytest.raises(SealError) as caught:
         retired.open(sealed, "request req_1")

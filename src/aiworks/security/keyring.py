@@ -46,6 +46,12 @@ ROTATION_STEPS = ("stage", "promote", "retire", "at-once")
 _MIN_BYTES = 16
 
 
+def describe_ring(key_ids: tuple[str, ...], first_does: str) -> str:
+    """``credential key ids a1b2c3d4 (seals), e5f6a7b8 (opens only)``: for log lines and messages, never a key."""
+    others = "".join(f", {key_id} ({'opens' if first_does == 'seals' else 'verifies'} only)" for key_id in key_ids[1:])
+    return f"credential key ids {key_ids[0]} ({first_does}){others}"
+
+
 def parse_keys(data: bytes, where: str = "credential key file") -> list[bytes]:
     """The ring in a key file's bytes: its non-blank lines, stripped, first the current; duplicates once."""
     keys: list[bytes] = []

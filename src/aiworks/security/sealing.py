@@ -42,7 +42,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from aiworks.core.errors import AIWorksError, Internal
-from aiworks.security.keyring import read_keys
+from aiworks.security.keyring import describe_ring, read_keys
 
 PREFIX = "aiw1."
 _INFO = b"aiworks credential seal v1"
@@ -75,8 +75,7 @@ class Sealer:
 
     def describe(self) -> str:
         """The ring for a start-up log line: key ids only, never a key."""
-        others = self.key_ids[1:]
-        return f"seals under credential key {self.key_id}" + (f"; also opens under {', '.join(others)}" if others else "")
+        return describe_ring(self.key_ids, "seals")
 
     def _aad(self, key_id: str, context: str) -> bytes:
         return f"{key_id}|{context}".encode()

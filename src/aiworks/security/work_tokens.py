@@ -51,7 +51,7 @@ import orjson
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from aiworks.security.keyring import read_keys
+from aiworks.security.keyring import describe_ring, read_keys
 
 PREFIX = "aiwt1."
 _INFO = b"aiworks work token v1"
@@ -100,6 +100,10 @@ class WorkTokens:
     @classmethod
     def from_file(cls, path: Path | str) -> WorkTokens:
         return cls(read_keys(path))
+
+    def describe(self) -> str:
+        """The ring for a start-up log line: key ids (a token's, not a sealed value's), never a key."""
+        return "work tokens: " + describe_ring(self.key_ids, "mints")
 
     def _mac(self, signed: str, key_id: str | None = None) -> bytes:
         return hmac.new(self._keys[key_id or self.key_id], signed.encode(), hashlib.sha256).digest()
