@@ -41,6 +41,7 @@ from aiworks.security.sealing import SealError
 log = logging.getLogger(__name__)
 
 _TRANSIENT = (429, 502, 503, 504)
+_AUTH_TRIES = 3  # a 401's tries on new connections, within the deadline, before it is the result
 
 
 class NearlineWorker:
@@ -60,12 +61,16 @@ class NearlineWorker:
         self.ca_file = ca_file  # the gateway's CA (https://); callbacks keep the system's CAs
         self.consumer = consumer or f"worker-{uuid.uuid4().hex[:12]}"
         self._client: aiohttp.ClientSession | None = None
+        self._fresh: aiohttp.ClientSession | None = None  # a new connection a request: a 401's next try
 
     async def run_forever(self, stop: asyncio.Event) -> None:
         ssl_context = ssl.create_default_context(cafile=self.ca_file) if self.ca_file else None
-        self._client = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=self.concurrency, ssl=ssl_context),
-            timeout=aiohttp.ClientTimeout(total=self.request_timeout_s),
+        self._client, self._fresh = (
+            aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.concurrency, ssl=ssl_context, force_close=fresh),
+                timeout=aiohttp.ClientTimeout(total=self.request_timeout_s),
+            )
+            for fresh in (False, True)
         )
         await self.queue.ensure_group()
         gate = asyncio.Semaphore(self.concurrency)
@@ -102,6 +107,7 @@ class NearlineWorker:
                 await asyncio.wait(self._deliveries, timeout=30.0)
         finally:
             await self._client.close()
+            await self._fresh.close()
             await self.callbacks.close()
 
     async def _one(self, item: Queued, gate: asyncio.Semaphore) -> None:
@@ -137,7 +143,7 @@ class NearlineWorker:
             return exc.status.http, orjson.dumps({"error": exc.message}), "application/json", ""
         if credential:
             headers["authorization"] = credential
-        attempt = 0
+        attempt, client, refusals = 0, self._client, 0
         while True:
             attempt += 1
             left_us = max(1, int((deadline_at - time.time()) * 1e6))
@@ -148,13 +154,19 @@ class NearlineWorker:
             if header_length is not None:
                 headers["inference-header-content-length"] = header_length
             try:
-                async with self._client.post(self.base_url + item.path, data=body, headers=headers) as reply:
+                async with client.post(self.base_url + item.path, data=body, headers=headers) as reply:
                     status, answer = reply.status, await reply.read()
                     content_type = reply.headers.get("content-type", "application/json")
                     answer_length = reply.headers.get("inference-header-content-length", "")
             except (aiohttp.ClientError, TimeoutError) as exc:
                 status, answer = 503, b'{"error": "gateway unreachable (%s)"}' % type(exc).__name__.encode()
                 content_type, answer_length = "application/json", ""
+            if status == 401 and refusals < _AUTH_TRIES and time.time() < deadline_at:
+                # A gateway replica from before work tokens refuses one (a rolling upgrade): the next try goes out
+                # on a new connection, which a load balancer may send to another replica.
+                refusals += 1
+                client = self._fresh
+                continue
             if status not in _TRANSIENT or time.time() + 0.05 * 2**attempt > deadline_at:
                 return status, answer, content_type, answer_length
             await asyncio.sleep(min(1.0, 0.05 * 2**attempt))

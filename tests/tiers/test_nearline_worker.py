@@ -1,0 +1,73 @@
+"""The nearline worker in process, against a private redis-server and an aiohttp server standing in for the
+gateway: what it does with the gateway's refusals."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from aiworks.nearline.queue import AsyncQueue
+from aiworks.nearline.worker import NearlineWorker
+from aiworks.supervisor.supervisor import free_port
+
+
+async def _serve(handler) -> tuple[web.AppRunner, str]:
+    app = web.Application()
+    app.router.add_post("/v2/models/digits/infer", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}"
+
+
+async def _answered(queue: AsyncQueue, ids: list[str], timeout_s: float = 20.0) -> list[dict]:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        records = [await queue.get(i) for i in ids]
+        if all(r and r.get("status") not in (None, b"queued", "queued") for r in records):
+            return records
+        assert asyncio.get_running_loop().time() < deadline, records
+        await asyncio.sleep(0.05)
+
+
+def _status(record: dict) -> str:
+    value = record["status"]
+    return value.decode() if isinstance(value, bytes) else value
+
+
+async def test_a_401_that_goes_away_on_a_new_connection_is_not_the_result(redis_url):
+    """A rolling upgrade of the gateways: a replica from before work tokens refuses the token (401), the others
+    take it. The worker tries a 401 again on a new connection, which a load balancer may send elsewhere, so the
+    request completes; a 401 that lasts (a revoked key) is the result after a few tries, within the deadline."""
+    peers: list[int] = []
+    refuse_first = {"yes": True}
+
+    async def infer(request: web.Request) -> web.Response:
+        peers.append(request.transport.get_extra_info("peername")[1])
+        if request.headers.get("authorization") == "Bearer revoked" or refuse_first.pop("yes", False):
+            return web.json_response({"error": "API key is not recognised"}, status=401)
+        return web.json_response({"model_name": "digits", "outputs": []})
+
+    server, url = await _serve(infer)
+    queue = AsyncQueue.from_url(redis_url)
+    worker = NearlineWorker(queue, url, concurrency=1, deadline_s=10.0)
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.run_forever(stop))
+    try:
+        first, _ = await queue.enqueue("alice", "/v2/models/digits/infer", b'{"inputs": []}', "Bearer fine",
+                                       deadline_s=10)  # fmt: skip
+        (done,) = await _answered(queue, [first])
+        assert _status(done) == "completed", done
+        assert len(peers) == 2 and peers[0] != peers[1], "the second try went out on a new connection"
+        revoked, _ = await queue.enqueue("alice", "/v2/models/digits/infer", b'{"inputs": []}', "Bearer revoked",
+                                         deadline_s=10)  # fmt: skip
+        (refused,) = await _answered(queue, [revoked])
+        assert _status(refused) == "failed" and refused["http_status"] == b"401" and b"not recognised" in refused["result"], refused
+        assert len(peers) == 2 + 4, "a lasting 401: the first try and three on new connections, then the result"
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 30)
+        await queue.close()
+        await server.cleanup()
