@@ -67,8 +67,11 @@ def test_certs_command_as_docker_compose_calls_it(tmp_path, capsys):
 
 
 def test_certs_rotates_the_credential_key_file_step_by_step(tmp_path, capsys):
+    from aiworks.security import cli, keyring
     from aiworks.security.keyring import read_keys
     from aiworks.security.sealing import Sealer
+
+    assert cli.ROTATION_STEPS == keyring.ROTATION_STEPS
 
     key = tmp_path / "credential-key"
     assert _exit_code("certs", "--credential-key", str(key), "--rotate-credential-key", "stage") == 2

@@ -17,6 +17,8 @@ from pathlib import Path
 from aiworks.core.output import add_output_flag
 
 DEFAULT_KEY_ENV = "AIWORKS_MODEL_KEY"
+# aiworks.security.keyring's steps; not imported from there, which would load grpc and cryptography for --help.
+ROTATION_STEPS = ("stage", "promote", "retire", "at-once")
 EXIT_FAILED_CHECK = 1
 EXIT_USAGE = 2
 
@@ -304,8 +306,6 @@ def _key_options(p: argparse.ArgumentParser, what: str) -> None:
 
 def add_security_parsers(sub, *, model_command: str = "model") -> None:
     """Register ``certs``, ``audit`` and the model-protection command (``model`` unless renamed)."""
-    from aiworks.security.keyring import ROTATION_STEPS
-
     fmt = argparse.RawDescriptionHelpFormatter
 
     c = sub.add_parser(
@@ -321,9 +321,9 @@ def add_security_parsers(sub, *, model_command: str = "model") -> None:
         "bearer tokens and plaintext callers' tokens derive from (kept when it exists).\n"
         "With --credential-key FILE, also FILE (0600): the key the gateway seals callers' credentials under\n"
         "while their batch jobs and asynchronous requests wait in Redis; the tiers' workers read it too.\n"
-        "With --rotate-credential-key STEP, rotate FILE's keys instead (docs/security.md, \"Rotating the\n"
-        "credential key\"): stage, promote, retire where processes restart one by one; at-once where they\n"
-        "all restart together. Without --out-dir, only the secret files are written.\n\n"
+        "With --rotate-credential-key STEP, rotate FILE's keys instead (docs/tiers.md, \"Rotating the key\"):\n"
+        "stage, promote, retire where processes restart one by one; at-once where they all restart\n"
+        "together. Without --out-dir, only the secret files are written.\n\n"
         "  aiworks certs --out-dir certs --services gateway,scheduler,runtime,cache,monitor,admin\n"
         "  aiworks certs --credential-key .aiworks/credential-key --rotate-credential-key at-once",
     )

@@ -33,9 +33,13 @@ fails, naming the key ids, rather than keep running under it.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 from pathlib import Path
+
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from aiworks.core.errors import InvalidArgument
 from aiworks.security.callers import read_secret
@@ -46,10 +50,19 @@ ROTATION_STEPS = ("stage", "promote", "retire", "at-once")
 _MIN_BYTES = 16
 
 
-def describe_ring(key_ids: tuple[str, ...], first_does: str) -> str:
+def derive(keys: bytes | list[bytes], info: bytes) -> dict[str, bytes]:
+    """Each key of the ring through HKDF-SHA256 under ``info`` (one use, one derived key), by key id (the first 8
+    hex digits of the derived key's SHA-256), the current key first."""
+    ring: dict[str, bytes] = {}
+    for secret in [keys] if isinstance(keys, bytes) else keys:
+        key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(secret)
+        ring.setdefault(hashlib.sha256(key).hexdigest()[:8], key)
+    return ring
+
+
+def describe_ring(key_ids: tuple[str, ...], first: str, others: str) -> str:
     """``credential key ids a1b2c3d4 (seals), e5f6a7b8 (opens only)``: for log lines and messages, never a key."""
-    others = "".join(f", {key_id} ({'opens' if first_does == 'seals' else 'verifies'} only)" for key_id in key_ids[1:])
-    return f"credential key ids {key_ids[0]} ({first_does}){others}"
+    return f"credential key ids {key_ids[0]} ({first})" + "".join(f", {i} ({others})" for i in key_ids[1:])
 
 
 def parse_keys(data: bytes, where: str = "credential key file") -> list[bytes]:

@@ -31,18 +31,15 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import logging
 import os
 from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from aiworks.core.errors import AIWorksError, Internal
-from aiworks.security.keyring import describe_ring, read_keys
+from aiworks.security.keyring import derive, describe_ring, read_keys
 
 PREFIX = "aiw1."
 _INFO = b"aiworks credential seal v1"
@@ -62,10 +59,7 @@ class Sealer:
     ``context`` binds a sealed value to its record."""
 
     def __init__(self, keys: bytes | list[bytes]):
-        self._aeads: dict[str, AESGCM] = {}
-        for secret in [keys] if isinstance(keys, bytes) else keys:
-            key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_INFO).derive(secret)
-            self._aeads.setdefault(hashlib.sha256(key).hexdigest()[:8], AESGCM(key))
+        self._aeads = {key_id: AESGCM(key) for key_id, key in derive(keys, _INFO).items()}
         self.key_id = next(iter(self._aeads))  # the current key's: what seal() uses
         self.key_ids = tuple(self._aeads)
 
@@ -75,7 +69,7 @@ class Sealer:
 
     def describe(self) -> str:
         """The ring for a start-up log line: key ids only, never a key."""
-        return describe_ring(self.key_ids, "seals")
+        return describe_ring(self.key_ids, "seals", "opens only")
 
     def _aad(self, key_id: str, context: str) -> bytes:
         return f"{key_id}|{context}".encode()

@@ -48,10 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from aiworks.security.keyring import describe_ring, read_keys
+from aiworks.security.keyring import derive, describe_ring, read_keys
 
 PREFIX = "aiwt1."
 _INFO = b"aiworks work token v1"
@@ -90,10 +88,7 @@ class WorkTokens:
     (:mod:`aiworks.security.keyring`): a token minted before a rotation runs to its end."""
 
     def __init__(self, keys: bytes | list[bytes]):
-        self._keys: dict[str, bytes] = {}
-        for secret in [keys] if isinstance(keys, bytes) else keys:
-            key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_INFO).derive(secret)
-            self._keys.setdefault(hashlib.sha256(key).hexdigest()[:8], key)
+        self._keys = derive(keys, _INFO)
         self.key_id = next(iter(self._keys))  # the current key's: what mint() uses
         self.key_ids = tuple(self._keys)
 
@@ -103,7 +98,7 @@ class WorkTokens:
 
     def describe(self) -> str:
         """The ring for a start-up log line: key ids (a token's, not a sealed value's), never a key."""
-        return "work tokens: " + describe_ring(self.key_ids, "mints")
+        return "work tokens: " + describe_ring(self.key_ids, "mints", "verifies only")
 
     def _mac(self, signed: str, key_id: str | None = None) -> bytes:
         return hmac.new(self._keys[key_id or self.key_id], signed.encode(), hashlib.sha256).digest()
