@@ -414,12 +414,16 @@ def build_parser(command: str = "") -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(next((a for a in argv if not a.startswith("-")), ""))  # the command, if any
-    args = parser.parse_args(argv)
-    if args.command is None:  # a bare `aiworks`: what it can do
-        parser.print_help()
-        return
-    args.func(args)
+    try:
+        parser = build_parser(next((a for a in argv if not a.startswith("-")), ""))  # the command, if any
+        args = parser.parse_args(argv)
+        if args.command is None:  # a bare `aiworks`: what it can do
+            parser.print_help()
+            return
+        args.func(args)
+    except BrokenPipeError:  # `aiworks … | head`: the reader left, which is no error of ours to print
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor at exit, flushing what is left
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

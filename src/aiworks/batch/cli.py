@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -148,12 +149,25 @@ def _lower_priority(nice: int) -> None:
 
 
 def _session(args):
+    """A session to the gateway at ``args.url``: a gateway it cannot reach is one line naming the URL and why, not
+    a traceback (as the other commands say of the scheduler or the monitor)."""
     import requests
+
+    class GatewaySession(requests.Session):
+        def request(self, method, url, *more, **options):
+            try:
+                return super().request(method, url, *more, **options)
+            except requests.ConnectionError as exc:
+                why = re.search(r"\[Errno -?\d+\] ([^'\")]+)", str(exc))
+                raise SystemExit(f"error: cannot reach the gateway at {args.url}: "
+                                 f"{why.group(1) if why else type(exc).__name__}") from None  # fmt: skip
+            except requests.Timeout:
+                raise SystemExit(f"error: the gateway at {args.url} did not answer {method} {url} in time") from None
 
     key = os.environ.get("AIWORKS_API_KEY", "")
     if args.api_key_file:
         key = Path(args.api_key_file).read_text().strip()
-    session = requests.Session()
+    session = GatewaySession()
     if key:
         session.headers["authorization"] = f"Bearer {key}"
     return session
