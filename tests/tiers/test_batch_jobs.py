@@ -387,6 +387,12 @@ def test_bad_submissions_are_refused_with_the_reason(batch_suite):
         ({"input_file_id": uploaded["id"], "endpoint": ENDPOINT, "completion_window": "soon"}, "completion_window"),
         ({"input_file_id": uploaded["id"], "endpoint": ENDPOINT, "chunk_size": 0}, "chunk_size"),
         ({"endpoint": ENDPOINT}, "input_file_id is required"),
+        # metadata as OpenAI's Batch API bounds it: 16 pairs, 64-character keys, string values of 512 at most
+        ({"input_file_id": uploaded["id"], "endpoint": ENDPOINT, "metadata": {str(i): "v" for i in range(17)}},
+         "at most 16"),
+        ({"input_file_id": uploaded["id"], "endpoint": ENDPOINT, "metadata": {"k" * 65: "v"}}, "longer than 64"),
+        ({"input_file_id": uploaded["id"], "endpoint": ENDPOINT, "metadata": {"run": "x" * 513}}, "at most 512"),
+        ({"input_file_id": uploaded["id"], "endpoint": ENDPOINT, "metadata": {"run": {"nested": 1}}}, "a string"),
     ):
         reply = requests.post(f"{base}/v1/batches", headers=alice, json=body, timeout=10)
         assert reply.status_code == 400 and reason in reply.json()["error"], reply.text

@@ -74,6 +74,19 @@ def batch_object(job: Job) -> dict:
     }  # fmt: skip
 
 
+def check_metadata(metadata) -> dict:
+    """A batch's ``metadata`` as OpenAI's Batch API defines it: at most 16 pairs, keys of at most 64 characters,
+    string values of at most 512; anything else a 400 naming what."""
+    if not isinstance(metadata, dict) or len(metadata) > 16:
+        raise InvalidArgument("metadata must be an object of at most 16 key-value pairs")
+    for key, value in metadata.items():
+        if len(key) > 64:
+            raise InvalidArgument(f"metadata key '{key[:64]}…' is longer than 64 characters")
+        if not isinstance(value, str) or len(value) > 512:
+            raise InvalidArgument(f"metadata value of '{key}' must be a string of at most 512 characters")
+    return metadata
+
+
 class BatchService:
     """Files and jobs of every tenant, kept apart; ``files_url`` is where uploads and results are written."""
 
@@ -177,9 +190,7 @@ class BatchService:
             raise InvalidArgument("input_file_id is required")
         model, version = parse_endpoint(body.get("endpoint", ""))
         window = check_window(body.get("completion_window", "24h"))
-        metadata = body.get("metadata") or {}
-        if not isinstance(metadata, dict) or len(metadata) > 16:
-            raise InvalidArgument("metadata must be an object of at most 16 keys")
+        metadata = check_metadata(body.get("metadata") or {})
         chunk_size = body.get("chunk_size", self.chunk_size)
         record = await self.file(tenant, file_id)
         form = tables.format_of(record.filename, body.get("format"))
