@@ -163,9 +163,11 @@ class AsyncInferFront:
     async def _result(self, request_id: str, scope):
         principal = self.dataplane.authenticate(Headers(scope=scope))
         self.dataplane.refuse_work_token(principal, "read asynchronous results")
-        record = await self.queue.get(request_id) if request_id else None
+        if not request_id:  # the path's id is not one this gateway hands out: nothing to look up
+            raise NotFound("no such request: a request id is up to 64 letters, digits and underscores (req_…)")
+        record = await self.queue.get(request_id)
         if record is None or record["tenant"].decode() != principal.tenant_id:
-            raise NotFound(f"no request '{request_id[:64]}' (results are kept for a limited time)")
+            raise NotFound(f"no request '{request_id}' (results are kept for a limited time)")
         status = record["status"].decode()
         if status == "queued":
             return 202, orjson.dumps({"id": request_id, "status": status}), [_JSON]

@@ -74,6 +74,9 @@ def test_a_tenant_reads_only_its_own_results(batch_suite, workers):
         assert reply.status_code == (404 if headers else 401), reply.text
     assert requests.get(f"{batch_suite.base}/v2/requests/req_unknown", headers=batch_suite.headers("alice"),
                         timeout=10).status_code == 404  # fmt: skip
+    for odd in ("..%2f..%2fetc", "a" * 65):  # no id it hands out: a 404 that says what an id looks like
+        reply = requests.get(f"{batch_suite.base}/v2/requests/{odd}", headers=batch_suite.headers("alice"), timeout=10)
+        assert reply.status_code == 404 and "a request id is up to 64 letters" in reply.text, reply.text
     workers("worker")
     assert _result(batch_suite, "alice", request_id).status_code == 200
     assert requests.get(f"{batch_suite.base}/v2/requests/{request_id}", headers=batch_suite.headers("bob"),
