@@ -237,7 +237,12 @@ def cmd_demo_models(args) -> None:
 def cmd_status(args) -> None:
     from aiworks.status import show_status
 
-    show_status(args.scheduler_address, args.tls_dir, args.output, args.redis_url)
+    redis_url = args.redis_url
+    if not redis_url:  # run from the folder of `aiworks up --tiers`: its Redis, as the tools find its token
+        from aiworks.supervisor.supervisor import local_tiers_redis_url
+
+        redis_url = local_tiers_redis_url()
+    show_status(args.scheduler_address, args.tls_dir, args.output, redis_url)
 
 
 def cmd_bench(args) -> None:
@@ -364,7 +369,8 @@ def build_parser(command: str = "") -> argparse.ArgumentParser:
     add_output_flag(st)
     st.add_argument(
         "--redis-url", default=os.environ.get("AIWORKS_BATCH_REDIS_URL"),
-        help="also show batch jobs not yet ended and the async backlog from this Redis (env AIWORKS_BATCH_REDIS_URL)",
+        help="also show batch jobs not yet ended and the async backlog from this Redis (env AIWORKS_BATCH_REDIS_URL; "
+        "default: the one `aiworks up --tiers` run from this folder uses)",
     )  # fmt: skip
     st.set_defaults(func=cmd_status)
 

@@ -128,6 +128,9 @@ def test_up_with_the_tiers_runs_a_batch_job_and_an_async_request(model_repositor
         job = json.loads(submit.stdout)
         assert job["status"] == "completed", job
         assert job["request_counts"] == {"total": 31, "completed": 30, "failed": 1}, job
+        # Where `aiworks status` run from the suite's folder finds the jobs' Redis (tests/unit/test_cli.py reads it).
+        noted = tmp_path / "tiers-redis-url"
+        assert noted.read_text().strip() == redis_url and noted.stat().st_mode & 0o777 == 0o600
         body = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64], "data": [3.0] * 64}]}
         queued = requests.post(f"{url}/v2/models/digits/infer", json=body, headers={"Prefer": "respond-async"})
         assert queued.status_code == 202, queued.text

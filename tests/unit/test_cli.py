@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from aiworks.cli import build_parser
+from aiworks.cli import build_parser, main
 from aiworks.core.output import emit_record, plain, render
 from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
 
@@ -269,3 +269,20 @@ def test_the_readme_lists_every_command():
     commands = build_parser()._subparsers._group_actions[0].choices
     missing = [c for c in commands if f"aiworks {c}" not in section and f"|{c}" not in section]
     assert missing == []
+
+
+def test_status_run_from_the_folder_of_up_with_the_tiers_shows_its_jobs(tmp_path, monkeypatch):
+    """`aiworks status` without --redis-url reads the Redis URL `aiworks up --tiers` left in .aiworks (as the
+    tools find its internal token); --redis-url or AIWORKS_BATCH_REDIS_URL still win."""
+    import aiworks.status
+
+    seen = []
+    monkeypatch.setattr(aiworks.status, "show_status", lambda *args: seen.append(args[3]))
+    monkeypatch.delenv("AIWORKS_BATCH_REDIS_URL", raising=False)
+    monkeypatch.chdir(tmp_path)
+    main(["status"])
+    (tmp_path / ".aiworks").mkdir()
+    (tmp_path / ".aiworks" / "tiers-redis-url").write_text("redis://127.0.0.1:6390/3\n")
+    main(["status"])
+    main(["status", "--redis-url", "redis://elsewhere:6379/0"])
+    assert seen == [None, "redis://127.0.0.1:6390/3", "redis://elsewhere:6379/0"]

@@ -68,6 +68,16 @@ from aiworks.security.tls import TLSFiles, client_ssl_context
 from aiworks.supervisor.control import DEFAULT_MAX_REPLICAS, ControlServer
 
 PROTOBUF_ENV = "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"
+# In the state folder (.aiworks): the Redis URL of a suite started with the tiers (``aiworks status`` reads it).
+TIERS_REDIS_URL_FILE = "tiers-redis-url"
+
+
+def local_tiers_redis_url(folder: Path = Path(".aiworks")) -> str | None:
+    """The tiers' Redis URL that ``aiworks up --tiers`` run from this folder left; None without one."""
+    path = folder / TIERS_REDIS_URL_FILE
+    return (path.read_text().strip() or None) if path.is_file() else None
+
+
 log = logging.getLogger(__name__)
 
 # glibc malloc settings for the processes that move tensors (docs/benchmarks.md, "System shared memory
@@ -537,6 +547,7 @@ class Supervisor:
                 ensure_secret_file(self.credential_key_file)
             except (AIWorksError, OSError) as exc:
                 raise RuntimeError(f"cannot make the credential key file {self.credential_key_file}: {exc}") from None
+        self._note_tiers_redis_url(c.redis_url if c.tiers else None)
         self.caller = self.client_caller("supervisor")
         auth = CallerAuth(secret=self._secret)
         self.control = ControlServer(self, "127.0.0.1", c.control_port, auth=auth, max_replicas=c.max_scale_replicas)
@@ -598,6 +609,22 @@ class Supervisor:
             self._start_tiers()
         if c.prometheus:
             self._start_prometheus()
+
+    def _note_tiers_redis_url(self, url: str | None) -> None:
+        """Leave the tiers' Redis URL where ``aiworks status`` run from this folder finds it (mode 0600: it may hold
+        a password), as the tools find the internal token; a suite without the tiers removes an older one."""
+        path = self.config.log_dir.parent / TIERS_REDIS_URL_FILE
+        if url is None:
+            path.unlink(missing_ok=True)
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, url.encode() + b"\n")
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
 
     @property
     def batch_files(self) -> Path:
