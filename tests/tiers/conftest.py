@@ -183,3 +183,19 @@ def wait_batch(batch: BatchSuite, tenant: str, batch_id: str, until, timeout_s: 
         assert doc["status"] not in ("failed", "expired"), doc
         assert time.monotonic() < deadline, f"batch {batch_id} stuck: {doc}"
         time.sleep(0.05)
+
+
+async def serve_infer(handler) -> tuple[object, str]:
+    """An aiohttp server standing in for the gateway: ``handler`` answers ``POST /v2/models/digits/infer``.
+    Returns the app runner (``await runner.cleanup()`` stops it) and the server's base URL."""
+    from aiohttp import web
+
+    from aiworks.supervisor.supervisor import free_port
+
+    app = web.Application()
+    app.router.add_post("/v2/models/digits/infer", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}"

@@ -312,7 +312,8 @@ async def test_a_401_that_goes_away_on_a_new_connection_costs_no_line(store, tmp
 
     from aiworks.batch.runner import BatchRunner
     from aiworks.batch.settings import BatchSettings
-    from aiworks.supervisor.supervisor import free_port
+
+    from .conftest import serve_infer
 
     peers, refusals = [], [3]
 
@@ -324,17 +325,11 @@ async def test_a_401_that_goes_away_on_a_new_connection_costs_no_line(store, tmp
         answer = {"model_name": "digits", "outputs": [{"name": "y", "datatype": "FP32", "shape": [1], "data": [1.0]}]}
         return web.json_response(answer)
 
-    app = web.Application()
-    app.router.add_post("/v2/models/digits/infer", infer)
-    runner_app = web.AppRunner(app)
-    await runner_app.setup()
-    port = free_port()
-    await web.TCPSite(runner_app, "127.0.0.1", port).start()
+    runner_app, url = await serve_infer(infer)
     (tmp_path / "in.jsonl").write_bytes(b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}]}\n' * 3)
     job = await BatchService(store, None).submit("t", "digits", str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"),
                                                  str(tmp_path / "err.jsonl"), chunk_size=3)  # fmt: skip
-    settings = BatchSettings(redis_url="redis://unused", gateway_url=f"http://127.0.0.1:{port}", concurrency=1,
-                             adaptive=False)  # fmt: skip
+    settings = BatchSettings(redis_url="redis://unused", gateway_url=url, concurrency=1, adaptive=False)
     runner = BatchRunner(store, settings)
     try:
         assert await runner.run_once()

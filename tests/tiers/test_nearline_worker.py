@@ -9,17 +9,8 @@ from aiohttp import web
 
 from aiworks.nearline.queue import AsyncQueue
 from aiworks.nearline.worker import NearlineWorker
-from aiworks.supervisor.supervisor import free_port
 
-
-async def _serve(handler) -> tuple[web.AppRunner, str]:
-    app = web.Application()
-    app.router.add_post("/v2/models/digits/infer", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner, f"http://127.0.0.1:{port}"
+from .conftest import serve_infer
 
 
 async def _answered(queue: AsyncQueue, ids: list[str], timeout_s: float = 20.0) -> list[dict]:
@@ -50,7 +41,7 @@ async def test_a_401_that_goes_away_on_a_new_connection_is_not_the_result(redis_
             return web.json_response({"error": "API key is not recognised"}, status=401)
         return web.json_response({"model_name": "digits", "outputs": []})
 
-    server, url = await _serve(infer)
+    server, url = await serve_infer(infer)
     queue = AsyncQueue.from_url(redis_url)
     worker = NearlineWorker(queue, url, concurrency=1, deadline_s=10.0)
     stop = asyncio.Event()
