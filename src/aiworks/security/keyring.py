@@ -34,7 +34,6 @@ fails, naming the key ids, rather than keep running under it.
 from __future__ import annotations
 
 import hashlib
-import os
 import secrets
 from pathlib import Path
 
@@ -43,6 +42,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from aiworks.core.errors import InvalidArgument
 from aiworks.security.callers import read_secret
+from aiworks.security.certs import write_private_file
 
 # What makes a credential key file, for the error that finds none.
 CREDENTIAL_KEY_MAKER = "`aiworks up --tiers`, the chart's install hook or `aiworks certs --credential-key FILE`"
@@ -105,17 +105,5 @@ def rotate_file(path: Path | str, step: str) -> list[bytes]:
     """Rotate the key file at ``path`` in place (mode 0600, replaced atomically); the new ring."""
     path = Path(path)
     keys = rotated(read_keys(path), step)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        try:
-            os.fchmod(fd, 0o600)
-            os.write(fd, b"".join(k + b"\n" for k in keys))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_private_file(path, b"".join(k + b"\n" for k in keys))
     return keys

@@ -63,7 +63,7 @@ from aiworks.core.logging import redact_url
 from aiworks.core.rpc import blocking_channel
 from aiworks.scheduler.client import BlockingSchedulerClient
 from aiworks.security.callers import CallerAuth, ClientCaller, ensure_secret_file, is_loopback
-from aiworks.security.certs import CA_CERT, DEFAULT_HOSTNAMES, TLS_CERT, TLS_KEY, write_certificates
+from aiworks.security.certs import CA_CERT, DEFAULT_HOSTNAMES, TLS_CERT, TLS_KEY, write_certificates, write_private_file
 from aiworks.security.tls import TLSFiles, client_ssl_context
 from aiworks.supervisor.control import DEFAULT_MAX_REPLICAS, ControlServer
 
@@ -617,14 +617,7 @@ class Supervisor:
         if url is None:
             path.unlink(missing_ok=True)
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, url.encode() + b"\n")
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        write_private_file(path, url.encode() + b"\n")
 
     @property
     def batch_files(self) -> Path:
