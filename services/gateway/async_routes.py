@@ -30,11 +30,11 @@ import orjson
 import redis.exceptions as redis
 from starlette.datastructures import Headers
 
-from aiworks.core.errors import AIWorksError, NotFound, PayloadTooLarge, ResourceExhausted, Status, Unavailable
+from aiworks.core.errors import AIWorksError, NotFound, PayloadTooLarge, ResourceExhausted, Unavailable
 from aiworks.gateway.batch_routes import work_credential
 from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
 from aiworks.gateway.filters import check_body_size
-from aiworks.gateway.http_codec import HEADER_LENGTH, parse_infer_header
+from aiworks.gateway.http_codec import HEADER_LENGTH, error_headers, parse_infer_header
 from aiworks.nearline.body import AsyncBody, take_async_flag
 from aiworks.nearline.callbacks import HEADER as CALLBACK_HEADER
 from aiworks.nearline.callbacks import check_callback_url
@@ -98,9 +98,7 @@ class AsyncInferFront:
                     "the asynchronous queue's store is unreachable or busy; try again", retry_after_s=1.0
                 ) from None
         except AIWorksError as exc:
-            extra = [(b"retry-after", b"%d" % max(1, int(exc.retry_after_s)))] if exc.retry_after_s else []
-            if exc.status is Status.UNAUTHENTICATED:
-                extra.append((b"www-authenticate", b'Bearer realm="aiworks"'))
+            extra = [(k.lower().encode(), v.encode()) for k, v in (error_headers(exc) or {}).items()]
             status, body, headers = exc.status.http, orjson.dumps({"error": exc.message}), [_JSON, *extra]
         except Exception as exc:  # noqa: BLE001 - answered, never silenced
             log.exception("nearline route failed")

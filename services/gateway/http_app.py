@@ -19,7 +19,6 @@ path does not take; both call :func:`_infer`.
 from __future__ import annotations
 
 import logging
-import math
 import re
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -32,7 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response, StreamingResponse
 
-from aiworks.core.errors import AIWorksError, InvalidArgument, Status
+from aiworks.core.errors import AIWorksError, InvalidArgument
 from aiworks.core.load_overrides import LoadOverrides, overrides_from_parameters
 from aiworks.core.looplag import offload
 from aiworks.core.names import NAME_RULE
@@ -46,10 +45,11 @@ from aiworks.gateway.http_codec import (
     HEADER_LENGTH,
     INFER_REQUEST_SCHEMA,
     encode_infer_response,
+    error_headers,
     parse_infer_header,
 )
 from aiworks.gateway.metering import DEFAULT_USAGE_SPAN_S, parse_time
-from aiworks.gateway.openai_routes import add_openai_routes
+from aiworks.gateway.openai_routes import add_openai_routes, openai_error
 from aiworks.gateway.shared_memory import store_outputs
 from aiworks.gateway.stream_routes import StreamFront
 from aiworks.gateway.telemetry import REQUEST_ID_HEADER
@@ -57,7 +57,6 @@ from aiworks.nearline.body import mentions_async, take_async_flag
 
 log = logging.getLogger(__name__)
 
-_CHALLENGE = 'Bearer realm="aiworks"'
 # A load body this large (its files in base64) is parsed off the event loop.
 _LARGE_LOAD_BODY = 1 << 20
 
@@ -68,15 +67,6 @@ def _json(doc, status: int = 200, headers: dict | None = None) -> Response:
 
 def _error(status: int, message: str, headers: dict | None = None) -> Response:
     return _json({"error": message}, status, headers)
-
-
-def error_headers(exc: AIWorksError) -> dict | None:
-    """Retry-After on a 429 or 503 that has a hint, WWW-Authenticate on a 401."""
-    if exc.retry_after_s is not None:
-        return {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
-    if exc.status is Status.UNAUTHENTICATED:
-        return {"WWW-Authenticate": _CHALLENGE}
-    return None
 
 
 async def _infer(
@@ -283,20 +273,27 @@ def create_app(
     """
     app = FastAPI(title="AIWorks gateway", description="KServe v2 / Open Inference Protocol", docs_url="/docs")
 
+    def refusal(request: Request, status: int, message: str, headers: dict | None = None, code: str = "") -> Response:
+        """An error in the protocol of the route asked: OpenAI's ``{"error": {"message", "type", ...}}`` under
+        ``/v1/`` (the Batch, Files and generation APIs, which the ``openai`` client reads), OIP's otherwise."""
+        if request.url.path.startswith("/v1/"):
+            return openai_error(status, message, code, headers)
+        return _error(status, message, headers)
+
     @app.exception_handler(AIWorksError)
     async def _aiworks_error(request: Request, exc: AIWorksError):
         # Inference failures are logged by the gateway's telemetry, inside the request's trace.
         if exc.status.http >= 500 and not request.url.path.endswith("/infer"):
             log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status.http, exc.message)
-        return _error(exc.status.http, exc.message, error_headers(exc))
+        return refusal(request, exc.status.http, exc.message, error_headers(exc), exc.status.name.lower())
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):
-        return _error(400, f"invalid request: {exc.errors()}")
+        return refusal(request, 400, f"invalid request: {exc.errors()}")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
-        return _error(exc.status_code, str(exc.detail))
+        return refusal(request, exc.status_code, str(exc.detail))
 
     # ---- health and metadata ----------------------------------------------------------
 

@@ -19,6 +19,7 @@ stops at the first list whose length or nesting does not fit the shape.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain
@@ -37,7 +38,7 @@ from aiworks.core.datatypes import (
     itemsize,
     serialize_items,
 )
-from aiworks.core.errors import InvalidArgument
+from aiworks.core.errors import AIWorksError, InvalidArgument, Status
 from aiworks.core.inference import InferRequest, InferResponse, PendingInputs
 from aiworks.gateway.filters import MAX_PARAMETERS, InputLimits, class_count
 from aiworks.gateway.shared_memory import BYTE_SIZE, REGION, ShmRef, shm_ref
@@ -94,6 +95,19 @@ INFER_REQUEST_SCHEMA = {
         },
     },
 }
+
+
+CHALLENGE = 'Bearer realm="aiworks"'
+
+
+def error_headers(exc: AIWorksError) -> dict[str, str] | None:
+    """What every HTTP front adds to an error: Retry-After on a 429 or 503 that has a hint (whole seconds, rounded
+    up), WWW-Authenticate on a 401."""
+    if exc.retry_after_s is not None:
+        return {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
+    if exc.status is Status.UNAUTHENTICATED:
+        return {"WWW-Authenticate": CHALLENGE}
+    return None
 
 
 @dataclass

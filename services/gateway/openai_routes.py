@@ -46,6 +46,7 @@ from aiworks.core.inference import InferRequest
 from aiworks.gateway import generate
 from aiworks.gateway.dataplane import TOKEN_COUNT_OUTPUT, GatewayDataPlane, counted_tokens, request_limit
 from aiworks.gateway.filters import read_body
+from aiworks.gateway.http_codec import error_headers
 from aiworks.gateway.telemetry import REQUEST_ID_HEADER
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream", "stream_options", "n",
@@ -63,15 +64,18 @@ _ERROR_TYPES = {
 }  # fmt: skip
 
 
+def openai_error(status: int, message: str, code: str = "", headers: dict | None = None) -> Response:
+    """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``, the type from the status."""
+    body = {"error": {"message": message, "type": _ERROR_TYPES.get(status, "server_error"), "param": None,
+                      "code": code or None}}  # fmt: skip
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
+
+
 def error_response(exc: AIWorksError) -> Response:
-    status = exc.status.http
-    code = exc.status.name.lower()
+    status, code = exc.status.http, exc.status.name.lower()
     if isinstance(exc, UnknownModel):  # OpenAI answers an unknown model with 404 (Triton's APIs with 400)
         status, code = 404, "model_not_found"
-    body = {"error": {"message": exc.message, "type": _ERROR_TYPES.get(status, "server_error"), "param": None,
-                      "code": code}}  # fmt: skip
-    headers = {"Retry-After": str(max(1, round(exc.retry_after_s)))} if exc.retry_after_s else None
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
+    return openai_error(status, exc.message, code, error_headers(exc))
 
 
 def _refuse(doc: dict, allowed: frozenset) -> None:

@@ -156,8 +156,14 @@ def test_the_official_openai_client_uploads_runs_and_downloads_a_job(batch_suite
     assert [o["custom_id"] for o in out] == [f"row-{i}" for i in range(200)]
     assert [o["response"]["outputs"][0]["data"][0] for o in out] == expected
     bob = openai.OpenAI(base_url=f"{batch_suite.base}/v1", api_key=batch_suite.keys["bob"], max_retries=0)
-    with pytest.raises(openai.NotFoundError):  # another tenant's job does not exist for bob
+    with pytest.raises(openai.NotFoundError) as refused:  # another tenant's job does not exist for bob
         bob.batches.retrieve(batch.id)
+    # Errors come in OpenAI's format, so the client's exception carries the reason, not just "Error code: 404".
+    assert f"no batch '{batch.id}'" in refused.value.message and refused.value.body["type"] == "not_found_error"
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.batches.create(input_file_id=uploaded.id, endpoint=ENDPOINT, completion_window="24h",
+                              metadata={"run": "x" * 513})  # fmt: skip
+    assert "at most 512 characters" in bad.value.message and bad.value.body["code"] == "invalid_argument"
     # files.list pages through alice's files with `after` (two a page here), and nothing of bob's is there.
     paged = [f.id for f in client.files.list(limit=2)]
     whole = client.files.list().data
@@ -380,7 +386,7 @@ def test_bad_submissions_are_refused_with_the_reason(batch_suite):
     base, alice = batch_suite.base, batch_suite.headers("alice")
     reply = requests.post(f"{base}/v1/batches", headers=alice, timeout=10,
                           json={"input_file_id": "file_missing", "endpoint": ENDPOINT})  # fmt: skip
-    assert reply.status_code == 404 and "no file" in reply.json()["error"]
+    assert reply.status_code == 404 and "no file" in reply.json()["error"]["message"]
     uploaded = _upload(batch_suite, "alice", b"{}\n")
     for body, reason in (
         ({"input_file_id": uploaded["id"], "endpoint": "/v1/chat/completions"}, "endpoint must be"),
@@ -395,10 +401,10 @@ def test_bad_submissions_are_refused_with_the_reason(batch_suite):
         ({"input_file_id": uploaded["id"], "endpoint": ENDPOINT, "metadata": {"run": {"nested": 1}}}, "a string"),
     ):
         reply = requests.post(f"{base}/v1/batches", headers=alice, json=body, timeout=10)
-        assert reply.status_code == 400 and reason in reply.json()["error"], reply.text
+        assert reply.status_code == 400 and reason in reply.json()["error"]["message"], reply.text
     wrong = requests.post(f"{base}/v1/files", headers=alice, data={"purpose": "fine-tune"},
                           files={"file": ("x.jsonl", b"{}", "application/jsonl")}, timeout=10)  # fmt: skip
-    assert wrong.status_code == 400 and "purpose must be 'batch'" in wrong.json()["error"]
+    assert wrong.status_code == 400 and "purpose must be 'batch'" in wrong.json()["error"]["message"]
     assert requests.post(f"{base}/v1/files", headers=alice, data=b"{}", timeout=10).status_code == 400
     # A tenant may not run a batch on a model it may not use.
     other = {"input_file_id": uploaded["id"], "endpoint": "/v2/models/secret/infer"}
