@@ -285,4 +285,6 @@ def test_status_run_from_the_folder_of_up_with_the_tiers_shows_its_jobs(tmp_path
     (tmp_path / ".aiworks" / "tiers-redis-url").write_text("redis://127.0.0.1:6390/3\n")
     main(["status"])
     main(["status", "--redis-url", "redis://elsewhere:6379/0"])
-    assert seen == [None, "redis://127.0.0.1:6390/3", "redis://elsewhere:6379/0"]
+    monkeypatch.setenv("AIWORKS_BATCH_REDIS_URL", "redis://from-env:6379/1")
+    main(["status"])
+    assert seen == [None, "redis://127.0.0.1:6390/3", "redis://elsewhere:6379/0", "redis://from-env:6379/1"]
