@@ -366,7 +366,7 @@ class Authenticator:
             raise unauthenticated("work tokens are not accepted by this gateway (it has no credential key file)")
         now = time.time()
         cached = self._cached(token, now)  # a job sends the same token with every request: verified once a while
-        if cached is not None:
+        if cached is not None and self.work_tokens.holds_key_of(token):  # a key retired since: verified again, refused
             return cached
         try:
             claims = self.work_tokens.verify(token, now)

@@ -31,6 +31,7 @@ from aiworks.nearline.queue import AsyncQueue
 from aiworks.pb.streams.v1 import streams_pb2_grpc
 from aiworks.scheduler.client import Routing, SchedulerClient
 from aiworks.security.callers import own_caller
+from aiworks.security.keyring import watch_key_file
 from aiworks.security.sealing import Sealer
 from aiworks.security.tls import uvicorn_ssl_options
 from aiworks.streams.store import Publisher, Reader
@@ -186,6 +187,9 @@ async def serve(settings: GatewaySettings) -> None:
         await asyncio.sleep(0.01)
     await set_serving(health, True)
     lag = start_loop_lag_probe("gateway")
+    # A rotation step written to the key file (the Secret, on Kubernetes) is taken here without a restart.
+    key_watch = watch_key_file(settings.credential_key_file if sealer else None,
+                               [sealer, tenancy.auth.work_tokens], settings.credential_key_reload_s)  # fmt: skip
     log.info(
         "gateway serving HTTP on %s:%d and gRPC on %s:%d (scheduler %s, cache %s, metrics %s)",
         settings.host,
@@ -199,6 +203,8 @@ async def serve(settings: GatewaySettings) -> None:
     settle_memory()  # started: what exists now lives as long as the process
     await stop.wait()
     log.info("gateway stopping")
+    if key_watch is not None:
+        key_watch.cancel()
     await set_serving(health, False)
     http.should_exit = True
     await http_task

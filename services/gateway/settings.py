@@ -138,6 +138,10 @@ class GatewaySettings(ServiceSettings):
         "asynchronous requests are sealed under it (aiworks.security.sealing). Required with tenants and either "
         "tier on; `aiworks up` and the chart's install hook make one.",
     )  # fmt: skip
+    credential_key_reload_s: float = Field(
+        10.0, ge=0, description="How often the credential key file is read again: a changed ring (a rotation step) "
+        "is taken without a restart, and logged. 0: read at start-up only.",
+    )  # fmt: skip
 
     # ---- nearline: asynchronous requests (docs/tiers.md); needs redis_url too ----
     async_requests: bool = Field(

@@ -4,13 +4,16 @@ cannot open or verify; a retired key opens nothing."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import stat
 
 import pytest
+from prometheus_client import REGISTRY
 
 from aiworks.core.errors import InvalidArgument
 from aiworks.security.callers import ensure_secret_file
-from aiworks.security.keyring import parse_keys, read_keys, rotate_file, rotated
+from aiworks.security.keyring import KeyFileWatch, parse_keys, read_keys, rotate_file, rotated, watch_key_file
 from aiworks.security.sealing import Sealer, SealError
 from aiworks.security.work_tokens import TokenError, WorkTokens
 
@@ -92,3 +95,75 @@ def test_rotating_a_file_keeps_it_private_and_replaces_it_whole(tmp_path) -> Non
     assert read_keys(path) == [keys[1], first]
     assert rotate_file(path, "retire") == [keys[1]]
     assert [p.name for p in tmp_path.iterdir()] == ["credential-key"], "no temporary file left behind"
+
+
+def _gauge() -> dict[str, str]:
+    """The ``aiworks_credential_key_info`` samples: key id -> role."""
+    return {s.labels["key_id"]: s.labels["role"] for m in REGISTRY.collect() if m.name == "aiworks_credential_key_info"
+            for s in m.samples if s.value == 1}  # fmt: skip
+
+
+def test_a_watched_key_file_hands_each_step_to_the_holders_and_a_broken_file_changes_nothing(tmp_path, caplog):
+    """No restart: the sealer and the work tokens take each rotation step in place, the gauge follows, and
+    a file that cannot be read or holds a bad line is logged once while the ring in use stays."""
+    caplog.set_level(logging.INFO, logger="aiworks.security.keyring")
+    path = tmp_path / "credential-key"
+    ensure_secret_file(path)
+    sealer, tokens = Sealer.from_file(path), WorkTokens.from_file(path)
+    watch = KeyFileWatch(path, [sealer, tokens])
+    (old,) = sealer.key_ids
+    assert _gauge() == {old: "current"} and not watch.check(), "an unchanged file is no change"
+    sealed_old, token_old = sealer.seal(CREDENTIAL, "job a"), tokens.mint(**CLAIMS)
+
+    rotate_file(path, "stage")
+    assert watch.check() and sealer.key_ids[0] == old and len(sealer.key_ids) == 2
+    new = sealer.key_ids[1]
+    assert _gauge() == {old: "current", new: "previous"}
+    rotate_file(path, "promote")
+    assert watch.check() and sealer.key_ids == (new, old) and len(tokens.key_ids) == 2
+    assert _gauge() == {new: "current", old: "previous"}
+    assert sealer.seal(CREDENTIAL, "job b").startswith(f"aiw1.{new}."), "the new key seals at once"
+    assert sealer.open(sealed_old, "job a") == CREDENTIAL and tokens.verify(token_old).tenant == "alice"
+    assert f"now credential key ids {new} (seals), {old} (opens only); work tokens:" in caplog.text
+
+    good = path.read_bytes()
+    caplog.clear()
+    for broken in (b"short\n", b"\n\n"):
+        path.write_bytes(broken)
+        assert not watch.check() and not watch.check(), "a broken file keeps the ring"
+    path.unlink()
+    assert not watch.check() and not watch.check()
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 3, "each failure logged once, not every interval"
+    assert "line 1 holds 5 bytes" in errors[0] and "holds no key" in errors[1] and "cannot be read" in errors[2]
+    assert all(f"keeping credential key ids {new} (seals)" in e for e in errors)
+    assert sealer.key_ids == (new, old) and _gauge() == {new: "current", old: "previous"}
+    assert "short" not in caplog.text and good.decode().split()[0] not in caplog.text, "no key reaches the log"
+
+    path.write_bytes(good)
+    rotate_file(path, "retire")
+    assert watch.check() and sealer.key_ids == (new,) and _gauge() == {new: "current"}
+    with pytest.raises(SealError, match="a retired key opens nothing"):
+        sealer.open(sealed_old, "job a")
+    with pytest.raises(TokenError, match="does not hold"):
+        tokens.verify(token_old)
+
+
+def test_the_watch_task_reads_the_file_off_the_loop_every_interval(tmp_path):
+    path = tmp_path / "credential-key"
+    ensure_secret_file(path)
+    sealer = Sealer.from_file(path)
+
+    async def main() -> tuple[str, ...]:
+        assert watch_key_file(path, [None], 0.05) is None and watch_key_file(None, [sealer], 0.05) is None
+        task = watch_key_file(path, [sealer, None], 0.05)
+        rotate_file(path, "at-once")
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if len(sealer.key_ids) == 2:
+                break
+        task.cancel()
+        return sealer.key_ids
+
+    ids = asyncio.run(main())
+    assert len(ids) == 2 and ids == Sealer.from_file(path).key_ids

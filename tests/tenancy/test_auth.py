@@ -337,6 +337,12 @@ def test_work_token_dies_with_its_api_key_and_tenant(config, write_yaml):
     status, message = status_of(lambda: Authenticator(gone, work_tokens=tokens).authenticate(
         {"authorization": f"Bearer {token}"}))  # fmt: skip
     assert status is Status.UNAUTHENTICATED and "'lab' is no longer" in message
+    # Its key retired in place (a rotation taken without a restart): remembered as verified, refused all the same.
+    tokens.reload([b"the-key-that-replaced-the-old-one", CREDENTIAL_KEY])
+    assert auth.authenticate({"authorization": f"Bearer {token}"}).tenant_id == "lab", "the old key still verifies"
+    tokens.reload([b"the-key-that-replaced-the-old-one"])
+    status, message = status_of(lambda: auth.authenticate({"authorization": f"Bearer {token}"}))
+    assert status is Status.UNAUTHENTICATED and "does not hold" in message
 
 
 def test_work_token_forgeries_are_refused(config):

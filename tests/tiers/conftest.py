@@ -61,7 +61,8 @@ class Runner:
             "--gateway-url", batch.base, "--lease-ttl-s", str(lease_ttl_s), *args,
         ]  # fmt: skip
         full_env = {**os.environ, "AIWORKS_BATCH_POLL_INTERVAL_S": "0.1",
-                    "AIWORKS_BATCH_CREDENTIAL_KEY_FILE": str(batch.credential_key), **(env or {})}  # fmt: skip
+                    "AIWORKS_BATCH_CREDENTIAL_KEY_FILE": str(batch.credential_key),
+                    "AIWORKS_BATCH_CREDENTIAL_KEY_RELOAD_S": "0.2", **(env or {})}  # fmt: skip
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(command, env=full_env, stdout=out, stderr=subprocess.STDOUT)
 
@@ -108,6 +109,7 @@ def batch_suite(model_repository, tmp_path_factory):
         "AIWORKS_GATEWAY_BATCH_FILES_URL": str(work / "files"),
         "AIWORKS_GATEWAY_ASYNC_REQUESTS": "true",
         "AIWORKS_GATEWAY_CREDENTIAL_KEY_FILE": str(work / "credential-key"),
+        "AIWORKS_GATEWAY_CREDENTIAL_KEY_RELOAD_S": "0.2",  # a rotation step taken without a restart, soon
         "AIWORKS_GATEWAY_JWT_KEY_FILE": str(work / "jwt-key"),
         # Long, for the burst tests; test_nearline_more.py shortens it per request with parameters.timeout.
         "AIWORKS_GATEWAY_ASYNC_DEADLINE_S": "120",
@@ -133,7 +135,8 @@ class Worker:
         self.log = batch.work / f"{name}.log"
         command = [sys.executable, "-m", "aiworks", "nearline", "worker", "--redis-url", batch.redis_url,
                    "--gateway-url", batch.base, "--tenants-file", str(batch.work / "tenants.yaml"),
-                   "--credential-key-file", str(batch.credential_key), *args]  # fmt: skip
+                   "--credential-key-file", str(batch.credential_key), "--credential-key-reload-s", "0.2",
+                   *args]  # fmt: skip
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
 

@@ -261,3 +261,85 @@ def test_work_in_flight_across_a_credential_key_rotation_finishes_and_a_retired_
     assert refused.status_code == 401 and "does not hold" in refused.text, refused.text
     kept = requests.post(infer, json=_body(x[0]), headers={"authorization": new_token}, timeout=10)
     assert kept.status_code == 200, kept.text
+
+
+def _held_keys(port: int) -> dict[str, list[str]]:
+    """What a process's /metrics says it holds: ``{"current": [id], "previous": [ids]}``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    held: dict[str, list[str]] = {"current": [], "previous": []}
+    for family in text_string_to_metric_families(text):
+        if family.name == "aiworks_credential_key_info":
+            for sample in family.samples:
+                if sample.value == 1:
+                    held[sample.labels["role"]].append(sample.labels["key_id"])
+    return {role: sorted(ids) for role, ids in held.items()}
+
+
+def _until_all_hold(ports: dict[str, int], current: str, previous: list[str], timeout_s: float = 20.0) -> None:
+    """What an operator does between two rotation steps: wait until every process's gauge shows the step."""
+    want = {"current": [current], "previous": sorted(previous)}
+    deadline = time.monotonic() + timeout_s
+    while (held := {name: _held_keys(port) for name, port in ports.items()}) != {n: want for n in ports}:
+        assert time.monotonic() < deadline, f"want {want} everywhere, have {held}"
+        time.sleep(0.1)
+
+
+def test_the_three_rotation_steps_need_no_restart(batch_suite, runners, workers):
+    """The Kubernetes rotation without a restart: each step is written to the key file, and the gateway, a
+    runner and a worker that were started before it take it (their /metrics say which key ids they hold).
+    After ``stage`` and ``promote`` the gateway seals a new job and request under the new key, and the runner
+    and worker, started when only the old key existed, open and run them; after ``retire`` the old key's work
+    token is refused (401, naming why) and the new key's still runs. A broken file changes nothing."""
+    from aiworks.security.keyring import rotate_file
+    from aiworks.security.sealing import Sealer
+    from aiworks.supervisor.supervisor import free_port
+
+    key_file = batch_suite.credential_key
+    ports = {"gateway": batch_suite.suite.supervisor.child("gateway").metrics_port,
+             "runner": free_port(), "worker": free_port()}  # fmt: skip
+    runners("unrestarted", args=("--metrics-port", str(ports["runner"])))
+    workers("unrestarted", "--metrics-port", str(ports["worker"]))
+    old = Sealer.from_file(key_file)
+    (old_id,) = old.key_ids  # the last rotation test retired all but one
+    time.sleep(1.0)  # the runner and worker are up; they hold the old key alone
+    _until_all_hold(ports, old_id, [])
+    x = _digits(8)
+    before = _submit(batch_suite, "alice", _jsonl([_line(i, row) for i, row in enumerate(x)]))
+    old_token = old.open(_stored_credential(batch_suite, before["id"]), f"batch job {before['id']}")  # kept till done
+    done = wait_batch(batch_suite, "alice", before["id"], lambda d: d["status"] in ("completed", "failed"))
+    assert done["request_counts"]["completed"] == 8, done
+
+    rotate_file(key_file, "stage")
+    new_id = Sealer.from_file(key_file).key_ids[1]
+    _until_all_hold(ports, old_id, [new_id])
+    rotate_file(key_file, "promote")
+    _until_all_hold(ports, new_id, [old_id])
+
+    after = _submit(batch_suite, "alice", _jsonl([_line(i, row) for i, row in enumerate(x)]))
+    sealed_after = _stored_credential(batch_suite, after["id"])
+    assert sealed_after.startswith(f"aiw1.{new_id}."), "the new key seals"
+    new_token = Sealer.from_file(key_file).open(sealed_after, f"batch job {after['id']}")
+    queued = _post(batch_suite, "alice", _body(x[0]))
+    assert queued.status_code == 202, queued.text
+    done = wait_batch(batch_suite, "alice", after["id"], lambda d: d["status"] in ("completed", "failed"))
+    assert done["request_counts"] == {"total": 8, "completed": 8, "failed": 0}, done
+    answer = _result(batch_suite, "alice", queued.json()["id"])
+    assert answer.status_code == 200 and answer.headers["aiworks-request-status"] == "completed", answer.text
+
+    good = key_file.read_bytes()
+    key_file.write_bytes(b"short\n")  # a broken edit: logged, and the ring in use stays
+    time.sleep(1.0)
+    _until_all_hold(ports, new_id, [old_id])
+    key_file.write_bytes(good)
+
+    rotate_file(key_file, "retire")
+    _until_all_hold(ports, new_id, [])
+    infer = f"{batch_suite.base}/v2/models/digits/infer"
+    refused = requests.post(infer, json=_body(x[0]), headers={"authorization": old_token}, timeout=10)
+    assert refused.status_code == 401 and "does not hold" in refused.text, refused.text
+    kept = requests.post(infer, json=_body(x[0]), headers={"authorization": new_token}, timeout=10)
+    assert kept.status_code == 200, kept.text
+    logged = (batch_suite.suite.supervisor.child("gateway").log_path).read_text()
+    assert f"now credential key ids {new_id} (seals)" in logged and "line 1 holds 5 bytes" in logged

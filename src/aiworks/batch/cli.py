@@ -102,6 +102,7 @@ def cmd_runner(args) -> None:
     from aiworks.batch.runner import BatchRunner
     from aiworks.batch.settings import BatchSettings
     from aiworks.core.logging import setup_logging
+    from aiworks.security.keyring import watch_key_file
     from aiworks.security.sealing import load_sealer
 
     overrides = {k: v for k, v in {
@@ -119,6 +120,8 @@ def cmd_runner(args) -> None:
     async def main() -> None:
         store = JobStore.from_url(settings.redis_url, sealer=sealer)
         runner = BatchRunner(store, settings)
+        key_watch = watch_key_file(settings.credential_key_file if sealer else None, [sealer],
+                                   settings.credential_key_reload_s)  # fmt: skip
         if settings.metrics_port:
             serve_runner_metrics(runner, settings.metrics_port, settings.metrics_host)
         stop = asyncio.Event()
@@ -128,6 +131,8 @@ def cmd_runner(args) -> None:
         try:
             await runner.run_forever(stop)
         finally:
+            if key_watch is not None:
+                key_watch.cancel()
             await runner.close()
             await store.close()
 

@@ -72,6 +72,10 @@ class BatchSettings(BaseSettings):
         "opens the submitters' credentials, which the gateway seals in Redis (aiworks.security.sealing). Unset: a "
         "job whose credential is sealed fails, saying so.",
     )  # fmt: skip
+    credential_key_reload_s: float = Field(
+        10.0, ge=0, description="How often the credential key file is read again: a rotation step is taken without "
+        "a restart. 0: read at start-up only.",
+    )  # fmt: skip
     metrics_port: int = Field(0, ge=0, le=65535, description="Serve Prometheus /metrics on this port (0: none).")
     metrics_host: str = Field(
         "127.0.0.1", description="Address /metrics listens on (0.0.0.0 in a container, for Prometheus to reach it)."

@@ -293,6 +293,14 @@ STREAM_SUBSCRIBER_PAUSES = Counter(
 )
 STREAM_GAPS = Counter("aiworks_stream_gaps_total", "Gap events: entries trimmed before a subscriber read them.")
 
+# ---- the credential key ring (gateway, batch runner, nearline worker; docs/tiers.md) --------
+
+CREDENTIAL_KEYS = Gauge(
+    "aiworks_credential_key_info",
+    "The credential key ids this process holds (1 each): role current seals and mints, previous only opens.",
+    ["key_id", "role"],
+)  # set at start-up and on every change of the key file (aiworks.security.keyring.KeyFileWatch)
+
 # ---- monitor -------------------------------------------------------------------------------
 
 MONITOR_HEALTH_SCORE = "aiworks_monitor_replica_health_score"  # {replica}: 0..100

@@ -34,6 +34,10 @@ def add_nearline_parser(sub) -> None:
     wk.add_argument("--credential-key-file", default=os.environ.get("AIWORKS_NEARLINE_CREDENTIAL_KEY_FILE"),
                     help="the gateway's credential key file, which opens the callers' credentials it sealed in "
                     "Redis (env AIWORKS_NEARLINE_CREDENTIAL_KEY_FILE; none: a sealed request fails, saying so)")  # fmt: skip
+    wk.add_argument("--credential-key-reload-s", type=float,
+                    default=float(os.environ.get("AIWORKS_NEARLINE_CREDENTIAL_KEY_RELOAD_S", "10")),
+                    help="how often the credential key file is read again, so a rotation step is taken without a "
+                    "restart (env AIWORKS_NEARLINE_CREDENTIAL_KEY_RELOAD_S; 0: at start-up only; default %(default)s)")  # fmt: skip
     wk.set_defaults(func=cmd_worker)
 
 
@@ -47,6 +51,7 @@ def cmd_worker(args) -> None:
     from aiworks.nearline.delivery import CallbackSender
     from aiworks.nearline.queue import AsyncQueue
     from aiworks.nearline.worker import NearlineWorker
+    from aiworks.security.keyring import watch_key_file
     from aiworks.security.sealing import load_sealer
 
     if not args.redis_url or not args.gateway_url:
@@ -66,6 +71,7 @@ def cmd_worker(args) -> None:
                                                          attempts=args.callback_attempts))  # fmt: skip
         if args.metrics_port:
             serve_metrics_or_warn(args.metrics_port, args.metrics_host)
+        key_watch = watch_key_file(args.credential_key_file if sealer else None, [sealer], args.credential_key_reload_s)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -73,6 +79,8 @@ def cmd_worker(args) -> None:
         try:
             await worker.run_forever(stop)
         finally:
+            if key_watch is not None:
+                key_watch.cancel()
             await queue.close()
 
     asyncio.run(main())

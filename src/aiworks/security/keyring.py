@@ -29,18 +29,30 @@ before any gateway seals under a new key:
 all restart together (``aiworks up``, compose). After a key has leaked,
 replace the file with a new one instead: what the leaked key sealed then
 fails, naming the key ids, rather than keep running under it.
+
+No step needs a restart: every process that holds the ring watches its file
+(:class:`KeyFileWatch`, every ``credential_key_reload_s``) and takes a
+changed ring in place, logging the new key ids and setting the
+``aiworks_credential_key_info`` gauge, so an operator can see when every
+process holds a step before taking the next. A file that cannot be read or
+holds a bad line is logged once and the ring in use stays: a broken edit
+never leaves a process without a key.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import logging
 import secrets
+from collections.abc import Sequence
 from pathlib import Path
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from aiworks.core.errors import InvalidArgument
+from aiworks.core.errors import AIWorksError, InvalidArgument
+from aiworks.core.metrics import CREDENTIAL_KEYS
 from aiworks.security.callers import read_secret
 from aiworks.security.certs import write_private_file
 
@@ -48,6 +60,7 @@ from aiworks.security.certs import write_private_file
 CREDENTIAL_KEY_MAKER = "`aiworks up --tiers`, the chart's install hook or `aiworks certs --credential-key FILE`"
 ROTATION_STEPS = ("stage", "promote", "retire", "at-once")
 _MIN_BYTES = 16
+log = logging.getLogger(__name__)
 
 
 def derive(keys: bytes | list[bytes], info: bytes) -> dict[str, bytes]:
@@ -107,3 +120,86 @@ def rotate_file(path: Path | str, step: str) -> list[bytes]:
     keys = rotated(read_keys(path), step)
     write_private_file(path, b"".join(k + b"\n" for k in keys))
     return keys
+
+
+class KeyFileWatch:
+    """Keeps the holders of a ring (``Sealer``, ``WorkTokens``: each with ``reload(keys)``, ``key_ids`` and
+    ``describe()``) in step with the key file at ``path``. :meth:`check` re-reads it and, when its bytes
+    changed and parse, hands the new ring to every holder; :meth:`run` checks every ``interval_s``, reading
+    off the event loop. The gauge shows the first holder's key ids (the sealer's, the ids the start-up and
+    reload log lines and a refused value's message name)."""
+
+    def __init__(self, path: Path | str, holders: Sequence):
+        self.path = Path(path)
+        self.holders = list(holders)
+        self._seen = self._read_or_none()
+        self._failure = ""
+        self.reloads = 0
+        self._publish()
+
+    def _read_or_none(self) -> bytes | None:
+        try:
+            return self.path.read_bytes()
+        except OSError:
+            return None
+
+    def _describe(self) -> str:
+        return "; ".join(holder.describe() for holder in self.holders)
+
+    def _publish(self) -> None:
+        """1 for each key id held, by role (``current`` seals and mints, ``previous`` only opens and verifies);
+        ids no longer held go."""
+        CREDENTIAL_KEYS.clear()
+        for n, key_id in enumerate(self.holders[0].key_ids):
+            CREDENTIAL_KEYS.labels(key_id=key_id, role="previous" if n else "current").set(1)
+
+    def _failed(self, why: str) -> None:
+        if why != self._failure:  # once per distinct failure, not every interval
+            log.error("%s; keeping %s", why, self._describe())
+        self._failure = why
+
+    def check(self, data: bytes | None = None) -> bool:
+        """Re-read the file (or take ``data``, its bytes read elsewhere); whether the ring changed."""
+        if data is None:
+            try:
+                data = self.path.read_bytes()
+            except OSError as exc:
+                self._failed(f"credential key file {self.path} cannot be read ({exc.strerror or type(exc).__name__})")
+                return False
+        if data == self._seen:
+            self._failure = ""
+            return False
+        try:
+            keys = parse_keys(data, f"credential key file {self.path}")
+        except AIWorksError as exc:
+            self._failed(exc.message)
+            return False
+        before = self.holders[0].key_ids
+        for holder in self.holders:
+            holder.reload(keys)
+        self._seen, self._failure = data, ""
+        if self.holders[0].key_ids == before:
+            return False
+        self.reloads += 1
+        log.info("credential key file %s changed: now %s", self.path, self._describe())
+        self._publish()
+        return True
+
+    async def run(self, interval_s: float) -> None:
+        """Check every ``interval_s`` until cancelled."""
+        while True:
+            await asyncio.sleep(interval_s)
+            data = await asyncio.to_thread(self._read_or_none)
+            self.check(data) if data is not None else self.check()  # None: read again, to log why
+
+
+def watch_key_file(path: Path | str | None, holders: Sequence, interval_s: float) -> asyncio.Task | None:
+    """A running :class:`KeyFileWatch` task for ``holders`` (``None`` ones skipped) on the running loop; none
+    without a file or a holder. ``interval_s`` 0 publishes the gauge and watches nothing."""
+    holders = [h for h in holders if h is not None]
+    if not path or not holders:
+        return None
+    watch = KeyFileWatch(path, holders)
+    if interval_s <= 0:
+        return None
+    return asyncio.get_running_loop().create_task(watch.run(interval_s), name="credential-key-watch")

@@ -24,7 +24,8 @@ The key file holds one secret of at least 16 bytes per line: ``aiworks up``
 makes one (``ensure_secret_file``), the chart's install hook keeps one in a
 Secret, and ``aiworks certs --credential-key FILE`` makes one for compose.
 The first line seals; the others still open what they sealed before a
-rotation (:mod:`aiworks.security.keyring`).
+rotation (:mod:`aiworks.security.keyring`), and a changed file is taken
+without a restart.
 """
 
 from __future__ import annotations
@@ -59,6 +60,11 @@ class Sealer:
     ``context`` binds a sealed value to its record."""
 
     def __init__(self, keys: bytes | list[bytes]):
+        self.reload(keys)
+
+    def reload(self, keys: bytes | list[bytes]) -> None:
+        """Take a new ring in place (:class:`aiworks.security.keyring.KeyFileWatch`); nothing awaits between
+        the assignments, so a coroutine sees the old ring or the new one."""
         self._aeads = {key_id: AESGCM(key) for key_id, key in derive(keys, _INFO).items()}
         self.key_id = next(iter(self._aeads))  # the current key's: what seal() uses
         self.key_ids = tuple(self._aeads)

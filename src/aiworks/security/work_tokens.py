@@ -88,6 +88,10 @@ class WorkTokens:
     (:mod:`aiworks.security.keyring`): a token minted before a rotation runs to its end."""
 
     def __init__(self, keys: bytes | list[bytes]):
+        self.reload(keys)
+
+    def reload(self, keys: bytes | list[bytes]) -> None:
+        """Take a new ring in place (:class:`aiworks.security.keyring.KeyFileWatch`)."""
         self._keys = derive(keys, _INFO)
         self.key_id = next(iter(self._keys))  # the current key's: what mint() uses
         self.key_ids = tuple(self._keys)
@@ -99,6 +103,11 @@ class WorkTokens:
     def describe(self) -> str:
         """The ring for a start-up log line: key ids (a token's, not a sealed value's), never a key."""
         return "work tokens: " + describe_ring(self.key_ids, "mints", "verifies only")
+
+    def holds_key_of(self, token: str) -> bool:
+        """Whether the key ``token`` names is still in the ring: a token verified before a retirement, and
+        remembered, is not taken on trust after it."""
+        return token[len(PREFIX):].partition(".")[0] in self._keys
 
     def _mac(self, signed: str, key_id: str | None = None) -> bytes:
         return hmac.new(self._keys[key_id or self.key_id], signed.encode(), hashlib.sha256).digest()
