@@ -295,6 +295,11 @@ def create_app(
     async def _http_error(request: Request, exc: StarletteHTTPException):
         return refusal(request, exc.status_code, str(exc.detail))
 
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):
+        # Starlette logs the traceback after this answer; the body names the failure, in the route's protocol.
+        return refusal(request, 500, f"internal error: {type(exc).__name__}", code="internal")
+
     # ---- health and metadata ----------------------------------------------------------
 
     @app.get("/v2/health/live")

@@ -4,7 +4,8 @@ httptools (llhttp) has no limit of its own on how much of a request's head it
 buffers, so a client could send megabytes of headers before authentication
 is even looked at. Bytes received while a request's head is incomplete are
 counted; past ``max_head_bytes`` the connection gets ``431 Request Header
-Fields Too Large`` (OIP's ``{"error": ...}`` body) and is closed. The count
+Fields Too Large`` (OIP's ``{"error": ...}`` body, or OpenAI's under
+``/v1/`` once the request line was read) and is closed. The count
 errs on the safe side: the chunk that completes a head may also hold the
 start of its body, and counts in full (at most one read, 256 KiB).
 """
@@ -14,9 +15,11 @@ from __future__ import annotations
 import logging
 import time
 
+import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from aiworks.core import metrics
+from aiworks.gateway.openai_routes import openai_error_body
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +71,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
                 self.max_head_bytes,
                 self.client[0] if self.client else "?",
             )
-        body = b'{"error":"request line and headers exceed the limit of %d bytes (setting max_header_bytes)"}' % (
-            self.max_head_bytes
-        )
+        message = f"request line and headers exceed the limit of {self.max_head_bytes} bytes (setting max_header_bytes)"
+        if getattr(self, "url", b"").startswith(b"/v1/"):  # the request line was read: OpenAI's error body there
+            body = openai_error_body(431, message, "request_header_fields_too_large")
+        else:
+            body = orjson.dumps({"error": message})
         self.transport.write(
             b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
             b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)

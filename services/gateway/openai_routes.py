@@ -60,15 +60,19 @@ CHAT_STOP = ["\nuser:", "\nsystem:", "\nassistant:"]
 
 _ERROR_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-    413: "invalid_request_error", 429: "rate_limit_error", 501: "invalid_request_error",
+    413: "invalid_request_error", 429: "rate_limit_error", 431: "invalid_request_error", 501: "invalid_request_error",
 }  # fmt: skip
 
 
-def openai_error(status: int, message: str, code: str = "", headers: dict | None = None) -> Response:
+def openai_error_body(status: int, message: str, code: str = "") -> bytes:
     """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``, the type from the status."""
-    body = {"error": {"message": message, "type": _ERROR_TYPES.get(status, "server_error"), "param": None,
-                      "code": code or None}}  # fmt: skip
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
+    return orjson.dumps({"error": {"message": message, "type": _ERROR_TYPES.get(status, "server_error"),
+                                   "param": None, "code": code or None}})  # fmt: skip
+
+
+def openai_error(status: int, message: str, code: str = "", headers: dict | None = None) -> Response:
+    return Response(openai_error_body(status, message, code), status_code=status, media_type="application/json",
+                    headers=headers)  # fmt: skip
 
 
 def error_response(exc: AIWorksError) -> Response:

@@ -78,6 +78,10 @@ def test_usage_times_out_of_range_are_400(fuzz_suite):
 def test_huge_headers_are_refused_before_authentication(fuzz_suite):
     resp = requests.get(f"{fuzz_suite.base}/v2/health/live", headers={"x-big": "a" * 200_000}, timeout=10)
     assert resp.status_code == 431 and "max_header_bytes" in resp.json()["error"]
+    # Under /v1/ the request line was read first: OpenAI's error object, which the openai client reads.
+    resp = requests.get(f"{fuzz_suite.base}/v1/models", headers={"x-big": "a" * 200_000}, timeout=10)
+    assert resp.status_code == 431 and resp.json()["error"]["code"] == "request_header_fields_too_large"
+    assert "max_header_bytes" in resp.json()["error"]["message"]
     assert requests.get(f"{fuzz_suite.base}/v2/health/live", timeout=5).status_code == 200
 
 
