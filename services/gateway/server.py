@@ -129,6 +129,7 @@ async def serve(settings: GatewaySettings) -> None:
         subscriptions = Subscriptions(
             reader, buffer_events=settings.stream_buffer_events, send_timeout_s=settings.stream_send_timeout_s,
             max_subscribers=settings.stream_max_subscribers,
+            max_per_tenant=settings.stream_max_subscribers_per_tenant,
         )  # fmt: skip
     dataplane = GatewayDataPlane(
         scheduler, routing, settings.server_name, cache=cache, tenancy=tenancy, diagnostics=diagnostics,

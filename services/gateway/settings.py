@@ -174,6 +174,10 @@ class GatewaySettings(ServiceSettings):
         5.0, gt=0, description="Longest one write to a subscriber may wait (its socket backed up) before it is dropped."
     )
     stream_max_subscribers: int = Field(1000, ge=1, description="Most subscribers this replica serves; more get 429.")
+    stream_max_subscribers_per_tenant: int = Field(
+        250, ge=1, description="Most subscribers of one tenant this replica serves, so that one tenant cannot take "
+        "every slot; more get 429. A tenant's max_stream_subscribers overrides it. Not applied in demo mode.",
+    )  # fmt: skip
     stream_claim_idle_s: float = Field(
         30.0, gt=0, description="Age of a group's unacknowledged entry before another subscriber of the group takes it."
     )

@@ -35,6 +35,7 @@ class ResultStreamsServicer(streams_pb2_grpc.ResultStreamsServicer):
             subscription = await self.subscriptions.open(
                 principal.tenant_id, request.name, group=request.group or None, consumer=request.consumer or None,
                 start=request.from_id or None, policy=principal.tenant.stream_policy(request.name),
+                tenant_limit=principal.tenant.max_stream_subscribers,
             )  # fmt: skip
         except AIWorksError as exc:
             if exc.retry_after_s:

@@ -68,6 +68,7 @@ class StreamFront:
         return await self.subscriptions.open(
             principal.tenant_id, name, group=query.get("group"), consumer=query.get("consumer") or None,
             start=headers.get("last-event-id") or query.get("from"), policy=principal.tenant.stream_policy(name),
+            tenant_limit=principal.tenant.max_stream_subscribers,
         )  # fmt: skip
 
     async def _serve(self, subscription: Subscription, scope, receive, send) -> None:

@@ -105,6 +105,10 @@ class Tenant(_Section):
         (), description="What happens to a subscriber of one of its result streams that stops "
         "reading, per stream name (\"*\": the others): drop (the default) or pause (docs/tiers.md).",
     )  # fmt: skip
+    max_stream_subscribers: int | None = Field(
+        None, ge=1, description="Subscribers to its result streams one gateway replica serves at once; unset: the "
+        "gateway's stream_max_subscribers_per_tenant.",
+    )  # fmt: skip
     callbacks: CallbackConfig | None = Field(
         None, description="Hosts its asynchronous requests' callback URLs may name, and its signing secret's source.",
     )

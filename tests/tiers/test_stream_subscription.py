@@ -72,6 +72,39 @@ def test_open_checks_names_ids_existence_and_the_bound_before_taking_a_slot(redi
     asyncio.run(run())
 
 
+def test_one_tenant_cannot_take_every_slot_from_the_others(redis_url):
+    """Each tenant holds at most its share of the replica's slots (its own max_stream_subscribers, else the
+    gateway's per-tenant bound); the others still subscribe; a closed subscription gives its slot back;
+    demo mode's anonymous tenant has the replica's bound alone."""
+
+    async def run():
+        client = redis.Redis.from_url(redis_url)
+        hub = Subscriptions(Reader(client), max_subscribers=10, max_per_tenant=2)
+        for tenant in ("alice", "bob", ""):
+            await _fill(client, stream_key(tenant, "twin"), 1)
+        held = [await hub.open("alice", "twin"), await hub.open("alice", "twin")]
+        with pytest.raises(ResourceExhausted, match="tenant 'alice' already holds 2 subscriptions") as refused:
+            await hub.open("alice", "twin")
+        assert refused.value.retry_after_s == 1
+        bob = await hub.open("bob", "twin")  # alice's share is full, not the replica
+        held[0].close()
+        held[0].close()
+        held.append(await hub.open("alice", "twin"))  # the closed one's slot is hers again
+        assert hub.by_tenant == {"alice": 2, "bob": 1}
+        big = [await hub.open("bob", "twin", tenant_limit=4) for _ in range(3)]  # bob's own bound: 4 in all
+        with pytest.raises(ResourceExhausted, match="holds 4"):
+            await hub.open("bob", "twin", tenant_limit=4)
+        anonymous = [await hub.open("", "twin") for _ in range(4)]  # 2 + 4 + 4: the replica is full now
+        with pytest.raises(ResourceExhausted, match="already serves 10"):
+            await hub.open("", "twin")
+        for subscription in [*held, bob, *big, *anonymous]:
+            subscription.close()
+        assert hub.active == 0 and hub.by_tenant == {}
+        await client.aclose()
+
+    asyncio.run(run())
+
+
 def test_resume_sends_what_follows_and_a_trimmed_position_gets_a_gap_first(redis_url):
     async def run():
         client = redis.Redis.from_url(redis_url)

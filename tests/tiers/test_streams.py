@@ -149,6 +149,34 @@ def test_only_the_owning_tenant_reads_its_stream_and_bad_names_are_refused_namin
             _publish(batch_suite, "alice", _digits(1)[0], "no/good", transport)
 
 
+def test_one_tenant_holds_at_most_its_share_of_the_subscriber_slots(batch_suite):
+    """carol's tenants entry allows her two subscribers on a gateway: a third is 429 naming the bound (so she
+    cannot take every slot from the others), alice still subscribes, and a slot carol gives back is hers again."""
+    from contextlib import ExitStack
+
+    for tenant in ("carol", "alice"):
+        _publish(batch_suite, tenant, _digits(1)[0], "share")
+        _wait_entries(batch_suite, tenant, "share", 1)
+    url = f"{batch_suite.base}/v2/streams/share"
+    carol, alice = batch_suite.headers("carol"), batch_suite.headers("alice")
+    with httpx.Client(timeout=10) as client:
+        with ExitStack() as held:
+            for _ in range(2):
+                assert held.enter_context(client.stream("GET", url, headers=carol)).status_code == 200
+            refused = client.get(url, headers=carol)
+            assert refused.status_code == 429 and refused.headers["retry-after"] == "1", refused.text
+            assert "tenant 'carol' already holds 2 subscriptions" in refused.json()["error"]
+            with client.stream("GET", url, headers=alice) as other:
+                assert other.status_code == 200, "another tenant is not refused"
+        deadline = time.monotonic() + 15
+        while True:  # the gateway frees a slot once it sees the connection gone (its next read or heartbeat)
+            with client.stream("GET", url, headers=carol) as again:
+                if again.status_code == 200:
+                    break
+                assert again.status_code == 429 and time.monotonic() < deadline
+            time.sleep(0.2)
+
+
 def test_subscribers_of_one_group_share_the_stream_and_acknowledge_it(batch_suite):
     _publish(batch_suite, "alice", _digits(1)[0], "shared")
     _wait_entries(batch_suite, "alice", "shared", 1)

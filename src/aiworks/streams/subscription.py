@@ -55,22 +55,28 @@ class Subscriptions:
     """The subscribers of one gateway replica, over every transport: their bounds and how one starts."""
 
     def __init__(self, reader: Reader, *, buffer_events: int = 100, send_timeout_s: float = 5.0,
-                 max_subscribers: int = 1000, heartbeat_s: float = 15.0, block_ms: int = 1000):  # fmt: skip
+                 max_subscribers: int = 1000, max_per_tenant: int | None = None, heartbeat_s: float = 15.0,
+                 block_ms: int = 1000):  # fmt: skip
         self.reader = reader
         self.buffer_events = buffer_events
         self.send_timeout_s = send_timeout_s
         self.max_subscribers = max_subscribers
+        self.max_per_tenant = max_per_tenant  # None: the replica's bound alone
+        self.by_tenant: dict[str, int] = {}
         self.heartbeat_s = heartbeat_s
         self.block_ms = block_ms
         self.active = 0
 
     async def open(self, tenant: str, name: str, *, group: str | None = None, consumer: str | None = None,
-                   start: str | None = None, policy: str = "drop") -> Subscription:  # fmt: skip
+                   start: str | None = None, policy: str = "drop", tenant_limit: int | None = None
+                   ) -> Subscription:  # fmt: skip
         """A started subscription to ``tenant``'s stream ``name``: 400, 404 or 429 (AIWorksError) before.
 
         ``start``: the id to continue after (``0``: the oldest kept); None: new entries only, or,
         with ``group``, the position of the group (a new group starts at ``start``, else at the end).
-        The subscription holds one of the replica's ``max_subscribers`` slots until it is closed.
+        The subscription holds one of the replica's ``max_subscribers`` slots, and one of its tenant's
+        (``tenant_limit``, else ``max_per_tenant``; none for the demo mode's anonymous tenant, ``""``), until
+        it is closed: one tenant cannot take every slot from the others.
         """
         check_name(name)
         if group is not None:
@@ -85,9 +91,17 @@ class Subscriptions:
             raise NotFound(f"no stream '{name}' (a stream exists once a result has been published to it)")
         if self.active >= self.max_subscribers:
             raise ResourceExhausted(f"this gateway already serves {self.max_subscribers} subscribers", retry_after_s=1)
+        cap = tenant_limit or self.max_per_tenant
+        if tenant and cap is not None and self.by_tenant.get(tenant, 0) >= cap:
+            raise ResourceExhausted(
+                f"tenant '{tenant}' already holds {cap} subscriptions on this gateway (max_stream_subscribers in "
+                "the tenants file, else the setting stream_max_subscribers_per_tenant); close one first",
+                retry_after_s=1,
+            )
         self.active += 1
+        self.by_tenant[tenant] = self.by_tenant.get(tenant, 0) + 1
         metrics.STREAM_SUBSCRIBERS.inc()
-        subscription = Subscription(self, key, group, consumer, policy)
+        subscription = Subscription(self, key, group, consumer, policy, tenant)
         try:
             if group is not None:
                 await self.reader.join(key, group, start or "$")
@@ -107,8 +121,10 @@ class Subscriptions:
 class Subscription:
     """One subscriber: :meth:`run` sends it events until it goes (the caller cancels) or is dropped."""
 
-    def __init__(self, hub: Subscriptions, key: str, group: str | None, consumer: str, policy: str):
+    def __init__(self, hub: Subscriptions, key: str, group: str | None, consumer: str, policy: str,
+                 tenant: str = ""):  # fmt: skip
         self.hub = hub
+        self.tenant = tenant
         self.key = key
         self.group = group
         self.consumer = consumer
@@ -124,6 +140,9 @@ class Subscription:
         if self._open:
             self._open = False
             self.hub.active -= 1
+            held = self.hub.by_tenant.pop(self.tenant, 1) - 1
+            if held:
+                self.hub.by_tenant[self.tenant] = held
             metrics.STREAM_SUBSCRIBERS.dec()
 
     async def run(self, send: Send) -> str:
