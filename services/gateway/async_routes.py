@@ -32,9 +32,10 @@ from starlette.datastructures import Headers
 
 from aiworks.core.errors import AIWorksError, NotFound, PayloadTooLarge, ResourceExhausted, Unavailable
 from aiworks.gateway.batch_routes import work_credential
-from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
+from aiworks.gateway.dataplane import GatewayDataPlane
 from aiworks.gateway.filters import check_body_size
 from aiworks.gateway.http_codec import HEADER_LENGTH, error_headers, parse_infer_header
+from aiworks.gateway.tenancy_layer import request_limit
 from aiworks.nearline.body import AsyncBody, take_async_flag
 from aiworks.nearline.callbacks import HEADER as CALLBACK_HEADER
 from aiworks.nearline.callbacks import check_callback_url

@@ -25,11 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
-
-import numpy as np
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiworks import __version__
 from aiworks.cache.client import CacheClient
@@ -50,20 +46,17 @@ from aiworks.core.looplag import offload
 from aiworks.core.model_config import ModelSpec
 from aiworks.core.names import check_model_name, check_version
 from aiworks.core.options import ONLINE_LOAD, read_options
-from aiworks.gateway.auth import Authenticator, Headers, Principal
+from aiworks.gateway.auth import Headers, Principal
 from aiworks.gateway.diagnostics import Diagnostics, LogSettings, TraceSettings
-from aiworks.gateway.filters import InputFilter, InputLimits
-from aiworks.gateway.limits import Admission, TenantLimiter
-from aiworks.gateway.masking import MaskingPolicies
-from aiworks.gateway.metering import UsageMeter
-from aiworks.gateway.settings import GatewaySettings
+from aiworks.gateway.filters import InputLimits
+from aiworks.gateway.limits import Admission
 from aiworks.gateway.shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegistry
 from aiworks.gateway.telemetry import GatewayTelemetry, short
-from aiworks.gateway.tenancy import PRIORITY_CLAMPED, demo_config, load_tenancy, tenant_classes
+from aiworks.gateway.tenancy import PRIORITY_CLAMPED, tenant_classes
+from aiworks.gateway.tenancy_layer import Tenancy
+from aiworks.gateway.token_budget import TokenCount, check_max_tokens, counted_tokens, text_token_reserve, token_reserve
 from aiworks.runtime.client import Work, outstanding_compute_s
 from aiworks.scheduler.client import Routing, SchedulerClient
-from aiworks.security.audit import AuditLog
-from aiworks.security.audit_redis import RedisStreamSink
 from aiworks.streams.store import Publisher, check_name, result_record
 
 log = logging.getLogger(__name__)
@@ -82,202 +75,6 @@ ReadOverrides = Callable[[], Awaitable[LoadOverrides]]
 # Requests whose tensor data or checks handle more elements than this one at a time in Python (JSON data,
 # BYTES elements) are decoded and checked in a worker thread, so the event loop keeps answering others.
 OFF_LOOP_ELEMENTS = 32_768
-
-@dataclass
-class Tenancy:
-    """The gateway's tenancy layer (docs/tenancy.md), built once at start-up; demo mode without a tenants file."""
-
-    auth: Authenticator
-    filters: InputFilter
-    limiter: TenantLimiter
-    meter: UsageMeter
-    masking: MaskingPolicies
-    audit: AuditLog | None = None
-
-    @classmethod
-    def demo(cls) -> Tenancy:
-        """No tenants, no limits, no shared state, no audit: a gateway without tenancy settings."""
-        return cls(Authenticator(demo_config()), InputFilter(), TenantLimiter(), UsageMeter(), MaskingPolicies())
-
-    @classmethod
-    def from_settings(cls, settings: GatewaySettings) -> Tenancy:
-        """Read the tenants, API keys, JWT key and audit key files the settings name; errors name the file."""
-        config = load_tenancy(settings.tenants_file, settings.api_keys_file)
-        audit = None
-        if settings.audit_log is not None or settings.audit_sink == "redis":
-            key = None
-            if settings.audit_key_file is not None:
-                key = Path(settings.audit_key_file).read_bytes().strip()
-                if not key:
-                    raise InvalidArgument(f"audit key file {settings.audit_key_file} is empty")
-            sink = None
-            if settings.audit_sink == "redis":
-                if not settings.redis_url:
-                    raise InvalidArgument("audit_sink redis needs redis_url (AIWORKS_GATEWAY_REDIS_URL)")
-                sink = RedisStreamSink(settings.redis_url, writer=settings.audit_writer, stream=settings.audit_stream)
-            audit = AuditLog(None if sink else settings.audit_log, sink=sink, key=key,
-                             flush_interval_s=settings.audit_flush_interval_s)  # fmt: skip
-        return cls(
-            auth=Authenticator.from_files(config, settings.jwt_key_file, settings.credential_key_file),
-            filters=InputFilter(
-                limits=InputLimits(
-                    max_tensor_elements=settings.max_tensor_elements,
-                    max_request_elements=settings.max_request_elements,
-                    max_string_elements=settings.max_string_elements,
-                    max_listed_values=settings.max_listed_values,
-                    max_request_tensors=settings.max_request_tensors,
-                ),
-                max_string_bytes=settings.max_string_bytes,
-                deny_patterns=config.deny_patterns,
-            ),
-            limiter=TenantLimiter(
-                settings.redis_url,
-                timeout_s=settings.limits_timeout_s,
-                expected_replicas=settings.limits_expected_replicas,
-                lease_ttl_s=settings.limits_lease_ttl_s,
-                retry_after_s=settings.limits_retry_after_s,
-            ),
-            meter=UsageMeter(
-                settings.redis_url,
-                window_s=settings.usage_window_s,
-                flush_interval_s=settings.usage_flush_interval_s,
-                timeout_s=settings.usage_timeout_s,
-                retention_s=settings.usage_retention_s,
-            ),
-            masking=MaskingPolicies(max_scan_bytes=settings.mask_max_scan_bytes),
-            audit=audit,
-        )
-
-    @property
-    def demo_mode(self) -> bool:
-        return not self.auth.required
-
-    async def start(self) -> None:
-        await self.limiter.start()
-        await self.meter.start()
-        if self.audit is not None:
-            await self.audit.start()
-
-    async def close(self) -> None:
-        await self.limiter.close()
-        await self.meter.close()
-        if self.audit is not None:
-            await self.audit.close()
-
-
-def check_max_tokens(tenant, parameters: dict) -> None:
-    """A generation asking for more new tokens than its tenant's ``max_tokens`` cap is refused (400)."""
-    cap = tenant.max_tokens
-    asked = parameters.get("max_tokens")
-    if cap is None or asked is None or isinstance(asked, bool):
-        return
-    try:
-        asked = int(asked)
-    except (TypeError, ValueError):
-        return  # the model says what is wrong with it
-    if asked > cap:
-        raise InvalidArgument(f"max_tokens {asked} exceeds tenant '{tenant.id}''s cap of {cap} (rule max_tokens)")
-
-
-TEXT_INPUT = "text_input"  # a generation's prompt (the llm backend's input, Triton's generate convention)
-DEFAULT_MAX_TOKENS = 16  # a generation that names no max_tokens, on a model whose config names no default
-PROMPT_BYTES_PER_TOKEN = 4  # the prompt's estimate at admission, before the model has tokenized it
-
-
-def token_reserve(tenant, spec: ModelSpec, request: InferRequest) -> int:
-    """Tokens a generation reserves from its tenant's tokens-per-minute bucket at admission (0: none).
-
-    The prompt's UTF-8 bytes / 4 (rounded up; the model's tokenizer has not
-    run yet) plus the ``max_tokens`` it asks for (else the model's
-    ``default_max_tokens``), each at most what the model's config allows
-    (``context_tokens``, ``max_tokens_cap``): a request the model will refuse
-    cannot sink the bucket. The release settles it to what the model counted.
-    """
-    if tenant.max_tokens_per_minute is None:
-        return 0
-    prompt = [t for t in request.inputs if t.name == TEXT_INPUT and t.datatype == "BYTES"]
-    if not prompt:
-        return 0
-    # Serialized BYTES: a 4-byte length before each element.
-    text_bytes = sum(max(0, len(t.raw) - 4 * element_count(t.shape)) for t in prompt)
-    asked = _count(request.parameters.get("max_tokens", spec.parameters.get("default_max_tokens", DEFAULT_MAX_TOKENS)))
-    prompt_tokens, asked = -(-text_bytes // PROMPT_BYTES_PER_TOKEN), asked or DEFAULT_MAX_TOKENS
-    context, cap = _count(spec.parameters.get("context_tokens")), _count(spec.parameters.get("max_tokens_cap"))
-    if context:
-        prompt_tokens = min(prompt_tokens, context)
-    if cap or context:
-        asked = min(asked, cap or context)
-    return prompt_tokens + asked
-
-
-TOKEN_COUNT_OUTPUT = "token_count"  # a text model's tokens per input row (minilm's), metered as prompt tokens
-TEXT_MARKS = 2  # tokens a tokenizer adds to each text ([CLS] and [SEP]), in a text's estimate
-
-
-def text_token_reserve(tenant, spec: ModelSpec, request: InferRequest) -> int:
-    """Tokens a request to a text model reserves from its tenant's tokens-per-minute bucket (0: none).
-
-    Only models that count their input's tokens (an INT64 ``token_count``
-    output: ``minilm``) draw on the bucket, on every front end. The estimate
-    is the BYTES inputs' UTF-8 bytes / 4 (rounded up) plus 2 per text; the
-    release settles it to the model's count.
-    """
-    if tenant.max_tokens_per_minute is None:
-        return 0
-    if not any(t.name == TOKEN_COUNT_OUTPUT and t.datatype == "INT64" for t in spec.outputs):
-        return 0
-    texts = [t for t in request.inputs if t.datatype == "BYTES"]
-    elements = sum(element_count(t.shape) for t in texts)
-    text_bytes = sum(max(0, len(t.raw) - 4 * element_count(t.shape)) for t in texts)  # less each length prefix
-    return -(-text_bytes // PROMPT_BYTES_PER_TOKEN) + TEXT_MARKS * elements
-
-
-def counted_tokens(response: InferResponse) -> int:
-    """The tokens a text model says its inputs were: the sum of its INT64 ``token_count`` output (0 without)."""
-    for t in response.outputs:
-        if t.name == TOKEN_COUNT_OUTPUT and t.datatype == "INT64":
-            return int(np.frombuffer(t.raw, dtype="<i8").sum()) if len(t.raw) % 8 == 0 else 0
-    return 0
-
-
-class TokenCount:
-    """A generation's token counts from its responses' parameters (the ``llm`` backend's contract).
-
-    ``prompt_tokens`` comes on the first response, ``completion_tokens`` on
-    the last. A stream stopped before its last response (the client went
-    away) counts the completion tokens of the responses that carried output:
-    one each, as each of the backend's responses is one decoding step's text,
-    or its ``tokens`` parameter when it joined several steps.
-    """
-
-    __slots__ = ("prompt", "completion", "_steps", "_final")
-
-    def __init__(self) -> None:
-        self.prompt = self.completion = self._steps = 0
-        self._final = False
-
-    def see(self, parameters: Mapping, has_output: bool) -> None:
-        if "prompt_tokens" in parameters:
-            self.prompt = _count(parameters["prompt_tokens"])
-        if has_output:
-            self._steps += _count(parameters["tokens"]) if "tokens" in parameters else 1
-        if "completion_tokens" in parameters:
-            self.completion, self._final = _count(parameters["completion_tokens"]), True
-        elif not self._final:
-            self.completion = self._steps
-
-
-def _count(value) -> int:
-    try:
-        return max(0, int(value))
-    except (TypeError, ValueError):
-        return 0
-
-
-def request_limit(principal: Principal, gateway_limit: int) -> int:
-    """The largest request body ``principal`` may send: the gateway's limit, or its tenant's lower one."""
-    own = principal.tenant.max_request_bytes
-    return min(gateway_limit, own) if own else gateway_limit
 
 
 class GatewayDataPlane:

@@ -32,9 +32,11 @@ import orjson
 from aiworks.core.datatypes import Tensor, deserialize_bytes, serialize_items
 from aiworks.core.errors import AIWorksError, InvalidArgument
 from aiworks.core.inference import InferRequest, InferResponse
-from aiworks.gateway.dataplane import GatewayDataPlane, TokenCount, request_limit
+from aiworks.gateway.dataplane import GatewayDataPlane
 from aiworks.gateway.filters import read_body
 from aiworks.gateway.telemetry import REQUEST_ID_HEADER
+from aiworks.gateway.tenancy_layer import request_limit
+from aiworks.gateway.token_budget import TokenCount
 
 TEXT_INPUT, TEXT_OUTPUT = "text_input", "text_output"
 ROUTE_PARAMETERS = frozenset({"stream"})  # the route says whether it streams

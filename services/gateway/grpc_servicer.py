@@ -23,11 +23,12 @@ from aiworks.gateway.converters import (
     to_infer_request_header,
     to_load_overrides,
 )
-from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
+from aiworks.gateway.dataplane import GatewayDataPlane
 from aiworks.gateway.filters import check_body_size
 from aiworks.gateway.grpc_stream import StreamInfer
 from aiworks.gateway.shared_memory import store_outputs
 from aiworks.gateway.telemetry import REQUEST_ID_HEADER
+from aiworks.gateway.tenancy_layer import request_limit
 
 
 def _request_id(metadata) -> str:

@@ -40,10 +40,12 @@ from aiworks.core.errors import AIWorksError, InvalidArgument
 from aiworks.core.inference import InferResponse
 from aiworks.core.tracing import carrier_from_metadata
 from aiworks.gateway.converters import from_infer_response, output_refs, to_infer_request_header
-from aiworks.gateway.dataplane import GatewayDataPlane, TokenCount, request_limit
+from aiworks.gateway.dataplane import GatewayDataPlane
 from aiworks.gateway.filters import check_body_size
 from aiworks.gateway.shared_memory import store_outputs
 from aiworks.gateway.telemetry import REQUEST_ID_HEADER
+from aiworks.gateway.tenancy_layer import request_limit
+from aiworks.gateway.token_budget import TokenCount
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ from aiworks.gateway import generate
 from aiworks.gateway.async_routes import ASYNC_OFF, Accepted, AsyncInferFront
 from aiworks.gateway.batch_routes import add_batch_routes
 from aiworks.gateway.compression import compress, inflate, request_encoding, response_encoding
-from aiworks.gateway.dataplane import GatewayDataPlane, request_limit
+from aiworks.gateway.dataplane import GatewayDataPlane
 from aiworks.gateway.filters import read_body
 from aiworks.gateway.http_codec import (
     HEADER_LENGTH,
@@ -53,6 +53,7 @@ from aiworks.gateway.openai_routes import add_openai_routes, openai_error
 from aiworks.gateway.shared_memory import store_outputs
 from aiworks.gateway.stream_routes import StreamFront
 from aiworks.gateway.telemetry import REQUEST_ID_HEADER
+from aiworks.gateway.tenancy_layer import request_limit
 from aiworks.nearline.body import mentions_async, take_async_flag
 
 log = logging.getLogger(__name__)

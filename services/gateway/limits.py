@@ -36,7 +36,7 @@ Redis does not know is sent again, behind the calls made meanwhile).
 - **Tokens per minute** (generation, ``max_tokens_per_minute``): a bucket of
   that many tokens, refilled continuously at a sixtieth of it per second.
   Admission reserves the generation's estimated prompt plus its
-  ``max_tokens`` (see :func:`aiworks.gateway.dataplane.token_reserve`) and
+  ``max_tokens`` (see :func:`aiworks.gateway.token_budget.token_reserve`) and
   refuses it (429, with the time until that many tokens are back) when fewer
   are left; a reserve larger than the whole bucket waits for a full bucket.
   When the generation ends, its release settles the reserve to the tokens

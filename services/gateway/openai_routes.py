@@ -44,10 +44,12 @@ from aiworks.core.datatypes import Tensor, serialize_items
 from aiworks.core.errors import AIWorksError, InvalidArgument, UnknownModel
 from aiworks.core.inference import InferRequest
 from aiworks.gateway import generate
-from aiworks.gateway.dataplane import TOKEN_COUNT_OUTPUT, GatewayDataPlane, counted_tokens, request_limit
+from aiworks.gateway.dataplane import GatewayDataPlane
 from aiworks.gateway.filters import read_body
 from aiworks.gateway.http_codec import error_headers
 from aiworks.gateway.telemetry import REQUEST_ID_HEADER
+from aiworks.gateway.tenancy_layer import request_limit
+from aiworks.gateway.token_budget import TOKEN_COUNT_OUTPUT, counted_tokens
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream", "stream_options", "n",
            "user", "presence_penalty", "frequency_penalty", "logprobs", "ignore_eos"}  # fmt: skip

@@ -19,7 +19,7 @@ from aiworks.core.metrics import serve_metrics_or_warn, stop_metrics
 from aiworks.core.redis_client import fail_fast_redis
 from aiworks.core.rpc import add_port, create_server, set_serving, use_process_caller
 from aiworks.core.tracing import setup_tracing, shutdown_tracing
-from aiworks.gateway.dataplane import GatewayDataPlane, Tenancy
+from aiworks.gateway.dataplane import GatewayDataPlane
 from aiworks.gateway.diagnostics import Diagnostics
 from aiworks.gateway.grpc_servicer import InferenceServicer
 from aiworks.gateway.http_app import create_app
@@ -27,6 +27,7 @@ from aiworks.gateway.http_protocol import bounded_protocol
 from aiworks.gateway.settings import GatewaySettings
 from aiworks.gateway.shared_memory import SharedMemoryRegistry
 from aiworks.gateway.stream_grpc import ResultStreamsServicer
+from aiworks.gateway.tenancy_layer import Tenancy
 from aiworks.nearline.queue import AsyncQueue
 from aiworks.pb.streams.v1 import streams_pb2_grpc
 from aiworks.scheduler.client import Routing, SchedulerClient

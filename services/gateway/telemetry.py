@@ -51,7 +51,7 @@ def short(text: str, limit: int = _AUDIT_TEXT) -> str:
 
 
 class Counted(Protocol):
-    """A generation's token counts as the data plane keeps them (:class:`aiworks.gateway.dataplane.TokenCount`)."""
+    """A generation's token counts as the data plane keeps them (:class:`aiworks.gateway.token_budget.TokenCount`)."""
 
     prompt: int
     completion: int

@@ -12,10 +12,10 @@ import yaml
 from aiworks.core.errors import InvalidArgument, Status
 from aiworks.gateway.auth import Authenticator
 from aiworks.gateway.cli import format_report
-from aiworks.gateway.dataplane import Tenancy, request_limit
 from aiworks.gateway.metering import parse_time
 from aiworks.gateway.settings import GatewaySettings
 from aiworks.gateway.tenancy import load_tenancy
+from aiworks.gateway.tenancy_layer import Tenancy, request_limit
 
 
 def test_demo_mode_without_a_tenants_file(monkeypatch):

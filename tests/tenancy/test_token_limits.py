@@ -107,7 +107,7 @@ def test_a_generations_reserve_is_its_prompt_estimate_and_max_tokens_within_the_
     from aiworks.core.datatypes import Tensor, serialize_items
     from aiworks.core.inference import InferRequest
     from aiworks.core.model_config import ModelSpec
-    from aiworks.gateway.dataplane import token_reserve
+    from aiworks.gateway.token_budget import token_reserve
 
     spec = ModelSpec("codegen", "1", parameters={"context_tokens": "256", "max_tokens_cap": "256",
                                                  "default_max_tokens": "16"})  # fmt: skip
@@ -129,7 +129,7 @@ def test_a_text_models_reserve_is_its_texts_estimate_and_the_429_says_so():
     from aiworks.core.datatypes import Tensor, serialize_items
     from aiworks.core.inference import InferRequest
     from aiworks.core.model_config import ModelSpec, TensorSpec
-    from aiworks.gateway.dataplane import text_token_reserve
+    from aiworks.gateway.token_budget import text_token_reserve
 
     counting = ModelSpec("minilm", "1", outputs=(TensorSpec("embedding", "FP32", (384,)),
                                                  TensorSpec("token_count", "INT64", (1,))))  # fmt: skip

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aiworks.gateway.dataplane import TokenCount
+from aiworks.gateway.token_budget import TokenCount
 
 
 def test_a_stream_cut_short_counts_one_token_a_response_or_the_joined_steps():
