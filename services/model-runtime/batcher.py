@@ -24,6 +24,16 @@ three classes with aging). The loop of one :class:`ModelQueue`:
 5. split the outputs back by rows, exactly, to each request, with its share
    of the batch's compute time (by rows), which the gateway charges.
 
+**The batch lane.** Where the runtime gives a queue ``run_lane`` (its
+backend computes on this host's CPU, and ``batch_lane_nice`` is on), batches
+of ``batch``-class requests do not take the instance slots at all: they run
+beside them, in threads at a low CPU priority (niced), so an online request
+never waits for a batch job's batch to end, and the job's compute takes
+what CPU online work leaves. The slots serve online requests only; the lane
+runs at most as many batches as there are slots (their share while online
+traffic is about), with the same row cap. The lane is where the offline
+tier "fills idle capacity and yields to online traffic at once" on a CPU.
+
 A request whose deadline passes while it is queued leaves the queue at once
 and costs nothing. Once its batch runs it is answered when the batch ends,
 deadline or not: the gateway has answered its client at the deadline already
@@ -108,10 +118,12 @@ class ModelQueue:
         batching: bool,
         limits: QueueLimits = _DEFAULT_LIMITS,
         clock: Callable[[], float] = time.monotonic,
+        run_lane: RunBatch | None = None,
     ):
         self.key = (spec.name, spec.version)
         self.spec = spec
         self._run_batch = run_batch
+        self._run_lane = run_lane  # the batch lane's run (module docstring); None: batch work takes the slots
         self._clock = clock
         self._batching = batching and spec.batching.enabled and spec.max_batch_size > 1
         self._max_rows = spec.max_batch_size if self._batching else 0
@@ -127,7 +139,7 @@ class ModelQueue:
         self._slot_freed = asyncio.Event()
         self._wake = asyncio.Event()  # an arrival or a finished batch: what a held-back batch request waits for
         self._tasks: set[asyncio.Task] = set()
-        self._batch_tasks: set[asyncio.Task] = set()  # running batches of only batch-class requests
+        self._batch_tasks: set[asyncio.Task] = set()  # running batches of only batch-class requests (the lane's too)
         self.closing = False
         self.batches = 0
         self.rows_done = 0
@@ -157,11 +169,11 @@ class ModelQueue:
     @property
     def running(self) -> int:
         """Batches taken from the queue whose answers are not delivered yet."""
-        return len(self._tasks)
+        return len(self._tasks | self._batch_tasks)
 
     @property
     def idle(self) -> bool:
-        return not self.state.requests and not self._tasks
+        return not self.state.requests and not self._tasks and not self._batch_tasks
 
     # ---- admission -----------------------------------------------------------------------
 
@@ -256,6 +268,8 @@ class ModelQueue:
             self._arrived.clear()
             await self._arrived.wait()
             return
+        if self._run_lane is not None:
+            return await self._lane_step()
         while len(self._tasks) >= self.slots:
             self._slot_freed.clear()
             await self._slot_freed.wait()
@@ -276,12 +290,7 @@ class ModelQueue:
         if cap is not None and len(self._batch_tasks) >= self.batch_slots:
             cap = 0  # batch work holds its share of the slots: only online requests may start now
         batch, expired = self.state.take(self._max_rows, now, cap)
-        for entry in expired:
-            self.expired += 1
-            if not entry.payload.future.done():
-                entry.payload.future.set_exception(
-                    DeadlineExceeded("the request's deadline passed while it was queued")
-                )
+        self._expire(expired)
         if not batch:
             if cap == 0 and self.state.requests:  # only batch work is queued, held back while online is about
                 quiet_s = self.state.online_quiet_in(now)
@@ -292,10 +301,56 @@ class ModelQueue:
                     except TimeoutError:
                         pass
             return
+        self._start(batch, self._share and all(e.priority is Priority.BATCH for e in batch), slot=True)
+
+    async def _lane_step(self) -> None:
+        """One step with the batch lane: online requests to a free slot, else batch requests to the lane."""
+        state = self.state
+        now = self._clock()
+        lane_cap = self.batch_slots if state.online_active(now) else self.slots
+        online = state.online_queued and len(self._tasks) < self.slots
+        if not online and not (state.batch_rows and len(self._batch_tasks) < lane_cap):
+            self._wake.clear()  # an arrival or a finished batch; or the online window's end frees the lane's slots
+            quiet_s = state.online_quiet_in(now) if state.batch_rows and len(self._batch_tasks) < self.slots else 0
+            try:
+                await asyncio.wait_for(self._wake.wait(), quiet_s or None)
+            except TimeoutError:
+                pass
+            return
+        if online and self._batching and self._delay_s > 0:
+            head = state.peek()
+            deadline = (head.enqueued_s if head else now) + self._delay_s
+            while state.rows - state.batch_rows < self._target_rows and (remaining := deadline - self._clock()) > 0:
+                self._arrived.clear()
+                try:
+                    await asyncio.wait_for(self._arrived.wait(), remaining)
+                except TimeoutError:
+                    break
+            now = self._clock()
+        if online:
+            batch, expired = state.take(self._max_rows, now, 0)
+        else:
+            batch, expired = state.take(self._max_rows, now, state.batch_rows_cap(self._max_rows, now), online=False)
+        self._expire(expired)
+        if batch:
+            self._start(batch, not online, slot=online)
+
+    def _expire(self, expired: list[Entry]) -> None:
+        for entry in expired:
+            self.expired += 1
+            if not entry.payload.future.done():
+                entry.payload.future.set_exception(
+                    DeadlineExceeded("the request's deadline passed while it was queued")
+                )
+
+    def _start(self, batch: list[Entry], batch_only: bool, *, slot: bool) -> None:
+        """Run ``batch`` in a task: in an instance slot, or (``slot`` False) in the batch lane."""
         rows = sum(e.rows for e in batch)
-        task = asyncio.get_running_loop().create_task(self._dispatch(batch, rows))
-        self._tasks.add(task)
-        if self._share and all(e.priority is Priority.BATCH for e in batch):
+        run = self._run_batch if slot else self._run_lane
+        task = asyncio.get_running_loop().create_task(self._dispatch(batch, rows, run))
+        if slot:
+            self._tasks.add(task)
+        if batch_only:
             self._batch_tasks.add(task)
         task.add_done_callback(self._batch_done)
 
@@ -312,7 +367,7 @@ class ModelQueue:
 
     # ---- one batch -----------------------------------------------------------------------
 
-    async def _dispatch(self, batch: list[Entry], rows: int) -> None:
+    async def _dispatch(self, batch: list[Entry], rows: int, run: RunBatch) -> None:
         pendings: list[_Pending] = [e.payload for e in batch]
         now = self._clock()
         for e in batch:
@@ -330,7 +385,7 @@ class ModelQueue:
             try:
                 inputs = self._join_inputs(pendings, rows)
                 try:
-                    outputs, compute_ns = await self._run_batch(inputs, list(pendings[0].request.outputs))
+                    outputs, compute_ns = await run(inputs, list(pendings[0].request.outputs))
                 finally:  # before any answer leaves, so a scrape after the answers sees the batch
                     elapsed = time.perf_counter() - started
                     self._batch_duration.observe(elapsed)

@@ -15,9 +15,12 @@ loaded here: their config is reported as a spec, with the steps in the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
+import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -136,6 +139,7 @@ class RuntimeDataPlane:
         batching: bool = True,
         queue_limits: QueueLimits = QueueLimits(),
         max_load_file_bytes: int = 64 << 20,
+        batch_lane_nice: int = 0,
     ):
         self.replica_id = replica_id
         self.max_load_file_bytes = max_load_file_bytes
@@ -155,6 +159,12 @@ class RuntimeDataPlane:
         self.drain_timeout_s = drain_timeout_s
         self.retire_quiet_s = retire_quiet_s
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="backend")
+        # The batch lane (aiworks.runtime.batcher): batch-class batches in threads at niceness batch_lane_nice.
+        self._lane_pool = (
+            ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="batch-lane",
+                               initializer=_lower_thread_priority, initargs=(batch_lane_nice,))
+            if batch_lane_nice > 0 else None
+        )  # fmt: skip
         self.inflight_batches = 0
         self._inflight_gauge = metrics.RUNTIME_INFLIGHT.labels(replica_id)
         self._executions = metrics.Children(metrics.RUNTIME_EXECUTIONS)
@@ -562,10 +572,18 @@ class RuntimeDataPlane:
 
     # ---- the hot path ------------------------------------------------------------------------
 
-    async def execute(self, name: str, version: str, inputs: list[Tensor], outputs: list[str]) -> tuple[list[Tensor], int]:
-        """Run one batch; returns the output tensors and the compute time in ns."""
+    @property
+    def batch_lane(self) -> bool:
+        """Whether batch-class batches run in the niced lane beside the instances (RuntimeSettings.batch_lane_nice)."""
+        return self._lane_pool is not None
+
+    async def execute(self, name: str, version: str, inputs: list[Tensor], outputs: list[str], *, lane: bool = False
+                      ) -> tuple[list[Tensor], int]:  # fmt: skip
+        """Run one batch; returns the output tensors and the compute time in ns. ``lane``: a batch of the batch
+        lane, run beside the version's instances in a niced thread where its backend computes on this host's
+        CPU (elsewhere, in an instance slot as any batch)."""
         try:
-            out, compute_ns, loaded, rows = await self._execute(name, version, inputs, outputs)
+            out, compute_ns, loaded, rows = await self._execute(name, version, inputs, outputs, lane)
         except BaseException as exc:
             known = self._models.get(name)
             # Only a loaded version becomes a label: callers cannot grow the series.
@@ -618,7 +636,7 @@ class RuntimeDataPlane:
             stats.compute_ns += time.perf_counter_ns() - started
             stats.last_inference_ms = int(time.time() * 1000)
 
-    async def _execute(self, name: str, version: str, inputs: list[Tensor], outputs: list[str]):
+    async def _execute(self, name: str, version: str, inputs: list[Tensor], outputs: list[str], lane: bool = False):
         entered_ns = time.perf_counter_ns()
         loaded = self._version(name, version)
         if loaded.pipeline:
@@ -630,11 +648,12 @@ class RuntimeDataPlane:
             self.residency.touch((name, loaded.spec.version))
         loaded.enter()
         try:
-            return await self._run_loaded(name, loaded, model, inputs, outputs, entered_ns)
+            return await self._run_loaded(name, loaded, model, inputs, outputs, entered_ns, lane)
         finally:
             loaded.leave()
 
-    async def _run_loaded(self, name: str, loaded: LoadedVersion, model, inputs, outputs, entered_ns: int):
+    async def _run_loaded(self, name: str, loaded: LoadedVersion, model, inputs, outputs, entered_ns: int,
+                          lane: bool = False):  # fmt: skip
         spec = loaded.spec
         batched = spec.max_batch_size > 0
         if loaded.plans is None:
@@ -647,7 +666,11 @@ class RuntimeDataPlane:
         names = list(outputs) or [o.name for o in spec.outputs]
         rows = inputs[0].shape[0] if inputs and spec.max_batch_size > 0 else 1
         stats = loaded.stats
-        async with loaded.slots:
+        # Backends that do I/O (a remote Triton) set inline_ok = False; those with run_async await it here.
+        inline_ok = getattr(model, "inline_ok", True)
+        run_async = getattr(model, "run_async", None)
+        lane_pool = self._lane_pool if lane and inline_ok and run_async is None else None
+        async with contextlib.nullcontext() if lane_pool is not None else loaded.slots:
             self.inflight_batches += 1
             self._inflight_gauge.inc()
             try:
@@ -657,10 +680,11 @@ class RuntimeDataPlane:
                     await asyncio.sleep(self._debug_delay_s)
                     delayed_ns = time.perf_counter_ns() - delayed_ns
                 recent = loaded.recent_compute_ns
-                # Backends that do I/O (a remote Triton) set inline_ok = False; those with run_async await it here.
-                inline_ok = getattr(model, "inline_ok", True)
-                run_async = getattr(model, "run_async", None)
-                if run_async is not None:
+                if lane_pool is not None:  # beside the instances, at a low CPU priority: never on the event loop
+                    results, compute_ns = await asyncio.get_running_loop().run_in_executor(
+                        lane_pool, _timed_run, model, feeds, names
+                    )
+                elif run_async is not None:
                     started = time.perf_counter_ns()
                     results = await run_async(feeds, names)
                     compute_ns = time.perf_counter_ns() - started
@@ -712,6 +736,8 @@ class RuntimeDataPlane:
         for task in list(self._retire_tasks):
             task.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._lane_pool is not None:
+            self._lane_pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _feeds(inputs: list[Tensor], reshapes: dict[str, tuple] | None = None, batched: bool = False):
@@ -741,6 +767,14 @@ def reshape_plans(spec: ModelSpec, model) -> tuple[dict[str, tuple], dict[str, t
 def _log_close_failure(future) -> None:
     if not future.cancelled() and future.exception() is not None:
         log.warning("closing a dropped model version failed: %s", future.exception())
+
+
+def _lower_thread_priority(nice: int) -> None:
+    """A batch-lane thread's start: raise its own niceness (Linux: per thread) so online work gets the CPU first."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), max(nice, os.getpriority(os.PRIO_PROCESS, 0)))
+    except OSError as exc:  # never fatal: the lane still runs beside the instances, at the process's priority
+        log.warning("batch lane thread keeps its priority (%s)", exc)
 
 
 def _timed_run(model, feeds, names):

@@ -71,6 +71,7 @@ class QueueState:
         self.counts: dict[Priority, int] = {p: 0 for p in Priority}
         self.requests = 0
         self.rows = 0
+        self.batch_rows = 0  # of them, batch-class rows
         self.nbytes = 0
         self._stale = 0  # entries left in lanes after removal, dropped lazily
 
@@ -121,12 +122,14 @@ class QueueState:
                 best = head
         return best
 
-    def take(self, max_rows: int, now_s: float, batch_rows: int | None = None) -> tuple[list[Entry], list[Entry]]:
+    def take(self, max_rows: int, now_s: float, batch_rows: int | None = None, *, online: bool = True
+             ) -> tuple[list[Entry], list[Entry]]:  # fmt: skip
         """The next batch (one request when ``max_rows`` is 0), and the expired requests met on the way.
 
         ``batch_rows`` bounds the rows of ``batch``-class requests in it (None:
         no bound; 0: none at all). A batch that starts with a ``batch``
-        request takes it whole even when it has more rows.
+        request takes it whole even when it has more rows. ``online`` False
+        takes ``batch``-class requests only (the batch lane's).
         """
         expired: list[Entry] = []
         batch: list[Entry] = []
@@ -135,7 +138,7 @@ class QueueState:
         signature = None
         while True:
             best = None
-            for p in Priority:
+            for p in Priority if online else (Priority.BATCH,):
                 head = self._head(p)
                 while head is not None and head.expired(now_s):
                     expired.append(self._pop(p))
@@ -164,13 +167,13 @@ class QueueState:
 
     # ---- the batch class's share while online traffic is about ----------------------------
 
+    @property
+    def online_queued(self) -> bool:
+        return self.counts[Priority.REALTIME] > 0 or self.counts[Priority.STANDARD] > 0
+
     def online_active(self, now_s: float) -> bool:
         """Whether online requests are queued or one arrived within ``online_window_s``."""
-        counts = self.counts
-        return (
-            counts[Priority.REALTIME] > 0 or counts[Priority.STANDARD] > 0
-            or now_s - self.online_seen_s < self.online_window_s
-        )  # fmt: skip
+        return self.online_queued or now_s - self.online_seen_s < self.online_window_s
 
     def online_quiet_in(self, now_s: float) -> float:
         """Seconds until the online window ends with no new online request (0: it has)."""
@@ -190,7 +193,7 @@ class QueueState:
                 e.queued = False
             lane.clear()
         self.counts = {p: 0 for p in Priority}
-        self.requests = self.rows = self.nbytes = self._stale = 0
+        self.requests = self.rows = self.batch_rows = self.nbytes = self._stale = 0
         return out
 
     # ---- internals -----------------------------------------------------------------------
@@ -223,4 +226,6 @@ class QueueState:
         self.counts[entry.priority] += sign
         self.requests += sign
         self.rows += sign * entry.rows
+        if entry.priority is Priority.BATCH:
+            self.batch_rows += sign * entry.rows
         self.nbytes += sign * entry.nbytes

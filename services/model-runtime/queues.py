@@ -150,12 +150,15 @@ class RequestQueues:
             name, version = key
             attributes = {"aiworks.model": name, "aiworks.version": version, "aiworks.replica": self.dataplane.replica_id}
 
-            async def run(inputs, outputs):
+            async def run(inputs, outputs, lane=False):
                 # The model's own run, inside the batch's span: what the batch spent outside it is queueing overhead.
                 with tracing.child_span("runtime execute", attributes) as span:
-                    outputs, compute_ns = await self.dataplane.execute(name, version, inputs, outputs)
+                    outputs, compute_ns = await self.dataplane.execute(name, version, inputs, outputs, lane=lane)
                     span.set("aiworks.compute_ms", compute_ns / 1e6)
                 return outputs, compute_ns
+
+            async def run_lane(inputs, outputs):
+                return await run(inputs, outputs, lane=True)
 
             if spec.sequence is not None:
                 queue = SequenceBatcher(
@@ -163,7 +166,8 @@ class RequestQueues:
                     max_backlog=self.limits.max_sequence_backlog, max_requests=self.limits.max_requests,
                 )  # fmt: skip
             else:
-                queue = ModelQueue(spec, run, batching=self.batching, limits=self.limits)
+                queue = ModelQueue(spec, run, batching=self.batching, limits=self.limits,
+                                   run_lane=run_lane if self.dataplane.batch_lane else None)  # fmt: skip
             self._queues[key] = queue
         return queue
 

@@ -142,6 +142,7 @@ async def serve(settings: RuntimeSettings) -> None:
         drain_timeout_s=settings.drain_timeout_s,
         batching=settings.batching,
         max_load_file_bytes=settings.max_load_file_bytes,
+        batch_lane_nice=settings.batch_lane_nice,
         queue_limits=QueueLimits(
             settings.max_queue_requests, settings.max_queue_bytes, settings.priority_aging_ms / 1e3,
             settings.max_sequence_backlog, settings.batch_share_when_online, settings.online_window_ms / 1e3,

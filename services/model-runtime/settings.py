@@ -83,6 +83,11 @@ class RuntimeSettings(ServiceSettings):
     online_window_ms: float = Field(
         100.0, ge=0, description="How long after the last online request a version still holds batch work to its share."
     )
+    batch_lane_nice: int = Field(
+        19, ge=0, le=19, description="Niceness of the batch lane's threads: batches of batch-class requests run "
+        "there, beside the instance slots, so an online request never waits for one and the job uses the CPU "
+        "online work leaves (backends computing on this host's CPU). 0: no lane; batch work takes the slots.",
+    )  # fmt: skip
     # For tests only: makes a replica slow on purpose (tests/qos). Leave at 0.
     debug_delay_ms: float = Field(
         0.0, description="TESTS ONLY: extra delay added to every batch, in milliseconds; counted as compute time."

@@ -12,8 +12,10 @@ batch-class rows and a gateway busy with the job.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 import orjson
@@ -109,6 +111,20 @@ def test_online_requests_go_ahead_of_a_running_batch_job(batch_suite, runners):
     assert output.status_code == 200
     lines = output.content.splitlines()
     assert len(lines) == JOB_ROWS and b"online_load" not in output.content  # the signal is the pacer's, not output
+    # The job's batches ran in the runtime's batch lane: threads at niceness 19 (RuntimeSettings.batch_lane_nice).
+    assert 19 in _thread_niceness(batch_suite.suite.supervisor.child("runtime-0").process.pid)
+
+
+def _thread_niceness(pid: int) -> list[int]:
+    """Each thread's niceness, from /proc (field 19 of a task's stat)."""
+    out = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+        out.append(int(stat.rsplit(")", 1)[1].split()[16]))
+    return out
 
 
 def test_batch_class_answers_carry_the_online_load_signal_and_online_answers_do_not(batch_suite):

@@ -86,6 +86,17 @@ def test_a_batch_request_larger_than_the_cap_still_runs_whole_on_its_own():
     assert [e.rows for e in batch] == [40]  # whole requests only; nothing joins it past the cap
 
 
+def test_the_batch_lane_takes_batch_class_requests_only():
+    q = state()
+    q.admit(entry(BATCH, 0.0, rows=8, tag="job"))
+    q.admit(entry(ONLINE, 0.0, rows=1, tag="online"))  # ranks first
+    assert q.online_queued and q.batch_rows == 8 and q.rows == 9
+    batch, _ = q.take(64, now_s=0.0, batch_rows=16, online=False)
+    assert [e.payload for e in batch] == [(BATCH, "job")] and q.batch_rows == 0
+    batch, _ = q.take(64, now_s=0.0, batch_rows=0)
+    assert [e.payload for e in batch] == [(ONLINE, "online")] and not q.online_queued
+
+
 @pytest.mark.parametrize(
     ("slots", "share", "cap"),
     [(1, 0.25, 1), (2, 0.25, 1), (2, 0.9, 1), (4, 0.5, 2), (4, 0.25, 1), (8, 0.25, 2), (4, 1.0, 4)],
@@ -115,13 +126,13 @@ class Stepped:
         return [Tensor.from_numpy("y", x)], 0
 
 
-def two_slot_queue(model, *, share=0.5, window_s=30.0) -> ModelQueue:
+def two_slot_queue(model, *, share=0.5, window_s=30.0, slots=2, lane=None) -> ModelQueue:
     spec = ModelSpec(
         "m", "1", max_batch_size=0, inputs=(TensorSpec("x", "FP32", (2,)),), outputs=(TensorSpec("y", "FP32", (2,)),),
-        batching=BatchingConfig(False, 0, ()), instance_count=2,
+        batching=BatchingConfig(False, 0, ()), instance_count=slots,
     )  # fmt: skip
     limits = QueueLimits(aging_s=0.1, batch_share_when_online=share, online_window_s=window_s)
-    return ModelQueue(spec, model, batching=False, limits=limits)
+    return ModelQueue(spec, model, batching=False, limits=limits, run_lane=lane)
 
 
 def submit(q: ModelQueue, tag: float, priority: Priority):
@@ -152,6 +163,47 @@ async def test_batch_work_keeps_a_slot_free_for_online_requests():
         assert [(await j).outputs[0].to_numpy()[0, 0] for j in jobs] == [10.0, 11.0, 12.0]
     finally:
         await q.close()
+
+
+async def test_with_the_batch_lane_an_online_request_never_waits_for_a_batch_jobs_batch():
+    """One instance slot. Without the lane a running batch-class batch holds it and an online request waits
+    (the test above keeps a second slot free for that); with the lane the job's batches run beside the slot,
+    one at a time, and online requests take the slot at once."""
+    slot, lane = Stepped(), Stepped()
+    q = two_slot_queue(slot, slots=1, lane=lane)
+    try:
+        jobs = [submit(q, 10.0 + i, BATCH) for i in range(3)]
+        await settle()
+        assert lane.running == [10.0] and slot.running == []  # the lane's one batch; nothing holds the slot
+        online = [submit(q, 1.0, ONLINE), submit(q, 2.0, ONLINE)]
+        await settle()
+        assert slot.running == [1.0] and lane.running == [10.0], "served at once, beside the job's batch"
+        assert q.running == 2 and not q.idle
+        slot.release.set()
+        assert [(await o).outputs[0].to_numpy()[0, 0] for o in online] == [1.0, 2.0]
+        assert lane.running == [10.0], "the job's batch still runs; the online ones came and went"
+        lane.release.set()
+        assert [(await j).outputs[0].to_numpy()[0, 0] for j in jobs] == [10.0, 11.0, 12.0]
+        assert q.idle
+    finally:
+        await q.close()
+
+
+async def test_the_lane_runs_as_many_batches_as_slots_and_only_its_share_while_online_is_about():
+    for online_first, expected in ((False, [10.0, 11.0]), (True, [10.0])):
+        slot, lane = Stepped(), Stepped()
+        q = two_slot_queue(slot, lane=lane)  # two slots, a share of 0.5: one lane batch while online is about
+        try:
+            if online_first:
+                slot.release.set()
+                await submit(q, 0.0, ONLINE)  # within the 30-s window from now on
+            jobs = [submit(q, 10.0 + i, BATCH) for i in range(3)]
+            await settle()
+            assert sorted(lane.running) == expected and slot.running == []
+            lane.release.set()
+            await asyncio.gather(*jobs)
+        finally:
+            await q.close()
 
 
 async def test_without_online_traffic_batch_work_uses_every_slot():
