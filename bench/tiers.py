@@ -29,8 +29,8 @@ after the other:
 Jobs are submitted with ``chunk_size`` ``--chunk-size`` (1000): the runner
 keeps two chunks in flight, so a chunk's tail does not drain the pipe.
 The runner paces itself on the runtime's ``online_load`` signal
-(docs/tiers.md, "Online first"); ``--unguarded`` turns that and the
-runtime's share rule off, for comparison. The nearline class deadline is
+(docs/tiers.md, "Online first"); ``--unguarded`` turns that, the
+runtime's share rule and its batch lane off, for comparison. The nearline class deadline is
 ``--nearline-deadline-s`` (120 s here, so every request is answered rather
 than expired; the statuses are counted). Prints one JSON object and writes
 it to ``bench/results/tiers-<time>.json``.
@@ -633,6 +633,7 @@ def main() -> None:
                   "AIWORKS_GATEWAY_ASYNC_DEADLINE_S": str(args.nearline_deadline_s)}  # fmt: skip
         if args.unguarded:
             values["AIWORKS_RUNTIME_BATCH_SHARE_WHEN_ONLINE"] = "1"
+            values["AIWORKS_RUNTIME_BATCH_LANE_NICE"] = "0"
         return values
 
     began = time.time()
