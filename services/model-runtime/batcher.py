@@ -273,18 +273,7 @@ class ModelQueue:
         while len(self._tasks) >= self.slots:
             self._slot_freed.clear()
             await self._slot_freed.wait()
-        if self._batching and self._delay_s > 0 and self.state.rows < self._target_rows:
-            head = self.state.peek()
-            deadline = (head.enqueued_s if head else self._clock()) + self._delay_s
-            while self.state.rows < self._target_rows:
-                remaining = deadline - self._clock()
-                if remaining <= 0:
-                    break
-                self._arrived.clear()
-                try:
-                    await asyncio.wait_for(self._arrived.wait(), remaining)
-                except TimeoutError:
-                    break
+        await self._gather(lambda: self.state.rows)
         now = self._clock()
         cap = self.state.batch_rows_cap(self._max_rows, now) if self._share else None
         if cap is not None and len(self._batch_tasks) >= self.batch_slots:
@@ -317,23 +306,29 @@ class ModelQueue:
             except TimeoutError:
                 pass
             return
-        if online and self._batching and self._delay_s > 0:
-            head = state.peek()
-            deadline = (head.enqueued_s if head else now) + self._delay_s
-            while state.rows - state.batch_rows < self._target_rows and (remaining := deadline - self._clock()) > 0:
-                self._arrived.clear()
-                try:
-                    await asyncio.wait_for(self._arrived.wait(), remaining)
-                except TimeoutError:
-                    break
-            now = self._clock()
         if online:
+            await self._gather(lambda: state.rows - state.batch_rows)  # the lane's rows wait for no batch here
+            now = self._clock()
             batch, expired = state.take(self._max_rows, now, 0)
         else:
             batch, expired = state.take(self._max_rows, now, state.batch_rows_cap(self._max_rows, now), online=False)
         self._expire(expired)
         if batch:
             self._start(batch, not online, slot=online)
+
+    async def _gather(self, queued_rows: Callable[[], int]) -> None:
+        """Step 3: with a batching delay, wait until ``queued_rows()`` reaches the target or the head has waited
+        ``max_queue_delay_us``."""
+        if not (self._batching and self._delay_s > 0):
+            return
+        head = self.state.peek()
+        deadline = (head.enqueued_s if head else self._clock()) + self._delay_s
+        while queued_rows() < self._target_rows and (remaining := deadline - self._clock()) > 0:
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+            except TimeoutError:
+                break
 
     def _expire(self, expired: list[Entry]) -> None:
         for entry in expired:
