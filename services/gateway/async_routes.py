@@ -70,13 +70,16 @@ class AsyncInferFront:
     """ASGI app in front of ``inner``: the two nearline routes, everything else passed through untouched."""
 
     def __init__(self, inner, dataplane: GatewayDataPlane, queue: AsyncQueue, max_request_bytes: int,
-                 max_backlog: int, deadline_s: float = 0.5):  # fmt: skip
+                 max_backlog: int, deadline_s: float = 0.5, max_backlog_per_tenant: int | None = None):  # fmt: skip
         self.inner = inner
         self.deadline_s = deadline_s
         self.dataplane = dataplane
         self.queue = queue
         self.max_request_bytes = max_request_bytes
         self.max_backlog = max_backlog
+        # One tenant's share of the queue, so that its burst cannot fill it for the others (a tenant's own
+        # max_async_backlog overrides it).
+        self.max_backlog_per_tenant = max_backlog_per_tenant or max_backlog
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
@@ -142,8 +145,16 @@ class AsyncInferFront:
         deadline_s = self.deadline_s
         if parsed.timeout_us:
             deadline_s = min(deadline_s, parsed.timeout_us / 1e6)
-        if await self.queue.backlog() >= self.max_backlog:
+        total, own = await self.queue.depth(principal.tenant_id)
+        if total >= self.max_backlog:
             raise ResourceExhausted(f"the asynchronous queue is full ({self.max_backlog} requests)", retry_after_s=1.0)
+        cap = principal.tenant.max_async_backlog or self.max_backlog_per_tenant
+        if principal.tenant_id and own >= cap:  # demo mode's anonymous tenant: the queue's bound alone
+            raise ResourceExhausted(
+                f"tenant '{principal.tenant_id}' already has {cap} asynchronous requests queued (max_async_backlog "
+                "in the tenants file, else the setting async_max_backlog_per_tenant); more once some are answered",
+                retry_after_s=1.0,
+            )
         path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
         request_id, _ = await self.queue.enqueue(
             principal.tenant_id, path, parsed.body,

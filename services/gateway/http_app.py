@@ -264,6 +264,7 @@ def _time_param(request: Request, name: str) -> float | None:
 def create_app(
     dataplane: GatewayDataPlane, *, max_request_bytes: int, batch=None, batch_max_file_bytes: int = 512 << 20,
     nearline=None, nearline_max_backlog: int = 100_000, nearline_deadline_s: float = 0.5, streams=None,
+    nearline_max_backlog_per_tenant: int | None = None,
 ):  # fmt: skip
     """The gateway's HTTP app: the FastAPI routes, with the infer fast path in front.
 
@@ -510,7 +511,7 @@ def create_app(
     front = fast = InferFastPath(app, dataplane, max_request_bytes)
     if nearline is not None:
         front = AsyncInferFront(front, dataplane, nearline, max_request_bytes, nearline_max_backlog,
-                                nearline_deadline_s)  # docs/tiers.md  # fmt: skip
+                                nearline_deadline_s, nearline_max_backlog_per_tenant)  # docs/tiers.md  # fmt: skip
         fast.submit_async = front.accept
     if streams is not None:
         front = StreamFront(front, dataplane, streams)  # GET /v2/streams/{name}, docs/tiers.md

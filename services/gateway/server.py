@@ -166,6 +166,7 @@ async def serve(settings: GatewaySettings) -> None:
         dataplane, max_request_bytes=settings.max_request_bytes, batch=batch,
         batch_max_file_bytes=settings.batch_max_file_bytes, nearline=nearline,
         nearline_max_backlog=settings.async_max_backlog, nearline_deadline_s=settings.async_deadline_s,
+        nearline_max_backlog_per_tenant=settings.async_max_backlog_per_tenant,
         streams=subscriptions,
     )  # fmt: skip
     http = _HttpServer(

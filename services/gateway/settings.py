@@ -153,6 +153,10 @@ class GatewaySettings(ServiceSettings):
         "own shorter parameters.timeout) is answered 504 without running; the time left travels as its timeout.",
     )  # fmt: skip
     async_max_backlog: int = Field(100_000, ge=1, description="Most queued asynchronous requests; more get 429.")
+    async_max_backlog_per_tenant: int = Field(
+        25_000, ge=1, description="Most queued asynchronous requests of one tenant, so that one tenant's burst "
+        "cannot fill the queue for the others; more get 429. A tenant's max_async_backlog overrides it.",
+    )  # fmt: skip
 
     # ---- result streams for digital twins (docs/tiers.md); needs redis_url too ----
     result_streams: bool = Field(

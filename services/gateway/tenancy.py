@@ -105,6 +105,10 @@ class Tenant(_Section):
         (), description="What happens to a subscriber of one of its result streams that stops "
         "reading, per stream name (\"*\": the others): drop (the default) or pause (docs/tiers.md).",
     )  # fmt: skip
+    max_async_backlog: int | None = Field(
+        None, ge=1, description="Its asynchronous requests queued at once, all replicas; unset: the gateway's "
+        "async_max_backlog_per_tenant.",
+    )  # fmt: skip
     max_stream_subscribers: int | None = Field(
         None, ge=1, description="Subscribers to its result streams one gateway replica serves at once; unset: the "
         "gateway's stream_max_subscribers_per_tenant.",

@@ -97,8 +97,10 @@ def batch_suite(model_repository, tmp_path_factory):
         ], "stream_policies": {"patient": "pause"}})  # fmt: skip
     # Asynchronous requests' callbacks (test_nearline_more.py): alice may name this machine, bob no host at all.
     tenants[0]["callbacks"] = {"hosts": ["127.0.0.1"], "secret_file": str(work / "callback-secret")}
-    # carol may hold two result-stream subscribers per gateway (test_streams.py), whatever the others hold.
+    # carol may hold two result-stream subscribers per gateway (test_streams.py) and have three asynchronous
+    # requests queued (test_nearline.py), whatever the others do.
     tenants[2]["max_stream_subscribers"] = 2
+    tenants[2]["max_async_backlog"] = 3
     # JWTs too (HS256, the key in work/jwt-key): a job submitted with a short-lived one outlives it
     # (test_sealed_credentials.py).
     (work / "jwt-key").write_text("jwt-hs256-secret-of-the-tier-tests-0123456789\n")

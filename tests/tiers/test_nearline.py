@@ -83,6 +83,24 @@ def test_a_tenant_reads_only_its_own_results(batch_suite, workers):
                         timeout=10).status_code == 404  # fmt: skip
 
 
+def test_one_tenant_cannot_fill_the_queue_for_the_others(batch_suite, workers):
+    """carol may have three requests queued (max_async_backlog in the tenants file): a fourth is 429 naming the
+    bound while alice still queues, and once a worker has answered hers carol queues again."""
+    row = _digits(1)[0]
+    held = [_post(batch_suite, "carol", _body(row)) for _ in range(3)]
+    assert [r.status_code for r in held] == [202] * 3, [r.text for r in held]
+    refused = _post(batch_suite, "carol", _body(row))
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "1", refused.text
+    assert "tenant 'carol' already has 3 asynchronous requests queued" in refused.json()["error"]
+    other = _post(batch_suite, "alice", _body(row))
+    assert other.status_code == 202, other.text
+    workers("worker")
+    assert all(_result(batch_suite, "carol", r.json()["id"]).status_code == 200 for r in held)
+    assert _result(batch_suite, "alice", other.json()["id"]).status_code == 200
+    again = _post(batch_suite, "carol", _body(row))
+    assert again.status_code == 202 and _result(batch_suite, "carol", again.json()["id"]).status_code == 200
+
+
 def test_a_burst_is_absorbed_and_survives_a_killed_worker(batch_suite, workers):
     """400 requests queued with no worker; one worker killed mid-way; a second takes over what it left."""
     rows = _digits(400)

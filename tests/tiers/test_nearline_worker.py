@@ -62,3 +62,24 @@ async def test_a_401_that_goes_away_on_a_new_connection_is_not_the_result(redis_
         await asyncio.wait_for(running, 30)
         await queue.close()
         await server.cleanup()
+
+
+async def test_a_tenants_backlog_counts_its_queued_requests_once_each_and_heals(redis_url):
+    """What the gateway's per-tenant bound reads: a tenant's queued requests, each counted until its result is
+    stored (once, however often it is answered), tenants apart; ids older than the TTL, which a worker that
+    never removes them would leave, are dropped."""
+    queue = AsyncQueue.from_url(redis_url, ttl_s=60)
+    try:
+        await queue.ensure_group()
+        ids = [(await queue.enqueue("alice", "/v2/models/m/infer", b"{}", None))[0] for _ in range(3)]
+        await queue.enqueue("bob", "/v2/models/m/infer", b"{}", None)
+        assert await queue.depth("alice") == (4, 3) and await queue.depth("bob") == (4, 1)
+        taken = await queue.take("w", 10, 100, 30.0)
+        first = next(item for item in taken if item.id == ids[0])
+        await queue.complete(first, "completed", 200, b"{}")
+        await queue.complete(first, "completed", 200, b"{}")  # answered twice (taken over after a slow worker)
+        assert await queue.depth("alice") == (3, 2)
+        await queue.redis.zadd(f"{queue.prefix}tenant:alice", {"req_left_by_an_old_worker": 1.0})  # long ago
+        assert await queue.depth("alice") == (3, 2), "an id older than the TTL is dropped"
+    finally:
+        await queue.close()

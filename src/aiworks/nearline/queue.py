@@ -8,7 +8,11 @@ Keys (prefix ``aiworks:async:``):
   and the callback URL), read by the
   consumer group ``workers``; an entry is deleted once its result is stored;
 - ``req:{id}``: hash, the request's record (tenant, status, result), expiring ``ttl_s`` after its
-  last change.
+  last change;
+- ``tenant:{tenant}``: sorted set of the tenant's queued request ids, scored by when they were queued:
+  its backlog, which the gateway bounds per tenant. A request leaves it when its result is stored (ZREM:
+  a request answered twice leaves once), and one older than ``ttl_s`` is dropped when the tenant queues
+  again, so a worker that never removes (an older version, one that died) cannot wedge a tenant.
 
 A worker that dies leaves its entries pending in the group; another takes
 them over after ``claim_idle_s`` (XAUTOCLAIM), so a burst is absorbed and no
@@ -76,8 +80,20 @@ class AsyncQueue:
     def _record(self, request_id: str) -> str:
         return f"{self.prefix}req:{request_id}"
 
+    def _tenant(self, tenant: str) -> str:
+        return f"{self.prefix}tenant:{tenant}"
+
     async def backlog(self) -> int:
         return int(await self.redis.xlen(self.stream))
+
+    async def depth(self, tenant: str) -> tuple[int, int]:
+        """``(requests queued, of them the tenant's)``, in one round trip; the tenant's stale ids dropped first."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.xlen(self.stream)
+            pipe.zremrangebyscore(self._tenant(tenant), "-inf", time.time() - self.ttl_s)
+            pipe.zcard(self._tenant(tenant))
+            total, _, own = await pipe.execute()
+        return int(total), int(own)
 
     async def enqueue(self, tenant: str, path: str, body: bytes, credential: str | None, *,
                       content_type: str = "application/json", header_length: str = "", deadline_s: float = 0.0,
@@ -94,6 +110,8 @@ class AsyncQueue:
                                     "created_at": now, "content_type": content_type,
                                     "header_length": header_length, "deadline_at": deadline_at,
                                     "callback": callback, "tenant": tenant})  # fmt: skip
+            pipe.zadd(self._tenant(tenant), {request_id: now})
+            pipe.pexpire(self._tenant(tenant), int(self.ttl_s * 1000))
             pipe.xlen(self.stream)
             *_, length = await pipe.execute()
         return request_id, int(length)
@@ -149,6 +167,7 @@ class AsyncQueue:
             pipe.pexpire(record, int(self.ttl_s * 1000))
             pipe.xack(self.stream, GROUP, item.entry)
             pipe.xdel(self.stream, item.entry)
+            pipe.zrem(self._tenant(item.tenant), item.id)
             await pipe.execute()
 
 
