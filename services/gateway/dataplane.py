@@ -49,7 +49,7 @@ from aiworks.core.options import ONLINE_LOAD, read_options
 from aiworks.gateway.auth import Headers, Principal
 from aiworks.gateway.diagnostics import Diagnostics, LogSettings, TraceSettings
 from aiworks.gateway.filters import InputLimits
-from aiworks.gateway.limits import Admission
+from aiworks.gateway.limit_rules import Admission
 from aiworks.gateway.shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegistry
 from aiworks.gateway.telemetry import GatewayTelemetry, short
 from aiworks.gateway.tenancy import PRIORITY_CLAMPED, tenant_classes

@@ -14,7 +14,8 @@ import pytest
 import redis
 
 from aiworks.core.errors import AIWorksError, Status
-from aiworks.gateway.limits import LocalLimits, TenantLimiter
+from aiworks.gateway.limit_rules import LocalLimits
+from aiworks.gateway.limits import TenantLimiter
 from aiworks.gateway.tenancy import ComputeQuota, Tenant
 
 # Generous for a shared 2-core machine: these tests are about behaviour, not the production 5 ms budget.

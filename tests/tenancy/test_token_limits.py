@@ -10,7 +10,8 @@ import pytest
 import redis
 
 from aiworks.core.errors import AIWorksError, Status
-from aiworks.gateway.limits import LocalLimits, TenantLimiter
+from aiworks.gateway.limit_rules import LocalLimits
+from aiworks.gateway.limits import TenantLimiter
 from aiworks.gateway.tenancy import Tenant, parse_tenants
 
 TIMEOUT_S = 0.25  # generous for a shared 2-core machine
