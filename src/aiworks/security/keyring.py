@@ -132,16 +132,16 @@ class KeyFileWatch:
     def __init__(self, path: Path | str, holders: Sequence):
         self.path = Path(path)
         self.holders = list(holders)
-        self._seen = self._read_or_none()
+        read = self._read()
+        self._seen = read if isinstance(read, bytes) else None
         self._failure = ""
-        self.reloads = 0
         self._publish()
 
-    def _read_or_none(self) -> bytes | None:
+    def _read(self) -> bytes | OSError:
         try:
             return self.path.read_bytes()
-        except OSError:
-            return None
+        except OSError as exc:
+            return exc
 
     def _describe(self) -> str:
         return "; ".join(holder.describe() for holder in self.holders)
@@ -158,14 +158,13 @@ class KeyFileWatch:
             log.error("%s; keeping %s", why, self._describe())
         self._failure = why
 
-    def check(self, data: bytes | None = None) -> bool:
-        """Re-read the file (or take ``data``, its bytes read elsewhere); whether the ring changed."""
-        if data is None:
-            try:
-                data = self.path.read_bytes()
-            except OSError as exc:
-                self._failed(f"credential key file {self.path} cannot be read ({exc.strerror or type(exc).__name__})")
-                return False
+    def check(self, data: bytes | OSError | None = None) -> bool:
+        """Re-read the file (or take what a read elsewhere gave: its bytes, or why it failed); whether the ring
+        changed."""
+        data = self._read() if data is None else data
+        if isinstance(data, OSError):
+            self._failed(f"credential key file {self.path} cannot be read ({data.strerror or type(data).__name__})")
+            return False
         if data == self._seen:
             self._failure = ""
             return False
@@ -180,7 +179,6 @@ class KeyFileWatch:
         self._seen, self._failure = data, ""
         if self.holders[0].key_ids == before:
             return False
-        self.reloads += 1
         log.info("credential key file %s changed: now %s", self.path, self._describe())
         self._publish()
         return True
@@ -189,8 +187,7 @@ class KeyFileWatch:
         """Check every ``interval_s`` until cancelled."""
         while True:
             await asyncio.sleep(interval_s)
-            data = await asyncio.to_thread(self._read_or_none)
-            self.check(data) if data is not None else self.check()  # None: read again, to log why
+            self.check(await asyncio.to_thread(self._read))
 
 
 def watch_key_file(path: Path | str | None, holders: Sequence, interval_s: float) -> asyncio.Task | None:
