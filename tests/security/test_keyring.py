@@ -167,3 +167,30 @@ def test_the_watch_task_reads_the_file_off_the_loop_every_interval(tmp_path):
 
     ids = asyncio.run(main())
     assert len(ids) == 2 and ids == Sealer.from_file(path).key_ids
+
+
+def test_a_key_not_yet_read_makes_the_holder_read_the_file_at_once(tmp_path, monkeypatch):
+    """One machine, one rotation at once: a gateway that took the new file seals and mints under the new key
+    before a runner's (or another gateway's) next interval. The runner reads the file again when it meets the
+    unknown key id, and opens the value; a key that is in no file is refused, and read for at most once a
+    second."""
+    path = tmp_path / "credential-key"
+    ensure_secret_file(path)
+    runner, verifier = Sealer.from_file(path), WorkTokens.from_file(path)
+    watch = KeyFileWatch(path, [runner, verifier])
+    rotate_file(path, "at-once")
+    gateway = Sealer.from_file(path)
+    sealed = gateway.seal(CREDENTIAL, "job n")
+    assert runner.open(sealed, "job n") == CREDENTIAL and runner.key_ids == gateway.key_ids
+    rotate_file(path, "at-once")  # another step, a second later than the last read: tokens too
+    monkeypatch.setattr(watch, "_refreshed_at", float("-inf"))
+    assert verifier.verify(WorkTokens.from_file(path).mint(**CLAIMS)).tenant == "alice"
+    reads = []
+    real_read = watch._read
+    monkeypatch.setattr(watch, "_read", lambda: reads.append(1) or real_read())
+    monkeypatch.setattr(watch, "_refreshed_at", float("-inf"))
+    foreign = Sealer([b"a-key-that-is-in-no-file-0123456789"]).seal(CREDENTIAL, "job f")
+    for _ in range(3):
+        with pytest.raises(SealError, match="a retired key opens nothing"):
+            runner.open(foreign, "job f")
+    assert len(reads) == 1, "an unknown key reads the file at most once a second"

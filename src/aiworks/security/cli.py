@@ -99,11 +99,14 @@ def _rotate_credential_key(path: Path, step: str) -> None:
         _fail(f"cannot rotate: {exc.message}")
     except OSError as exc:
         _fail(f"cannot rotate the credential key file {path}: {exc.strerror or exc}")
+    # Running processes take the file within their reload interval (10 s by default), no restart needed.
+    taken = ("every gateway, batch runner and nearline worker reading this file takes it within 10 s (their "
+             "/metrics: aiworks_credential_key_info)")  # fmt: skip
     after = {
-        "stage": "roll it out to every gateway, batch runner and nearline worker, then --rotate-credential-key promote",
-        "promote": "roll it out; once what the older key sealed has ended, --rotate-credential-key retire",
-        "retire": "roll it out: what an older key sealed no longer opens",
-        "at-once": "restart every process that reads it; later, --rotate-credential-key retire",
+        "stage": f"{taken}; once all hold it, --rotate-credential-key promote",
+        "promote": f"{taken}; once what the older key sealed has ended, --rotate-credential-key retire",
+        "retire": f"{taken}: what an older key sealed no longer opens",
+        "at-once": f"{taken}; later, --rotate-credential-key retire",
     }[step]
     print(f"credential key file {path}: {step}: {len(keys)} key{'s' if len(keys) > 1 else ''}, "
           f"{Sealer(keys).describe()}; {after}")  # fmt: skip

@@ -13,20 +13,21 @@ line, each of 16 bytes or more; blank lines are skipped:
 
 A file with one line, which every earlier version made, is a ring of one.
 
-Rotating takes three steps where the processes restart one by one
-(Kubernetes), because a runner must be able to open what a gateway seals
-before any gateway seals under a new key:
+Rotating takes three steps where many processes take the file each at
+their own moment (Kubernetes), because a runner must be able to open what a
+gateway seals before any gateway seals under a new key; each step is taken
+everywhere before the next:
 
-1. ``stage``: a new random key goes in as the second line. Roll it out to
-   every gateway, runner and worker; nothing is sealed under it yet.
+1. ``stage``: a new random key goes in as the second line. Every gateway,
+   runner and worker takes it; nothing is sealed under it yet.
 2. ``promote``: the first two lines swap; the new key seals, the old one
-   still opens. Roll it out.
+   still opens.
 3. ``retire``: every line but the first goes, once what the old key sealed
    has ended (a job's completion window and a quarter of an hour; a queued
-   request's result TTL). Roll it out.
+   request's result TTL).
 
 ``at-once`` is ``stage`` and ``promote`` in one, for installs whose processes
-all restart together (``aiworks up``, compose). After a key has leaked,
+read one file on one machine (``aiworks up``, compose). After a key has leaked,
 replace the file with a new one instead: what the leaked key sealed then
 fails, naming the key ids, rather than keep running under it.
 
@@ -34,7 +35,10 @@ No step needs a restart: every process that holds the ring watches its file
 (:class:`KeyFileWatch`, every ``credential_key_reload_s``) and takes a
 changed ring in place, logging the new key ids and setting the
 ``aiworks_credential_key_info`` gauge, so an operator can see when every
-process holds a step before taking the next. A file that cannot be read or
+process holds a step before taking the next. A value or token under a key
+id the process does not hold makes it read the file again at once (at most
+once a second) before refusing it, so a runner that meets what a gateway
+sealed under a key it has not read yet does not fail the work. A file that cannot be read or
 holds a bad line is logged once and the ring in use stays: a broken edit
 never leaves a process without a key.
 """
@@ -45,6 +49,7 @@ import asyncio
 import hashlib
 import logging
 import secrets
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -135,7 +140,19 @@ class KeyFileWatch:
         read = self._read()
         self._seen = read if isinstance(read, bytes) else None
         self._failure = ""
+        self._refreshed_at = float("-inf")
+        for holder in self.holders:
+            holder.refresh = self.refresh
         self._publish()
+
+    def refresh(self) -> bool:
+        """A holder met a key id it does not hold: read the file now (a small file; at most once a second,
+        so values under a truly unknown key cannot make it read on every call); whether the ring changed."""
+        now = time.monotonic()
+        if now - self._refreshed_at < 1.0:
+            return False
+        self._refreshed_at = now
+        return self.check()
 
     def _read(self) -> bytes | OSError:
         try:

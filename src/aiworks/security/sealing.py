@@ -61,6 +61,7 @@ class Sealer:
 
     def __init__(self, keys: bytes | list[bytes]):
         self.reload(keys)
+        self.refresh = None  # set by a KeyFileWatch: reads the file again when a value names a key not held
 
     def reload(self, keys: bytes | list[bytes]) -> None:
         """Take a new ring in place (:class:`aiworks.security.keyring.KeyFileWatch`); nothing awaits between
@@ -92,6 +93,8 @@ class Sealer:
         except (ValueError, binascii.Error):
             raise SealError(f"the stored credential of {context} is not a sealed value") from None
         aead = self._aeads.get(key_id)
+        if aead is None and self.refresh is not None and self.refresh():  # a key this process has not read yet
+            aead = self._aeads.get(key_id)
         if aead is None:
             held = ", ".join(self.key_ids)
             raise SealError(

@@ -89,6 +89,7 @@ class WorkTokens:
 
     def __init__(self, keys: bytes | list[bytes]):
         self.reload(keys)
+        self.refresh = None  # set by a KeyFileWatch: reads the file again when a token names a key not held
 
     def reload(self, keys: bytes | list[bytes]) -> None:
         """Take a new ring in place (:class:`aiworks.security.keyring.KeyFileWatch`)."""
@@ -129,6 +130,8 @@ class WorkTokens:
         if not token.startswith(PREFIX) or len(parts) != 2:
             raise TokenError("work token is malformed")
         key_id, payload = parts
+        if key_id not in self._keys and self.refresh is not None:
+            self.refresh()  # another gateway may have minted it under a key this one has not read yet
         if key_id not in self._keys:
             raise TokenError(f"work token was minted under credential key {key_id[:8]!r}, which this gateway does "
                              "not hold (another installation's, or retired)")
