@@ -83,8 +83,7 @@ class Runner:
 @pytest.fixture(scope="package")
 def batch_suite(model_repository, tmp_path_factory):
     work = tmp_path_factory.mktemp("batch")
-    redis = RedisServer(work / "redis")
-    redis.start()
+    redis = RedisServer(work / "redis")  # its URL is known now; it starts below, where it is always stopped
     keys, tenants = {}, []
     (work / "callback-secret").write_text(CALLBACK_SECRET + "\n")
     ensure_secret_file(work / "credential-key")
@@ -124,11 +123,14 @@ def batch_suite(model_repository, tmp_path_factory):
         "AIWORKS_GATEWAY_USAGE_TIMEOUT_S": "1.0",
         "AIWORKS_GATEWAY_USAGE_FLUSH_INTERVAL_S": "0.1",
     }
-    suite = start_suite(model_repository, work / "logs", replicas=1, cache=False, extra_env=env)
-    try:
-        yield BatchSuite(suite, redis.url, keys, work)
+    redis.start()
+    try:  # a suite that fails to start must not leave its redis-server behind
+        suite = start_suite(model_repository, work / "logs", replicas=1, cache=False, extra_env=env)
+        try:
+            yield BatchSuite(suite, redis.url, keys, work)
+        finally:
+            suite.supervisor.stop()
     finally:
-        suite.supervisor.stop()
         redis.stop()
 
 
