@@ -140,7 +140,7 @@ class GatewaySettings(ServiceSettings):
     )  # fmt: skip
     credential_key_reload_s: float = Field(
         10.0, ge=0, description="How often the credential key file is read again: a changed ring (a rotation step) "
-        "is taken without a restart, and logged. 0: read at start-up only.",
+        "is taken without a restart, and logged. 0: no periodic re-read (only when a value names a key not held).",
     )  # fmt: skip
 
     # ---- nearline: asynchronous requests (docs/tiers.md); needs redis_url too ----

@@ -74,7 +74,7 @@ class BatchSettings(BaseSettings):
     )  # fmt: skip
     credential_key_reload_s: float = Field(
         10.0, ge=0, description="How often the credential key file is read again: a rotation step is taken without "
-        "a restart. 0: read at start-up only.",
+        "a restart. 0: no periodic re-read (only when a sealed value names a key not held).",
     )  # fmt: skip
     metrics_port: int = Field(0, ge=0, le=65535, description="Serve Prometheus /metrics on this port (0: none).")
     metrics_host: str = Field(

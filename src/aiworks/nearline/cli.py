@@ -37,7 +37,7 @@ def add_nearline_parser(sub) -> None:
     wk.add_argument("--credential-key-reload-s", type=float,
                     default=float(os.environ.get("AIWORKS_NEARLINE_CREDENTIAL_KEY_RELOAD_S", "10")),
                     help="how often the credential key file is read again, so a rotation step is taken without a "
-                    "restart (env AIWORKS_NEARLINE_CREDENTIAL_KEY_RELOAD_S; 0: at start-up only; default %(default)s)")  # fmt: skip
+                    "restart (env AIWORKS_NEARLINE_CREDENTIAL_KEY_RELOAD_S; 0: no periodic re-read; default %(default)s)")  # fmt: skip
     wk.set_defaults(func=cmd_worker)
 
 
