@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+import redis
 import requests
 
 from .test_batch_jobs import _digits
@@ -99,6 +100,24 @@ def test_one_tenant_cannot_fill_the_queue_for_the_others(batch_suite, workers):
     assert _result(batch_suite, "alice", other.json()["id"]).status_code == 200
     again = _post(batch_suite, "carol", _body(row))
     assert again.status_code == 202 and _result(batch_suite, "carol", again.json()["id"]).status_code == 200
+
+
+def test_one_tenants_backlog_does_not_hold_up_another_tenants_request(batch_suite, workers):
+    """alice queues 300 requests, then bob one; a worker started after them answers bob's among alice's first
+    few (each tenant has its own stream, read in turns), not after her 300 as one queue in arrival order would."""
+    rows = _digits(300)
+    with ThreadPoolExecutor(8) as pool:
+        alice = list(pool.map(lambda r: _post(batch_suite, "alice", _body(r)).json()["id"], rows))
+    bob = _post(batch_suite, "bob", _body(rows[0]))
+    assert bob.status_code == 202, bob.text
+    workers("fair", "--concurrency", "4")
+    assert _result(batch_suite, "bob", bob.json()["id"]).status_code == 200
+    store = redis.Redis.from_url(batch_suite.redis_url)
+    done_at = lambda request_id: float(store.hget(f"aiworks:async:req:{request_id}", "completed_at") or "inf")  # noqa: E731
+    bob_at = done_at(bob.json()["id"])
+    before_bob = sum(done_at(i) < bob_at for i in alice)
+    assert before_bob <= 16, f"{before_bob} of alice's 300 requests were answered before bob's one"
+    assert all(_result(batch_suite, "alice", i).status_code == 200 for i in alice)
 
 
 def test_a_burst_is_absorbed_and_survives_a_killed_worker(batch_suite, workers):

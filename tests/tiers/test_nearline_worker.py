@@ -83,3 +83,62 @@ async def test_a_tenants_backlog_counts_its_queued_requests_once_each_and_heals(
         assert await queue.depth("alice") == (3, 2), "an id older than the TTL is dropped"
     finally:
         await queue.close()
+
+
+async def test_each_tenant_gets_its_turn_whatever_another_has_queued(redis_url):
+    """alice queues 40, then bob 2 and the anonymous tenant 1: a worker with four free places takes from each in
+    turns (bob's first before alice's second), never more than its places plus one a stream, and each tenant's
+    requests in the order they were queued; the backlog counts them all until their results are stored."""
+    queue = AsyncQueue.from_url(redis_url)
+    try:
+        await queue.ensure_group()
+        alice = [(await queue.enqueue("alice", "/v2/models/m/infer", b"{}", None))[0] for _ in range(40)]
+        bob = [(await queue.enqueue("bob", "/v2/models/m/infer", b"{}", None))[0] for _ in range(2)]
+        anonymous, _ = await queue.enqueue("", "/v2/models/m/infer", b"{}", None)
+        assert await queue.backlog() == 43 and await queue.depth("bob") == (43, 2)
+        first = await queue.take("w", 4, 100, 30.0)
+        ids = [item.id for item in first]
+        assert len(first) <= 4 + 3 and set(bob) <= set(ids) and anonymous in ids, ids
+        assert ids.index(bob[0]) < ids.index(alice[1]), f"bob waited behind alice's backlog: {ids}"
+        taken = list(first)
+        while len(taken) < 43:
+            more = await queue.take("w", 8, 100, 30.0)
+            assert more and len(more) <= 8 + 3
+            taken.extend(more)
+        assert [i.id for i in taken if i.tenant == "alice"] == alice and [i.id for i in taken if i.tenant == "bob"] == bob
+        assert {i.stream for i in taken} == {queue.stream_of("alice"), queue.stream_of("bob"), queue.stream}
+        for item in taken:
+            await queue.complete(item, "completed", 200, b"{}")
+        assert await queue.backlog() == 0 and await queue.depth("alice") == (0, 0)
+        assert await queue.take("w", 4, 50, 30.0) == []
+    finally:
+        await queue.close()
+
+
+async def test_a_new_tenants_first_request_wakes_a_worker_waiting_on_the_others(redis_url):
+    """A worker blocked reading the streams it knows is woken by the doorbell a new tenant's first request rings,
+    and takes that request at once rather than when its wait ends; a worker that dies holding entries has them
+    taken over by another after claim_idle_s."""
+    worker_side, gateway_side = AsyncQueue.from_url(redis_url), AsyncQueue.from_url(redis_url)
+    try:
+        await worker_side.ensure_group()
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        waiting = asyncio.create_task(worker_side.take("w1", 4, 10_000, 0.3))
+        await asyncio.sleep(0.3)
+        request_id, _ = await gateway_side.enqueue("dave", "/v2/models/m/infer", b"{}", None)
+        got = await asyncio.wait_for(waiting, 5)
+        assert [item.id for item in got] == [request_id] and loop.time() - began < 3.0
+        await asyncio.sleep(0.5)  # w1 "died" holding it
+        other = AsyncQueue.from_url(redis_url)
+        try:
+            await other.ensure_group()
+            claimed = await other.take("w2", 4, 100, 0.3)
+            assert [item.id for item in claimed] == [request_id] and claimed[0].stream == other.stream_of("dave")
+            await other.complete(claimed[0], "completed", 200, b"{}")
+            assert await other.backlog() == 0
+        finally:
+            await other.close()
+    finally:
+        await worker_side.close()
+        await gateway_side.close()

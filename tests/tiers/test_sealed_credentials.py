@@ -73,7 +73,7 @@ def test_no_api_key_is_in_redis_while_jobs_and_requests_wait_and_they_still_run_
     client = redis.Redis.from_url(batch_suite.redis_url, decode_responses=True)
     try:
         secret = client.get(f"aiworks:batch:secret:{job['id']}")
-        entries = client.xrange("aiworks:async:requests")
+        entries = client.xrange("aiworks:async:requests:alice")
     finally:
         client.close()
     assert secret and is_sealed(secret)
