@@ -2,7 +2,7 @@
 
 import orjson
 
-from aiworks.batch.runner import take_online_load
+from aiworks.batch.answers import take_online_load
 
 
 def answer(parameters=None) -> bytes:

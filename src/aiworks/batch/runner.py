@@ -49,36 +49,21 @@ from collections.abc import Callable, Iterator
 import aiohttp
 import orjson
 
-from aiworks.batch import objects, packing, tables
+from aiworks.batch import answers, job_files, objects, packing
 from aiworks.batch.jobs import TERMINAL, FileRecord, Job, JobStore, part_name
-from aiworks.batch.lines import Line, LineIndex, chunk_bounds, parse_line
+from aiworks.batch.lines import Line, chunk_bounds
 from aiworks.batch.pacing import PacedGate, Pacer
 from aiworks.batch.settings import BatchSettings
 from aiworks.core.errors import AIWorksError, InvalidArgument, Status
 from aiworks.core.metrics import BATCH_CHUNKS, BATCH_JOB_PAUSES, BATCH_JOBS_FINISHED, BATCH_ROWS
-from aiworks.core.options import ONLINE_LOAD
 from aiworks.security.sealing import SealError
 
 log = logging.getLogger(__name__)
 
 _TRANSIENT = (429, 502, 503, 504)
 _OVERLOAD = (429, 503)  # answers that say the suite is busy: the pacer backs off
-_MAX_BACKOFF_S = 5.0
 _CHUNKS_IN_FLIGHT = 2  # the next chunk's lines queue behind the current one's, so its tail does not drain the pipe
-_ONLINE_LOAD_KEY = b'"' + ONLINE_LOAD.encode() + b'"'
-# The gateway's usual answer (compact JSON, "parameters" last, the signal its only entry) ends with one of these:
-# taken off as bytes, without parsing the answer. Two closing braces: the top level's "parameters", nothing nested.
-_ONLINE_LOAD_TAILS = {
-    value: b',"parameters":{' + _ONLINE_LOAD_KEY + b":" + orjson.dumps(value) + b"}}" for value in (True, False)
-}
 
-
-def output_file_id(job_id: str) -> str:
-    return f"file-{job_id}-output"
-
-
-def error_file_id(job_id: str) -> str:
-    return f"file-{job_id}-error"
 
 
 class LeaseLost(Exception):
@@ -215,7 +200,7 @@ class BatchRunner:
     async def _run(self, job: Job) -> None:
         with contextlib.ExitStack() as inputs:  # the mapped input until the end
             try:
-                total, chunks = await asyncio.to_thread(_open_input, job, inputs)
+                total, chunks = await asyncio.to_thread(job_files.open_input, job, inputs)
             except AIWorksError as exc:
                 await self._unreadable(job, exc)
                 return
@@ -230,7 +215,7 @@ class BatchRunner:
         done = await self.store.done_chunks(job.id)
         for index, (out, err) in (await self.store.inline_chunks(job.id)).items():  # recorded before parts
             part = part_name(index, "inline", bool(out), bool(err))
-            await asyncio.to_thread(_write_part, job, part, out, err)
+            await asyncio.to_thread(job_files.write_part, job, part, out, err)
             await self.store.replace_inline(job.id, index, part)
         try:
             credential = await self.store.credential(job.id)
@@ -297,9 +282,9 @@ class BatchRunner:
                     lines = await self._lines(job, make)
                     if lines is None:
                         return
-                    errors = b"".join(_error_line(line, code, reason) for line in lines)
+                    errors = b"".join(answers.error_line(line, code, reason) for line in lines)
                     unsent[index] = part = part_name(index, "unsent", False, bool(errors))
-                    await asyncio.to_thread(_write_part, job, part, b"", errors)
+                    await asyncio.to_thread(job_files.write_part, job, part, b"", errors)
                 index += 1
                 if index >= len(bounds):
                     break
@@ -321,7 +306,7 @@ class BatchRunner:
         out, err, ok, bad = await task
         part = part_name(index, self.runner_id, bool(out), bool(err))
         try:
-            await asyncio.to_thread(_write_part, job, part, out, err)
+            await asyncio.to_thread(job_files.write_part, job, part, out, err)
         except AIWorksError as exc:
             if exc.status is Status.UNAVAILABLE:  # the chunk is sent again when the job resumes
                 raise StorageUnavailable(f"cannot write the job's results: {exc.message}") from None
@@ -368,7 +353,7 @@ class BatchRunner:
 
         async def one(line: Line) -> tuple[bool, bytes]:
             if line.request is None:
-                return False, _error_line(line, "invalid_request", line.error or "invalid line")
+                return False, answers.error_line(line, "invalid_request", line.error or "invalid line")
             return await self._send(job, line, headers)
 
         async def packed(group: list[Line]) -> list[tuple[bool, bytes]]:
@@ -378,10 +363,10 @@ class BatchRunner:
             if status == 200:
                 responses = packing.split_response(group, content)
                 if responses is not None:
-                    return [(True, _output_line(line, r)) for line, r in zip(group, responses)]
+                    return [(True, answers.output_line(line, r)) for line, r in zip(group, responses)]
             elif status == 0 or status in _TRANSIENT:  # retried until retry_for_s: each line would fare the same
                 code = str(status) if status else "unavailable"
-                return [(False, _error_line(line, code, reason)) for line in group]
+                return [(False, answers.error_line(line, code, reason)) for line in group]
             # Refused (one line at fault, or more rows than the model takes) or not splittable: line by line.
             return list(await asyncio.gather(*(one(line) for line in group)))
 
@@ -395,8 +380,8 @@ class BatchRunner:
     async def _send(self, job: Job, line: Line, headers: dict) -> tuple[bool, bytes]:
         status, content, reason = await self._post(job, orjson.dumps(line.request), headers)
         if status == 200:
-            return True, _output_line(line, content)
-        return False, _error_line(line, str(status) if status else "unavailable", reason)
+            return True, answers.output_line(line, content)
+        return False, answers.error_line(line, str(status) if status else "unavailable", reason)
 
     async def _post(self, job: Job, body: bytes, headers: dict) -> tuple[int, bytes, str]:
         """(200, the answer without its signal, "") or (the HTTP status, or 0 unreached; b""; why).
@@ -422,16 +407,16 @@ class BatchRunner:
                 status, reason, delay = 0, f"gateway unreachable ({type(exc).__name__})", None
             else:
                 if status == 200:
-                    online, content = take_online_load(content)
+                    online, content = answers.take_online_load(content)
                     pacer.answered(time.perf_counter() - started, online)
                     return 200, content, ""
                 if status in _OVERLOAD:
                     pacer.refused()
-                reason = _gateway_error(status, content)
+                reason = answers.gateway_error(status, content)
                 if status == 401:
                     # Refused for the job's token. Tried again for a while first: in a rolling upgrade, a gateway
                     # from before work tokens refuses one that the others accept. Then the job stops (refused).
-                    delay = min(_MAX_BACKOFF_S, 0.05 * 2**attempt)
+                    delay = min(answers.MAX_BACKOFF_S, 0.05 * 2**attempt)
                     client = self.fresh_client  # the next try on a new connection: perhaps another gateway replica
                     if job.id in self.refused or time.monotonic() + delay > auth_give_up:
                         self.refused.setdefault(job.id, reason)
@@ -439,10 +424,10 @@ class BatchRunner:
                 elif status not in _TRANSIENT:
                     return status, b"", reason
                 else:
-                    delay = _retry_after(retry_after)
+                    delay = answers.retry_after(retry_after)
             finally:
                 gate.release(time.perf_counter() - started)
-            delay = delay if delay is not None else min(_MAX_BACKOFF_S, 0.05 * 2**attempt)
+            delay = delay if delay is not None else min(answers.MAX_BACKOFF_S, 0.05 * 2**attempt)
             if time.monotonic() + delay > give_up:
                 return status, b"", f"{reason}; gave up after {attempt} attempts"
             await asyncio.sleep(delay)
@@ -492,7 +477,7 @@ class BatchRunner:
             parts |= unsent
         ordered = [parts[index] for index in range(job.chunks_total) if index in parts]  # a cancelled job: gaps
         try:
-            sizes = await asyncio.to_thread(_write_results, job, ordered)
+            sizes = await asyncio.to_thread(job_files.write_results, job, ordered)
         except AIWorksError as exc:
             if exc.status is Status.UNAVAILABLE and time.time() < job.expires_at:  # written again on resuming
                 raise StorageUnavailable(f"cannot write the results: {exc.message}") from None
@@ -500,8 +485,8 @@ class BatchRunner:
             return
         for (file_id, url, name), size in zip(
             (
-                (output_file_id(job.id), job.output_url, f"output.{job.format}"),
-                (error_file_id(job.id), job.error_url, "errors.jsonl"),
+                (job_files.output_file_id(job.id), job.output_url, f"output.{job.format}"),
+                (job_files.error_file_id(job.id), job.error_url, "errors.jsonl"),
             ),
             sizes,
         ):
@@ -509,7 +494,7 @@ class BatchRunner:
             await self.store.add_file(record)
         why = {"error": f"the gateway refused the job's credential, so it stopped: {refused}"} if refused else {}
         await self.store.finish(
-            job.id, final, output_file_id=output_file_id(job.id), error_file_id=error_file_id(job.id), **why
+            job.id, final, output_file_id=job_files.output_file_id(job.id), error_file_id=job_files.error_file_id(job.id), **why
         )
         # After the job has ended: a runner that dies first leaves parts behind, never a job without them; the
         # job stays on the sweep list, and an idle runner removes them (_sweep).
@@ -522,9 +507,9 @@ class BatchRunner:
         """Remove an ended job's parts, and take it off the sweep list: how many there were; None (it stays
         on the list) when storage refused."""
         try:
-            removed = await asyncio.to_thread(objects.delete_tree, parts_prefix(job))
+            removed = await asyncio.to_thread(objects.delete_tree, job_files.parts_prefix(job))
         except (AIWorksError, OSError) as exc:
-            log.warning("batch job %s: its parts under %s were not removed: %s", job.id, parts_prefix(job), exc)
+            log.warning("batch job %s: its parts under %s were not removed: %s", job.id, job_files.parts_prefix(job), exc)
             return None
         await self.store.swept(job.id)
         return removed
@@ -549,117 +534,7 @@ class BatchRunner:
             await self.store.resweep(job_id)
             return False
         if removed:
-            log.info("batch job %s: removed the %d part file(s) left under %s", job_id, removed, parts_prefix(job))
+            log.info("batch job %s: removed the %d part file(s) left under %s", job_id, removed, job_files.parts_prefix(job))
         return True
 
 
-def _open_input(job: Job, stack: contextlib.ExitStack) -> tuple[int, Iterator[Callable[[], list[Line]]]]:
-    """The job's number of input lines (rows), and one callable per chunk, in order, that makes its lines.
-
-    A JSONL input stays mapped until ``stack`` closes."""
-    if job.format == "parquet":
-        source = tables.ParquetInput(job.input_url, job.input_columns)
-        return source.total, source.chunks(job.chunk_size)
-    index = LineIndex(stack.enter_context(objects.mapped(job.input_url)))
-
-    def chunks() -> Iterator[Callable[[], list[Line]]]:
-        for start, end in chunk_bounds(index.total, job.chunk_size):
-            yield lambda start=start, end=end: [
-                parse_line(start + i + 1, raw, job.infer_path) for i, raw in enumerate(index.lines(start, end))
-            ]
-
-    return index.total, chunks()
-
-
-def parts_prefix(job: Job) -> str:
-    """Where a job's recorded chunks are written until its files are: beside its output file."""
-    return job.output_url + ".parts/"
-
-
-def _part_urls(job: Job, part: str) -> tuple[str | None, str | None]:
-    """The output-lines and error-lines files of a part (None where it has none)."""
-    head, _, kinds = part.rpartition(".")
-    prefix = parts_prefix(job) + head
-    return (prefix + ".out" if "o" in kinds else None), (prefix + ".err" if "e" in kinds else None)
-
-
-def _write_part(job: Job, part: str, out: bytes, err: bytes) -> None:
-    for url, data in zip(_part_urls(job, part), (out, err)):
-        if url is not None:
-            objects.write_bytes(url, data)
-
-
-def _write_results(job: Job, parts: list[str]) -> tuple[int, int]:
-    """The output and error files, copied from ``parts`` in order, one part in memory at a time; their sizes."""
-
-    def lines(which: int) -> Iterator[bytes]:
-        for part in parts:
-            url = _part_urls(job, part)[which]
-            if url is not None:
-                yield objects.read_bytes(url)
-
-    with objects.sink(job.output_url) as output:
-        if job.format == "parquet":
-            tables.write_output_to(output, lambda: lines(0))
-        else:
-            for data in lines(0):
-                output.write(data)
-        output.flush()
-        out_size = output.tell()
-    with objects.sink(job.error_url) as errors:
-        for data in lines(1):
-            errors.write(data)
-        err_size = errors.tell()
-    return out_size, err_size
-
-
-def take_online_load(response: bytes) -> tuple[bool | None, bytes]:
-    """The runtime's ``online_load`` signal in a JSON answer (None: absent), and the answer without it.
-
-    The signal is for the pacer, not the job's output: the output line is the
-    answer as an online caller gets it. Answers without it pass untouched.
-    """
-    if _ONLINE_LOAD_KEY not in response:
-        return None, response
-    for value, tail in _ONLINE_LOAD_TAILS.items():
-        if response.endswith(tail):
-            return value, response[: -len(tail)] + b"}"
-    try:
-        doc = orjson.loads(response)
-    except orjson.JSONDecodeError:
-        return None, response
-    parameters = doc.get("parameters") if isinstance(doc, dict) else None
-    if not isinstance(parameters, dict) or ONLINE_LOAD not in parameters:
-        return None, response
-    online = parameters.pop(ONLINE_LOAD)
-    if not parameters:
-        del doc["parameters"]
-    return (online if isinstance(online, bool) else None), orjson.dumps(doc)
-
-
-def _output_line(line: Line, response: bytes) -> bytes:
-    if b"\n" in response:
-        response = orjson.dumps(orjson.loads(response))
-    head = orjson.dumps({"line": line.number, "custom_id": line.custom_id})
-    return head[:-1] + b',"response":' + response + b"}\n"
-
-
-def _error_line(line: Line, code: str, message: str) -> bytes:
-    doc = {"line": line.number, "custom_id": line.custom_id, "error": {"code": code, "message": message}}
-    return orjson.dumps(doc) + b"\n"
-
-
-def _gateway_error(status: int, content: bytes) -> str:
-    try:
-        doc = orjson.loads(content)
-    except orjson.JSONDecodeError:
-        return f"HTTP {status}"
-    message = doc.get("error") if isinstance(doc, dict) else None
-    return str(message)[:500] if message else f"HTTP {status}"
-
-
-def _retry_after(value: str | None) -> float | None:
-    try:
-        return min(_MAX_BACKOFF_S, max(0.05, float(value))) if value else None
-    except ValueError:
-        return None
