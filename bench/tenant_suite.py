@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -39,6 +39,7 @@ class TenantSuite:
     tenants_file: Path
     base: str  # the gateway's HTTP address
     supervisor: Supervisor
+    others: dict[str, str] = field(default_factory=dict)  # more tenants (``others=``): id -> API key
 
     @property
     def credential_key(self) -> Path:
@@ -56,12 +57,14 @@ class TenantSuite:
 
 @contextlib.contextmanager
 def tenant_suite(prefix: str, env: dict[str, str] | Callable[[Path], dict[str, str]] | None = None, *, replicas: int = 1,
-                 repository: str | None = None, tenant: dict | None = None) -> Iterator[TenantSuite]:  # fmt: skip
+                 repository: str | None = None, tenant: dict | None = None,
+                 others: tuple[str, ...] = ()) -> Iterator[TenantSuite]:  # fmt: skip
     """The running suite.
 
     ``env``: more environment for the suite's services, or a function of the
     work folder that gives it (for paths in it); ``tenant``: more fields of
-    the tenant's entry in the tenants file.
+    the tenant's entry in the tenants file; ``others``: more tenants (the same
+    models, a key each, in :attr:`TenantSuite.others`).
     """
     work = Path(tempfile.mkdtemp(prefix=prefix))
     models = Path(repository) if repository else work / "repository"
@@ -74,7 +77,9 @@ def tenant_suite(prefix: str, env: dict[str, str] | Callable[[Path], dict[str, s
     key, digest = generate_api_key()
     tenants = work / "tenants.yaml"
     entry = {"id": TENANT, "models": ["digits"], "api_keys": [digest], **(tenant or {})}
-    tenants.write_text(yaml.safe_dump({"tenants": [entry]}))
+    other_keys = {name: generate_api_key() for name in others}
+    more = [{"id": name, "models": ["digits"], "api_keys": [d]} for name, (_, d) in other_keys.items()]
+    tenants.write_text(yaml.safe_dump({"tenants": [entry, *more]}))
     ensure_secret_file(work / CREDENTIAL_KEY)  # the tiers' sealed credentials (gateway, runners, workers)
     suite_env = {"AIWORKS_GATEWAY_TENANTS_FILE": str(tenants), "AIWORKS_GATEWAY_REDIS_URL": redis_url,
                  "AIWORKS_GATEWAY_CREDENTIAL_KEY_FILE": str(work / CREDENTIAL_KEY),
@@ -85,7 +90,8 @@ def tenant_suite(prefix: str, env: dict[str, str] | Callable[[Path], dict[str, s
     failed = True
     try:
         supervisor.start()
-        yield TenantSuite(work, redis_url, key, tenants, f"http://127.0.0.1:{config.http_port}", supervisor)
+        yield TenantSuite(work, redis_url, key, tenants, f"http://127.0.0.1:{config.http_port}", supervisor,
+                          {name: k for name, (k, _) in other_keys.items()})  # fmt: skip
         failed = False
     finally:
         supervisor.stop()

@@ -381,17 +381,19 @@ async def job_beside_online(suite: TenantSuite, data: bytes, metrics_port: int, 
 
 
 async def submit_async(suite: TenantSuite, bodies: list[bytes], count: int, rate: float | None,
-                       refused: dict[int, int], retried: dict[int, int] | None = None) -> list[tuple]:  # fmt: skip
+                       refused: dict[int, int], retried: dict[int, int] | None = None, *, key: str | None = None,
+                       seed: int = 11) -> list[tuple]:  # fmt: skip
     """``count`` async requests, open loop at ``rate``/s (None: as fast as 32 submitters go); (id, sent_at) each.
 
     As a real client would: at most 256 connections (more submissions wait for one, their clock already
     running), and a 429 or 503 (the gateway shedding load) is retried after its ``Retry-After``, counted in
     ``retried`` by status; ``sent_at`` stays the first attempt's. Submissions answered otherwise are
-    counted in ``refused`` by status.
+    counted in ``refused`` by status. ``key``: another tenant's API key (default: the suite's tenant).
     """
-    headers = {**suite.headers, "content-type": "application/json", "prefer": "respond-async"}
+    auth = {"authorization": f"Bearer {key}"} if key else suite.headers
+    headers = {**auth, "content-type": "application/json", "prefer": "respond-async"}
     sent: list[tuple[str, float]] = []
-    gaps = np.random.default_rng(11)
+    gaps = np.random.default_rng(seed)
     retried = {} if retried is None else retried
 
     async def one(session: aiohttp.ClientSession, i: int) -> None:
