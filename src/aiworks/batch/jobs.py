@@ -14,7 +14,9 @@ Keys (prefix ``aiworks:batch:``):
   job leaves them; an idle runner removes them);
 - ``active``: set of jobs not yet ended (``tenant:{t}:active``: a tenant's); ``tenant:{t}:jobs``: a tenant's
   jobs by creation time;
-- ``file:{id}`` and ``tenant:{t}:files``: files of the Batch API (:class:`FileRecord`).
+- ``file:{id}`` and ``tenant:{t}:files``: files of the Batch API (:class:`FileRecord`);
+- ``turns``: hash, tenant -> when a runner last took one of its jobs: a runner takes the waiting job whose
+  tenant had a turn least recently (:meth:`JobStore.took_turn`; the job's own ``turn_at`` breaks ties).
 
 A chunk is recorded at most once, and only by the runner holding the lease
 (a Lua script checks both), so a runner that lost its lease, or a chunk run
@@ -113,6 +115,7 @@ class Job:
     cancelling_at: float = 0.0
     cancelled_at: float = 0.0
     expired_at: float = 0.0
+    turn_at: float = 0.0  # when a runner last took it (Unix time; 0: never): turns go to the least recent
 
     @property
     def infer_path(self) -> str:
@@ -289,6 +292,28 @@ class JobStore:
 
     async def renew(self, job_id: str, runner: str, ttl_s: float) -> bool:
         return bool(await self._renew(keys=[self._k("lease", job_id)], args=[runner, int(ttl_s * 1000)]))
+
+    async def waiting(self, but: str) -> bool:
+        """Whether a job not ended, other than ``but``, has no runner holding it (it waits for a turn)."""
+        others = [job_id for job_id in await self.redis.smembers(self._k("active")) if job_id != but]
+        if not others:
+            return False
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for job_id in others:
+                pipe.exists(self._k("lease", job_id))
+            return not all(await pipe.execute())
+
+    async def turns(self) -> dict[str, float]:
+        """When each tenant's job last got a runner (Unix time), for :meth:`took_turn`'s order."""
+        return {tenant: float(at) for tenant, at in (await self.redis.hgetall(self._k("turns"))).items()}
+
+    async def took_turn(self, job: Job) -> None:
+        """A runner takes ``job`` now: it and its tenant go to the back of the order of turns."""
+        now = time.time()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(self._k("job", job.id), "turn_at", now)
+            pipe.hset(self._k("turns"), job.tenant, now)
+            await pipe.execute()
 
     async def release(self, job_id: str, runner: str) -> None:
         key = self._k("lease", job_id)

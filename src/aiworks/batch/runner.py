@@ -156,11 +156,16 @@ class BatchRunner:
                 seen[job_id] = job
         self.seen = seen
         now = time.monotonic()
-        for job_id in active:
+        turns = await self.store.turns()
+        # Turns: the tenant whose job last got a runner longest ago first, then its job taken least recently.
+        order = sorted(seen.values(), key=lambda j: (turns.get(j.tenant, 0.0), j.turn_at, j.created_at, j.id))
+        for job in order:
+            job_id = job.id
             if self.paused.get(job_id, (0.0, 0.0))[0] > now:
                 continue  # its store was down a moment ago; other jobs go first
             if await self.store.claim(job_id, self.runner_id, self.settings.lease_ttl_s):
                 try:
+                    await self.store.took_turn(job)
                     await self.run_job(job_id)
                 except StorageUnavailable as exc:
                     wait = min(self.paused.get(job_id, (0.0, _PAUSE_FIRST_S / 2))[1] * 2, _PAUSE_MAX_S)
@@ -233,6 +238,7 @@ class BatchRunner:
         expired = None  # the first chunk not run once the completion window ended, or the credential was refused
         self.refused.pop(job.id, None)
         in_flight: deque[tuple[int, asyncio.Task]] = deque()  # the chunks sent and not yet recorded, oldest first
+        turn_ends = time.monotonic() + self.settings.turn_s if self.settings.turn_s > 0 else None
         try:
             for index in range(len(bounds)):
                 make = await self._next_chunk(job, chunks)  # reads the chunk (Parquet: decodes its record batches)
@@ -254,6 +260,15 @@ class BatchRunner:
                     await self._record(job, *in_flight.popleft())
                     if not await self._in_progress(job.id):
                         break  # cancelling: the chunk queued behind is dropped, so the job stops within one chunk
+                    if turn_ends is not None and time.monotonic() >= turn_ends:
+                        if await self.store.waiting(job.id):  # its turn is over: keep what was sent, let it go
+                            while in_flight:
+                                await self._record(job, *in_flight.popleft())
+                            log.info("batch job %s: its turn of %.0f s is over and another job waits; %d of %d "
+                                     "chunks recorded, it goes on at its next turn", job.id, self.settings.turn_s,
+                                     len(await self.store.done_chunks(job.id)), len(bounds))  # fmt: skip
+                            return
+                        turn_ends = time.monotonic() + 1.0  # nobody waits: look again in a second
             else:
                 while in_flight:
                     await self._record(job, *in_flight.popleft())

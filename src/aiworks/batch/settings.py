@@ -51,6 +51,13 @@ class BatchSettings(BaseSettings):
     backoff_factor: float = Field(
         0.5, gt=0, lt=1, description="What a back-off multiplies the limit of requests in flight by (never under min_in_flight)."
     )
+    turn_s: float = Field(
+        60.0, ge=0,
+        description="The longest a runner keeps one job while another job waits for a runner: then it records the "
+        "chunks in flight, lets the job go (its finished chunks kept) and takes the waiting job whose tenant had a "
+        "turn least recently, so one tenant's long job cannot hold every runner for hours. 0: a runner keeps a job "
+        "to its end.",
+    )  # fmt: skip
     lease_ttl_s: float = Field(
         15.0, gt=0, description="Life of a runner's claim on a job not renewed; then another runner takes it over."
     )
