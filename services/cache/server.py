@@ -18,6 +18,7 @@ from aiworks.core.rpc import add_port, create_server, set_serving
 from aiworks.core.tracing import setup_tracing, shutdown_tracing
 from aiworks.pb.cache.v1 import cache_pb2, cache_pb2_grpc
 from aiworks.security.callers import server_check
+from aiworks.security.keyring import watch_internal_token
 
 log = logging.getLogger("aiworks.cache")
 
@@ -82,6 +83,7 @@ async def serve(settings: CacheSettings) -> None:
         exposition, metrics_port = metrics.serve_metrics_or_warn(settings.metrics_port, settings.host)
     await set_serving(health, True)
     lag = start_loop_lag_probe("cache")
+    token_watch = watch_internal_token(settings, callers)  # a rotated internal token, taken without a restart
     log.info(
         "cache serving gRPC%s on %s:%d (callers checked by %s) with the %s store%s",
         " with mutual TLS" if tls else "",
@@ -94,6 +96,8 @@ async def serve(settings: CacheSettings) -> None:
     settle_memory()  # started: what exists now lives as long as the process
     await stop.wait()
     log.info("cache stopping")
+    if token_watch is not None:
+        token_watch.cancel()
     await set_serving(health, False)
     await server.stop(grace=5)
     lag.stop()

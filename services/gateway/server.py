@@ -32,7 +32,7 @@ from aiworks.nearline.queue import AsyncQueue
 from aiworks.pb.streams.v1 import streams_pb2_grpc
 from aiworks.scheduler.client import Routing, SchedulerClient
 from aiworks.security.callers import own_caller
-from aiworks.security.keyring import watch_key_file
+from aiworks.security.keyring import watch_internal_token, watch_key_file
 from aiworks.security.sealing import Sealer
 from aiworks.security.tls import uvicorn_ssl_options
 from aiworks.streams.store import Publisher, Reader
@@ -193,6 +193,7 @@ async def serve(settings: GatewaySettings) -> None:
     # A rotation step written to the key file (the Secret, on Kubernetes) is taken here without a restart.
     key_watch = watch_key_file(settings.credential_key_file if sealer else None,
                                [sealer, tenancy.auth.work_tokens], settings.credential_key_reload_s)  # fmt: skip
+    token_watch = watch_internal_token(settings)  # the token it presents to the scheduler, runtimes and cache
     log.info(
         "gateway serving HTTP on %s:%d and gRPC on %s:%d (scheduler %s, cache %s, metrics %s)",
         settings.host,
@@ -206,8 +207,9 @@ async def serve(settings: GatewaySettings) -> None:
     settle_memory()  # started: what exists now lives as long as the process
     await stop.wait()
     log.info("gateway stopping")
-    if key_watch is not None:
-        key_watch.cancel()
+    for watch in (key_watch, token_watch):
+        if watch is not None:
+            watch.cancel()
     await set_serving(health, False)
     http.should_exit = True
     await http_task

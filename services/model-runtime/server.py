@@ -25,6 +25,7 @@ from aiworks.runtime.settings import RuntimeSettings
 from aiworks.scheduler.client import SchedulerClient
 from aiworks.security.audit import AuditLog
 from aiworks.security.callers import own_caller, server_check
+from aiworks.security.keyring import watch_internal_token
 from aiworks.security.model_guard import ModelGuard
 
 log = logging.getLogger("aiworks.runtime")
@@ -234,9 +235,12 @@ async def serve(settings: RuntimeSettings) -> None:
         follower = asyncio.create_task(_follow_backend_health(dataplane, health))
         log.info("runtime %s ready with %d model version(s)", replica_id, len(dataplane.ready_specs()))
 
+    token_watch = watch_internal_token(settings, callers)  # a rotated internal token, taken without a restart
     settle_memory()  # started: what exists now lives as long as the process
     await stop.wait()
     log.info("runtime %s stopping", replica_id)
+    if token_watch is not None:
+        token_watch.cancel()
     await set_serving(health, False)
     await set_serving(health, False, LIVENESS_SERVICE)
     for beat in beats:

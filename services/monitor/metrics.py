@@ -26,6 +26,9 @@ class MonitorMetrics:
             ProcessCollector(registry=self.registry)
             GCCollector(registry=self.registry)
             PlatformCollector(registry=self.registry)
+            # The process-wide gauge of the internal token secrets held (aiworks.security.keyring), which a
+            # rotation is checked against on every process's /metrics.
+            self.registry.register(m.INTERNAL_TOKEN_KEYS)
         self.health = Gauge(
             m.MONITOR_HEALTH_SCORE, "Health score of a runtime replica, 0 (dead) to 100.", ["replica"],
             registry=self.registry,

@@ -118,7 +118,7 @@ class LocalPlatform(Platform):
         self.static = static
         self.ejector = ejector
         # The control API wants a bearer token (the monitor's, from its token file) and JSON bodies.
-        self._headers = {"Authorization": caller.bearer()} if caller else {}
+        self.caller = caller  # its bearer is read at each call: a rotated internal token reaches the next call
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
 
@@ -132,7 +132,8 @@ class LocalPlatform(Platform):
         try:
             payload = body if body is not None or method == "GET" else {}
             async with self._session.request(
-                method, f"{self.url}{path}", json=payload, headers=self._headers
+                method, f"{self.url}{path}", json=payload,
+                headers={"Authorization": self.caller.bearer()} if self.caller else {},
             ) as resp:
                 doc = await resp.json(content_type=None)
                 if resp.status >= 400:

@@ -30,7 +30,8 @@ from aiworks.monitor.rollout_judge import PrometheusSource, ScrapeSource
 from aiworks.monitor.rollout_routes import add_rollout_routes
 from aiworks.monitor.rollout_targets import KubernetesTraffic, LocalTraffic
 from aiworks.monitor.settings import MonitorSettings
-from aiworks.security.callers import CallerAuth, check_control_request, own_caller, read_secret
+from aiworks.security.callers import CallerAuth, check_control_request, own_caller, read_secrets
+from aiworks.security.keyring import watch_internal_token
 
 log = logging.getLogger("aiworks.monitor")
 
@@ -142,7 +143,7 @@ def control_auth(settings: MonitorSettings) -> CallerAuth | None:
     secret = None
     if settings.internal_token_file:
         try:
-            secret = read_secret(settings.internal_token_file)
+            secret = read_secrets(settings.internal_token_file)
         except AIWorksError as exc:
             raise SystemExit(f"monitor: AIWORKS_MONITOR_INTERNAL_TOKEN_FILE: {exc}") from None
     if secret is None and not settings.insecure:
@@ -235,9 +236,13 @@ async def serve(settings: MonitorSettings) -> None:
     lag = start_loop_lag_probe("monitor")
     loop_task = asyncio.create_task(controller.run(stop))
     rollout_task = asyncio.create_task(rollouts.run(stop))
+    # A rotated internal token, taken without a restart: the API's accepted tokens and the monitor's own.
+    token_watch = watch_internal_token(settings, auth, also=[getattr(platform, "caller", None)])
     settle_memory()  # started: what exists now lives as long as the process
     await stop.wait()
     log.info("monitor stopping")
+    if token_watch is not None:
+        token_watch.cancel()
     lag.stop()
     await loop_task
     await rollout_task

@@ -20,6 +20,7 @@ from aiworks.scheduler.settings import SchedulerSettings
 from aiworks.scheduler.traffic_state import TrafficPolicy
 from aiworks.scheduler.traffic_store import open_store
 from aiworks.security.callers import own_caller, server_check
+from aiworks.security.keyring import watch_internal_token
 
 log = logging.getLogger("aiworks.scheduler")
 
@@ -56,6 +57,7 @@ async def serve(settings: SchedulerSettings) -> None:
     await server.start()
     expiry = asyncio.create_task(scheduler.expire_loop())
     follow = asyncio.create_task(scheduler.follow_store())
+    token_watch = watch_internal_token(settings, callers)  # a rotated internal token, taken without a restart
     collector = SchedulerCollector(on_loop(asyncio.get_running_loop(), scheduler.status)).register()
     metrics, metrics_port = serve_metrics_or_warn(settings.metrics_port, settings.host)
     await set_serving(health, True)
@@ -72,6 +74,8 @@ async def serve(settings: SchedulerSettings) -> None:
     settle_memory()  # started: what exists now lives as long as the process
     await stop.wait()
     log.info("scheduler stopping")
+    if token_watch is not None:
+        token_watch.cancel()
     await set_serving(health, False)
     expiry.cancel()
     follow.cancel()

@@ -38,6 +38,7 @@ from aiworks.security.callers import (
     mesh_caller,
     method_table,
     parse_xfcc,
+    read_secrets,
     server_auth,
 )
 from aiworks.security.certs import write_certificates
@@ -321,3 +322,103 @@ def test_urls_lose_their_credentials_in_logs():
     assert redact_url("rediss://user:p@ss@host/1") == "rediss://***@host/1"
     assert redact_url("cache at redis://u:pw@h and http://x/y@z") == "cache at redis://***@h and http://x/y@z"
     assert redact_url("redis://127.0.0.1:6379") == "redis://127.0.0.1:6379" and redact_url(None) == ""
+
+
+# ---- rotating the internal token ---------------------------------------------------------------
+
+
+async def test_the_token_file_rotates_in_place_for_servers_and_clients(tmp_path, caplog):
+    """The three rotation steps against a real server and channel, nothing rebuilt: after stage the server
+    accepts both secrets' tokens while the client still presents the old; after promote the client's open
+    channel presents the new one at its next call; after retire the old token is refused. The gauge follows,
+    and no secret reaches the log."""
+    from aiworks.core.metrics import INTERNAL_TOKEN_KEYS
+    from aiworks.security.keyring import INTERNAL_TOKEN_FILE, KeyFileWatch, rotate_file
+
+    path = tmp_path / "internal-token"
+    ensure_secret_file(path)
+    auth, caller = CallerAuth(secret=read_secrets(path)), ClientCaller.from_file("runtime", path)
+    old_token = caller.token
+    watch = KeyFileWatch(path, [auth, caller], INTERNAL_TOKEN_FILE)
+    server, address, _ = await serve(auth)
+
+    def held() -> dict[str, str]:
+        return {s.labels["key_id"]: s.labels["role"] for m in INTERNAL_TOKEN_KEYS.collect() for s in m.samples}
+
+    try:
+        async with client_channel(address, 1 << 20, caller=caller) as channel:
+            stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+            old_only = ((CALLER_HEADER, "runtime"), (TOKEN_HEADER, old_token))
+            assert (await stub.Status(pb.StatusRequest(), timeout=5)).caller_auth == "ok"
+            with caplog.at_level(logging.INFO, logger="aiworks.security.keyring"):
+                staged = rotate_file(path, "stage", INTERNAL_TOKEN_FILE)
+                assert watch.check() and caller.token == old_token  # the client still presents the old one
+                assert held() == {auth.key_ids[0]: "current", auth.key_ids[1]: "previous"}
+                new_token = caller_token(staged[1], "runtime")
+                assert (await stub.Status(pb.StatusRequest(), timeout=5)).caller_auth == "ok"
+                fresh = ((CALLER_HEADER, "runtime"), (TOKEN_HEADER, new_token))
+                async with client_channel(address, 1 << 20) as bare:  # the staged secret's token is accepted
+                    bare_stub = scheduler_pb2_grpc.SchedulerServiceStub(bare)
+                    assert (await bare_stub.Status(pb.StatusRequest(), metadata=fresh, timeout=5)).caller_auth == "ok"
+                    rotate_file(path, "promote", INTERNAL_TOKEN_FILE)
+                    assert watch.check() and caller.token == new_token
+                    assert (await stub.Status(pb.StatusRequest(), timeout=5)).caller_auth == "ok"  # the same channel
+                    assert caller.bearer() == f"Bearer runtime.{new_token}"
+                    rotate_file(path, "retire", INTERNAL_TOKEN_FILE)
+                    assert watch.check() and len(auth.key_ids) == 1
+                    code, details = await code_of(bare_stub.Status(pb.StatusRequest(), metadata=old_only, timeout=5))
+                    assert code == grpc.StatusCode.UNAUTHENTICATED and "does not verify" in details
+                    assert (await stub.Status(pb.StatusRequest(), timeout=5)).caller_auth == "ok"
+            assert held() == {auth.key_ids[0]: "current"}
+            assert "internal token file" in caplog.text and "changed" in caplog.text
+            for secret in staged:
+                assert secret.decode() not in caplog.text
+            assert old_token not in caplog.text and new_token not in caplog.text
+    finally:
+        await server.stop(None)
+
+
+async def test_a_token_of_a_secret_not_read_yet_makes_the_server_read_the_file(tmp_path):
+    """`at-once` on one machine: a client that read the rotated file before the server presents a token the
+    server does not hold yet; the server reads the file at once (at most once a second) and accepts it. A token
+    of no secret in the file is still refused."""
+    from aiworks.security.keyring import INTERNAL_TOKEN_FILE, KeyFileWatch, rotate_file
+
+    path = tmp_path / "internal-token"
+    ensure_secret_file(path)
+    auth = CallerAuth(secret=read_secrets(path))
+    KeyFileWatch(path, [auth], INTERNAL_TOKEN_FILE)  # periodic reads off: only the refresh reads it
+    ring = rotate_file(path, "at-once", INTERNAL_TOKEN_FILE)
+    assert auth.identify([(CALLER_HEADER, "gateway"), (TOKEN_HEADER, caller_token(ring[0], "gateway"))], None) == "gateway"
+    assert len(auth.key_ids) == 2
+    with pytest.raises(Unauthenticated, match="does not verify"):
+        auth.identify([(CALLER_HEADER, "gateway"), (TOKEN_HEADER, caller_token(b"x" * 32, "gateway"))], None)
+
+
+def test_the_certs_command_rotates_the_internal_token_file(tmp_path):
+    import stat
+    import subprocess
+    import sys
+
+    path = tmp_path / "internal-token"
+    ensure_secret_file(path)
+    first = read_secrets(path)
+
+    def certs(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "aiworks", "certs", *args], capture_output=True, text=True,
+                              timeout=60)  # fmt: skip
+
+    staged = certs("--internal-token", str(path), "--rotate-internal-token", "stage")
+    assert staged.returncode == 0, staged.stderr
+    assert "stage: 2 secrets" in staged.stdout and "--rotate-internal-token promote" in staged.stdout
+    assert read_secrets(path)[0] == first[0] and len(read_secrets(path)) == 2
+    assert certs("--internal-token", str(path), "--rotate-internal-token", "promote").returncode == 0
+    promoted = read_secrets(path)
+    assert promoted[1] == first[0]
+    retired = certs("--internal-token", str(path), "--rotate-internal-token", "retire")
+    assert retired.returncode == 0 and read_secrets(path) == promoted[:1]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    for secret in promoted:
+        assert secret.decode() not in staged.stdout + retired.stdout
+    refused = certs("--rotate-internal-token", "stage")
+    assert refused.returncode != 0 and "--rotate-internal-token needs --internal-token FILE" in refused.stderr

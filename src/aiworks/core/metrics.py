@@ -300,6 +300,12 @@ CREDENTIAL_KEYS = Gauge(
     "The credential key ids this process holds (1 each): role current seals and mints, previous only opens.",
     ["key_id", "role"],
 )  # set at start-up and on every change of the key file (aiworks.security.keyring.KeyFileWatch)
+INTERNAL_TOKEN_KEYS = Gauge(
+    "aiworks_internal_token_info",
+    "The internal token secrets this process holds (1 each, by id): role current is presented, previous only "
+    "accepted.",
+    ["key_id", "role"],
+)  # set at start-up and on every change of the internal token file (aiworks.security.keyring.KeyFileWatch)
 
 # ---- monitor -------------------------------------------------------------------------------
 

@@ -132,20 +132,22 @@ def blocking_channel(
 
 def _with_caller(channel, caller: ClientCaller | None):
     caller = caller or _process_caller
-    return CallerChannel(channel, caller.metadata()) if caller else channel
+    return CallerChannel(channel, caller) if caller else channel
 
 
 class _CallerMetadata:
     """A multi-callable that adds the caller's metadata to each call (or stream) it starts."""
 
-    __slots__ = ("_inner", "_metadata")
+    __slots__ = ("_inner", "_caller")
 
-    def __init__(self, inner, metadata: tuple[tuple[str, str], ...]):
+    def __init__(self, inner, caller: ClientCaller):
         self._inner = inner
-        self._metadata = metadata
+        self._caller = caller
 
     def _merged(self, metadata):
-        return self._metadata if metadata is None else (*tuple(metadata), *self._metadata)
+        # Read at each call: a rotated internal token (ClientCaller.reload) reaches the calls made after it.
+        ours = self._caller.metadata()
+        return ours if metadata is None else (*tuple(metadata), *ours)
 
     def __call__(self, *args, metadata=None, **kwargs):
         return self._inner(*args, metadata=self._merged(metadata), **kwargs)
@@ -168,21 +170,21 @@ class CallerChannel:
     adds tasks per streamed message, which the hot-path streams cannot afford.
     """
 
-    def __init__(self, channel, metadata: tuple[tuple[str, str], ...]):
+    def __init__(self, channel, caller: ClientCaller):
         self._channel = channel
-        self._metadata = metadata
+        self._caller = caller
 
     def unary_unary(self, *args, **kwargs):
-        return _CallerMetadata(self._channel.unary_unary(*args, **kwargs), self._metadata)
+        return _CallerMetadata(self._channel.unary_unary(*args, **kwargs), self._caller)
 
     def unary_stream(self, *args, **kwargs):
-        return _CallerMetadata(self._channel.unary_stream(*args, **kwargs), self._metadata)
+        return _CallerMetadata(self._channel.unary_stream(*args, **kwargs), self._caller)
 
     def stream_unary(self, *args, **kwargs):
-        return _CallerMetadata(self._channel.stream_unary(*args, **kwargs), self._metadata)
+        return _CallerMetadata(self._channel.stream_unary(*args, **kwargs), self._caller)
 
     def stream_stream(self, *args, **kwargs):
-        return _CallerMetadata(self._channel.stream_stream(*args, **kwargs), self._metadata)
+        return _CallerMetadata(self._channel.stream_stream(*args, **kwargs), self._caller)
 
     def __getattr__(self, name):
         return getattr(self._channel, name)

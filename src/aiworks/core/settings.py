@@ -54,6 +54,12 @@ class ServiceSettings(BaseSettings):
             "over plaintext on loopback (`aiworks up` makes it and passes its path)."
         ),
     )
+    internal_token_reload_s: float = Field(
+        10.0, ge=0,
+        description="How often internal_token_file is read again: a rotation step (aiworks certs "
+        "--rotate-internal-token) is taken without a restart. 0: no periodic re-read (only when a caller presents "
+        "a token of a secret not held).",
+    )
     mesh_mtls: bool = Field(
         False,
         description=(

@@ -14,7 +14,12 @@ its settings turn on, in this order:
    trust domain and namespace (the element's ``By=``);
 3. plaintext on loopback: ``x-aiworks-caller: <name>`` with
    ``x-aiworks-caller-token: <hex HMAC-SHA256(secret, name)>``, the secret being
-   the installation's 0600 ``internal_token_file`` (``aiworks up`` makes it);
+   the installation's 0600 ``internal_token_file`` (``aiworks up`` makes it).
+   The file is a ring, as the credential key file is (:mod:`aiworks.security.keyring`):
+   clients present the token of its first line, servers accept any line's,
+   and every process re-reads it (``internal_token_reload_s``), so
+   ``aiworks certs --internal-token FILE --rotate-internal-token STEP``
+   rotates it without a restart;
 4. ``insecure``: nobody is checked (logged as a warning at start-up).
 
 :class:`CallerCheck` is the one grpc.aio server interceptor that applies a
@@ -73,6 +78,33 @@ def caller_token(secret: bytes, name: str) -> str:
     return hmac.new(secret, name.encode(), hashlib.sha256).hexdigest()
 
 
+def token_key_id(secret: bytes) -> str:
+    """A secret's id for logs and the ``aiworks_internal_token_info`` gauge: 8 hex digits of a hash, not the key."""
+    return hashlib.sha256(b"aiworks internal token id\0" + secret).hexdigest()[:8]
+
+
+def parse_ring(data: bytes, where: str) -> list[bytes]:
+    """The ring in a secret file's bytes: its non-blank lines, stripped, first the current; duplicates once."""
+    keys: list[bytes] = []
+    for number, line in enumerate(data.splitlines(), 1):
+        key = line.strip()
+        if not key:
+            continue
+        if len(key) < 16:
+            raise InvalidArgument(f"{where}: line {number} holds {len(key)} bytes; each key needs at least 16")
+        if key not in keys:
+            keys.append(key)
+    if not keys:
+        raise InvalidArgument(f"{where} holds no key")
+    return keys
+
+
+def read_secrets(path: Path | str, what: str = "internal token file",
+                 maker: str = "`aiworks up` or `aiworks certs --internal-token FILE`") -> list[bytes]:  # fmt: skip
+    """The ring of secrets in ``path`` (one a line, the current first); an error naming the file otherwise."""
+    return parse_ring(read_secret(path, what, maker), f"{what} {path}")
+
+
 def read_secret(path: Path | str, what: str = "internal token file",
                 maker: str = "`aiworks up` or `aiworks certs --internal-token FILE`") -> bytes:  # fmt: skip
     """The secret in ``path`` (surrounding whitespace dropped); an error naming the file (and ``maker``, what
@@ -120,29 +152,53 @@ def ensure_secret_file(path: Path | str) -> bytes:
     return read_secret(path)
 
 
-@dataclass(frozen=True)
 class ClientCaller:
-    """A name and its token, as a client presents them (metadata on gRPC, a bearer token on HTTP)."""
+    """A name and its token, as a client presents them (metadata on gRPC, a bearer token on HTTP).
 
-    name: str
-    token: str
+    The token is the current secret's (the ring's first line); :meth:`reload` takes a rotated ring in place,
+    and channels read :meth:`metadata` at each call, so a rotation reaches calls made after it.
+    """
+
+    __slots__ = ("name", "token", "key_ids", "refresh", "_pairs")
+
+    def __init__(self, name: str, token: str, key_ids: tuple[str, ...] = ()):
+        self.name, self.key_ids, self.refresh = name, key_ids, None
+        self._set(token)
+
+    def _set(self, token: str) -> None:
+        self.token = token
+        self._pairs = ((CALLER_HEADER, self.name), (TOKEN_HEADER, token))
 
     @classmethod
-    def from_secret(cls, name: str, secret: bytes) -> ClientCaller:
+    def from_secret(cls, name: str, secret: bytes | list[bytes]) -> ClientCaller:
         if name not in CALLERS:
             raise InvalidArgument(f"unknown caller {name!r}; callers are {', '.join(CALLERS)}")
-        return cls(name, caller_token(secret, name))
+        ring = [secret] if isinstance(secret, bytes) else list(secret)
+        return cls(name, caller_token(ring[0], name), tuple(token_key_id(k) for k in ring))
 
     @classmethod
     def from_file(cls, name: str, path: Path | str) -> ClientCaller:
-        return cls.from_secret(name, read_secret(path))
+        return cls.from_secret(name, read_secrets(path))
+
+    def reload(self, keys: list[bytes]) -> None:
+        """Present the token of ``keys[0]`` from now on."""
+        self.key_ids = tuple(token_key_id(k) for k in keys)
+        self._set(caller_token(keys[0], self.name))
+
+    def describe_keys(self) -> str:
+        return f"internal token id {self.key_ids[0] if self.key_ids else '-'} presented as {self.name}"
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
-        return ((CALLER_HEADER, self.name), (TOKEN_HEADER, self.token))
+        return self._pairs
 
     def bearer(self) -> str:
         """The ``Authorization`` header value for the HTTP control APIs."""
         return f"Bearer {self.name}.{self.token}"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, ClientCaller) and (self.name, self.token) == (other.name, other.token)
+
+    __hash__ = None
 
     def __repr__(self) -> str:  # never print the token
         return f"ClientCaller({self.name!r})"
@@ -248,9 +304,29 @@ def mesh_caller(xfcc: str) -> str:
 class CallerAuth:
     """How one server tells its callers apart; built once at start-up from the service's settings."""
 
-    def __init__(self, *, mtls: bool = False, mesh: bool = False, secret: bytes | None = None, insecure: bool = False):
+    def __init__(self, *, mtls: bool = False, mesh: bool = False, secret: bytes | list[bytes] | None = None,
+                 insecure: bool = False):  # fmt: skip
         self.mtls, self.mesh, self.insecure = mtls, mesh, insecure
-        self._tokens = {name: caller_token(secret, name).encode() for name in CALLERS} if secret else {}
+        self._tokens: dict[str, tuple[bytes, ...]] = {}
+        self.key_ids: tuple[str, ...] = ()
+        self.refresh = None  # set by a KeyFileWatch: read the token file now (a token of a secret not held yet)
+        if secret:
+            self.reload([secret] if isinstance(secret, bytes) else list(secret))
+
+    def reload(self, keys: list[bytes]) -> None:
+        """Accept the tokens of every secret of ``keys`` from now on (a rotation, taken in place)."""
+        self._tokens = {name: tuple(caller_token(k, name).encode() for k in keys) for name in CALLERS}
+        self.key_ids = tuple(token_key_id(k) for k in keys)
+
+    def describe_keys(self) -> str:
+        ids = self.key_ids or ("-",)
+        return f"internal token ids {ids[0]} (current)" + "".join(f", {i} (accepted)" for i in ids[1:])
+
+    def _verifies(self, name: str, token: bytes) -> bool:
+        matched = False
+        for expected in self._tokens.get(name, ()):  # each compared in constant time; at most a few
+            matched |= hmac.compare_digest(expected, token)
+        return matched
 
     @property
     def modes(self) -> list[str]:
@@ -267,12 +343,16 @@ class CallerAuth:
     def _token_caller(self, name: str | None, token: str | None) -> str:
         if not self._tokens:
             raise Unauthenticated(f"caller tokens are not accepted here (callers: {self.describe})")
-        expected = self._tokens.get(name or "")
-        if expected is None:  # not echoed: a bearer header may carry some other secret where the name goes
+        if (name or "") not in self._tokens:  # not echoed: a bearer header may carry some other secret there
             raise Unauthenticated(f"the caller named is none of {', '.join(CALLERS)}")
-        if not hmac.compare_digest(expected, (token or "").encode("utf-8", "replace")):
-            raise Unauthenticated(f"the token presented for caller {name!r} does not verify")
-        return name
+        presented = (token or "").encode("utf-8", "replace")
+        if self._verifies(name, presented):
+            return name
+        # Perhaps a secret this process has not read yet (a rotation another process took first): read the file
+        # now (at most once a second) before refusing.
+        if self.refresh is not None and self.refresh() and self._verifies(name, presented):
+            return name
+        raise Unauthenticated(f"the token presented for caller {name!r} does not verify")
 
     def identify(self, metadata: Iterable[tuple[str, str]], common_name: str | None) -> str:
         """The caller's name from a call's client certificate and metadata; UNAUTHENTICATED when none proves one."""
@@ -476,7 +556,7 @@ def server_auth(settings, service: str, host: str) -> CallerAuth:
     prefix = settings.model_config.get("env_prefix", "")
     try:
         tls = settings.tls_files()
-        secret = read_secret(settings.internal_token_file) if settings.internal_token_file else None
+        secret = read_secrets(settings.internal_token_file) if settings.internal_token_file else None
     except AIWorksError as exc:
         raise SystemExit(f"{service}: {exc}") from None
     auth = CallerAuth(mtls=tls is not None, mesh=settings.mesh_mtls, secret=secret, insecure=settings.insecure)

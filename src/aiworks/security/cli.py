@@ -41,6 +41,8 @@ def cmd_certs(args) -> None:
 
     if args.rotate_credential_key and not args.credential_key:
         _fail("--rotate-credential-key needs --credential-key FILE, the file to rotate")
+    if args.rotate_internal_token and not args.internal_token:
+        _fail("--rotate-internal-token needs --internal-token FILE, the file to rotate")
     if not args.out_dir:
         if args.internal_token or args.credential_key:
             _secret_files(args)  # only the secrets were asked for
@@ -80,6 +82,9 @@ def _secret_files(args) -> None:
         if what == "credential key file" and args.rotate_credential_key:
             _rotate_credential_key(path, args.rotate_credential_key)
             continue
+        if what == "internal token file" and args.rotate_internal_token:
+            _rotate_internal_token(path, args.rotate_internal_token)
+            continue
         try:
             ensure_secret_file(path)
         except (AIWorksError, OSError) as exc:
@@ -110,6 +115,31 @@ def _rotate_credential_key(path: Path, step: str) -> None:
     }[step]
     print(f"credential key file {path}: {step}: {len(keys)} key{'s' if len(keys) > 1 else ''}, "
           f"{Sealer(keys).describe()}; {after}")  # fmt: skip
+
+
+def _rotate_internal_token(path: Path, step: str) -> None:
+    """One step of an internal token rotation: clients present the first line's token, servers accept every
+    line's; each process reads the file again within its reload interval."""
+    from aiworks.core.errors import AIWorksError
+    from aiworks.security.callers import CallerAuth
+    from aiworks.security.keyring import INTERNAL_TOKEN_FILE, rotate_file
+
+    try:
+        keys = rotate_file(path, step, INTERNAL_TOKEN_FILE)
+    except AIWorksError as exc:
+        _fail(f"cannot rotate: {exc.message}")
+    except OSError as exc:
+        _fail(f"cannot rotate the internal token file {path}: {exc.strerror or exc}")
+    taken = ("every service, the monitor and `aiworks up` reading this file take it within 10 s (their /metrics: "
+             "aiworks_internal_token_info); the command-line tools read it at each run")  # fmt: skip
+    after = {
+        "stage": f"{taken}; once all hold it, --rotate-internal-token promote",
+        "promote": f"{taken}; once all present the new token, --rotate-internal-token retire",
+        "retire": f"{taken}: the older secret's tokens are refused",
+        "at-once": f"{taken}; once all hold it, --rotate-internal-token retire",
+    }[step]
+    print(f"internal token file {path}: {step}: {len(keys)} secret{'s' if len(keys) > 1 else ''}, "
+          f"{CallerAuth(secret=keys).describe_keys()}; {after}")  # fmt: skip
 
 
 # ---- audit -------------------------------------------------------------------------------------
@@ -325,8 +355,10 @@ def add_security_parsers(sub, *, model_command: str = "model") -> None:
         "With --credential-key FILE, also FILE (0600): the key the gateway seals callers' credentials under\n"
         "while their batch jobs and asynchronous requests wait in Redis; the tiers' workers read it too.\n"
         "With --rotate-credential-key STEP, rotate FILE's keys instead (docs/tiers.md, \"Rotating the key\"):\n"
-        "stage, promote, retire where processes restart one by one; at-once where they all restart\n"
-        "together. Without --out-dir, only the secret files are written.\n\n"
+        "stage, promote, retire where several processes read it (each step taken by all, within 10 s,\n"
+        "before the next); at-once where one machine's processes read one file. No restart.\n"
+        "With --rotate-internal-token STEP, rotate the --internal-token FILE the same way (docs/security.md).\n"
+        "Without --out-dir, only the secret files are written.\n\n"
         "  aiworks certs --out-dir certs --services gateway,scheduler,runtime,cache,monitor,admin\n"
         "  aiworks certs --credential-key .aiworks/credential-key --rotate-credential-key at-once",
     )
@@ -349,6 +381,11 @@ def add_security_parsers(sub, *, model_command: str = "model") -> None:
         "--rotate-credential-key", metavar="STEP", choices=ROTATION_STEPS,
         help="rotate the keys in --credential-key FILE: stage (a new key that opens only), promote (it seals), "
         "retire (drop the older keys), at-once (stage and promote)",
+    )  # fmt: skip
+    c.add_argument(
+        "--rotate-internal-token", metavar="STEP", choices=ROTATION_STEPS,
+        help="rotate the secrets in --internal-token FILE: stage (a new secret, accepted only), promote (its token "
+        "is presented), retire (drop the older secrets), at-once (stage and promote)",
     )  # fmt: skip
     c.add_argument("--ca-dir", help="keep ca.crt and ca.key here instead of --out-dir (keep the CA key off servers)")
     c.add_argument(

@@ -51,21 +51,37 @@ import logging
 import secrets
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from aiworks.core.errors import AIWorksError, InvalidArgument
-from aiworks.core.metrics import CREDENTIAL_KEYS
-from aiworks.security.callers import read_secret
+from aiworks.core.metrics import CREDENTIAL_KEYS, INTERNAL_TOKEN_KEYS
+from aiworks.security.callers import parse_ring, read_secret
 from aiworks.security.certs import write_private_file
 
 # What makes a credential key file, for the error that finds none.
 CREDENTIAL_KEY_MAKER = "`aiworks up --tiers`, the chart's install hook or `aiworks certs --credential-key FILE`"
 ROTATION_STEPS = ("stage", "promote", "retire", "at-once")
-_MIN_BYTES = 16
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RingFile:
+    """A kind of secret file a :class:`KeyFileWatch` keeps processes in step with: its name in messages, the
+    gauge of the key ids held (by role) and the roles' names."""
+
+    what: str
+    gauge: object
+    current: str = "current"
+    task: str = "credential-key-watch"
+
+
+CREDENTIAL_KEY_FILE = RingFile("credential key file", CREDENTIAL_KEYS)
+# The internal token file (aiworks.security.callers): the first line's token is presented, every line's accepted.
+INTERNAL_TOKEN_FILE = RingFile("internal token file", INTERNAL_TOKEN_KEYS, task="internal-token-watch")
 
 
 def derive(keys: bytes | list[bytes], info: bytes) -> dict[str, bytes]:
@@ -85,18 +101,7 @@ def describe_ring(key_ids: tuple[str, ...], first: str, others: str) -> str:
 
 def parse_keys(data: bytes, where: str = "credential key file") -> list[bytes]:
     """The ring in a key file's bytes: its non-blank lines, stripped, first the current; duplicates once."""
-    keys: list[bytes] = []
-    for number, line in enumerate(data.splitlines(), 1):
-        key = line.strip()
-        if not key:
-            continue
-        if len(key) < _MIN_BYTES:
-            raise InvalidArgument(f"{where}: line {number} holds {len(key)} bytes; each key needs at least {_MIN_BYTES}")
-        if key not in keys:
-            keys.append(key)
-    if not keys:
-        raise InvalidArgument(f"{where} holds no key")
-    return keys
+    return parse_ring(data, where)
 
 
 def read_keys(path: Path | str) -> list[bytes]:
@@ -104,25 +109,26 @@ def read_keys(path: Path | str) -> list[bytes]:
     return parse_keys(read_secret(path, "credential key file", CREDENTIAL_KEY_MAKER), f"credential key file {path}")
 
 
-def rotated(keys: list[bytes], step: str) -> list[bytes]:
+def rotated(keys: list[bytes], step: str, what: str = "credential key file") -> list[bytes]:
     """The ring after one rotation ``step`` (:data:`ROTATION_STEPS`; the module docstring says when each)."""
     if step == "stage":
         return [keys[0], secrets.token_hex(32).encode(), *keys[1:]]
     if step == "promote":
         if len(keys) < 2:
-            raise InvalidArgument("the credential key file holds one key: stage a new one before promoting it")
+            raise InvalidArgument(f"the {what} holds one key: stage a new one before promoting it")
         return [keys[1], keys[0], *keys[2:]]
     if step == "retire":
         return keys[:1]
     if step == "at-once":
-        return rotated(rotated(keys, "stage"), "promote")
+        return rotated(rotated(keys, "stage", what), "promote", what)
     raise InvalidArgument(f"unknown rotation step {step!r}; one of {', '.join(ROTATION_STEPS)}")
 
 
-def rotate_file(path: Path | str, step: str) -> list[bytes]:
+def rotate_file(path: Path | str, step: str, kind: RingFile = CREDENTIAL_KEY_FILE) -> list[bytes]:
     """Rotate the key file at ``path`` in place (mode 0600, replaced atomically); the new ring."""
     path = Path(path)
-    keys = rotated(read_keys(path), step)
+    ring = read_keys(path) if kind is CREDENTIAL_KEY_FILE else parse_ring(read_secret(path, kind.what), f"{kind.what} {path}")
+    keys = rotated(ring, step, kind.what)
     write_private_file(path, b"".join(k + b"\n" for k in keys))
     return keys
 
@@ -134,8 +140,9 @@ class KeyFileWatch:
     off the event loop. The gauge shows the first holder's key ids (the sealer's, the ids the start-up and
     reload log lines and a refused value's message name)."""
 
-    def __init__(self, path: Path | str, holders: Sequence):
+    def __init__(self, path: Path | str, holders: Sequence, kind: RingFile = CREDENTIAL_KEY_FILE):
         self.path = Path(path)
+        self.kind = kind
         self.holders = list(holders)
         read = self._read()
         self._seen = read if isinstance(read, bytes) else None
@@ -161,14 +168,15 @@ class KeyFileWatch:
             return exc
 
     def _describe(self) -> str:
-        return "; ".join(holder.describe() for holder in self.holders)
+        return "; ".join(holder.describe_keys() for holder in self.holders)
 
     def _publish(self) -> None:
         """1 for each key id held, by role (``current`` seals and mints, ``previous`` only opens and verifies);
         ids no longer held go."""
-        CREDENTIAL_KEYS.clear()
+        gauge = self.kind.gauge
+        gauge.clear()
         for n, key_id in enumerate(self.holders[0].key_ids):
-            CREDENTIAL_KEYS.labels(key_id=key_id, role="previous" if n else "current").set(1)
+            gauge.labels(key_id=key_id, role="previous" if n else "current").set(1)
 
     def _failed(self, why: str) -> None:
         if why != self._failure:  # once per distinct failure, not every interval
@@ -180,13 +188,13 @@ class KeyFileWatch:
         changed."""
         data = self._read() if data is None else data
         if isinstance(data, OSError):
-            self._failed(f"credential key file {self.path} cannot be read ({data.strerror or type(data).__name__})")
+            self._failed(f"{self.kind.what} {self.path} cannot be read ({data.strerror or type(data).__name__})")
             return False
         if data == self._seen:
             self._failure = ""
             return False
         try:
-            keys = parse_keys(data, f"credential key file {self.path}")
+            keys = parse_ring(data, f"{self.kind.what} {self.path}")
         except AIWorksError as exc:
             self._failed(exc.message)
             return False
@@ -196,7 +204,7 @@ class KeyFileWatch:
         self._seen, self._failure = data, ""
         if self.holders[0].key_ids == before:
             return False
-        log.info("credential key file %s changed: now %s", self.path, self._describe())
+        log.info("%s %s changed: now %s", self.kind.what, self.path, self._describe())
         self._publish()
         return True
 
@@ -207,13 +215,27 @@ class KeyFileWatch:
             self.check(await asyncio.to_thread(self._read))
 
 
-def watch_key_file(path: Path | str | None, holders: Sequence, interval_s: float) -> asyncio.Task | None:
+def watch_key_file(path: Path | str | None, holders: Sequence, interval_s: float,
+                   kind: RingFile = CREDENTIAL_KEY_FILE) -> asyncio.Task | None:  # fmt: skip
     """A running :class:`KeyFileWatch` task for ``holders`` (``None`` ones skipped) on the running loop; none
     without a file or a holder. ``interval_s`` 0 publishes the gauge and watches nothing."""
     holders = [h for h in holders if h is not None]
     if not path or not holders:
         return None
-    watch = KeyFileWatch(path, holders)
+    watch = KeyFileWatch(path, holders, kind)
     if interval_s <= 0:
         return None
-    return asyncio.get_running_loop().create_task(watch.run(interval_s), name="credential-key-watch")
+    return asyncio.get_running_loop().create_task(watch.run(interval_s), name=kind.task)
+
+
+def watch_internal_token(settings, auth=None, also: Sequence = ()) -> asyncio.Task | None:
+    """Keep this process's internal token in step with its ``internal_token_file``: the token it presents (the
+    process caller, :func:`aiworks.core.rpc.process_caller`) and, for a server, the tokens ``auth`` accepts
+    (a :class:`~aiworks.security.callers.CallerAuth`, or a ``CallerCheck`` holding one); ``also``: other
+    :class:`~aiworks.security.callers.ClientCaller` objects of the process. Within the running loop."""
+    from aiworks.core.rpc import process_caller
+
+    auth = getattr(auth, "auth", auth)
+    holders = [auth if auth is not None and auth.key_ids else None, process_caller(), *also]
+    return watch_key_file(settings.internal_token_file, holders, settings.internal_token_reload_s,
+                          INTERNAL_TOKEN_FILE)  # fmt: skip

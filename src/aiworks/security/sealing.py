@@ -78,6 +78,8 @@ class Sealer:
         """The ring for a start-up log line: key ids only, never a key."""
         return describe_ring(self.key_ids, "seals", "opens only")
 
+    describe_keys = describe  # what a KeyFileWatch logs of its holders
+
     def _aad(self, key_id: str, context: str) -> bytes:
         return f"{key_id}|{context}".encode()
 

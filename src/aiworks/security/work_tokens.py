@@ -105,6 +105,8 @@ class WorkTokens:
         """The ring for a start-up log line: key ids (a token's, not a sealed value's), never a key."""
         return "work tokens: " + describe_ring(self.key_ids, "mints", "verifies only")
 
+    describe_keys = describe  # what a KeyFileWatch logs of its holders
+
     def holds_key_of(self, token: str) -> bool:
         """Whether the key ``token`` names is still in the ring: a token verified before a retirement, and
         remembered, is not taken on trust after it."""

@@ -62,7 +62,7 @@ from aiworks.core.lifecycle import orphan_proof, terminate
 from aiworks.core.logging import redact_url
 from aiworks.core.rpc import blocking_channel
 from aiworks.scheduler.client import BlockingSchedulerClient
-from aiworks.security.callers import CallerAuth, ClientCaller, ensure_secret_file, is_loopback
+from aiworks.security.callers import CallerAuth, ClientCaller, ensure_secret_file, is_loopback, read_secrets
 from aiworks.security.certs import CA_CERT, DEFAULT_HOSTNAMES, TLS_CERT, TLS_KEY, write_certificates, write_private_file
 from aiworks.security.tls import TLSFiles, client_ssl_context
 from aiworks.supervisor.control import DEFAULT_MAX_REPLICAS, ControlServer
@@ -193,6 +193,9 @@ class SuiteConfig:
     tls_dir: Path | None = None
     # The installation's secret (docs/security.md): created when missing; default <log_dir>/../internal-token.
     token_file: Path | None = None
+    # How often the supervisor and every service it starts read the token file again: `aiworks certs
+    # --internal-token FILE --rotate-internal-token STEP` is taken without a restart (0: no periodic re-read).
+    token_reload_s: float = 10.0
     # Where the scheduler keeps its traffic policies (version weights) across restarts when there is no
     # Redis (with redis_url they live in Redis); default <log_dir>/../scheduler-traffic.json.
     scheduler_state_file: Path | None = None
@@ -311,7 +314,8 @@ class Supervisor:
         self.client_tls: TLSFiles | None = None
         self._http_context: ssl.SSLContext | None = None
         self.token_file = Path(config.token_file or config.log_dir.parent / "internal-token").resolve()
-        self._secret: bytes | None = None  # read by start()
+        self._secret: list[bytes] | None = None  # the token file's ring, read by start()
+        self._token_watch_stop = threading.Event()
         # With the tiers: the key the gateway seals callers' credentials under, which the runner and worker read.
         self.credential_key_file = (config.log_dir.parent / "credential-key").resolve()
         self.caller: ClientCaller | None = None  # the supervisor's own identity on plaintext channels
@@ -367,7 +371,7 @@ class Supervisor:
         """``name``'s token-mode identity (its token from the installation's secret); after :meth:`start`."""
         if self._secret is None:
             raise RuntimeError("the supervisor has not started: no secret yet")
-        return ClientCaller.from_secret(name, self._secret)
+        return ClientCaller.from_file(name, self.token_file)  # the file as it is now: a rotation may have moved it
 
     def client_tls_for(self, name: str = "admin") -> TLSFiles | None:
         """``name``'s certificate folder under ``tls`` (``None`` without TLS)."""
@@ -381,7 +385,9 @@ class Supervisor:
 
     def caller_env(self, kind: str) -> dict[str, str]:
         """The environment a service of ``kind`` started by hand needs to join the suite (token file, TLS)."""
-        return {f"AIWORKS_{kind.upper()}_INTERNAL_TOKEN_FILE": str(self.token_file), **self._tls_env(kind)}
+        prefix = f"AIWORKS_{kind.upper()}_"
+        return {f"{prefix}INTERNAL_TOKEN_FILE": str(self.token_file),
+                f"{prefix}INTERNAL_TOKEN_RELOAD_S": str(self.config.token_reload_s), **self._tls_env(kind)}  # fmt: skip
 
     def metrics_targets(self) -> dict[str, list[str]]:
         """Service kind -> ``host:port`` of each child's metrics endpoint (the monitor's is its HTTP port)."""
@@ -539,7 +545,8 @@ class Supervisor:
         if self.tls_dir is not None:
             self._prepare_certificates()
         try:
-            self._secret = ensure_secret_file(self.token_file)
+            ensure_secret_file(self.token_file)
+            self._secret = read_secrets(self.token_file)
         except (AIWorksError, OSError) as exc:
             raise RuntimeError(f"cannot make the internal token file {self.token_file}: {exc}") from None
         if c.tiers:
@@ -552,6 +559,7 @@ class Supervisor:
         auth = CallerAuth(secret=self._secret)
         self.control = ControlServer(self, "127.0.0.1", c.control_port, auth=auth, max_replicas=c.max_scale_replicas)
         self.control.start()
+        self._watch_token(auth)
         # Traffic policies outlive a scheduler restart: in Redis when there is one, else in a state file.
         state_file = Path(c.scheduler_state_file or c.log_dir.parent / "scheduler-traffic.json").resolve()
         scheduler_env = {"AIWORKS_SCHEDULER_STATE_FILE": str(state_file)}
@@ -788,8 +796,25 @@ class Supervisor:
             self._reap_retiring()
             time.sleep(0.2)
 
+    def _watch_token(self, auth: CallerAuth) -> None:
+        """Keep the control API's accepted tokens and the supervisor's own in step with the token file, on a
+        thread of its own (every ``token_reload_s``), as each service it starts does on its event loop."""
+        from aiworks.security.keyring import INTERNAL_TOKEN_FILE, KeyFileWatch
+
+        watch = KeyFileWatch(self.token_file, [auth, self.caller], INTERNAL_TOKEN_FILE)
+        interval = self.config.token_reload_s
+        if interval <= 0:
+            return
+
+        def run() -> None:
+            while not self._token_watch_stop.wait(interval):
+                watch.check()
+
+        threading.Thread(target=run, name="internal-token-watch", daemon=True).start()
+
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """Stop the monitor, then the other children in reverse start order (SIGTERM, then SIGKILL)."""
+        self._token_watch_stop.set()
         with self._lock:
             if self._stopped:
                 return
