@@ -4,6 +4,10 @@ The runner is a client of the gateway's public HTTP API, so the job's
 tenant is authenticated, limited and metered like any caller, and the
 scheduler serves its requests after online traffic (docs/scheduler.md).
 
+A runner takes the job whose tenant had a turn least recently, and keeps
+it at most ``turn_s`` while another job waits for a runner: then it records
+the chunks in flight and lets the job go, to be resumed at a later turn.
+
 A job is cut into chunks of ``chunk_size`` input lines, fixed by the input
 alone. The runner keeps two chunks in flight: the next chunk's lines queue
 behind the current one's, so they take the places its last requests leave

@@ -195,11 +195,6 @@ class ClientCaller:
         """The ``Authorization`` header value for the HTTP control APIs."""
         return f"Bearer {self.name}.{self.token}"
 
-    def __eq__(self, other) -> bool:
-        return isinstance(other, ClientCaller) and (self.name, self.token) == (other.name, other.token)
-
-    __hash__ = None
-
     def __repr__(self) -> str:  # never print the token
         return f"ClientCaller({self.name!r})"
 
