@@ -79,11 +79,9 @@ def _secret_files(args) -> None:
         if not value:
             continue
         path = Path(value)
-        if what == "credential key file" and args.rotate_credential_key:
-            _rotate_credential_key(path, args.rotate_credential_key)
-            continue
-        if what == "internal token file" and args.rotate_internal_token:
-            _rotate_internal_token(path, args.rotate_internal_token)
+        step = args.rotate_credential_key if what == "credential key file" else args.rotate_internal_token
+        if step:
+            _rotate(path, step, what)
             continue
         try:
             ensure_secret_file(path)
@@ -92,54 +90,48 @@ def _secret_files(args) -> None:
         print(f"{what}: {path} (mode 0600; kept when it exists)")
 
 
-def _rotate_credential_key(path: Path, step: str) -> None:
-    """One step of a credential key rotation (:mod:`aiworks.security.keyring`); says what seals now."""
-    from aiworks.core.errors import AIWorksError
-    from aiworks.security.keyring import rotate_file
-    from aiworks.security.sealing import Sealer
-
-    try:
-        keys = rotate_file(path, step)
-    except AIWorksError as exc:
-        _fail(f"cannot rotate: {exc.message}")
-    except OSError as exc:
-        _fail(f"cannot rotate the credential key file {path}: {exc.strerror or exc}")
-    # Running processes take the file within their reload interval (10 s by default), no restart needed.
-    taken = ("every gateway, batch runner and nearline worker reading this file takes it within 10 s (their "
-             "/metrics: aiworks_credential_key_info)")  # fmt: skip
-    after = {
-        "stage": f"{taken}; once all hold it, --rotate-credential-key promote",
-        "promote": f"{taken}; once what the older key sealed has ended, --rotate-credential-key retire",
-        "retire": f"{taken}: what an older key sealed no longer opens",
-        "at-once": f"{taken}; later, --rotate-credential-key retire",
-    }[step]
-    print(f"credential key file {path}: {step}: {len(keys)} key{'s' if len(keys) > 1 else ''}, "
-          f"{Sealer(keys).describe()}; {after}")  # fmt: skip
+# What each rotatable file's steps mean, for the line that says what happened: who takes it, then what comes next.
+_ROTATIONS = {
+    "credential key file": (
+        "--rotate-credential-key",
+        "every gateway, batch runner and nearline worker reading this file takes it within 10 s (their /metrics: "
+        "aiworks_credential_key_info)",
+        {"stage": "once all hold it, {flag} promote",
+         "promote": "once what the older key sealed has ended, {flag} retire",
+         "retire": "what an older key sealed no longer opens", "at-once": "later, {flag} retire"},
+    ),
+    "internal token file": (
+        "--rotate-internal-token",
+        "every service, the monitor and `aiworks up` reading this file take it within 10 s (their /metrics: "
+        "aiworks_internal_token_info); the command-line tools read it at each run",
+        {"stage": "once all hold it, {flag} promote", "promote": "once all present the new token, {flag} retire",
+         "retire": "the older secret's tokens are refused", "at-once": "once all hold it, {flag} retire"},
+    ),
+}  # fmt: skip
 
 
-def _rotate_internal_token(path: Path, step: str) -> None:
-    """One step of an internal token rotation: clients present the first line's token, servers accept every
-    line's; each process reads the file again within its reload interval."""
+def _rotate(path: Path, step: str, what: str) -> None:
+    """One step of a rotation of the credential key file or the internal token file (:mod:`aiworks.security.keyring`);
+    says which key ids each role has now and what comes next. Running processes take the file within their reload
+    interval (10 s by default), with no restart."""
     from aiworks.core.errors import AIWorksError
     from aiworks.security.callers import CallerAuth
-    from aiworks.security.keyring import INTERNAL_TOKEN_FILE, rotate_file
+    from aiworks.security.keyring import CREDENTIAL_KEY_FILE, INTERNAL_TOKEN_FILE, rotate_file
+    from aiworks.security.sealing import Sealer
 
+    kind = CREDENTIAL_KEY_FILE if what == "credential key file" else INTERNAL_TOKEN_FILE
     try:
-        keys = rotate_file(path, step, INTERNAL_TOKEN_FILE)
+        keys = rotate_file(path, step, kind)
     except AIWorksError as exc:
         _fail(f"cannot rotate: {exc.message}")
     except OSError as exc:
-        _fail(f"cannot rotate the internal token file {path}: {exc.strerror or exc}")
-    taken = ("every service, the monitor and `aiworks up` reading this file take it within 10 s (their /metrics: "
-             "aiworks_internal_token_info); the command-line tools read it at each run")  # fmt: skip
-    after = {
-        "stage": f"{taken}; once all hold it, --rotate-internal-token promote",
-        "promote": f"{taken}; once all present the new token, --rotate-internal-token retire",
-        "retire": f"{taken}: the older secret's tokens are refused",
-        "at-once": f"{taken}; once all hold it, --rotate-internal-token retire",
-    }[step]
-    print(f"internal token file {path}: {step}: {len(keys)} secret{'s' if len(keys) > 1 else ''}, "
-          f"{CallerAuth(secret=keys).describe_keys()}; {after}")  # fmt: skip
+        _fail(f"cannot rotate the {what} {path}: {exc.strerror or exc}")
+    flag, taken, after = _ROTATIONS[what]
+    ring = Sealer(keys).describe() if kind is CREDENTIAL_KEY_FILE else CallerAuth(secret=keys).describe_keys()
+    noun = "key" if kind is CREDENTIAL_KEY_FILE else "secret"
+    separator = ": " if step == "retire" else "; "
+    print(f"{what} {path}: {step}: {len(keys)} {noun}{'s' if len(keys) > 1 else ''}, {ring}; {taken}"
+          f"{separator}{after[step].format(flag=flag)}")  # fmt: skip
 
 
 # ---- audit -------------------------------------------------------------------------------------
