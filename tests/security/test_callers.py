@@ -37,11 +37,11 @@ from aiworks.security.callers import (
     is_loopback,
     mesh_caller,
     method_table,
-    parse_xfcc,
     read_secrets,
     server_auth,
 )
 from aiworks.security.certs import write_certificates
+from aiworks.security.mesh_identity import parse_xfcc
 from aiworks.security.tls import TLSFiles
 
 SECRET = b"0123456789abcdef0123456789abcdef"

@@ -14,12 +14,9 @@ its settings turn on, in this order:
    trust domain and namespace (the element's ``By=``);
 3. plaintext on loopback: ``x-aiworks-caller: <name>`` with
    ``x-aiworks-caller-token: <hex HMAC-SHA256(secret, name)>``, the secret being
-   the installation's 0600 ``internal_token_file`` (``aiworks up`` makes it).
-   The file is a ring, as the credential key file is (:mod:`aiworks.security.keyring`):
-   clients present the token of its first line, servers accept any line's,
-   and every process re-reads it (``internal_token_reload_s``), so
-   ``aiworks certs --internal-token FILE --rotate-internal-token STEP``
-   rotates it without a restart;
+   the installation's 0600 ``internal_token_file`` (``aiworks up`` makes it): a
+   ring (:mod:`aiworks.security.keyring`) whose first line's token clients present
+   and any line's servers accept, re-read every ``internal_token_reload_s``;
 4. ``insecure``: nobody is checked (logged as a warning at start-up).
 
 :class:`CallerCheck` is the one grpc.aio server interceptor that applies a
@@ -43,12 +40,12 @@ import secrets
 import time
 from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
 from aiworks.core.errors import AIWorksError, InvalidArgument, PermissionDenied, Status, Unauthenticated
+from aiworks.security.mesh_identity import mesh_peer
 
 log = logging.getLogger(__name__)
 
@@ -153,11 +150,8 @@ def ensure_secret_file(path: Path | str) -> bytes:
 
 
 class ClientCaller:
-    """A name and its token, as a client presents them (metadata on gRPC, a bearer token on HTTP).
-
-    The token is the current secret's (the ring's first line); :meth:`reload` takes a rotated ring in place,
-    and channels read :meth:`metadata` at each call, so a rotation reaches calls made after it.
-    """
+    """A name and its token (the ring's first secret's), as a client presents them (metadata on gRPC, a bearer
+    token on HTTP); channels read :meth:`metadata` at each call, so :meth:`reload` reaches the calls after it."""
 
     __slots__ = ("name", "token", "key_ids", "refresh", "_pairs")
 
@@ -207,84 +201,12 @@ def tool_caller(environ: Mapping[str, str] | None = None) -> ClientCaller | None
     return ClientCaller.from_file("admin", path) if path else None
 
 
-# ---- the mesh's x-forwarded-client-cert ---------------------------------------------------------
-
-
-def parse_xfcc(value: str) -> list[dict[str, str]]:
-    """Envoy's ``x-forwarded-client-cert``: elements split on ``,``, pairs on ``;``, ``"``-quoted values
-    (``\\``-escaped inside); keys lower-cased. The last element is the one the nearest proxy added."""
-    elements: list[dict[str, str]] = []
-    pairs: dict[str, str] = {}
-    token: list[str] = []
-    key: str | None = None
-    quoted = escaped = False
-
-    def end_pair() -> None:
-        nonlocal key
-        text = "".join(token)
-        if key is not None:
-            pairs[key.strip().lower()] = text
-        token.clear()
-        key = None
-
-    for ch in value:
-        if escaped:
-            token.append(ch)
-            escaped = False
-        elif quoted:
-            if ch == "\\":
-                escaped = True
-            elif ch == '"':
-                quoted = False
-            else:
-                token.append(ch)
-        elif ch == '"':
-            quoted = True
-        elif ch == "=" and key is None:
-            key, token[:] = "".join(token), []
-        elif ch == ";":
-            end_pair()
-        elif ch == ",":
-            end_pair()
-            elements.append(pairs)
-            pairs = {}
-        else:
-            token.append(ch)
-    end_pair()
-    elements.append(pairs)
-    return [e for e in elements if e]
-
-
-@dataclass(frozen=True)
-class SpiffeId:
-    trust_domain: str
-    namespace: str
-    service_account: str
-
-
-def parse_spiffe(uri: str | None) -> SpiffeId | None:
-    """``spiffe://<domain>/ns/<namespace>/sa/<account>`` (Istio's workload identities), else ``None``."""
-    if not uri or not uri.startswith("spiffe://"):
-        return None
-    domain, _, path = uri[len("spiffe://") :].partition("/")
-    parts = path.split("/")
-    if len(parts) != 4 or parts[0] != "ns" or parts[2] != "sa" or not all(parts) or not domain:
-        return None
-    return SpiffeId(domain, parts[1], parts[3])
+# ---- the mesh's x-forwarded-client-cert (parsed in aiworks.security.mesh_identity) ---------------
 
 
 def mesh_caller(xfcc: str) -> str:
     """The caller named by the last ``x-forwarded-client-cert`` element; UNAUTHENTICATED when it names none of ours."""
-    elements = parse_xfcc(xfcc)
-    last = elements[-1] if elements else {}
-    peer, own = parse_spiffe(last.get("uri")), parse_spiffe(last.get("by"))
-    if peer is None or own is None:
-        raise Unauthenticated("the mesh's x-forwarded-client-cert names no SPIFFE identities (By= and URI=)")
-    if (peer.trust_domain, peer.namespace) != (own.trust_domain, own.namespace):
-        raise Unauthenticated(
-            f"service account {peer.service_account!r} of namespace {peer.namespace!r} ({peer.trust_domain}) "
-            f"is outside this installation's namespace {own.namespace!r}"
-        )
+    peer = mesh_peer(xfcc)
     for name in CALLERS:
         if peer.service_account.endswith(f"-{name}"):
             return name
