@@ -204,13 +204,13 @@ class AsyncQueue:
         if now < self._next_claim:
             return []
         self._next_claim = now + min(claim_idle_s / 2, 5.0)
-        claimed = []
-        for stream in streams[1:]:
-            if len(claimed) >= count:
-                break
-            _, entries, *_ = await self.redis.xautoclaim(stream, GROUP, consumer, min_idle_time=int(claim_idle_s * 1000),
-                                                         start_id="0-0", count=count - len(claimed))  # fmt: skip
-            claimed.extend((stream, entry, fields) for entry, fields in entries)
+        async with self.redis.pipeline(transaction=False) as pipe:  # one round trip, however many tenants
+            for stream in streams[1:]:
+                pipe.xautoclaim(stream, GROUP, consumer, min_idle_time=int(claim_idle_s * 1000), start_id="0-0",
+                                count=count)  # fmt: skip
+            replies = await pipe.execute()
+        claimed = [(stream, entry, fields) for stream, (_, entries, *_) in zip(streams[1:], replies)
+                   for entry, fields in entries]  # fmt: skip
         return claimed
 
     async def take(self, consumer: str, count: int, block_ms: int, claim_idle_s: float) -> list[Queued]:
