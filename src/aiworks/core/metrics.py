@@ -269,7 +269,7 @@ NEARLINE_WAIT = Histogram(
     buckets=LATENCY_BUCKETS_S,
 )
 NEARLINE_BACKLOG = Gauge(
-    "aiworks_nearline_backlog", "Asynchronous requests queued and not yet answered (the stream's length)."
+    "aiworks_nearline_backlog", "Asynchronous requests queued and not yet answered, every tenant's."
 )
 NEARLINE_OLDEST_AGE = Gauge(
     "aiworks_nearline_oldest_age_seconds", "Age of the oldest request this worker took, at its last take."
