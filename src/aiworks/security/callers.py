@@ -180,7 +180,9 @@ class ClientCaller:
         self._set(caller_token(keys[0], self.name))
 
     def describe_keys(self) -> str:
-        return f"internal token id {self.key_ids[0] if self.key_ids else '-'} presented as {self.name}"
+        ids = self.key_ids or ("-",)
+        also = f" (the file also holds {', '.join(ids[1:])})" if len(ids) > 1 else ""
+        return f"internal token id {ids[0]} presented as {self.name}{also}"
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         return self._pairs
