@@ -173,6 +173,30 @@ def test_an_s3_input_is_read_in_ranges_of_one_version_and_a_replaced_one_is_name
             index.lines(500, 600)
 
 
+def test_a_resumed_s3_input_is_not_scanned_again_unless_it_changed(s3, monkeypatch):
+    """A job let go at the end of its turn and resumed by the same runner opens its input again: the line ends of
+    the same version of the object (its URL and ETag) are kept, so it is not scanned again; a new version is."""
+    from aiworks.batch import objects
+    from aiworks.batch.lines import LineIndex
+
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    scans = []
+    real_blocks = objects.Ranged.blocks
+    monkeypatch.setattr(objects.Ranged, "blocks", lambda self, *a: scans.append(self.etag) or real_blocks(self, *a))
+    lines = [b'{"n": %d}' % i for i in range(500)]
+    s3.put("in/resumed.jsonl", b"\n".join(lines) + b"\n")
+    for _ in range(2):
+        with objects.mapped("s3://jobs/in/resumed.jsonl") as data:
+            index = LineIndex(data)
+            assert index.total == 500 and index.lines(250, 252) == lines[250:252]
+    assert len(scans) == 1, "the second open read the object again"
+    s3.put("in/resumed.jsonl", b"\n".join(lines[:10]) + b"\n")
+    with objects.mapped("s3://jobs/in/resumed.jsonl") as data:
+        assert LineIndex(data).total == 10
+    assert len(scans) == 2 and scans[0] != scans[1]
+
+
 def test_a_job_whose_s3_input_is_replaced_while_it_runs_fails_saying_so(batch_suite, runners, s3, monkeypatch):
     import time
 

@@ -9,6 +9,7 @@ replaced, so a batch job never competes as online traffic.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,6 +67,17 @@ def chunk_bounds(total_lines: int, chunk_size: int) -> list[tuple[int, int]]:
 
 
 _SCAN = 8 << 20  # bytes looked at a time for newlines (a byte of comparison each, while it runs)
+# The line ends of S3 objects scanned lately, by (URL, ETag): a job resumed at its next turn on the same runner
+# (aiworks.batch.runner, turn_s) does not scan its input again. At most this many bytes of them are kept.
+_KEPT_ENDS_BYTES = 128 << 20
+_kept_ends: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
+
+
+def _keep_ends(key: tuple[str, str], ends: np.ndarray) -> None:
+    _kept_ends[key] = ends
+    _kept_ends.move_to_end(key)
+    while len(_kept_ends) > 1 and sum(e.nbytes for e in _kept_ends.values()) > _KEPT_ENDS_BYTES:
+        _kept_ends.popitem(last=False)
 
 
 class LineIndex:
@@ -78,13 +90,21 @@ class LineIndex:
     A final newline ends the last line rather than starting an empty one;
     an inner empty line is a line. Nothing is split into objects up front:
     8 bytes a line are kept (80 MB for ten million lines), and a chunk's
-    lines are copied out only when it is sent.
+    lines are copied out only when it is sent. An S3 object's line ends stay
+    kept after it (at most 128 MiB of them, the least recent dropped first),
+    so a job resumed at its next turn does not scan the same version again.
     """
 
     def __init__(self, data):
         self._data = data
         size = len(data)
         ends = []
+        key = (data.url, data.etag) if hasattr(data, "etag") else None  # one version of an S3 object
+        if key in _kept_ends:
+            self._ends = _kept_ends[key]
+            _kept_ends.move_to_end(key)
+            self.total = len(self._ends)
+            return
         if hasattr(data, "blocks"):  # read in ranges: scan the blocks as they arrive
             at = 0
             for block in data.blocks(_SCAN):
@@ -101,6 +121,8 @@ class LineIndex:
             newlines = np.append(newlines, size)  # the last line has no newline of its own
         self._ends = newlines.astype(np.int64)
         self.total = len(self._ends)
+        if key is not None:
+            _keep_ends(key, self._ends)
 
     def lines(self, start: int, end: int) -> list[bytes]:
         """Lines ``[start, end)`` (0-based), each without its newline (nor a ``\\r`` before it): the span they
