@@ -107,10 +107,15 @@ async def test_each_tenant_gets_its_turn_whatever_another_has_queued(redis_url):
             taken.extend(more)
         assert [i.id for i in taken if i.tenant == "alice"] == alice and [i.id for i in taken if i.tenant == "bob"] == bob
         assert {i.stream for i in taken} == {queue.stream_of("alice"), queue.stream_of("bob"), queue.stream}
+        registry = f"{queue.prefix}streams"
+        assert await queue.redis.smembers(registry) == {s.encode() for s in (queue.stream_of("alice"), queue.stream_of("bob"))}
         for item in taken:
             await queue.complete(item, "completed", 200, b"{}")
         assert await queue.backlog() == 0 and await queue.depth("alice") == (0, 0)
+        assert await queue.redis.smembers(registry) == set(), "a stream with no entries left is read no more"
         assert await queue.take("w", 4, 50, 30.0) == []
+        again, _ = await queue.enqueue("bob", "/v2/models/m/infer", b"{}", None)  # bob's stream is read again
+        assert [item.id for item in await queue.take("w", 4, 100, 30.0)] == [again]
     finally:
         await queue.close()
 

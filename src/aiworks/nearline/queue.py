@@ -7,9 +7,10 @@ Keys (prefix ``aiworks:async:``):
   :mod:`aiworks.security.sealing`), the deadline and the callback URL), read by the consumer group ``workers``;
   an entry is deleted once its result is stored. Demo mode's anonymous tenant uses ``requests``, the one stream
   of versions before the streams were split by tenant, which workers still read;
-- ``streams``: set of the tenant streams that exist; a stream joins it with its tenant's first request, which
-  also rings ``doorbell`` (a stream of its own in the group) so a worker waiting on the others reads the new one
-  at once;
+- ``streams``: set of the tenant streams that hold entries (queued, or taken and not yet answered): workers
+  read only these, so a read costs the tenants with work, not every tenant there is. A stream joins it with the
+  request that finds it empty, which also rings ``doorbell`` (a stream of its own in the group), so a worker
+  waiting on the others reads it at once; it leaves when its last entry is answered;
 - ``queued``: sorted set of every queued request id, scored by when it was queued: the queue's backlog, which
   the gateway bounds;
 - ``req:{id}``: hash, the request's record (tenant, status, result), expiring ``ttl_s`` after its
@@ -46,6 +47,10 @@ from aiworks.security.sealing import Sealer, seal, unseal
 PREFIX = "aiworks:async:"
 GROUP = "workers"
 _REGISTRY_S = 1.0  # how long a worker uses its list of tenant streams before reading it again (the doorbell aside)
+# After a result is stored: the stream leaves the set of streams with entries once its last entry is gone. One
+# script, in the same transaction as the XDEL, so a request queued meanwhile (XADD and SADD in one transaction)
+# either keeps the stream in or adds it back, ringing the doorbell.
+_LEAVE_IF_EMPTY = "if redis.call('XLEN', KEYS[1]) == 0 then return redis.call('SREM', KEYS[2], KEYS[1]) end return 0"
 
 
 @dataclass
@@ -84,6 +89,7 @@ class AsyncQueue:
         self._grouped: set[str] = set()  # streams this queue made sure have the group
         self._streams_read_at = -math.inf
         self._next_claim = 0.0
+        self._leave_if_empty = client.register_script(_LEAVE_IF_EMPTY)
 
     @classmethod
     def from_url(cls, url: str, *, max_connections: int = 64, **kwargs) -> AsyncQueue:
@@ -147,10 +153,13 @@ class AsyncQueue:
             pipe.zadd(self._tenant(tenant), {request_id: now})
             pipe.pexpire(self._tenant(tenant), int(self.ttl_s * 1000))
             pipe.zadd(self._queued, {request_id: now})
-            pipe.sadd(self._registry, stream)
             pipe.zcard(self._queued)
-            *_, added, length = await pipe.execute()
-        if added:  # the tenant's first request: a worker blocked on the other streams reads this one now
+            joins = stream != self.stream  # a tenant's stream joins the set read; the anonymous one is always read
+            if joins:
+                pipe.sadd(self._registry, stream)
+            replies = await pipe.execute()
+        length = replies[-2] if joins else replies[-1]
+        if joins and replies[-1]:  # the stream was empty: a worker blocked on the other streams reads this one now
             await self.redis.xadd(self._doorbell, {"stream": stream}, maxlen=1000, approximate=True)
         return request_id, int(length)
 
@@ -188,7 +197,8 @@ class AsyncQueue:
         self._grouped.add(stream)
 
     async def _read_streams(self, force: bool = False) -> list[str]:
-        """The streams a worker reads: the doorbell, the anonymous one, each tenant's (the group made on each)."""
+        """The streams a worker reads: the doorbell, the anonymous one, each tenant's that holds entries (the
+        group made on each)."""
         now = time.monotonic()
         if force or now - self._streams_read_at >= _REGISTRY_S:
             tenants = sorted(s.decode() for s in await self.redis.smembers(self._registry))
@@ -239,7 +249,7 @@ class AsyncQueue:
                                                 block=block_ms if not claimed else None)  # fmt: skip
             per_stream = {name.decode(): entries for name, entries in reply or []}
             rang = per_stream.pop(self._doorbell, None)
-            if rang:  # a tenant's first request: read the list of streams again, and the new one
+            if rang:  # a request found its tenant's stream empty: read the list of streams again, and the new one
                 await self._ack(self._doorbell, [entry for entry, _ in rang])
                 streams = await self._read_streams(force=True)
                 fresh = [s for s in streams[1:] if s not in per_stream]
@@ -277,6 +287,8 @@ class AsyncQueue:
             pipe.xdel(item.stream, item.entry)
             pipe.zrem(self._tenant(item.tenant), item.id)
             pipe.zrem(self._queued, item.id)
+            if item.stream != self.stream:  # the anonymous stream is always read
+                await self._leave_if_empty(keys=[item.stream, self._registry], client=pipe)
             await pipe.execute()
 
 
