@@ -156,7 +156,7 @@ class ClientCaller:
     __slots__ = ("name", "token", "key_ids", "refresh", "_pairs")
 
     def __init__(self, name: str, token: str, key_ids: tuple[str, ...] = ()):
-        self.name, self.key_ids, self.refresh = name, key_ids, None
+        self.name, self.key_ids, self.refresh = name, key_ids, None  # refresh: a KeyFileWatch's, unused by clients
         self._set(token)
 
     def _set(self, token: str) -> None:

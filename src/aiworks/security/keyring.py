@@ -70,18 +70,19 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RingFile:
-    """A kind of secret file a :class:`KeyFileWatch` keeps processes in step with: its name in messages, the
-    gauge of the key ids held (by role) and the roles' names."""
+    """A kind of secret file: its name in messages, what makes one (for the error that finds none), the gauge of
+    the key ids a process holds, by role, and the name of the task that watches it."""
 
     what: str
+    maker: str
     gauge: object
-    current: str = "current"
-    task: str = "credential-key-watch"
+    task: str
 
 
-CREDENTIAL_KEY_FILE = RingFile("credential key file", CREDENTIAL_KEYS)
+CREDENTIAL_KEY_FILE = RingFile("credential key file", CREDENTIAL_KEY_MAKER, CREDENTIAL_KEYS, "credential-key-watch")
 # The internal token file (aiworks.security.callers): the first line's token is presented, every line's accepted.
-INTERNAL_TOKEN_FILE = RingFile("internal token file", INTERNAL_TOKEN_KEYS, task="internal-token-watch")
+INTERNAL_TOKEN_FILE = RingFile("internal token file", "`aiworks up` or `aiworks certs --internal-token FILE`",
+                               INTERNAL_TOKEN_KEYS, "internal-token-watch")  # fmt: skip
 
 
 def derive(keys: bytes | list[bytes], info: bytes) -> dict[str, bytes]:
@@ -104,9 +105,14 @@ def parse_keys(data: bytes, where: str = "credential key file") -> list[bytes]:
     return parse_ring(data, where)
 
 
+def read_ring(path: Path | str, kind: RingFile) -> list[bytes]:
+    """The ring in the ``kind`` file at ``path``; an error naming the file (and what makes one)."""
+    return parse_ring(read_secret(path, kind.what, kind.maker), f"{kind.what} {path}")
+
+
 def read_keys(path: Path | str) -> list[bytes]:
-    """The key ring in the credential key file at ``path``; an error naming the file (and what makes one)."""
-    return parse_keys(read_secret(path, "credential key file", CREDENTIAL_KEY_MAKER), f"credential key file {path}")
+    """The key ring in the credential key file at ``path``."""
+    return read_ring(path, CREDENTIAL_KEY_FILE)
 
 
 def rotated(keys: list[bytes], step: str, what: str = "credential key file") -> list[bytes]:
@@ -127,8 +133,7 @@ def rotated(keys: list[bytes], step: str, what: str = "credential key file") -> 
 def rotate_file(path: Path | str, step: str, kind: RingFile = CREDENTIAL_KEY_FILE) -> list[bytes]:
     """Rotate the key file at ``path`` in place (mode 0600, replaced atomically); the new ring."""
     path = Path(path)
-    ring = read_keys(path) if kind is CREDENTIAL_KEY_FILE else parse_ring(read_secret(path, kind.what), f"{kind.what} {path}")
-    keys = rotated(ring, step, kind.what)
+    keys = rotated(read_ring(path, kind), step, kind.what)
     write_private_file(path, b"".join(k + b"\n" for k in keys))
     return keys
 
@@ -171,8 +176,8 @@ class KeyFileWatch:
         return "; ".join(holder.describe_keys() for holder in self.holders)
 
     def _publish(self) -> None:
-        """1 for each key id held, by role (``current`` seals and mints, ``previous`` only opens and verifies);
-        ids no longer held go."""
+        """1 for each key id held, by role (``current``: seals and mints, or is presented; ``previous``: only
+        opens and verifies, or is accepted); ids no longer held go."""
         gauge = self.kind.gauge
         gauge.clear()
         for n, key_id in enumerate(self.holders[0].key_ids):
