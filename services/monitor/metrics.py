@@ -29,6 +29,7 @@ class MonitorMetrics:
             # The process-wide gauge of the internal token secrets held (aiworks.security.keyring), which a
             # rotation is checked against on every process's /metrics.
             self.registry.register(m.INTERNAL_TOKEN_KEYS)
+            self.registry.register(m.TLS_CERT_EXPIRY)  # the certificate it presents (aiworks.security.cert_watch)
         self.health = Gauge(
             m.MONITOR_HEALTH_SCORE, "Health score of a runtime replica, 0 (dead) to 100.", ["replica"],
             registry=self.registry,

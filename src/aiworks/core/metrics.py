@@ -307,6 +307,13 @@ INTERNAL_TOKEN_KEYS = Gauge(
     ["key_id", "role"],
 )  # set at start-up and on every change of the internal token file (aiworks.security.keyring.KeyFileWatch)
 
+TLS_CERT_EXPIRY = Gauge(
+    "aiworks_tls_certificate_expiry_timestamp_seconds",
+    "When the TLS certificate this process presents expires (POSIX seconds), by its common name; follows a renewed "
+    "certificate once the process has taken it.",
+    ["common_name"],
+)  # set at start-up and on every change of the files (aiworks.security.cert_watch)
+
 # ---- monitor -------------------------------------------------------------------------------
 
 MONITOR_HEALTH_SCORE = "aiworks_monitor_replica_health_score"  # {replica}: 0..100

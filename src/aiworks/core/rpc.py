@@ -15,7 +15,9 @@ Who calls is checked where servers are made: :func:`create_server` takes the
 service's :class:`~aiworks.security.callers.CallerCheck`, and every channel made
 here presents this process's caller (:func:`use_process_caller`): its client
 certificate under TLS, else the ``x-aiworks-caller`` metadata, added once per
-call or stream by :class:`CallerChannel` (never per message).
+call or stream by :class:`CallerChannel` (never per message). A TLS channel
+is a :class:`RenewingChannel`: it follows renewed certificate files
+(:mod:`aiworks.security.cert_watch`), as the servers' credentials do.
 
 Servicer methods are wrapped by :func:`handle_errors`, which turns an
 :class:`AIWorksError` into the gRPC status from the one error table, and any
@@ -115,9 +117,8 @@ def client_channel(
     """
     options = channel_options(max_message_bytes)
     if tls is not None:
-        return grpc.aio.secure_channel(
-            address, channel_credentials(tls), options=options + tls_options(address, server_name)
-        )
+        options += tls_options(address, server_name)
+        return RenewingChannel(lambda: grpc.aio.secure_channel(address, channel_credentials(tls), options=options), tls)
     return _with_caller(grpc.aio.insecure_channel(address, options=options), caller)
 
 
@@ -126,7 +127,8 @@ def blocking_channel(
 ) -> grpc.Channel:
     """A synchronous channel (tools, the supervisor's health checks), plaintext or mutual TLS."""
     if tls is not None:
-        return grpc.secure_channel(address, channel_credentials(tls), options=tls_options(address, server_name))
+        options = tls_options(address, server_name)
+        return RenewingChannel(lambda: grpc.secure_channel(address, channel_credentials(tls), options=options), tls)
     return _with_caller(grpc.insecure_channel(address), caller)
 
 
@@ -202,6 +204,110 @@ class CallerChannel:
 
     async def __aexit__(self, *exc):
         return await self._channel.__aexit__(*exc)
+
+
+class _Renewed:
+    """A multi-callable bound to the channel of its :class:`RenewingChannel`'s current certificate; bound again
+    when that changes (an int compare per call or stream started, nothing per message)."""
+
+    __slots__ = ("_owner", "_kind", "_args", "_kwargs", "_inner", "_generation")
+
+    def __init__(self, owner: RenewingChannel, kind: str, args, kwargs):
+        self._owner, self._kind, self._args, self._kwargs = owner, kind, args, kwargs
+        self._generation = -1
+        self._inner = None
+
+    def _current(self):
+        owner = self._owner
+        if self._generation != owner.watch.generation:
+            channel, self._generation = owner.current()
+            self._inner = getattr(channel, self._kind)(*self._args, **self._kwargs)
+        return self._inner
+
+    def __call__(self, *args, **kwargs):
+        return self._current()(*args, **kwargs)
+
+    def with_call(self, *args, **kwargs):
+        return self._current().with_call(*args, **kwargs)
+
+    def future(self, *args, **kwargs):
+        return self._current().future(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._current(), name)
+
+
+class RenewingChannel:
+    """A TLS channel (grpc.aio or blocking) that follows its certificate files (:mod:`aiworks.security.cert_watch`).
+
+    gRPC's channel credentials are fixed when the channel is made, so a renewed
+    certificate needs a new channel: calls started after the change go on one
+    made from the new files, while the calls and streams already open finish
+    on the old one, which stays open until this channel is closed.
+    """
+
+    def __init__(self, make, tls: TLSFiles):
+        from aiworks.security.cert_watch import certificate_watch
+
+        self.watch = certificate_watch(tls)
+        self._make = make
+        self._generation = self.watch.generation
+        self._channel = make()
+        self._old: list = []
+
+    def current(self):
+        """The channel for the certificate in use, and its generation."""
+        generation = self.watch.generation
+        if generation != self._generation:
+            self._old.append(self._channel)
+            self._channel, self._generation = self._make(), generation
+        return self._channel, generation
+
+    def unary_unary(self, *args, **kwargs):
+        return _Renewed(self, "unary_unary", args, kwargs)
+
+    def unary_stream(self, *args, **kwargs):
+        return _Renewed(self, "unary_stream", args, kwargs)
+
+    def stream_unary(self, *args, **kwargs):
+        return _Renewed(self, "stream_unary", args, kwargs)
+
+    def stream_stream(self, *args, **kwargs):
+        return _Renewed(self, "stream_stream", args, kwargs)
+
+    def __getattr__(self, name):  # get_state, channel_ready, wait_for_state_change, subscribe ...
+        return getattr(self.current()[0], name)
+
+    def _all(self) -> list:
+        channels, self._old = [*self._old, self._channel], []
+        return channels
+
+    def close(self, grace: float | None = None):
+        channels = self._all()
+        if isinstance(channels[-1], grpc.aio.Channel):
+
+            async def close_all() -> None:
+                for channel in channels:
+                    await channel.close(grace)
+
+            return close_all()
+        for channel in channels:
+            channel.close()
+        return None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+        return False
 
 
 def tls_options(address: str, server_name: str | None) -> list[tuple[str, Any]]:

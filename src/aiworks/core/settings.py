@@ -45,6 +45,11 @@ class ServiceSettings(BaseSettings):
     tls_ca: Path | None = Field(
         None, description="PEM CA that signs every peer's certificate; set: mutual TLS between the services."
     )
+    tls_reload_s: float = Field(
+        10.0, ge=0,
+        description="How often the TLS files are checked for a renewal (cert-manager's, or `aiworks certs` run "
+        "again): a changed set is taken by new connections without a restart. 0: read once, at start-up.",
+    )
 
     # ---- who may call (docs/security.md); internal services refuse to start with none of these ----
     internal_token_file: Path | None = Field(
@@ -96,7 +101,7 @@ class ServiceSettings(BaseSettings):
         check their clients' certificates against it and clients check servers'.
         """
         prefix = self.model_config.get("env_prefix", "")
-        files = tls_files(self.tls_cert, self.tls_key, self.tls_ca, env_prefix=prefix)
+        files = tls_files(self.tls_cert, self.tls_key, self.tls_ca, env_prefix=prefix, reload_s=self.tls_reload_s)
         if files is not None and mutual and files.ca is None:
             raise InvalidArgument(
                 f"mutual TLS between the services needs the CA that signs them: set {prefix}TLS_CA "

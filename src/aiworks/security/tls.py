@@ -8,12 +8,13 @@ missing variable, when only some are. Internal gRPC servers then *require* a
 client certificate signed by the CA: that is what makes the mesh mutual, and
 what Istio's PeerAuthentication STRICT does at scale.
 
-Files are read once, when the credentials are built; a rotated certificate
-takes effect at the next restart.
+A renewed certificate is taken without a restart: servers and channels follow
+the files through :mod:`aiworks.security.cert_watch`.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import ssl
 from collections.abc import Callable, Mapping, Sequence
@@ -25,7 +26,10 @@ import grpc
 from cryptography import x509
 
 from aiworks.core.errors import InvalidArgument
+from aiworks.security.cert_watch import Material, certificate_watch
 from aiworks.security.certs import CA_CERT, TLS_CERT, TLS_KEY
+
+log = logging.getLogger(__name__)
 
 
 def read_pem(path: Path | None, what: str) -> bytes:
@@ -50,12 +54,13 @@ class TLSFiles:
     cert: Path
     key: Path
     ca: Path | None = None
+    reload_s: float = 10.0  # how often the files are checked for a renewal (0: read once, at start-up)
 
     @classmethod
-    def from_dir(cls, folder: Path | str) -> TLSFiles:
+    def from_dir(cls, folder: Path | str, reload_s: float = 10.0) -> TLSFiles:
         """``folder``/tls.crt, tls.key and ca.crt, as ``aiworks certs`` writes them."""
         folder = Path(folder)
-        return cls(folder / TLS_CERT, folder / TLS_KEY, folder / CA_CERT)
+        return cls(folder / TLS_CERT, folder / TLS_KEY, folder / CA_CERT, reload_s)
 
     def cert_pem(self) -> bytes:
         return read_pem(self.cert, "certificate")
@@ -68,7 +73,7 @@ class TLSFiles:
 
 
 def tls_files(
-    cert: str | Path | None, key: str | Path | None, ca: str | Path | None, *, env_prefix: str
+    cert: str | Path | None, key: str | Path | None, ca: str | Path | None, *, env_prefix: str, reload_s: float = 10.0
 ) -> TLSFiles | None:
     """The TLS files from a service's settings, ``None`` when TLS is off.
 
@@ -80,7 +85,7 @@ def tls_files(
     if not cert or not key:
         missing = [f"{env_prefix}TLS_{n}" for n, v in (("CERT", cert), ("KEY", key)) if not v]
         raise InvalidArgument(f"TLS needs both a certificate and a key; set {' and '.join(missing)}")
-    return TLSFiles(Path(cert), Path(key), Path(ca) if ca else None)
+    return TLSFiles(Path(cert), Path(key), Path(ca) if ca else None, reload_s)
 
 
 TLS_DIR_ENV = "AIWORKS_TLS_DIR"
@@ -111,18 +116,35 @@ def server_credentials(files: TLSFiles, *, require_client_cert: bool = True) -> 
     """Credentials for ``server.add_secure_port``: mutual TLS against ``files.ca`` by default.
 
     With ``require_client_cert`` the handshake fails for a client that sends no
-    certificate or one the CA did not sign, before any RPC runs.
+    certificate or one the CA did not sign, before any RPC runs. A renewed
+    certificate (or CA) is taken at the next handshake after the watch saw it.
     """
-    root = files.ca_pem() if (require_client_cert or files.ca) else None
-    return grpc.ssl_server_credentials(
-        [(files.key_pem(), files.cert_pem())], root_certificates=root, require_client_auth=require_client_cert
+    if require_client_cert and not files.ca:
+        files.ca_pem()  # the error naming the missing CA
+    watch = certificate_watch(files)
+    served = [watch.generation]
+
+    def configuration(material: Material) -> grpc.ServerCertificateConfiguration:
+        return grpc.ssl_server_certificate_configuration([(material.key, material.cert)], material.ca)
+
+    def fetch() -> grpc.ServerCertificateConfiguration | None:  # gRPC calls it at each handshake
+        if served[0] == watch.generation:
+            return None
+        served[0] = watch.generation
+        return configuration(watch.material)
+
+    return grpc.dynamic_ssl_server_credentials(
+        configuration(watch.material), fetch, require_client_authentication=require_client_cert
     )
 
 
 def channel_credentials(files: TLSFiles) -> grpc.ChannelCredentials:
-    """Credentials for a client: trust only ``files.ca``, present ``files.cert``."""
+    """Credentials for a client: trust only ``files.ca``, present ``files.cert`` (as the files are now)."""
+    material = certificate_watch(files).material
+    if material.ca is None:
+        files.ca_pem()  # the error naming the missing CA
     return grpc.ssl_channel_credentials(
-        root_certificates=files.ca_pem(), private_key=files.key_pem(), certificate_chain=files.cert_pem()
+        root_certificates=material.ca, private_key=material.key, certificate_chain=material.cert
     )
 
 
@@ -160,7 +182,32 @@ def http_ssl_context(files: TLSFiles, *, require_client_cert: bool = False) -> s
 
     The gateway's public HTTP usually authenticates tenants with tokens, so
     client certificates are optional there unless ``require_client_cert``.
+    A renewed certificate is taken at the next handshake after the watch saw
+    it: the context's SNI callback (which OpenSSL runs for every ClientHello,
+    with or without a server name) moves the connection to a context made
+    from the new files.
     """
+    watch = certificate_watch(files)
+    ctx = _server_context(files, require_client_cert)
+    current = {watch.generation: ctx}
+
+    def renewed(conn: ssl.SSLObject | ssl.SSLSocket, server_name: str | None, _ctx: ssl.SSLContext) -> None:
+        generation = watch.generation
+        if generation not in current:
+            try:
+                current.clear()
+                current[generation] = _server_context(files, require_client_cert)
+            except InvalidArgument as exc:  # changed again since the watch read it: this handshake keeps ctx
+                log.warning("HTTPS keeps its certificate for now: %s", exc)
+                return
+        if current[generation] is not ctx:
+            conn.context = current[generation]
+
+    ctx.sni_callback = renewed
+    return ctx
+
+
+def _server_context(files: TLSFiles, require_client_cert: bool) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     _load_chain(ctx, files)

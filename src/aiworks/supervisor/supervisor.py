@@ -63,6 +63,7 @@ from aiworks.core.logging import redact_url
 from aiworks.core.rpc import blocking_channel
 from aiworks.scheduler.client import BlockingSchedulerClient
 from aiworks.security.callers import CallerAuth, ClientCaller, ensure_secret_file, is_loopback, read_secrets
+from aiworks.security.cert_watch import certificate_watch
 from aiworks.security.certs import CA_CERT, DEFAULT_HOSTNAMES, TLS_CERT, TLS_KEY, write_certificates, write_private_file
 from aiworks.security.tls import TLSFiles, client_ssl_context
 from aiworks.supervisor.control import DEFAULT_MAX_REPLICAS, ControlServer
@@ -191,6 +192,9 @@ class SuiteConfig:
     # that already holds a certificate for every service is used as it is.
     tls: bool = False
     tls_dir: Path | None = None
+    # How often every process checks its certificate files for a renewal (`aiworks certs` run again over
+    # tls_dir): new connections take the new certificates without a restart (0: read at start only).
+    tls_reload_s: float = 10.0
     # The installation's secret (docs/security.md): created when missing; default <log_dir>/../internal-token.
     token_file: Path | None = None
     # How often the supervisor and every service it starts read the token file again: `aiworks certs
@@ -375,7 +379,7 @@ class Supervisor:
 
     def client_tls_for(self, name: str = "admin") -> TLSFiles | None:
         """``name``'s certificate folder under ``tls`` (``None`` without TLS)."""
-        return TLSFiles.from_dir(self.tls_dir / name) if self.tls_dir else None
+        return TLSFiles.from_dir(self.tls_dir / name, self.config.tls_reload_s) if self.tls_dir else None
 
     def caller_channel(self, address: str, service: str, caller: str = "admin") -> grpc.Channel:
         """A blocking channel to one of the suite's internal services, calling as ``caller``."""
@@ -431,8 +435,9 @@ class Supervisor:
             log.info("certificates for mutual TLS in %s (CA %s)", folder, folder / CA_CERT)
         # A folder from `aiworks certs --services ...` alone has no supervisor/: use its top-level certificate.
         own = folder / "supervisor"
-        self.client_tls = TLSFiles.from_dir(own if (own / TLS_CERT).is_file() else folder)
+        self.client_tls = TLSFiles.from_dir(own if (own / TLS_CERT).is_file() else folder, self.config.tls_reload_s)
         self._http_context = client_ssl_context(self.client_tls)
+        self._http_context_of = certificate_watch(self.client_tls).generation
 
     def _tls_env(self, kind: str) -> dict[str, str]:
         if self.tls_dir is None or kind not in TLS_SERVICES:
@@ -442,6 +447,7 @@ class Supervisor:
             f"{prefix}CERT": str(folder / TLS_CERT),
             f"{prefix}KEY": str(folder / TLS_KEY),
             f"{prefix}CA": str(folder / CA_CERT),
+            f"{prefix}RELOAD_S": str(self.config.tls_reload_s),
         }
 
     def _launch(self, child: Child) -> None:
@@ -708,6 +714,10 @@ class Supervisor:
             return sum(1 for r in scheduler.status(timeout_s=1).replicas if r.live and r.models)
 
     def _http_ready(self) -> bool:
+        if self.client_tls is not None:
+            generation = certificate_watch(self.client_tls).generation
+            if generation != self._http_context_of:  # its certificate was renewed: present the new one
+                self._http_context, self._http_context_of = client_ssl_context(self.client_tls), generation
         return self._http_ok(f"{self.http_url}/v2/health/ready", self._http_context)
 
     @staticmethod
