@@ -14,7 +14,9 @@ each with ``--clients`` requests of ``--prompt-tokens`` prompt tokens and
   concurrent clients on ``/v2/models/codegen/generate_stream`` (SSE).
 
 All requests arrive at once; TTFT is measured from then (a, b) or from each
-client's send (c). Then TTFT in steady state through the suite: the same
+client's send (c). Each case runs its whole workload ``--rounds`` times (2)
+on one engine or suite and reports the last round: the first round of each
+is cold (its rate is kept as ``first_round_tokens_per_s``). Then TTFT in steady state through the suite: the same
 clients, their first requests spread over one generation's time, each
 sending its next request when its last ends; the requests sent in the
 window after that ramp count (about 32 generations running when each
@@ -57,31 +59,36 @@ def prompts(tokenizer: Tokenizer, n: int, length: int) -> list[str]:
     return [tokenizer.decode(ids[i * 97 : i * 97 + length]) for i in range(n)]
 
 
-def in_process(version: Path, texts: list[str], new_tokens: int, batch: int) -> dict:
-    """(a) with batch 1, (b) with batch 8: each batch runs to its end before the next is admitted."""
+def in_process(version: Path, texts: list[str], new_tokens: int, batch: int, rounds: int = 1) -> dict:
+    """(a) with batch 1, (b) with batch 8: each batch runs to its end before the next is admitted. The whole
+    workload runs ``rounds`` times on one engine; the figures are the last round's (``first_round_tokens_per_s``
+    keeps the first, cold one's rate)."""
     decoder = OnnxDecoder(version / "model.onnx", threads=int(os.environ.get("BENCH_THREADS", "2")))
     tokenizer = Tokenizer.from_file(str(version / "tokenizer.json"))
     engine = Engine(decoder, tokenizer, layers=decoder.layers, heads=decoder.heads, head_dim=decoder.head_dim,
                     context=256, kv_budget_tokens=1 << 20, max_sequences=batch, prefill_chunk=256)  # fmt: skip
     sampling = Sampling(max_tokens=new_tokens, ignore_eos=True)
-    ttft, gaps, tokens = [], [], 0
-    started = time.perf_counter()
-    for i in range(0, len(texts), batch):
-        seqs = [engine.add(engine.encode(t), sampling) for t in texts[i : i + batch]]
-        last = {id(s): None for s in seqs}
-        while engine.busy():
-            engine.step()
-            now = time.perf_counter()
-            for s in seqs:
-                if s.generated and last[id(s)] is None:
-                    ttft.append(now - started)
-                    last[id(s)] = (now, len(s.generated))
-                elif last[id(s)] is not None and len(s.generated) > last[id(s)][1]:
-                    gaps.append(now - last[id(s)][0])
-                    last[id(s)] = (now, len(s.generated))
-        tokens += sum(len(s.generated) for s in seqs)
-    elapsed = time.perf_counter() - started
-    return summary(ttft, gaps, tokens, elapsed)
+    first = None
+    for _ in range(rounds):
+        ttft, gaps, tokens = [], [], 0
+        started = time.perf_counter()
+        for i in range(0, len(texts), batch):
+            seqs = [engine.add(engine.encode(t), sampling) for t in texts[i : i + batch]]
+            last = {id(s): None for s in seqs}
+            while engine.busy():
+                engine.step()
+                now = time.perf_counter()
+                for s in seqs:
+                    if s.generated and last[id(s)] is None:
+                        ttft.append(now - started)
+                        last[id(s)] = (now, len(s.generated))
+                    elif last[id(s)] is not None and len(s.generated) > last[id(s)][1]:
+                        gaps.append(now - last[id(s)][0])
+                        last[id(s)] = (now, len(s.generated))
+            tokens += sum(len(s.generated) for s in seqs)
+        result = summary(ttft, gaps, tokens, time.perf_counter() - started)
+        first = first or result["tokens_per_s"]
+    return {**result, "first_round_tokens_per_s": first}
 
 
 def summary(ttft, gaps, tokens, elapsed) -> dict:
@@ -111,17 +118,21 @@ async def one_stream(session, url: str, text: str, new_tokens: int, ttft: list, 
     return pieces
 
 
-async def suite_run(url: str, texts: list[str], new_tokens: int) -> dict:
-    ttft, gaps = [], []
+async def suite_run(url: str, texts: list[str], new_tokens: int, rounds: int = 1) -> dict:
+    """All ``texts`` at once, ``rounds`` times; the figures are the last round's, as :func:`in_process`'s."""
+    first = None
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
         await one_stream(session, url, texts[0], 4, [], [])  # warm
         lone: list[float] = []
         for _ in range(5):  # a lone request's TTFT through the suite, the reference for TTFT under load
             await one_stream(session, url, texts[0], 8, lone, [])
-        started = time.perf_counter()
-        await asyncio.gather(*(one_stream(session, url, t, new_tokens, ttft, gaps) for t in texts))
-        elapsed = time.perf_counter() - started
-    return {**summary(ttft, gaps, len(texts) * new_tokens, elapsed), "lone_ttft_ms": round(pct(lone, 50) * 1e3, 1)}
+        for _ in range(rounds):
+            ttft, gaps = [], []
+            started = time.perf_counter()
+            await asyncio.gather(*(one_stream(session, url, t, new_tokens, ttft, gaps) for t in texts))
+            result = summary(ttft, gaps, len(texts) * new_tokens, time.perf_counter() - started)
+            first = first or result["tokens_per_s"]
+    return {**result, "first_round_tokens_per_s": first, "lone_ttft_ms": round(pct(lone, 50) * 1e3, 1)}
 
 
 async def steady_run(url: str, texts: list[str], new_tokens: int, generation_s: float, window_s: float) -> dict:
@@ -172,25 +183,32 @@ def main() -> None:
                         help="steady-state window for TTFT (default: twice the burst's time)")  # fmt: skip
     parser.add_argument("--precision", choices=["fp32", "int8"], default="fp32",
                         help="the decoder's matrix products, as `aiworks llm build --precision` (default fp32)")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="each case runs its whole workload this many times, on one engine or suite, and reports "
+                        "the last round (default 2: the first, cold round warms ONNX Runtime's buffers up)")
+    parser.add_argument("--instances", type=int, default=2,
+                        help="the suite's engines in its one replica (instance_group count; default 2, the build's)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="ONNX Runtime threads of each of the suite's engines (default 1, the build's)")
     parser.add_argument("--out", help="write the results as JSON here too")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "repo"
         build(repo, LlmSpec(random=True), cache_dir=None, progress=False, kv_budget_tokens=1 << 16, max_sequences=64,
-              precision=args.precision)  # fmt: skip
+              precision=args.precision, instances=args.instances, threads=args.threads)  # fmt: skip
         version = repo / "codegen" / "1"
         texts = prompts(Tokenizer.from_file(str(version / "tokenizer.json")), args.clients, args.prompt_tokens)
         results = {"setup": vars(args) | {"cpus": os.cpu_count()}}
         lone = in_process(version, texts[:1], args.new_tokens, 1)
         results["lone_request_ttft_ms_in_process"] = lone["ttft_p50_ms"]
-        results["a_one_at_a_time"] = in_process(version, texts, args.new_tokens, 1)
-        results["b_static_batch_8"] = in_process(version, texts, args.new_tokens, 8)
+        results["a_one_at_a_time"] = in_process(version, texts, args.new_tokens, 1, args.rounds)
+        results["b_static_batch_8"] = in_process(version, texts, args.new_tokens, 8, args.rounds)
         config = SuiteConfig.on_free_ports(model_repository=repo, log_dir=Path(tmp) / "logs", replicas=1, cache=False)
         supervisor = Supervisor(config)
         supervisor.start()
         try:
             url = f"http://127.0.0.1:{config.http_port}"
-            results["c_suite"] = asyncio.run(suite_run(url, texts, args.new_tokens))
+            results["c_suite"] = asyncio.run(suite_run(url, texts, args.new_tokens, args.rounds))
             generation_s = results["c_suite"]["elapsed_s"]
             results["c_steady"] = asyncio.run(
                 steady_run(url, texts, args.new_tokens, generation_s, args.steady_s or 2 * generation_s)

@@ -17,6 +17,14 @@ Any other parameter is refused (``INVALID_ARGUMENT``) but Triton's own (``triton
 tokens; admission waits while it is full), ``max_sequences`` (cache slots),
 ``prefill_chunk_tokens`` and ``max_tokens_cap``. The scheduling itself is
 :mod:`aiworks.runtime.llm_engine`; ONNX Runtime runs in its worker thread.
+
+``instance_group { count: N }`` runs N engines side by side, each with its
+own decoder session (``intra_op_thread_count`` threads), cache and worker
+thread, as Triton runs N instances of a model. The replica's
+``kv_budget_tokens`` and ``max_sequences`` are split evenly between them,
+so the replica's totals, which the scheduler routes by, stay as configured;
+a new generation goes to the instance with the most KV room left once
+the generations already there (running or waiting) hold their reservations.
 Response parameters: ``prompt_tokens`` on the first, ``completion_tokens``
 and ``finish_reason`` (``stop`` or ``length``) on the last, and ``tokens``
 on a response that carries the text of more than one token (the steps that
@@ -169,18 +177,30 @@ class LlmModel:
             raise InvalidArgument(f"{where}: the version folder has no tokenizer.json")
         self.name = config.name
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        self.decoder = OnnxDecoder(path, int(config.parameters.get("intra_op_thread_count", default_intra_op_threads)))
+        threads = int(config.parameters.get("intra_op_thread_count", default_intra_op_threads))
         self.context = _int(config, "context_tokens", 256)
         self.max_tokens_cap = min(_int(config, "max_tokens_cap", self.context), self.context)
         self.default_max_tokens = min(_int(config, "default_max_tokens", 16), self.max_tokens_cap)
-        self.engine = Engine(
-            self.decoder, self.tokenizer, layers=self.decoder.layers, heads=self.decoder.heads,
-            head_dim=self.decoder.head_dim, context=self.context,
-            kv_budget_tokens=_int(config, "kv_budget_tokens", 16384),
-            max_sequences=_int(config, "max_sequences", 32),
-            prefill_chunk=_int(config, "prefill_chunk_tokens", 64), eos_id=self.tokenizer.token_to_id(EOS),
-        )  # fmt: skip
-        self._async: AsyncEngine | None = None
+        count = max(1, config.instance_count)
+        budget, slots = _int(config, "kv_budget_tokens", 16384), _int(config, "max_sequences", 32)
+        if budget // count < self.context or slots < count:
+            raise InvalidArgument(
+                f"{where}: kv_budget_tokens {budget} and max_sequences {slots} split over instance_group count "
+                f"{count} leave an instance {budget // count} tokens and {slots // count} sequences; each needs at "
+                f"least the context window ({self.context} tokens) and one sequence"
+            )
+        self.engines = [
+            Engine(
+                decoder := OnnxDecoder(path, threads), self.tokenizer, layers=decoder.layers, heads=decoder.heads,
+                head_dim=decoder.head_dim, context=self.context,
+                kv_budget_tokens=budget // count + (i < budget % count),
+                max_sequences=slots // count + (i < slots % count),
+                prefill_chunk=_int(config, "prefill_chunk_tokens", 64), eos_id=self.tokenizer.token_to_id(EOS),
+            )
+            for i in range(count)
+        ]  # fmt: skip
+        self.engine = self.engines[0]
+        self._async: list[AsyncEngine] = []
         version = Path(path).parent.name
         self._kv = [metrics.RUNTIME_LLM_KV_TOKENS.labels(self.name, version, k) for k in ("used", "budget")]
         self._seqs = [metrics.RUNTIME_LLM_SEQUENCES.labels(self.name, version, k) for k in ("running", "waiting")]
@@ -190,11 +210,23 @@ class LlmModel:
         self._gauges()
 
     def _gauges(self) -> None:
-        engine = self.engine
-        self._kv[0].set(engine.used_tokens)
-        self._kv[1].set(engine.kv_budget_tokens)
-        self._seqs[0].set(len(engine.running))
-        self._seqs[1].set(len(engine.waiting))
+        engines = self.engines
+        self._kv[0].set(sum(e.used_tokens for e in engines))
+        self._kv[1].set(sum(e.kv_budget_tokens for e in engines))
+        self._seqs[0].set(sum(len(e.running) for e in engines))
+        self._seqs[1].set(sum(len(e.waiting) for e in engines))
+
+    def _instance(self) -> AsyncEngine:
+        """The instance a new generation joins: the most KV room left once the sequences already running or
+        waiting there hold their reservations, then the fewest of those sequences."""
+        if not self._async:
+            self._async = [AsyncEngine(e, on_step=self._gauges) for e in self.engines]
+
+        def left(instance: AsyncEngine) -> tuple[int, int]:
+            tokens, sequences = instance.engine.load()
+            return tokens - instance.engine.kv_budget_tokens, sequences
+
+        return min(self._async, key=left)
 
     def io_specs(self, batched: bool) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
         return (TensorSpec("text_input", "BYTES", (1,)),), (TensorSpec("text_output", "BYTES", (1,)),)
@@ -212,7 +244,7 @@ class LlmModel:
             prompt = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
         except UnicodeDecodeError:
             raise InvalidArgument("input 'text_input' is not UTF-8 text") from None
-        return self.engine.prepare(prompt)
+        return self.engine.prepare(prompt)  # the instances share the tokenizer and context
 
     async def stream(self, request: InferRequest, options: RequestOptions):
         """One response per step that made text; the last carries the token counts and finish reason."""
@@ -220,12 +252,11 @@ class LlmModel:
             request.parameters, default_max_tokens=self.default_max_tokens, max_tokens_cap=self.max_tokens_cap
         )
         prompt, heal = self.prompt_ids(request)
-        if self._async is None:
-            self._async = AsyncEngine(self.engine, on_step=self._gauges)
+        instance = self._instance()
         first = True
         last_s = time.perf_counter()
         self._tokens[0].inc(int(prompt.shape[0]))
-        async for event in self._async.generate(prompt, sampling, heal, int(options.priority)):
+        async for event in instance.generate(prompt, sampling, heal, int(options.priority)):
             if event.seq.error:
                 raise Internal(f"model '{self.name}': {event.seq.error}")
             now_s = time.perf_counter()
@@ -245,14 +276,15 @@ class LlmModel:
             )
 
     def kv_use(self) -> tuple[int, int]:
-        """(KV tokens reserved, the budget)."""
-        return self.engine.used_tokens, self.engine.kv_budget_tokens
+        """(KV tokens reserved, the budget), over the instances."""
+        return sum(e.used_tokens for e in self.engines), sum(e.kv_budget_tokens for e in self.engines)
 
     def kv_room(self) -> tuple[int, int, int]:
         """(KV tokens free, the budget, sequences waiting for room): what the heartbeat reports for routing."""
-        engine = self.engine
-        return max(0, engine.kv_budget_tokens - engine.used_tokens), engine.kv_budget_tokens, len(engine.waiting)
+        engines = self.engines
+        free = sum(max(0, e.kv_budget_tokens - e.used_tokens) for e in engines)
+        return free, sum(e.kv_budget_tokens for e in engines), sum(len(e.waiting) for e in engines)
 
     def close(self) -> None:
-        if self._async is not None:
-            self._async.close()
+        for instance in self._async:
+            instance.close()

@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -226,6 +226,11 @@ class Engine:
 
     def busy(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def load(self) -> tuple[int, int]:
+        """KV tokens held or asked for (the running and waiting sequences' reservations), and those sequences."""
+        with self._lock:
+            return self.used_tokens + sum(s.reserve for s in self.waiting), len(self.running) + len(self.waiting)
 
     # ---- the step (one thread) ----
 
@@ -430,41 +435,57 @@ class Engine:
 
 
 class AsyncEngine:
-    """An :class:`Engine` driven from asyncio: steps in one worker thread, generations as async iterators."""
+    """An :class:`Engine` driven from asyncio: steps in a thread of its own, generations as async iterators.
+
+    The thread steps for as long as the engine is busy and hands each step's
+    events to the event loop (``call_soon_threadsafe``) without waiting for
+    them to be delivered: the next step does not wait for the event loop,
+    which is busy sending the last step's tokens. It sleeps when the engine
+    is idle, and a new generation wakes it.
+    """
 
     def __init__(self, engine: Engine, on_step=None):
         self.engine = engine
-        self.on_step = on_step  # called on the event loop after each step (gauges)
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-step")
+        self.on_step = on_step  # called on the event loop after each step's events are delivered (gauges)
         self._queues: dict[int, asyncio.Queue] = {}
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task | None = None
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            if not self.engine.busy():
+    def _run(self) -> None:
+        engine, post = self.engine, self._post
+        while not self._closed:
+            if not engine.busy():
+                self._wake.wait()
                 self._wake.clear()
-                await self._wake.wait()
                 continue
-            engine = self.engine
             try:
                 if engine.prefilling():  # first tokens go out before the decode batch runs
-                    self._deliver(await loop.run_in_executor(self._pool, engine.prefill_step))
-                    events = await loop.run_in_executor(self._pool, engine.decode_step)
+                    if post(engine.prefill_step(), False):
+                        time.sleep(0)  # and the event loop gets the GIL now to send them (time to first token)
+                    events = engine.decode_step()
                 else:
-                    events = await loop.run_in_executor(self._pool, engine.step)
+                    events = engine.step()
             except Exception as exc:  # the decoder failed: every generation running or waiting ends with it
                 events = engine.fail_all(f"generation failed: {type(exc).__name__}")
-            if self.on_step is not None:
-                self.on_step()
-            self._deliver(events)
+            post(events, True)
 
-    def _deliver(self, events: list[Event]) -> None:
+    def _post(self, events: list[Event], stepped: bool) -> bool:
+        if events or stepped:
+            try:
+                self._loop.call_soon_threadsafe(self._deliver, events, stepped)
+            except RuntimeError:  # the event loop closed: nobody waits for these
+                self._closed = True
+        return bool(events)
+
+    def _deliver(self, events: list[Event], stepped: bool = False) -> None:
         for event in events:
             queue = self._queues.get(id(event.seq))
             if queue is not None:
                 queue.put_nowait(event)
+        if stepped and self.on_step is not None:
+            self.on_step()
 
     async def generate(self, prompt: np.ndarray, sampling: Sampling, heal: bool = False, rank: int = 1):
         """The :class:`Event` s of one generation; leaving the iteration early cancels it.
@@ -476,8 +497,10 @@ class AsyncEngine:
         seq = self.engine.add(prompt, sampling, heal, rank)
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[id(seq)] = queue
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._loop())
+        if self._thread is None:
+            self._loop = asyncio.get_running_loop()
+            self._thread = threading.Thread(target=self._run, name="llm-step", daemon=True)
+            self._thread.start()
         self._wake.set()
         try:
             while True:
@@ -498,6 +521,5 @@ class AsyncEngine:
                 self._wake.set()
 
     def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._closed = True
+        self._wake.set()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import numpy as np
 import pytest
@@ -238,7 +239,8 @@ async def test_the_backend_queues_by_the_requests_class(tiny_llm_repo):
     from aiworks.runtime.llm_backend import LlmModel
 
     folder = tiny_llm_repo / "codegen"
-    model = LlmModel(folder / "1" / "model.onnx", read_config(folder), 1)
+    one = dataclasses.replace(read_config(folder), instance_count=1)  # the order within one engine
+    model = LlmModel(folder / "1" / "model.onnx", one, 1)
     model.engine.kv_budget_tokens = 80  # one sequence at a time: the first holds ~67 tokens, the others ~15 each
     try:
         order: list[str] = []
@@ -298,3 +300,50 @@ def test_a_new_sequences_first_token_comes_before_the_decode_batch(parts):
     assert [e.seq for e in rest] == [old] and len(old.generated) == before + 1 and len(new.generated) == 1
     engine.step()
     assert len(new.generated) == 2 and len(old.generated) == before + 2
+
+
+async def test_two_instances_share_the_replicas_budget_and_run_side_by_side(tiny_llm_repo):
+    from aiworks.core.datatypes import Tensor, deserialize_bytes, serialize_items
+    from aiworks.core.inference import InferRequest
+    from aiworks.core.model_config import read_config
+    from aiworks.core.options import RequestOptions
+    from aiworks.runtime.llm_backend import LlmModel
+
+    folder = tiny_llm_repo / "codegen"
+    config = read_config(folder)
+    assert config.instance_count == 2  # what `aiworks llm build` writes by default
+    model = LlmModel(folder / "1" / "model.onnx", config, 1)
+    try:
+        assert [e.kv_budget_tokens for e in model.engines] == [1024, 1024]
+        assert [e.max_sequences for e in model.engines] == [8, 8]
+        assert model.kv_room() == (2048, 2048, 0)
+        busy: set[int] = set()
+
+        async def generate(text: str) -> str:
+            raw = serialize_items([text.encode()])
+            request = InferRequest("codegen", "1", [Tensor("text_input", "BYTES", (1,), raw)],
+                                   parameters={"max_tokens": 24, "ignore_eos": True})  # fmt: skip
+            out = []
+            async for answer in model.stream(request, RequestOptions()):
+                busy.update(i for i, e in enumerate(model.engines) if e.running)
+                out.append(deserialize_bytes(answer.outputs[0].raw, 1)[0].decode())
+            return "".join(out)
+
+        prompts = ["import os", "def main():", "class A:", "for i in range(3):"]
+        together = await asyncio.gather(*(generate(p) for p in prompts))
+        assert busy == {0, 1}  # both engines ran generations
+        alone = [await generate(p) for p in prompts]
+        assert together == alone  # greedy: the same text whichever instance ran it, with whichever neighbours
+        assert model.kv_use() == (0, 2048)
+    finally:
+        model.close()
+
+
+def test_an_instance_count_that_leaves_an_instance_less_than_the_context_is_refused(tiny_llm_repo):
+    from aiworks.core.model_config import read_config
+    from aiworks.runtime.llm_backend import LlmModel
+
+    folder = tiny_llm_repo / "codegen"
+    config = dataclasses.replace(read_config(folder), instance_count=16)  # 2,048 tokens: 128 an instance
+    with pytest.raises(InvalidArgument, match=r"instance_group count 16 leave an instance 128 tokens.*256 tokens"):
+        LlmModel(folder / "1" / "model.onnx", config, 1)

@@ -248,7 +248,7 @@ def cmd_llm_build(args) -> None:
     folder, report = llm.build(
         Path(args.out), spec, name=args.name, cache_dir=cache, progress=not args.quiet,
         kv_budget_tokens=args.kv_budget_tokens, max_sequences=args.max_sequences, threads=args.threads,
-        precision=args.precision,
+        instances=args.instances, precision=args.precision,
     )  # fmt: skip
     print(f"wrote {folder} (text_input BYTES [1] in, text_output BYTES [1] per token out; decoupled)")
     print(json.dumps(report))
@@ -394,7 +394,11 @@ def add_lifecycle_parsers(sub) -> None:
     lb.add_argument("--no-cache", action="store_true", help="neither read nor keep the trained weights")
     lb.add_argument("--kv-budget-tokens", type=int, default=16384, help="the replica's KV-cache budget in tokens")
     lb.add_argument("--max-sequences", type=int, default=32, help="sequences decoded together at most")
-    lb.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads for the decoder (default 2)")
+    lb.add_argument("--threads", type=int, default=1,
+                    help="ONNX Runtime intra-op threads of each instance's decoder (default 1)")
+    lb.add_argument("--instances", type=int, default=2,
+                    help="engines side by side in a replica (instance_group count; default 2), sharing its KV budget "
+                    "and sequences evenly")  # fmt: skip
     lb.add_argument("--precision", choices=["fp32", "int8"], default="fp32",
                     help="the exported decoder's matrix products: fp32 (default: the trained weights as they are) or "
                     "int8 (dynamic quantization, per-channel weights: 2-3x faster on a CPU with VNNI); the report's "
