@@ -46,7 +46,8 @@ from aiworks.core.errors import Internal, InvalidArgument
 from aiworks.core.inference import Answer, InferRequest
 from aiworks.core.model_config import ModelConfig, TensorSpec
 from aiworks.core.options import RequestOptions
-from aiworks.runtime.llm_engine import AsyncEngine, Engine, Sampling
+from aiworks.runtime.llm_driver import AsyncEngine
+from aiworks.runtime.llm_engine import Engine, Sampling
 
 EOS = "<|endoftext|>"
 SAMPLING_PARAMETERS = frozenset({"max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "ignore_eos"})
