@@ -49,6 +49,23 @@ class _HttpServer(uvicorn.Server):
         yield
 
 
+def http_config(app, settings: GatewaySettings, public_tls=None) -> uvicorn.Config:
+    """The HTTP server's settings. ``timeout_graceful_shutdown``: without it uvicorn waits on stop for every
+    response still running, and an SSE subscriber that never leaves kept the gateway from ever exiting."""
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.http_port,
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        http=bounded_protocol(settings.max_header_bytes),
+        timeout_keep_alive=30,
+        timeout_graceful_shutdown=settings.shutdown_grace_s,
+        **(uvicorn_ssl_options(public_tls) if public_tls else {}),
+    )
+
+
 async def _start_tenancy(settings: GatewaySettings) -> Tenancy:
     """Tenants, keys, limits, usage and audit log, built once; a bad file stops the gateway naming it."""
     try:
@@ -169,19 +186,7 @@ async def serve(settings: GatewaySettings) -> None:
         nearline_max_backlog_per_tenant=settings.async_max_backlog_per_tenant,
         streams=subscriptions,
     )  # fmt: skip
-    http = _HttpServer(
-        uvicorn.Config(
-            app,
-            host=settings.host,
-            port=settings.http_port,
-            log_config=None,
-            access_log=False,
-            lifespan="off",
-            http=bounded_protocol(settings.max_header_bytes),
-            timeout_keep_alive=30,
-            **(uvicorn_ssl_options(public_tls) if public_tls else {}),
-        )
-    )
+    http = _HttpServer(http_config(app, settings, public_tls))
     http_task = asyncio.create_task(http.serve())
     while not http.started:
         if http_task.done():
@@ -211,9 +216,8 @@ async def serve(settings: GatewaySettings) -> None:
         if watch is not None:
             watch.cancel()
     await set_serving(health, False)
-    http.should_exit = True
-    await http_task
-    await grpc_server.stop(grace=5)
+    http.should_exit = True  # both stop together, each bounded by shutdown_grace_s
+    await asyncio.gather(http_task, grpc_server.stop(grace=settings.shutdown_grace_s))
     if cache is not None:
         await cache.close()
         log.info("result cache client: %s", cache.counters.as_dict())

@@ -121,6 +121,12 @@ class GatewaySettings(ServiceSettings):
     max_string_bytes: int | None = Field(
         None, ge=0, description="Longest BYTES element of an input, in bytes (rule max_string_bytes); unset: none."
     )
+    shutdown_grace_s: float = Field(
+        5.0, ge=0,
+        description="On stop, how long HTTP requests still running (result-stream subscribers and generations "
+        "over SSE among them) and gRPC calls get to finish before they are cut, so the gateway exits and "
+        "flushes usage and audit lines well within the supervisor's 10 s and Kubernetes' 30 s.",
+    )  # fmt: skip
 
     # ---- Batch API (docs/tiers.md); needs redis_url too ----
     batch_files_url: str | None = Field(
