@@ -20,8 +20,8 @@ import grpc
 import pytest
 from cryptography import x509
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import REGISTRY
 
-from aiworks.core.metrics import TLS_CERT_EXPIRY
 from aiworks.core.rpc import add_port, client_channel
 from aiworks.security.cert_watch import CertificateWatch
 from aiworks.security.certs import write_certificates
@@ -29,6 +29,7 @@ from aiworks.security.tls import TLSFiles, client_ssl_context, uvicorn_ssl_optio
 
 HOSTS = ["localhost", "127.0.0.1"]
 RELOAD_S = 0.2
+TLS_EXPIRY = "aiworks_tls_certificate_expiry_timestamp_seconds"
 
 
 def files(folder: Path, reload_s: float = RELOAD_S) -> TLSFiles:
@@ -110,7 +111,7 @@ async def test_grpc_server_and_channel_take_renewed_certificates_and_open_stream
         await servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         assert (await watch.read()).status == health_pb2.HealthCheckResponse.NOT_SERVING
         expiry = x509.load_pem_x509_certificate((pki / "gateway" / "tls.crt").read_bytes()).not_valid_after_utc
-        assert TLS_CERT_EXPIRY.labels(common_name="gateway")._value.get() == expiry.timestamp()
+        assert REGISTRY.get_sample_value(TLS_EXPIRY, {"common_name": "gateway"}) == expiry.timestamp()
         watch.cancel()
     finally:
         await channel.close()

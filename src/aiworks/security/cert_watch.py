@@ -31,9 +31,11 @@ renewal that did not happen, or was not taken.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,8 +106,8 @@ class CertificateWatch:
             threading.Thread(target=self._run, name=f"tls-watch {files.cert}", daemon=True).start()
 
     def _run(self) -> None:
-        stop = threading.Event()
-        while not stop.wait(self.files.reload_s):
+        while True:
+            time.sleep(self.files.reload_s)
             try:
                 self.check()
             except Exception:  # never let the watch die: the files in use stay
@@ -148,8 +150,6 @@ class CertificateWatch:
 
 
 def _when(ts: float) -> str:
-    import datetime
-
     return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
