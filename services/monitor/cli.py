@@ -100,6 +100,10 @@ def _tls_context(tls_dir: str | None) -> ssl.SSLContext | None:
         raise SystemExit(f"error: {exc}") from None
 
 
+# The --follow loop's pause. Tests replace this name, never time.sleep: every thread in the process shares that one.
+_pause = time.sleep
+
+
 def format_event(event: dict) -> str:
     return f"{event['time']}  {event['kind']:<15} {event['target']:<16} {event['reason']:<14} {event['message']}"
 
@@ -127,7 +131,7 @@ def cmd_events(args: argparse.Namespace) -> None:
     warned = False
     try:
         while True:
-            time.sleep(args.interval_s)
+            _pause(args.interval_s)
             try:
                 doc = fetch_events(monitor, since=cursor, kind=args.kind, context=context)
             except (urllib.error.URLError, OSError) as exc:

@@ -115,7 +115,7 @@ async def test_aiworks_events_lists_and_follows(api, capsys, monkeypatch):
         if len(polls) == 3:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(monitor_cli.time, "sleep", fake_sleep)
+    monkeypatch.setattr(monitor_cli, "_pause", fake_sleep)  # not time.sleep: other threads call that
     await asyncio.to_thread(events_command, url, "--follow", "--kind", "scale_out")
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 1 and "scale_out" in out[0] and "2 -> 3 replicas" in out[0]
