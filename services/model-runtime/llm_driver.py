@@ -75,7 +75,8 @@ class AsyncEngine:
 
         ``rank``: its QoS class's rank in admission (:meth:`Engine.add`). When the consumer is slower
         than the engine, the events waiting are joined into one (their text, their token count), so
-        each hop after it carries one message for several steps instead of one per step.
+        each hop after it carries one message for several steps instead of one per step. The first
+        event is never joined: the first token goes out alone, whatever the consumer's pace.
         """
         seq = self.engine.add(prompt, sampling, heal, rank)
         queue: asyncio.Queue = asyncio.Queue()
@@ -86,9 +87,12 @@ class AsyncEngine:
             self._thread.start()
         self._wake.set()
         try:
+            first = True
             while True:
                 event = await queue.get()
-                if not queue.empty():  # the consumer fell behind: one event for all the steps waiting
+                if first:
+                    first = False
+                elif not queue.empty():  # the consumer fell behind: one event for all the steps waiting
                     events = [event]
                     while not queue.empty() and not events[-1].finished:
                         events.append(queue.get_nowait())

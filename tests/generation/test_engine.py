@@ -292,6 +292,15 @@ async def test_a_consumer_that_falls_behind_gets_the_waiting_steps_joined(parts)
         assert sum(e.tokens for e in eager) == sum(e.tokens for e in slow) == 40
         assert len(slow) == 2 and slow[1].tokens > 30 and slow[1].finished  # one event for the steps that waited
         assert len(eager) > len(slow)
+        # An event loop that gets back to this generation only after it was all made (here it is blocked
+        # on purpose) finds every step's events queued at once: the first token still goes out alone.
+        late = driver.generate(prompt, sampling)
+        head = asyncio.ensure_future(late.__anext__())
+        await asyncio.sleep(0)  # the sequence is added; its reader waits on the queue
+        while engine.busy():
+            time.sleep(0.005)  # the loop blocked: no event is delivered meanwhile
+        rest = [await head] + [e async for e in late]
+        assert [e.tokens for e in rest] == [1, 39] and "".join(e.text for e in rest) == prompt_text
     finally:
         driver.close()
 
