@@ -107,6 +107,8 @@ class GatewayDataPlane:
         self.shared_memory = shared_memory if shared_memory is not None else SharedMemoryRegistry()
         # Per-request metrics, the server span and the audit line; the front ends wrap each inference in it.
         self.telemetry = GatewayTelemetry(audit=self.tenancy.audit)
+        # Set on SIGTERM for ``drain_s``: still serving, but reporting not ready so new traffic goes elsewhere.
+        self.draining = False
 
     # ---- who is asking ------------------------------------------------------------------------
 
@@ -153,8 +155,9 @@ class GatewayDataPlane:
         return True
 
     async def ready(self) -> bool:
-        """Ready while the routing table has arrived and lists a live replica (the scheduler may be away)."""
-        return self.routing.ready()
+        """Ready while the routing table has arrived and lists a live replica (the scheduler may be away),
+        and the gateway is not draining before its stop (``drain_s``)."""
+        return not self.draining and self.routing.ready()
 
     def server_metadata(self) -> dict:
         return {"name": self.server_name, "version": __version__, "extensions": EXTENSIONS}

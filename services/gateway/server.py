@@ -211,11 +211,13 @@ async def serve(settings: GatewaySettings) -> None:
     )
     settle_memory()  # started: what exists now lives as long as the process
     await stop.wait()
+    await set_serving(health, False)
+    if settings.drain_s > 0:
+        await _drain(stop, dataplane, settings.drain_s)
     log.info("gateway stopping")
     for watch in (key_watch, token_watch):
         if watch is not None:
             watch.cancel()
-    await set_serving(health, False)
     http.should_exit = True  # both stop together, each bounded by shutdown_grace_s
     await asyncio.gather(http_task, grpc_server.stop(grace=settings.shutdown_grace_s))
     if cache is not None:
@@ -237,6 +239,23 @@ async def serve(settings: GatewaySettings) -> None:
     lag.stop()
     await stop_metrics(metrics)
     shutdown_tracing()
+
+
+async def _drain(stop: asyncio.Event, dataplane: GatewayDataPlane, drain_s: float) -> None:
+    """Keep serving for ``drain_s`` while readiness says no, so load balancers move new requests elsewhere.
+
+    On Kubernetes a deleted pod's endpoint leaves the Services and meshes a few seconds after its
+    SIGTERM: a gateway that closed its ports at once refused what was still sent to it. A second
+    signal (Ctrl-C again) ends the wait.
+    """
+    dataplane.draining = True
+    log.info("gateway draining: reporting not ready, still serving, for %.1f s before its ports close", drain_s)
+    stop.clear()
+    try:
+        await asyncio.wait_for(stop.wait(), drain_s)
+        log.info("gateway drain cut short by a second signal")
+    except TimeoutError:
+        pass
 
 
 def main(settings: GatewaySettings) -> None:

@@ -121,6 +121,13 @@ class GatewaySettings(ServiceSettings):
     max_string_bytes: int | None = Field(
         None, ge=0, description="Longest BYTES element of an input, in bytes (rule max_string_bytes); unset: none."
     )
+    drain_s: float = Field(
+        0.0, ge=0, le=300,
+        description="On SIGTERM, how long the gateway keeps serving with readiness reporting not ready (HTTP "
+        "/v2/health/ready 503, gRPC health NOT_SERVING) before its ports close, so load balancers and "
+        "Kubernetes endpoints stop sending it new requests first. A second signal ends the wait. "
+        "The chart sets 5 s; 0: close at once (a laptop's Ctrl-C).",
+    )  # fmt: skip
     shutdown_grace_s: float = Field(
         5.0, ge=0,
         description="On stop, how long HTTP requests still running (result-stream subscribers and generations "

@@ -179,6 +179,14 @@ def test_services_get_their_peers_and_settings(rendered: Rendered) -> None:
     assert gateway["AIWORKS_GATEWAY_HTTP_PORT"] == "8000"
     assert gateway["AIWORKS_GATEWAY_SCHEDULER_ADDRESS"] == scheduler
     assert gateway["AIWORKS_GATEWAY_CACHE_ADDRESS"] == f"{RELEASE}-cache:8030"
+    # A stopping gateway serves while not ready (drain), then gives running requests their grace, then
+    # flushes usage and audit lines: Kubernetes must not kill it first.
+    from aiworks.gateway.settings import GatewaySettings
+
+    drain = float(gateway["AIWORKS_GATEWAY_DRAIN_S"])
+    grace = GatewaySettings.model_fields["shutdown_grace_s"].default
+    [gateway_deployment] = [d for d in workloads if component(d) == "gateway"]
+    assert drain >= 5 and gateway_deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= drain + grace + 10
     runtime = by_component["runtime"]
     assert runtime["AIWORKS_RUNTIME_SCHEDULER_ADDRESS"] == scheduler
     assert runtime["AIWORKS_RUNTIME_MODEL_REPOSITORY"] == "/models"
