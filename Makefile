@@ -25,7 +25,7 @@ run: install            ## install, then start the whole suite locally (Ctrl-C s
 test: install           ## install, then run every test but the image builds (installs the Debian packages needed)
 	bash scripts/ensure-debian-packages.sh
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -m "not images"
+	$(BIN)/python -m pytest -m "not images" --durations=25
 
 test-images: install    ## build the images with podman and run docker-compose.yml with them (slow; .ci/run runs it)
 	bash scripts/ensure-debian-packages.sh
