@@ -20,7 +20,7 @@ from e2e.e2e_support import start_suite
 
 pytestmark = pytest.mark.e2e
 
-DRAIN_S = 3.0
+DRAIN_S = 5.0  # long enough for the calls below on a loaded machine
 IRIS = {"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32", "data": [5.1, 3.5, 1.4, 0.2]}]}
 
 
@@ -47,7 +47,7 @@ def test_a_stopping_gateway_reports_not_ready_serves_then_exits(model_repository
         x = grpcclient.InferInput("input", [1, 4], "FP32")
         x.set_data_from_numpy(np.array([[5.1, 3.5, 1.4, 0.2]], np.float32))
         assert client.infer("iris", [x]).as_numpy("label").tolist() == [[0]]
-        assert gateway.process.poll() is None and time.monotonic() - signalled < DRAIN_S
+        assert gateway.process.poll() is None  # still running: those were answered before its ports closed
 
         code = gateway.process.wait(timeout=DRAIN_S + 15)
         took = time.monotonic() - signalled
@@ -55,7 +55,7 @@ def test_a_stopping_gateway_reports_not_ready_serves_then_exits(model_repository
         with pytest.raises(requests.ConnectionError):
             requests.get(f"{base}/v2/health/ready", timeout=2)
         log = gateway.log_path.read_text()
-        assert "gateway draining: reporting not ready, still serving, for 3.0 s" in log
+        assert f"gateway draining: reporting not ready, still serving, for {DRAIN_S:.1f} s" in log
         assert log.index("gateway draining") < log.index("gateway stopping")
     finally:
         client.close()
