@@ -2,6 +2,8 @@
 
 - ``aiworks_runtime_models_loaded``: model versions this replica reports ready,
   read on the event loop's thread (:func:`aiworks.core.metrics.on_loop`);
+- ``aiworks_runtime_inflight_requests``: requests and generations being served
+  (an int the servicer keeps; read as it is);
 - ``aiworks_scheduler_queue_depth`` and ``_queue_bytes``: this replica's
   queues (the scheduling stage's gauges keep their names; the queues moved
   from the scheduler into the runtimes), read the same way.
@@ -46,8 +48,10 @@ class RuntimeCollector(metrics.ScrapeCollector):
         triton_gpus: Callable[[], dict[str, dict[str, float]] | None] = lambda: None,
         nvml=None,
         read_queues: Callable[[], list] = list,
+        inflight: Callable[[], int] = lambda: 0,
     ):
         self.replica_id = replica_id
+        self._inflight = inflight
         self._count_models = count_models
         self._read_queues = read_queues
         self._triton_gpus = triton_gpus
@@ -64,6 +68,13 @@ class RuntimeCollector(metrics.ScrapeCollector):
             )
             family.add_metric([self.replica_id], loaded)
             yield family
+        family = GaugeMetricFamily(
+            metrics.RUNTIME_INFLIGHT_REQUESTS,
+            "Requests and generations this replica is serving now; a stopping replica drains them to 0.",
+            labels=["replica"],
+        )
+        family.add_metric([self.replica_id], self._inflight())
+        yield family
         yield from self._queue_families()
         yield from self._gpu_families()
 

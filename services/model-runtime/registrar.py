@@ -72,6 +72,7 @@ class Registrar:
         self.registered = asyncio.Event()
         self._send_lock = asyncio.Lock()
         self._sent_states: tuple = ()
+        self.stopping = False  # heartbeats say so from then on: the scheduler routes nothing new here
 
     def _models(self):
         self._sent_states = self._health()
@@ -105,7 +106,8 @@ class Registrar:
     async def _beat(self) -> None:
         async with self._send_lock:
             if not self.registered.is_set():
-                await self.register()
+                if not self.stopping:  # a stopping replica does not join a scheduler that forgot it
+                    await self.register()
                 return
             reply = await self._scheduler.heartbeat(
                 spb.HeartbeatRequest(
@@ -115,10 +117,11 @@ class Registrar:
                     gpus=gpu_messages(self._gpus),
                     queues=self._queues(),
                     kv=self._kv(),
+                    stopping=self.stopping,
                 ),
                 timeout_s=max(self.interval_s * 3, 1.0),
             )
-            if not reply.known:
+            if not reply.known and not self.stopping:
                 log.warning("the scheduler %s no longer knows this replica; registering again", self.scheduler)
                 self.registered.clear()
                 await self.register()
@@ -129,6 +132,11 @@ class Registrar:
             await asyncio.wait_for(self._beat(), timeout_s)
         except (TimeoutError, AIWorksError) as exc:
             log.warning("immediate heartbeat to the scheduler %s failed: %s", self.scheduler, exc)
+
+    async def leave(self, timeout_s: float = 1.0) -> None:
+        """Tell the scheduler now that this replica is stopping (never raises); the heartbeats go on saying so."""
+        self.stopping = True
+        await self.beat_now(timeout_s)
 
     def _changed(self) -> bool:
         return self._health() != self._sent_states

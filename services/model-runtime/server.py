@@ -150,19 +150,21 @@ async def serve(settings: RuntimeSettings) -> None:
         ),
     )
     triton_backend.use_settings(settings)
+    servicer = RuntimeServicer(dataplane, replica_id)
     collector = RuntimeCollector(
         replica_id,
         on_loop(asyncio.get_running_loop(), lambda: len(dataplane.ready_specs())),
         triton_backend.device_metrics,
         nvml,
         on_loop(asyncio.get_running_loop(), dataplane.queues.stats),
+        lambda: servicer.inflight,
     ).register()
     metrics, metrics_port = serve_metrics_or_warn(settings.metrics_port, settings.host)
     lag = start_loop_lag_probe("runtime")
 
     server, health = create_server(settings.max_message_bytes, callers)
     await set_serving(health, False)  # grpcio's servicer starts with "" SERVING; ready comes after the loads
-    runtime_pb2_grpc.add_RuntimeServiceServicer_to_server(RuntimeServicer(dataplane, replica_id), server)
+    runtime_pb2_grpc.add_RuntimeServiceServicer_to_server(servicer, server)
     port = add_port(server, f"{settings.host}:{settings.port}", tls)
     await server.start()
     log.info(
@@ -238,16 +240,18 @@ async def serve(settings: RuntimeSettings) -> None:
     token_watch = watch_internal_token(settings, callers)  # a rotated internal token, taken without a restart
     settle_memory()  # started: what exists now lives as long as the process
     await stop.wait()
+    if follower is not None:
+        follower.cancel()
+    await set_serving(health, False)  # not ready; still alive while it drains
+    drained = await _drain(servicer, registrars, stop, settings.drain_s)
     log.info("runtime %s stopping", replica_id)
     if token_watch is not None:
         token_watch.cancel()
-    await set_serving(health, False)
     await set_serving(health, False, LIVENESS_SERVICE)
     for beat in beats:
         beat.cancel()
-    if follower is not None:
-        follower.cancel()
-    await server.stop(grace=5)
+    # The gateways' request streams stay open while idle: with nothing in flight they are closed at once.
+    await server.stop(grace=0.5 if drained else 5)
     for scheduler in schedulers:
         await scheduler.close()
     await dataplane.close()
@@ -260,6 +264,28 @@ async def serve(settings: RuntimeSettings) -> None:
     if audit is not None:
         await audit.close()
     shutdown_tracing()
+
+
+async def _drain(servicer: RuntimeServicer, registrars: list[Registrar], stop: asyncio.Event, drain_s: float) -> bool:
+    """After the stop signal: tell the schedulers to route nothing more here, then wait for what is in flight,
+    at most ``drain_s`` or until a second signal. Requests that gateways sent before the new routing reached
+    them are served and waited for too; from the end of the drain on, what still arrives gets UNAVAILABLE,
+    which the gateway retries on another replica. True when nothing is left in flight."""
+    stop.clear()
+    await asyncio.gather(*(r.leave() for r in registrars))
+    if servicer.inflight:
+        log.info("runtime %s draining: %d request(s) in flight, waiting up to %.0f s", servicer.replica_id,
+                 servicer.inflight, drain_s)  # fmt: skip
+    started = time.perf_counter()
+    drained = await servicer.drain(drain_s, stop)
+    servicer.stopping = True
+    if drained:
+        if time.perf_counter() - started > 0.05:
+            log.info("runtime %s drained in %.1f s", servicer.replica_id, time.perf_counter() - started)
+    else:
+        log.warning("runtime %s stops with %d request(s) still in flight (%s)", servicer.replica_id,
+                    servicer.inflight, "second signal" if stop.is_set() else f"drain limit {drain_s:.0f} s")  # fmt: skip
+    return drained
 
 
 def main(settings: RuntimeSettings) -> None:

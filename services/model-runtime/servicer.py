@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from aiworks.core.converters import (
@@ -12,7 +13,7 @@ from aiworks.core.converters import (
     to_infer_request,
     to_options,
 )
-from aiworks.core.errors import AIWorksError
+from aiworks.core.errors import AIWorksError, Unavailable
 from aiworks.core.load_overrides import LoadOverrides
 from aiworks.core.rpc import handle_errors
 from aiworks.core.stream import error_fields, serve_stream
@@ -37,12 +38,54 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
     def __init__(self, dataplane: RuntimeDataPlane, replica_id: str):
         self.dataplane = dataplane
         self.replica_id = replica_id
+        self.stopping = False  # set when the stop's drain ends: new requests are refused with UNAVAILABLE
+        self.inflight = 0  # requests and generations being served now
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     def _handle(self, message):
         """One request on the stream: one answer, or (a decoupled model's) an async iterator of answers."""
+        if self.stopping:  # the gateway retries UNAVAILABLE on another replica
+            raise Unavailable(f"replica {self.replica_id} is stopping")
         if self.dataplane.queues.decoupled(message.model, message.version):
-            return self._stream(message)
-        return self._infer(message)
+            return self._counted_stream(self._stream(message))
+        return self._counted(self._infer(message))
+
+    def _begin(self) -> None:
+        self.inflight += 1
+        self._idle.clear()
+
+    def _end(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0:
+            self._idle.set()
+
+    async def _counted(self, answer):
+        self._begin()
+        try:
+            return await answer
+        finally:
+            self._end()
+
+    async def _counted_stream(self, answers):
+        self._begin()
+        try:
+            async for reply in answers:
+                yield reply
+        finally:
+            await answers.aclose()
+            self._end()
+
+    async def drain(self, timeout_s: float, cut_short: asyncio.Event) -> bool:
+        """Wait until the requests in flight are done, ``timeout_s`` passes, or ``cut_short`` is set; True when
+        nothing is left in flight."""
+        waits = [asyncio.ensure_future(self._idle.wait()), asyncio.ensure_future(cut_short.wait())]
+        try:
+            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        return self.inflight == 0
 
     async def _stream(self, message):
         options = to_options(message.options, time.monotonic())

@@ -45,6 +45,14 @@ class RuntimeSettings(ServiceSettings):
         100, description="Batches that compute faster than this run on the event loop instead of a worker thread."
     )
     heartbeat_interval_s: float = Field(1.0, description="Seconds between heartbeats to the scheduler.")
+    drain_s: float = Field(
+        20.0, ge=0, le=600,
+        description="On SIGTERM, the longest wait for the requests and generations the replica holds to finish "
+        "before its port closes. First it tells the schedulers it is stopping (they route nothing new to it) and "
+        "reports not ready; requests sent before the gateways heard are served too. It ends as soon as nothing is "
+        "in flight; a second signal ends it at once. After it, what still arrives gets UNAVAILABLE, which the "
+        "gateway retries on another replica. The chart sets runtime.drainSeconds (30 s).",
+    )  # fmt: skip
     max_load_file_bytes: int = Field(
         64 << 20,
         ge=0,

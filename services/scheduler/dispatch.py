@@ -222,6 +222,9 @@ class Dispatcher:
                     heard = heard or exc.status is not Status.UNAVAILABLE
                     if exc.status in _REPLICA_FAULTS:
                         self.router.failed(replica, exc)
+                    if answers and exc.status is Status.UNAVAILABLE:  # responses went out: no retry can resume it
+                        raise Unavailable(f"the stream from replica {replica.replica_id} broke after {answers} "
+                                          f"response(s): {exc.message}") from None  # fmt: skip
                     if answers or exc.status is not Status.UNAVAILABLE or attempt >= self.policy.max_retries:
                         raise
                     # The budget is asked as for any retry (a lost stream's need not), but not held: a stream

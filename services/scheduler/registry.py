@@ -63,11 +63,14 @@ class ReplicaRegistry(Catalog):
         return replica
 
     def heartbeat(self, replica_id: str, specs: list[ModelSpec], gpus: list[dict] = (), *, inflight_batches: int = 0,
-                  queues: list | None = None, kv: list | None = None, kv_refresh_s: float = 2.0) -> bool:  # fmt: skip
+                  queues: list | None = None, kv: list | None = None, kv_refresh_s: float = 2.0,
+                  stopping: bool = False) -> bool:  # fmt: skip
         """A replica's heartbeat; ``kv``: its generative versions' :class:`~aiworks.scheduler.views.KvRoom`.
 
         New KV figures change the routing table when they differ from those last published, or when those are
-        ``kv_refresh_s`` old: gateways judge their age, so figures that stay the same are refreshed too.
+        ``kv_refresh_s`` old: gateways judge their age, so figures that stay the same are refreshed too. A
+        ``stopping`` replica (it got its stop signal and finishes what it holds) is routed nothing more; it is
+        removed when its heartbeats end.
         """
         replica = self.replicas.get(replica_id)
         if replica is None:
@@ -75,6 +78,12 @@ class ReplicaRegistry(Catalog):
         replica.gpus = list(gpus)
         now = self._clock()
         replica.last_heartbeat_s = now
+        if stopping:
+            if replica.live:
+                log.info("replica %s is stopping: no new work goes to it", replica_id)
+                replica.live = False
+                self._notify()
+            return True
         if kv or replica.kv is not None:
             figures = {(k.model, k.version): k for k in kv} if kv else None
             if figures != replica.kv or now - replica.kv_at_s >= kv_refresh_s:

@@ -156,6 +156,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             queues=list(request.queues),
             kv=[kv_from_pb(k) for k in request.kv],
             kv_refresh_s=2 * self.scheduler.settings.heartbeat_interval_s,
+            stopping=request.stopping,
         )
         return pb.HeartbeatResponse(known=known)
 

@@ -58,6 +58,8 @@ def test_the_pool_asks_for_gpus_on_gpu_nodes_and_advertises_device_gpu(render: C
     assert json.loads(variables["AIWORKS_RUNTIME_MODELS"]) == ["minilm_torch"]
     assert json.loads(variables["AIWORKS_RUNTIME_LABELS"]) == {"pool": "gpu", "zone": "a"}
     assert "AIWORKS_RUNTIME_TRITON_URL" not in variables
+    # It drains on SIGTERM as the CPU pools do (runtime.drainSeconds), and Kubernetes waits for that.
+    assert pod["terminationGracePeriodSeconds"] == int(variables["AIWORKS_RUNTIME_DRAIN_S"]) + 15
     # Readiness follows the models and backends (the service's own probe over its mutual TLS); liveness the port.
     assert runtime["readinessProbe"]["exec"]["command"] == ["aiworks", "probe", "--quiet", "runtime"]
     assert runtime["livenessProbe"]["tcpSocket"]["port"] == 8020

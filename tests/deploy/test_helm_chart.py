@@ -192,6 +192,11 @@ def test_services_get_their_peers_and_settings(rendered: Rendered) -> None:
     assert runtime["AIWORKS_RUNTIME_MODEL_REPOSITORY"] == "/models"
     assert runtime["AIWORKS_RUNTIME_REPLICA_ID"] == "$(POD_NAME)"
     assert runtime["AIWORKS_RUNTIME_ADVERTISE_ADDRESS"].endswith(":8020")
+    # A stopping runtime finishes the streams and generations it holds (its drain) and then closes its port
+    # with at most 5 s of grace: Kubernetes must not kill it first.
+    runtime_drain = float(runtime["AIWORKS_RUNTIME_DRAIN_S"])
+    for pool in (d for d in workloads if component(d) == "runtime"):
+        assert runtime_drain >= 20 and pool["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= runtime_drain + 10
     assert by_component["monitor"]["AIWORKS_MONITOR_PROMETHEUS_URL"].startswith("http")
     names = {s["metadata"]["name"] for s in rendered.of_kind("Service")}
     assert f"{RELEASE}-scheduler" in names and f"{RELEASE}-cache" in names

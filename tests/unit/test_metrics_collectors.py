@@ -282,8 +282,11 @@ def test_runtime_collector_exports_no_gpu_series_on_a_cpu_replica_or_when_triton
         raise OSError("connection refused")
 
     for gpus in (lambda: None, unreachable):
-        samples = scrape(RuntimeCollector("rt-0", lambda: 1, gpus))
-        assert list(samples) == [("aiworks_runtime_models_loaded", (("replica", "rt-0"),))]
+        samples = scrape(RuntimeCollector("rt-0", lambda: 1, gpus, inflight=lambda: 2))
+        assert samples == {
+            ("aiworks_runtime_models_loaded", (("replica", "rt-0"),)): 1,
+            ("aiworks_runtime_inflight_requests", (("replica", "rt-0"),)): 2,
+        }
 
 
 # ---- cache -------------------------------------------------------------------------------------

@@ -190,6 +190,7 @@ SCHEDULER_REPLICA_UP = "aiworks_scheduler_replica_up"  # {replica, device}: 1 li
 SCHEDULER_REPLICA_EJECTED = "aiworks_scheduler_replica_ejected"  # {replica}: 1 ejected now
 SCHEDULER_REPLICA_INFLIGHT = "aiworks_scheduler_replica_inflight_batches"  # {replica}: batches running there
 SCHEDULER_REPLICA_LATENCY = "aiworks_scheduler_replica_latency_seconds"  # {replica}: gateways' request average
+RUNTIME_INFLIGHT_REQUESTS = "aiworks_runtime_inflight_requests"  # {replica}: requests being served there now
 
 # ---- runtime -------------------------------------------------------------------------------
 

@@ -142,20 +142,22 @@ class RegisterReplicaResponse(_message.Message):
     def __init__(self, heartbeat_interval_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("replica_id", "inflight_batches", "models", "gpus", "queues", "kv")
+    __slots__ = ("replica_id", "inflight_batches", "models", "gpus", "queues", "kv", "stopping")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     INFLIGHT_BATCHES_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     KV_FIELD_NUMBER: _ClassVar[int]
+    STOPPING_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     inflight_batches: int
     models: _containers.RepeatedCompositeFieldContainer[_runtime_pb2.ModelSpec]
     gpus: _containers.RepeatedCompositeFieldContainer[GpuInfo]
     queues: _containers.RepeatedCompositeFieldContainer[QueueStatus]
     kv: _containers.RepeatedCompositeFieldContainer[KvStatus]
-    def __init__(self, replica_id: _Optional[str] = ..., inflight_batches: _Optional[int] = ..., models: _Optional[_Iterable[_Union[_runtime_pb2.ModelSpec, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[QueueStatus, _Mapping]]] = ..., kv: _Optional[_Iterable[_Union[KvStatus, _Mapping]]] = ...) -> None: ...
+    stopping: bool
+    def __init__(self, replica_id: _Optional[str] = ..., inflight_batches: _Optional[int] = ..., models: _Optional[_Iterable[_Union[_runtime_pb2.ModelSpec, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[QueueStatus, _Mapping]]] = ..., kv: _Optional[_Iterable[_Union[KvStatus, _Mapping]]] = ..., stopping: _Optional[bool] = ...) -> None: ...
 
 class KvStatus(_message.Message):
     __slots__ = ("model", "version", "free_tokens", "budget_tokens", "waiting_sequences")

@@ -1,0 +1,109 @@
+"""A stopping runtime replica drains: what it holds finishes, nothing new goes to it, then it exits.
+
+On Kubernetes a rolling update or a scale-in sends SIGTERM to a runtime pod while
+gateways still hold streams on it. Here a real suite with two runtime replicas serves
+Triton's ``repeat_int32`` (a decoupled model whose responses come ``DELAY`` ms apart).
+A client streams a long request over tritonclient's gRPC stream; the replica serving
+it is signalled as the kubelet signals it. The stream must end whole, requests sent
+meanwhile must be answered (by the other replica), and the signalled replica must exit
+as soon as its stream is done, well before its drain limit.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import time
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+from e2e_support import start_suite
+from prometheus_client.parser import text_string_to_metric_families
+
+from aiworks.demo.qa_streaming import build_qa_streaming_models
+
+pytestmark = pytest.mark.e2e
+
+RESPONSES, DELAY_MS = 70, 100  # a 7-second stream: longer than the 5 s grace of a stop without a drain
+DRAIN_S = 30  # the limit; the replica should leave long before it
+
+
+def repeat_inputs(values, delay_ms):
+    tensors = [grpcclient.InferInput("IN", [len(values)], "INT32"),
+               grpcclient.InferInput("DELAY", [len(values)], "UINT32"), grpcclient.InferInput("WAIT", [1], "UINT32")]  # fmt: skip
+    tensors[0].set_data_from_numpy(np.array(values, dtype=np.int32))
+    tensors[1].set_data_from_numpy(np.full(len(values), delay_ms, dtype=np.uint32))
+    tensors[2].set_data_from_numpy(np.array([0], dtype=np.uint32))
+    return tensors
+
+
+def inflight(metrics_port: int) -> float:
+    text = requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+    for family in text_string_to_metric_families(text):
+        if family.name == "aiworks_runtime_inflight_requests":
+            return sum(s.value for s in family.samples)
+    raise AssertionError("aiworks_runtime_inflight_requests is not exported")
+
+
+def stateless(value: int) -> dict:
+    tensors = {"INPUT": value, "START": 0, "ACC": 100}
+    return {"inputs": [{"name": k, "shape": [1, 1], "datatype": "INT32", "data": [v]} for k, v in tensors.items()]}
+
+
+def test_a_stopping_runtime_finishes_its_stream_takes_nothing_new_and_exits(tmp_path):
+    repo = tmp_path / "repo"
+    build_qa_streaming_models(repo)
+    suite = start_suite(repo, tmp_path / "logs", cache=False, monitor=False,
+                        extra_env={"AIWORKS_RUNTIME_DRAIN_S": str(DRAIN_S)})  # fmt: skip
+    base = f"http://{suite.http_url}"
+    client = grpcclient.InferenceServerClient(suite.grpc_url)
+    got: queue.Queue = queue.Queue()
+    try:
+        runtimes = suite.supervisor.runtimes()
+        assert len(runtimes) == 2
+        client.start_stream(callback=lambda result, error: got.put((result, error)))
+        client.async_stream_infer("repeat_int32", repeat_inputs(list(range(RESPONSES)), DELAY_MS), request_id="long")
+        first, error = got.get(timeout=30)
+        assert error is None and int(first.as_numpy("OUT")[0]) == 0
+        holding = [c for c in runtimes if inflight(c.metrics_port) >= 1]
+        assert len(holding) == 1, [(c.name, inflight(c.metrics_port)) for c in runtimes]
+        stopping = holding[0]
+        other = next(c for c in runtimes if c is not stopping)
+
+        signalled = time.monotonic()
+        os.kill(stopping.process.pid, signal.SIGTERM)
+        # Requests sent while it drains are answered, over HTTP and on the same gRPC stream, by the other replica.
+        for i in range(20):
+            reply = requests.post(f"{base}/v2/models/accumulator_stateless/infer", json=stateless(i), timeout=10)
+            assert reply.status_code == 200 and reply.json()["outputs"][0]["data"] == [100 + i], reply.text
+        client.async_stream_infer("repeat_int32", repeat_inputs([7, 8], 5), request_id="during")
+        assert stopping.process.poll() is None, "the replica exited while its stream was still running"
+
+        answers = {"long": [0], "during": []}
+        while len(answers["long"]) < RESPONSES or len(answers["during"]) < 2:
+            result, error = got.get(timeout=30)
+            assert error is None, error
+            answers[result.get_response().id].append(int(result.as_numpy("OUT")[0]))
+        assert answers["long"] == list(range(RESPONSES))  # whole and in order: not cut by the stop
+        assert answers["during"] == [7, 8]
+
+        code = stopping.process.wait(timeout=DRAIN_S)
+        took = time.monotonic() - signalled
+        # It left when its stream was done (about 6.9 s after the signal), not at the drain limit.
+        assert code == 0 and took < RESPONSES * DELAY_MS / 1000 + 8, (code, took)
+        assert other.process.poll() is None
+        reply = requests.post(f"{base}/v2/models/accumulator_stateless/infer", json=stateless(1), timeout=10)
+        assert reply.status_code == 200, reply.text
+
+        log = stopping.log_path.read_text()
+        assert "draining: 1 request(s) in flight" in log and " drained in " in log, log[-2000:]
+        assert log.index("draining") < log.index(" stopping")
+        scheduler_log = suite.supervisor.child("scheduler").log_path.read_text()
+        assert "is stopping: no new work goes to it" in scheduler_log
+    finally:
+        client.stop_stream()
+        client.close()
+        suite.supervisor.stop()
