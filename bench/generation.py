@@ -11,7 +11,9 @@ each with ``--clients`` requests of ``--prompt-tokens`` prompt tokens and
 - (b) static batching, in process: wait for a batch of 8, run it until its
   longest member is done, then the next;
 - (c) the suite (scheduler, one runtime replica, gateway): ``--clients``
-  concurrent clients on ``/v2/models/codegen/generate_stream`` (SSE).
+  concurrent clients on ``/v2/models/codegen/generate_stream`` (SSE); its
+  last round also reports each process's CPU, in cores, and the benchmark's
+  own clients' (``cpu_cores_last_round``): all of it shares the same cores.
 
 All requests arrive at once; TTFT is measured from then (a, b) or from each
 client's send (c). Each case runs its whole workload ``--rounds`` times (2)
@@ -41,6 +43,7 @@ from pathlib import Path
 
 import aiohttp
 import numpy as np
+from mtls_overhead import cpu_by_kind
 from tokenizers import Tokenizer
 
 from aiworks.lifecycle.llm import LlmSpec, build
@@ -118,9 +121,13 @@ async def one_stream(session, url: str, text: str, new_tokens: int, ttft: list, 
     return pieces
 
 
-async def suite_run(url: str, texts: list[str], new_tokens: int, rounds: int = 1) -> dict:
-    """All ``texts`` at once, ``rounds`` times; the figures are the last round's, as :func:`in_process`'s."""
-    first = None
+async def suite_run(url: str, texts: list[str], new_tokens: int, rounds: int = 1, supervisor=None) -> dict:
+    """All ``texts`` at once, ``rounds`` times; the figures are the last round's, as :func:`in_process`'s.
+
+    With ``supervisor``, also where the CPU went in the last round: each kind of process's cores (CPU
+    seconds over the round's wall time, from /proc), the benchmark's own clients included.
+    """
+    first, cores = None, {}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
         await one_stream(session, url, texts[0], 4, [], [])  # warm
         lone: list[float] = []
@@ -128,11 +135,19 @@ async def suite_run(url: str, texts: list[str], new_tokens: int, rounds: int = 1
             await one_stream(session, url, texts[0], 8, lone, [])
         for _ in range(rounds):
             ttft, gaps = [], []
+            cpu_before = cpu_by_kind(supervisor) if supervisor else {}
+            clients_before = time.process_time()
             started = time.perf_counter()
             await asyncio.gather(*(one_stream(session, url, t, new_tokens, ttft, gaps) for t in texts))
-            result = summary(ttft, gaps, len(texts) * new_tokens, time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
+            result = summary(ttft, gaps, len(texts) * new_tokens, elapsed)
             first = first or result["tokens_per_s"]
-    return {**result, "first_round_tokens_per_s": first, "lone_ttft_ms": round(pct(lone, 50) * 1e3, 1)}
+            if supervisor:
+                cpu_after = cpu_by_kind(supervisor)
+                cores = {kind: round((cpu_after[kind] - cpu_before.get(kind, 0.0)) / elapsed, 3) for kind in cpu_after}
+                cores["bench_clients"] = round((time.process_time() - clients_before) / elapsed, 3)
+    extra = {"cpu_cores_last_round": cores} if cores else {}
+    return {**result, "first_round_tokens_per_s": first, "lone_ttft_ms": round(pct(lone, 50) * 1e3, 1), **extra}
 
 
 async def steady_run(url: str, texts: list[str], new_tokens: int, generation_s: float, window_s: float) -> dict:
@@ -208,7 +223,7 @@ def main() -> None:
         supervisor.start()
         try:
             url = f"http://127.0.0.1:{config.http_port}"
-            results["c_suite"] = asyncio.run(suite_run(url, texts, args.new_tokens, args.rounds))
+            results["c_suite"] = asyncio.run(suite_run(url, texts, args.new_tokens, args.rounds, supervisor))
             generation_s = results["c_suite"]["elapsed_s"]
             results["c_steady"] = asyncio.run(
                 steady_run(url, texts, args.new_tokens, generation_s, args.steady_s or 2 * generation_s)

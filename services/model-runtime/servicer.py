@@ -48,8 +48,8 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
         if self.stopping:  # the gateway retries UNAVAILABLE on another replica
             raise Unavailable(f"replica {self.replica_id} is stopping")
         if self.dataplane.queues.decoupled(message.model, message.version):
-            return self._counted_stream(self._stream(message))
-        return self._counted(self._infer(message))
+            return self._stream(message)
+        return self._infer(message)
 
     def _begin(self) -> None:
         self.inflight += 1
@@ -59,22 +59,6 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
         self.inflight -= 1
         if self.inflight == 0:
             self._idle.set()
-
-    async def _counted(self, answer):
-        self._begin()
-        try:
-            return await answer
-        finally:
-            self._end()
-
-    async def _counted_stream(self, answers):
-        self._begin()
-        try:
-            async for reply in answers:
-                yield reply
-        finally:
-            await answers.aclose()
-            self._end()
 
     async def drain(self, timeout_s: float, cut_short: asyncio.Event) -> bool:
         """Wait until the requests in flight are done, ``timeout_s`` passes, or ``cut_short`` is set; True when
@@ -89,35 +73,44 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
 
     async def _stream(self, message):
         options = to_options(message.options, time.monotonic())
-        with remote_scope(message.options.trace_context):
-            async for answer in self.dataplane.queues.infer_stream(to_infer_request(message), options):
-                reply = pb.InferResponse(
-                    compute_us=answer.compute_ns // 1000,
-                    queue_us=answer.queue_ns // 1000,
-                    more=not answer.final,
-                )
-                add_tensors(reply.outputs, answer.outputs)
-                if answer.parameters:
-                    fill_parameters(reply.parameters, answer.parameters)
-                yield reply
+        self._begin()  # counted from its first step (serve_stream starts it at once) until it is closed
+        try:
+            with remote_scope(message.options.trace_context):
+                async for answer in self.dataplane.queues.infer_stream(to_infer_request(message), options):
+                    reply = pb.InferResponse(
+                        compute_us=answer.compute_ns // 1000,
+                        queue_us=answer.queue_ns // 1000,
+                        more=not answer.final,
+                    )
+                    add_tensors(reply.outputs, answer.outputs)
+                    if answer.parameters:
+                        fill_parameters(reply.parameters, answer.parameters)
+                    yield reply
+        finally:
+            self._end()
 
     async def _infer(self, message) -> pb.InferResponse:
         options = to_options(message.options, time.monotonic())
-        # The gateway's span is the parent of this request's spans here (its queue wait, its batch).
-        with remote_scope(message.options.trace_context):
-            try:
-                answer = await self.dataplane.queues.infer(to_infer_request(message), options)
-            except AIWorksError as exc:
-                code, text = error_fields(exc)
-                return pb.InferResponse(
-                    error_code=code, error_message=text, retry_after_s=exc.retry_after_s or 0.0,
-                    compute_us=getattr(exc, "compute_ns", 0) // 1000, queue_us=getattr(exc, "queue_ns", 0) // 1000,
-                )  # fmt: skip
-        reply = pb.InferResponse(compute_us=answer.compute_ns // 1000, queue_us=answer.queue_ns // 1000)
-        add_tensors(reply.outputs, answer.outputs)  # each output's bytes copied once
-        if answer.parameters:
-            fill_parameters(reply.parameters, answer.parameters)
-        return reply
+        self._begin()
+        try:
+            # The gateway's span is the parent of this request's spans here (its queue wait, its batch).
+            with remote_scope(message.options.trace_context):
+                try:
+                    answer = await self.dataplane.queues.infer(to_infer_request(message), options)
+                except AIWorksError as exc:
+                    code, text = error_fields(exc)
+                    return pb.InferResponse(
+                        error_code=code, error_message=text, retry_after_s=exc.retry_after_s or 0.0,
+                        compute_us=getattr(exc, "compute_ns", 0) // 1000,
+                        queue_us=getattr(exc, "queue_ns", 0) // 1000,
+                    )  # fmt: skip
+            reply = pb.InferResponse(compute_us=answer.compute_ns // 1000, queue_us=answer.queue_ns // 1000)
+            add_tensors(reply.outputs, answer.outputs)  # each output's bytes copied once
+            if answer.parameters:
+                fill_parameters(reply.parameters, answer.parameters)
+            return reply
+        finally:
+            self._end()
 
     async def InferStream(self, request_iterator, context):
         await serve_stream(
