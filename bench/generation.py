@@ -15,6 +15,10 @@ each with ``--clients`` requests of ``--prompt-tokens`` prompt tokens and
   last round also reports each process's CPU, in cores, and the benchmark's
   own clients' (``cpu_cores_last_round``): all of it shares the same cores.
 
+Beside them, not a case of the issue's: the suite's engines alone
+(``c_engines_alone``), in process with no serving, the workload split
+between them as the replica splits it; (c) against it is what serving costs.
+
 All requests arrive at once; TTFT is measured from then (a, b) or from each
 client's send (c). Each case runs its whole workload ``--rounds`` times (2)
 on one engine or suite and reports the last round: the first round of each
@@ -38,6 +42,7 @@ import os
 import statistics
 import sysconfig
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -92,6 +97,38 @@ def in_process(version: Path, texts: list[str], new_tokens: int, batch: int, rou
         result = summary(ttft, gaps, tokens, time.perf_counter() - started)
         first = first or result["tokens_per_s"]
     return {**result, "first_round_tokens_per_s": first}
+
+
+def engines_alone(version: Path, texts: list[str], new_tokens: int, instances: int, threads: int, rounds: int) -> dict:
+    """The suite's engines with no serving: ``instances`` engines of ``threads`` ONNX Runtime threads, each in a
+    thread of its own stepping its share of ``texts`` (all at once) to the end, as the replica's would. Its rate
+    against (c)'s is what the serving (the runtime's event loop, gRPC, the gateway, the clients) costs on the
+    same cores. Only tokens/s: it is a ceiling for (c), not a case of the issue's."""
+    tokenizer = Tokenizer.from_file(str(version / "tokenizer.json"))
+    engines = []
+    for _ in range(instances):
+        decoder = OnnxDecoder(version / "model.onnx", threads=threads)
+        engines.append(Engine(decoder, tokenizer, layers=decoder.layers, heads=decoder.heads,
+                              head_dim=decoder.head_dim, context=256, kv_budget_tokens=1 << 20,
+                              max_sequences=-(-len(texts) // instances), prefill_chunk=256))  # fmt: skip
+    sampling = Sampling(max_tokens=new_tokens, ignore_eos=True)
+
+    def run(engine: Engine, share: list[str]) -> None:
+        for text in share:
+            engine.add(engine.encode(text), sampling)
+        while engine.busy():
+            engine.step()
+
+    rates = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        workers = [threading.Thread(target=run, args=(e, texts[i::instances])) for i, e in enumerate(engines)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        rates.append(round(len(texts) * new_tokens / (time.perf_counter() - started), 1))
+    return {"tokens_per_s": rates[-1], "first_round_tokens_per_s": rates[0]}
 
 
 def summary(ttft, gaps, tokens, elapsed) -> dict:
@@ -218,6 +255,8 @@ def main() -> None:
         results["lone_request_ttft_ms_in_process"] = lone["ttft_p50_ms"]
         results["a_one_at_a_time"] = in_process(version, texts, args.new_tokens, 1, args.rounds)
         results["b_static_batch_8"] = in_process(version, texts, args.new_tokens, 8, args.rounds)
+        results["c_engines_alone"] = engines_alone(version, texts, args.new_tokens, args.instances, args.threads,
+                                                   args.rounds)  # fmt: skip
         config = SuiteConfig.on_free_ports(model_repository=repo, log_dir=Path(tmp) / "logs", replicas=1, cache=False)
         supervisor = Supervisor(config)
         supervisor.start()
@@ -234,6 +273,7 @@ def main() -> None:
     a, b, c = (results[k]["tokens_per_s"] for k in ("a_one_at_a_time", "b_static_batch_8", "c_suite"))
     results["ratios"] = {
         "c_over_a": round(c / a, 2), "c_over_b": round(c / b, 2),
+        "c_over_its_engines_alone": round(c / results["c_engines_alone"]["tokens_per_s"], 2),
         "c_ttft_p50_over_lone_in_suite": round(
             results["c_suite"]["ttft_p50_ms"] / results["c_suite"]["lone_ttft_ms"], 2
         ),
