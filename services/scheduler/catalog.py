@@ -39,6 +39,7 @@ class Replica:
     models: dict[Key, ModelSpec] = field(default_factory=dict)
     client: object = None  # aiworks.runtime.client.RuntimeClient
     live: bool = True
+    stopping: bool = False  # it said so in a heartbeat (the scheduler's): not live until it registers again
     # The scheduler's: its last heartbeat, and the queues and batches it reported.
     last_heartbeat_s: float = 0.0
     inflight_batches: int = 0

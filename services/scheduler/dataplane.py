@@ -462,6 +462,7 @@ class Scheduler:
                     address=r.address,
                     device=r.device,
                     live=r.live,
+                    stopping=r.stopping,
                     outstanding_batches=r.inflight_batches,
                     outstanding_rows=sum(q.queued_rows for q in r.queues),
                     last_heartbeat_age_s=now - r.last_heartbeat_s,

@@ -56,7 +56,7 @@ class ReplicaRegistry(Catalog):
             replica = Replica(replica_id, address, device, dict(labels), client=self._connect(address))
             self.replicas[replica_id] = replica
             log.info("replica %s registered at %s (%s)", replica_id, address, device)
-        replica.device, replica.labels, replica.live = device, dict(labels), True
+        replica.device, replica.labels, replica.live, replica.stopping = device, dict(labels), True, False
         replica.gpus = list(gpus)
         replica.last_heartbeat_s = self._clock()
         self.set_models(replica, specs)
@@ -79,9 +79,9 @@ class ReplicaRegistry(Catalog):
         now = self._clock()
         replica.last_heartbeat_s = now
         if stopping:
-            if replica.live:
+            if not replica.stopping:
                 log.info("replica %s is stopping: no new work goes to it", replica_id)
-                replica.live = False
+                replica.live, replica.stopping = False, True
                 self._notify()
             return True
         if kv or replica.kv is not None:

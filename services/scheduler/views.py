@@ -34,6 +34,7 @@ class ReplicaView:
     gpus: list[dict] = field(default_factory=list)  # GpuInfo fields, as of the last heartbeat
     kv: list[KvRoom] = field(default_factory=list)  # generative versions' KV room, as of the last heartbeat
     kv_age_s: float = 0.0  # the age of those figures
+    stopping: bool = False  # it said it is stopping (draining what it holds): not live
 
 
 @dataclass

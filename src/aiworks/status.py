@@ -49,7 +49,7 @@ def format_status(reply: scheduler_pb2.StatusResponse) -> str:
         f"{'done':>7} {'errors':>6} {'ejected':>7} {'beat':>6}  models"
     )
     for r in reply.replicas:
-        state = "ejected" if r.ejected else ("live" if r.live else "down")
+        state = "ejected" if r.ejected else ("live" if r.live else "stopping" if r.stopping else "down")
         ejected = f"{r.times_ejected}x" + (f" {r.ejected_for_s:.0f}s" if r.ejected else "")
         lines.append(
             f"  {r.replica_id:<14} {r.address:<22} {r.device:<6} {state:<9} {r.outstanding_batches:>7} "

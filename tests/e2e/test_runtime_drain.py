@@ -11,16 +11,19 @@ as soon as its stream is done, well before its drain limit.
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
-from e2e_support import start_suite
+from e2e_support import start_suite, tool_env
 from prometheus_client.parser import text_string_to_metric_families
 
 from aiworks.demo.qa_streaming import build_qa_streaming_models
@@ -80,6 +83,17 @@ def test_a_stopping_runtime_finishes_its_stream_takes_nothing_new_and_exits(tmp_
             reply = requests.post(f"{base}/v2/models/accumulator_stateless/infer", json=stateless(i), timeout=10)
             assert reply.status_code == 200 and reply.json()["outputs"][0]["data"] == [100 + i], reply.text
         client.async_stream_infer("repeat_int32", repeat_inputs([7, 8], 5), request_id="during")
+        # The operator's view: `aiworks status` says which replica is stopping, and the stream is still running.
+        status = subprocess.run([sys.executable, "-m", "aiworks", "status", "--scheduler-address",
+                                 suite.supervisor.scheduler_address, "-o", "json"], capture_output=True, text=True,
+                                timeout=60, env=tool_env(suite.supervisor))  # fmt: skip
+        assert status.returncode == 0, status.stderr
+        states = {r["replica_id"]: (r["live"], r.get("stopping", False)) for r in json.loads(status.stdout)["replicas"]}
+        assert states[stopping.name] == (False, True) and states[other.name] == (True, False), states
+        table = subprocess.run([sys.executable, "-m", "aiworks", "status", "--scheduler-address",
+                                suite.supervisor.scheduler_address], capture_output=True, text=True, timeout=60,
+                               env=tool_env(suite.supervisor)).stdout  # fmt: skip
+        assert any(line.split()[:1] == [stopping.name] and " stopping " in line for line in table.splitlines()), table
         assert stopping.process.poll() is None, "the replica exited while its stream was still running"
 
         answers = {"long": [0], "during": []}

@@ -184,7 +184,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("replica_id", "address", "device", "live", "outstanding_batches", "outstanding_rows", "last_heartbeat_age_s", "models", "labels", "ejected", "ejected_for_s", "times_ejected", "consecutive_errors", "ewma_latency_ms", "batches_done", "rows_done", "gpus", "kv", "kv_age_s")
+    __slots__ = ("replica_id", "address", "device", "live", "outstanding_batches", "outstanding_rows", "last_heartbeat_age_s", "models", "labels", "ejected", "ejected_for_s", "times_ejected", "consecutive_errors", "ewma_latency_ms", "batches_done", "rows_done", "gpus", "kv", "kv_age_s", "stopping")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -211,6 +211,7 @@ class ReplicaStatus(_message.Message):
     GPUS_FIELD_NUMBER: _ClassVar[int]
     KV_FIELD_NUMBER: _ClassVar[int]
     KV_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    STOPPING_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     address: str
     device: str
@@ -230,7 +231,8 @@ class ReplicaStatus(_message.Message):
     gpus: _containers.RepeatedCompositeFieldContainer[GpuInfo]
     kv: _containers.RepeatedCompositeFieldContainer[KvStatus]
     kv_age_s: float
-    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., live: _Optional[bool] = ..., outstanding_batches: _Optional[int] = ..., outstanding_rows: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ..., models: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., ejected: _Optional[bool] = ..., ejected_for_s: _Optional[float] = ..., times_ejected: _Optional[int] = ..., consecutive_errors: _Optional[int] = ..., ewma_latency_ms: _Optional[float] = ..., batches_done: _Optional[int] = ..., rows_done: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., kv: _Optional[_Iterable[_Union[KvStatus, _Mapping]]] = ..., kv_age_s: _Optional[float] = ...) -> None: ...
+    stopping: bool
+    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., live: _Optional[bool] = ..., outstanding_batches: _Optional[int] = ..., outstanding_rows: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ..., models: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., ejected: _Optional[bool] = ..., ejected_for_s: _Optional[float] = ..., times_ejected: _Optional[int] = ..., consecutive_errors: _Optional[int] = ..., ewma_latency_ms: _Optional[float] = ..., batches_done: _Optional[int] = ..., rows_done: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., kv: _Optional[_Iterable[_Union[KvStatus, _Mapping]]] = ..., kv_age_s: _Optional[float] = ..., stopping: _Optional[bool] = ...) -> None: ...
 
 class QueueStatus(_message.Message):
     __slots__ = ("model", "version", "queued_requests", "queued_rows", "batches", "rows", "queued_realtime", "queued_standard", "queued_batch", "queued_bytes", "rejected", "expired", "retries", "draining")
