@@ -783,7 +783,7 @@ def replicas() -> Board:
         .row("Load")
         .panel(
             graph(
-                "Batch latency by replica", "The scheduler's moving average of each replica's batch latency.", "s", w=8
+                "Batch latency by replica", "The scheduler's moving average of each replica's batch latency.", "s", w=6
             ),
             target("max by (replica) (aiworks_scheduler_replica_latency_seconds)", "{{replica}}"),
         )
@@ -792,12 +792,22 @@ def replicas() -> Board:
                 "Batches in flight by replica",
                 "Batches each replica is running, as the scheduler counts them.",
                 "short",
-                w=8,
+                w=6,
             ),
             target("sum by (replica) (aiworks_scheduler_replica_inflight_batches)", "{{replica}}"),
         )
         .panel(
-            graph("Models loaded by replica", "Model versions ready on each replica.", "short", w=8),
+            graph(
+                "Requests in flight by replica",
+                "Requests and generations each replica is serving, as it counts them. A replica that got its stop "
+                "signal drains this to 0 before it exits (`aiworks status` shows it as stopping meanwhile).",
+                "short",
+                w=6,
+            ),
+            target("max by (replica) (aiworks_runtime_inflight_requests)", "{{replica}}"),
+        )
+        .panel(
+            graph("Models loaded by replica", "Model versions ready on each replica.", "short", w=6),
             target("max by (replica) (aiworks_runtime_models_loaded)", "{{replica}}"),
         )
         .row("Monitor")

@@ -171,6 +171,7 @@ def test_counts_match_the_traffic_on_every_service(suite):
     runtime = replicas[0]
     assert runtime.sum("aiworks_runtime_inflight_batches", replica="runtime-0") == 0
     assert runtime.sum("aiworks_runtime_models_loaded", replica="runtime-0") == 2
+    assert runtime.sum("aiworks_runtime_inflight_requests", replica="runtime-0") == 0  # all answered
     assert not [n for n in runtime.names() if n.startswith("aiworks_runtime_gpu_")]  # a CPU replica
 
 
