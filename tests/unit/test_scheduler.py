@@ -74,3 +74,21 @@ async def test_heartbeat_expiry_uses_the_clock():
     now[0] = 3.5
     assert registry.expire(3.0) == ["r0"]
     assert registry.heartbeat("r0", []) is False  # the replica must register again
+
+
+async def test_a_stopping_replica_is_routed_nothing_new_until_it_registers_again():
+    now = [0.0]
+    registry = ReplicaRegistry(lambda a: FakeReplica(a), clock=lambda: now[0])
+    registry.register("r0", "x", "cpu", {}, [spec()])
+    registry.register("r1", "y", "cpu", {}, [spec()])
+    generation = registry.generation
+    assert registry.heartbeat("r0", [spec()], stopping=True) is True
+    assert [r.replica_id for r in registry.live()] == ["r1"] and registry.generation > generation
+    assert registry.replicas["r0"].stopping
+    assert registry.heartbeat("r0", [spec()], stopping=True) is True  # its next beats change nothing
+    assert registry.heartbeat("r0", [spec()]) is True and not registry.replicas["r0"].live  # no "back" from stopping
+    now[0] = 10.0
+    registry.heartbeat("r1", [spec()])
+    assert registry.expire(3.0) == ["r0"]  # its heartbeats ended when it exited
+    registry.register("r0", "x", "cpu", {}, [spec()])  # a new process under the same id
+    assert registry.replicas["r0"].live and not registry.replicas["r0"].stopping
