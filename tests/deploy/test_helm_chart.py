@@ -408,3 +408,27 @@ def test_audit_sinks(render: Any) -> None:
         render({"gateway": {"audit": {"enabled": True, "sink": "redis"}}, "redis": {"enabled": False}})
     with pytest.raises(Exception, match="sink"):
         render({"gateway": {"audit": {"enabled": True, "sink": "kafka"}}})
+
+
+def test_in_the_mesh_the_sidecar_outlives_the_drains(render: Any) -> None:
+    """Istio stops a pod's sidecar 5 s after SIGTERM by default, which would cut a gateway's or a runtime's
+    drain short: their pods tell the sidecar to stay for the container's own stop and to leave once no
+    connection is open (pilot-agent's EXIT_ON_ZERO_ACTIVE_CONNECTIONS)."""
+
+    def proxy_configs(rendered: Rendered) -> dict[str, str]:
+        found = {}
+        for d in (o for o in rendered.objects if o["kind"] == "Deployment"):
+            annotations = d["spec"]["template"]["metadata"].get("annotations") or {}
+            if "proxy.istio.io/config" in annotations:
+                found[component(d)] = annotations["proxy.istio.io/config"]
+        return found
+
+    assert proxy_configs(render(None)) == {}  # no mesh, no annotation
+    meshed = proxy_configs(render({"istio": {"enabled": True}, "gateway": {"drainSeconds": 7}, "runtime": {"drainSeconds": 40}}))
+    assert set(meshed) == {"gateway", "runtime"}, meshed
+    assert yaml.safe_load(meshed["gateway"]) == {
+        "terminationDrainDuration": "12s", "proxyMetadata": {"EXIT_ON_ZERO_ACTIVE_CONNECTIONS": "true"}
+    }  # fmt: skip
+    assert yaml.safe_load(meshed["runtime"])["terminationDrainDuration"] == "45s"
+    own = {"istio": {"enabled": True}, "gateway": {"podAnnotations": {"proxy.istio.io/config": "concurrency: 2"}}}
+    assert proxy_configs(render(own))["gateway"] == "concurrency: 2"  # the operator's own config is kept as it is

@@ -120,6 +120,11 @@ prometheus.io/scrape: "true"
 prometheus.io/port: {{ .metricsPort | quote }}
 prometheus.io/path: /metrics
 {{- end }}
+{{- /* In the mesh, the sidecar stays for the container's own stop (its drain, stopSeconds) instead of Istio's
+default 5 s, and leaves once no connection is open. */}}
+{{- if and .root.Values.istio.enabled .stopSeconds (not (hasKey (.values.podAnnotations | default dict) "proxy.istio.io/config")) }}
+proxy.istio.io/config: {{ dict "terminationDrainDuration" (printf "%ds" (int .stopSeconds)) "proxyMetadata" (dict "EXIT_ON_ZERO_ACTIVE_CONNECTIONS" "true") | toJson | quote }}
+{{- end }}
 {{- with .values.podAnnotations }}
 {{ toYaml . }}
 {{- end }}
