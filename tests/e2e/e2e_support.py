@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import numpy as np
 
 from aiworks.core.rpc import client_channel
 from aiworks.security.callers import TOKEN_FILE_ENV
@@ -78,3 +79,15 @@ def tool_env(supervisor: Supervisor) -> dict[str, str]:
 def bearer(supervisor: Supervisor, caller: str = "admin") -> dict[str, str]:
     """Headers for the supervisor's control API and the monitor's POST routes, as ``caller``."""
     return {"Authorization": supervisor.client_caller(caller).bearer(), "Content-Type": "application/json"}
+
+
+def repeat_inputs(module, values, delay_ms=0, wait_ms=0):
+    """The inputs of Triton's ``repeat_int32`` QA model, as ``module`` (tritonclient.grpc, .http or .grpc.aio)
+    builds them: one response per element of ``values``, each ``delay_ms`` after the last."""
+    n = len(values)
+    tensors = [module.InferInput("IN", [n], "INT32"), module.InferInput("DELAY", [n], "UINT32"),
+               module.InferInput("WAIT", [1], "UINT32")]  # fmt: skip
+    tensors[0].set_data_from_numpy(np.array(values, dtype=np.int32))
+    tensors[1].set_data_from_numpy(np.full(n, delay_ms, dtype=np.uint32))
+    tensors[2].set_data_from_numpy(np.array([wait_ms], dtype=np.uint32))
+    return tensors

@@ -19,11 +19,10 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
-from e2e_support import start_suite, tool_env
+from e2e_support import repeat_inputs, start_suite, tool_env
 from prometheus_client.parser import text_string_to_metric_families
 
 from aiworks.demo.qa_streaming import build_qa_streaming_models
@@ -32,15 +31,6 @@ pytestmark = pytest.mark.e2e
 
 RESPONSES, DELAY_MS = 70, 100  # a 7-second stream: longer than the 5 s grace of a stop without a drain
 DRAIN_S = 30  # the limit; the replica should leave long before it
-
-
-def repeat_inputs(values, delay_ms):
-    tensors = [grpcclient.InferInput("IN", [len(values)], "INT32"),
-               grpcclient.InferInput("DELAY", [len(values)], "UINT32"), grpcclient.InferInput("WAIT", [1], "UINT32")]  # fmt: skip
-    tensors[0].set_data_from_numpy(np.array(values, dtype=np.int32))
-    tensors[1].set_data_from_numpy(np.full(len(values), delay_ms, dtype=np.uint32))
-    tensors[2].set_data_from_numpy(np.array([0], dtype=np.uint32))
-    return tensors
 
 
 def inflight(metrics_port: int) -> float:
@@ -68,7 +58,8 @@ def test_a_stopping_runtime_finishes_its_stream_takes_nothing_new_and_exits(tmp_
         runtimes = suite.supervisor.runtimes()
         assert len(runtimes) == 2
         client.start_stream(callback=lambda result, error: got.put((result, error)))
-        client.async_stream_infer("repeat_int32", repeat_inputs(list(range(RESPONSES)), DELAY_MS), request_id="long")
+        client.async_stream_infer("repeat_int32", repeat_inputs(grpcclient, list(range(RESPONSES)), DELAY_MS),
+                                  request_id="long")  # fmt: skip
         first, error = got.get(timeout=30)
         assert error is None and int(first.as_numpy("OUT")[0]) == 0
         holding = [c for c in runtimes if inflight(c.metrics_port) >= 1]
@@ -82,7 +73,7 @@ def test_a_stopping_runtime_finishes_its_stream_takes_nothing_new_and_exits(tmp_
         for i in range(20):
             reply = requests.post(f"{base}/v2/models/accumulator_stateless/infer", json=stateless(i), timeout=10)
             assert reply.status_code == 200 and reply.json()["outputs"][0]["data"] == [100 + i], reply.text
-        client.async_stream_infer("repeat_int32", repeat_inputs([7, 8], 5), request_id="during")
+        client.async_stream_infer("repeat_int32", repeat_inputs(grpcclient, [7, 8], 5), request_id="during")
         # The operator's view: `aiworks status` says which replica is stopping, and the stream is still running.
         status = subprocess.run([sys.executable, "-m", "aiworks", "status", "--scheduler-address",
                                  suite.supervisor.scheduler_address, "-o", "json"], capture_output=True, text=True,

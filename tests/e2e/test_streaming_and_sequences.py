@@ -20,7 +20,7 @@ import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
-from e2e_support import start_suite
+from e2e_support import repeat_inputs, start_suite
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
@@ -56,16 +56,6 @@ def http_client(suite):
     client = httpclient.InferenceServerClient(suite.http_url)
     yield client
     client.close()
-
-
-def repeat_inputs(module, values, delay_ms=0, wait_ms=0):
-    n = len(values)
-    tensors = [module.InferInput("IN", [n], "INT32"), module.InferInput("DELAY", [n], "UINT32"),
-               module.InferInput("WAIT", [1], "UINT32")]  # fmt: skip
-    tensors[0].set_data_from_numpy(np.array(values, dtype=np.int32))
-    tensors[1].set_data_from_numpy(np.full(n, delay_ms, dtype=np.uint32))
-    tensors[2].set_data_from_numpy(np.array([wait_ms], dtype=np.uint32))
-    return tensors
 
 
 def stateless_inputs(module, value, acc=0, datatype="INT32"):
