@@ -37,13 +37,19 @@ async def test_a_response_that_never_ends_does_not_hold_up_the_stop():
     while not server.started:
         await asyncio.sleep(0.01)
     subscribed, done = threading.Event(), threading.Event()
+    ended: list[str] = []
 
     def subscriber() -> None:
-        with requests.get(f"http://127.0.0.1:{settings.http_port}/v2/streams/twin", stream=True, timeout=30) as r:
-            for _ in r.iter_content(chunk_size=None):
-                subscribed.set()
-                if done.is_set():
-                    break
+        try:
+            with requests.get(f"http://127.0.0.1:{settings.http_port}/v2/streams/twin", stream=True, timeout=30) as r:
+                for _ in r.iter_content(chunk_size=None):
+                    subscribed.set()
+                    if done.is_set():
+                        ended.append("left")
+                        return
+            ended.append("ended")
+        except requests.exceptions.RequestException:
+            ended.append("cut")  # the server closed the endless response at its stop, as it should
 
     thread = threading.Thread(target=subscriber, daemon=True)
     thread.start()
@@ -53,6 +59,8 @@ async def test_a_response_that_never_ends_does_not_hold_up_the_stop():
         server.should_exit = True
         await asyncio.wait_for(task, 10)  # without the grace this waits for as long as the subscriber stays
         assert time.monotonic() - started < 0.5 + 2.0
+        await asyncio.to_thread(thread.join, 5)
+        assert ended in (["cut"], ["ended"]), ended  # the stop ended the subscriber's stream
     finally:
         done.set()
         server.should_exit = True

@@ -46,7 +46,7 @@ async def test_the_runtime_reports_a_pipeline_without_loading_it(digits_v2, tmp_
             await dataplane.execute("digits_pipe", "1", [x], [])
         assert dataplane.residency.used_bytes == 0  # nothing held in memory for it
     finally:
-        dataplane.close()
+        await dataplane.close()
 
 
 def test_stages_that_disagree_on_batching_are_refused(digits_v2, tmp_path):

@@ -43,7 +43,7 @@ async def test_a_version_a_reload_drops_runs_until_it_goes_quiet(repo):
             await dataplane.execute("digits", "1", _x(), [])
         await dataplane.execute("digits", "3", _x(), [])
     finally:
-        dataplane.close()
+        await dataplane.close()
 
 
 async def test_unload_waits_for_executions_in_progress(repo):
@@ -61,4 +61,4 @@ async def test_unload_waits_for_executions_in_progress(repo):
         with pytest.raises(NotFound):
             await dataplane.execute("digits", "1", _x(), [])
     finally:
-        dataplane.close()
+        await dataplane.close()

@@ -105,4 +105,4 @@ async def _data_plane_on_the_gpu(torch_repository, tmp_path):
         )
         np.testing.assert_allclose(decode(outputs[0].raw, "FP32", outputs[0].shape), reference(x)[0], atol=1e-4)
     finally:
-        dataplane.close()
+        await dataplane.close()

@@ -78,7 +78,7 @@ async def test_the_data_plane_completes_the_config_serves_and_closes_on_unload(t
             await __import__("asyncio").sleep(0.02)
         assert model.module is None
     finally:
-        dataplane.close()
+        await dataplane.close()
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

@@ -210,4 +210,4 @@ async def test_a_retired_version_is_released_in_triton(connection, direct, suite
         wait_for(lambda: triton_state(direct, "iris_triton").get("1") != "READY")
     finally:
         await dataplane.unload("iris_triton")
-        dataplane.close()
+        await dataplane.close()
