@@ -210,6 +210,10 @@ class RequestQueues:
             )
         return out
 
+    def live_sequences(self) -> int:
+        """Sequences of stateful models this replica holds now (in a slot, or waiting for one)."""
+        return sum(q.table.count for q in self._queues.values() if isinstance(q, SequenceBatcher))
+
     def busy(self, model: str, version: str) -> bool:
         queue = self._queues.get((model, version))
         return queue is not None and not queue.idle

@@ -267,15 +267,18 @@ async def serve(settings: RuntimeSettings) -> None:
 
 
 async def _drain(servicer: RuntimeServicer, registrars: list[Registrar], stop: asyncio.Event, drain_s: float) -> bool:
-    """After the stop signal: tell the schedulers to route nothing more here, then wait for what is in flight,
-    at most ``drain_s`` or until a second signal. Requests that gateways sent before the new routing reached
+    """After the stop signal: tell the schedulers to route nothing new here, then wait for what is in flight
+    and for the stateful sequences held here to end (the gateways still send their later requests here), at
+    most ``drain_s`` or until a second signal. Requests that gateways sent before the new routing reached
     them are served and waited for too; from the end of the drain on, what still arrives gets UNAVAILABLE,
-    which the gateway retries on another replica. True when nothing is left in flight."""
+    which the gateway retries on another replica (a sequence's request: the sequence is lost, HTTP 412).
+    True when nothing is left."""
     stop.clear()
     await asyncio.gather(*(r.leave() for r in registrars))
-    if servicer.inflight:
-        log.info("runtime %s draining: %d request(s) in flight, waiting up to %.0f s", servicer.replica_id,
-                 servicer.inflight, drain_s)  # fmt: skip
+    inflight, sequences = servicer.held()
+    if inflight or sequences:
+        log.info("runtime %s draining: %d request(s) in flight, %d sequence(s) held, waiting up to %.0f s",
+                 servicer.replica_id, inflight, sequences, drain_s)  # fmt: skip
     started = time.perf_counter()
     drained = await servicer.drain(drain_s, stop)
     servicer.stopping = True
@@ -283,8 +286,10 @@ async def _drain(servicer: RuntimeServicer, registrars: list[Registrar], stop: a
         if time.perf_counter() - started > 0.05:
             log.info("runtime %s drained in %.1f s", servicer.replica_id, time.perf_counter() - started)
     else:
-        log.warning("runtime %s stops with %d request(s) still in flight (%s)", servicer.replica_id,
-                    servicer.inflight, "second signal" if stop.is_set() else f"drain limit {drain_s:.0f} s")  # fmt: skip
+        inflight, sequences = servicer.held()
+        log.warning("runtime %s stops with %d request(s) in flight and %d sequence(s) held (%s)",
+                    servicer.replica_id, inflight, sequences,
+                    "second signal" if stop.is_set() else f"drain limit {drain_s:.0f} s")  # fmt: skip
     return drained
 
 

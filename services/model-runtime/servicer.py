@@ -60,16 +60,33 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
         if self.inflight == 0:
             self._idle.set()
 
-    async def drain(self, timeout_s: float, cut_short: asyncio.Event) -> bool:
-        """Wait until the requests in flight are done, ``timeout_s`` passes, or ``cut_short`` is set; True when
-        nothing is left in flight."""
-        waits = [asyncio.ensure_future(self._idle.wait()), asyncio.ensure_future(cut_short.wait())]
-        try:
-            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for wait in waits:
-                wait.cancel()
-        return self.inflight == 0
+    def held(self) -> tuple[int, int]:
+        """What a stop's drain waits for: requests in flight, and the stateful sequences held here (the
+        gateways still send a stopping replica the later requests of its sequences)."""
+        return self.inflight, self.dataplane.queues.live_sequences()
+
+    async def drain(self, timeout_s: float, cut_short: asyncio.Event, poll_s: float = 0.05) -> bool:
+        """Wait until nothing is held (:meth:`held`), ``timeout_s`` passes, or ``cut_short`` is set; True when
+        nothing is held. Requests are waited for by event; sequences, which end by a request or by idling
+        out in their batcher, by a look every ``poll_s``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            inflight, sequences = self.held()
+            if not inflight and not sequences:
+                return True
+            left = deadline - loop.time()
+            if left <= 0 or cut_short.is_set():
+                return False
+            waits = [asyncio.ensure_future(cut_short.wait())]
+            if not sequences:
+                waits.append(asyncio.ensure_future(self._idle.wait()))
+            try:
+                await asyncio.wait(waits, timeout=min(left, poll_s) if sequences else left,
+                                   return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+            finally:
+                for wait in waits:
+                    wait.cancel()
 
     async def _stream(self, message):
         options = to_options(message.options, time.monotonic())

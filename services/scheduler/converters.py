@@ -134,7 +134,7 @@ def table_to_pb(table: RoutingTable) -> pb.RoutingTable:
         replicas=[
             pb.RouteReplica(replica_id=r.replica_id, address=r.address, device=r.device, labels=r.labels,
                             models=[from_model_spec(s) for s in r.models], kv=[kv_to_pb(k) for k in r.kv],
-                            kv_age_s=r.kv_age_s)  # fmt: skip
+                            kv_age_s=r.kv_age_s, stopping=r.stopping)  # fmt: skip
             for r in table.replicas
         ],
         traffic=[traffic_to_pb(p) for p in table.traffic],
@@ -155,7 +155,7 @@ def table_from_pb(message: pb.RoutingTable) -> RoutingTable:
         generation=message.generation,
         replicas=[
             RouteReplica(r.replica_id, r.address, r.device, dict(r.labels), tuple(to_model_spec(s) for s in r.models),
-                         tuple(kv_from_pb(k) for k in r.kv), r.kv_age_s)  # fmt: skip
+                         tuple(kv_from_pb(k) for k in r.kv), r.kv_age_s, r.stopping)  # fmt: skip
             for r in message.replicas
         ],
         traffic=[traffic_from_pb(p) for p in message.traffic],

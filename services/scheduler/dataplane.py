@@ -113,8 +113,10 @@ class Scheduler:
             replicas=[
                 RouteReplica(r.replica_id, r.address, r.device, dict(r.labels),
                              tuple(s for k, s in r.models.items() if _routable(s) and self._published(k)),
-                             tuple(r.kv.values()) if r.kv else (), now - r.kv_at_s if r.kv else 0.0)  # fmt: skip
-                for r in registry.live()
+                             tuple(r.kv.values()) if r.kv else (), now - r.kv_at_s if r.kv else 0.0,
+                             r.stopping)  # fmt: skip
+                # A stopping replica stays in the table while it drains, for the sequences it holds.
+                for r in registry.replicas.values() if r.live or r.stopping
             ],
             traffic=self.traffic.policies(),
             draining=draining,

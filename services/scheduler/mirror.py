@@ -43,6 +43,9 @@ class RoutingMirror(Catalog):
         # Replicas that left the table: when, and the model versions they held (a stateful model's sequences
         # die with their replica; aiworks.scheduler.sequence_routing tells their clients so).
         self.departed: dict[str, tuple[float, frozenset]] = {}
+        # Replicas draining after their stop signal: not in ``replicas`` (nothing new is routed to them), their
+        # connections kept for the later requests of the sequences they hold (aiworks.scheduler.sequence_routing).
+        self.stopping: dict[str, Replica] = {}
 
     @property
     def ready(self) -> bool:
@@ -51,18 +54,23 @@ class RoutingMirror(Catalog):
 
     def apply(self, table: RoutingTable) -> None:
         """Make the mirror match ``table``."""
-        current = {}
+        current, stopping = {}, {}
         now = time.monotonic()
         kv_keys = set()
         for route in table.replicas:
-            replica = self.replicas.get(route.replica_id)
+            replica = self.replicas.get(route.replica_id) or self.stopping.get(route.replica_id)
             if replica is None or replica.address != route.address:
                 if replica is not None:
                     self._retire(replica)
                 replica = Replica(route.replica_id, route.address, client=self._connect(route.address))
                 log.info("routing to replica %s at %s", route.replica_id, route.address)
-            replica.device, replica.labels, replica.live = route.device, dict(route.labels), True
+            replica.device, replica.labels, replica.live = route.device, dict(route.labels), not route.stopping
             replica.models = {(s.name, s.version): s for s in route.models}
+            if route.stopping:
+                if route.replica_id not in self.stopping:
+                    log.info("replica %s is stopping: only the sequences it holds go to it now", route.replica_id)
+                stopping[route.replica_id] = replica
+                continue
             if route.kv:  # generative versions: their KV room, read kv_age_s ago (on this gateway's clock)
                 read_s = now - route.kv_age_s
                 replica.kv, replica.kv_at_s = {(k.model, k.version): k for k in route.kv}, read_s
@@ -71,15 +79,15 @@ class RoutingMirror(Catalog):
             elif replica.kv is not None:
                 replica.kv, replica.kv_sent = None, []
             current[route.replica_id] = replica
-        for replica_id, replica in self.replicas.items():
-            if replica_id not in current:
+        for replica_id, replica in [*self.replicas.items(), *self.stopping.items()]:
+            if replica_id not in current and replica_id not in stopping:
                 log.info("replica %s left the routing table", replica_id)
                 self.departed[replica_id] = (now, frozenset(replica.models))
                 self._retire(replica)
         for replica_id, (left_s, _) in list(self.departed.items()):
             if replica_id in current or now - left_s > DEPARTED_KEPT_S:
                 del self.departed[replica_id]
-        self.replicas = current
+        self.replicas, self.stopping = current, stopping
         self.kv_keys = kv_keys
         self.known = {key: None for key in table.known}
         for replica in current.values():
@@ -149,14 +157,18 @@ class RoutingMirror(Catalog):
         found = [(left_s, rid) for rid, (left_s, keys) in self.departed.items() if key in keys and now - left_s <= within_s]
         return [rid for _, rid in sorted(found, reverse=True)]
 
+    def stopping_holders(self, key) -> list[Replica]:
+        """Stopping replicas that hold ``key``: the sequences they hold may still end there."""
+        return [r for r in self.stopping.values() if r.holds(key)]
+
     def spec_known(self, model: str) -> bool:
         return any(k[0] == model for k in self.known)
 
     async def close(self) -> None:
-        for replica in self.replicas.values():
+        for replica in [*self.replicas.values(), *self.stopping.values()]:
             close = getattr(replica.client, "close", None)
             if close is not None:
                 await close()
-        self.replicas = {}
+        self.replicas, self.stopping = {}, {}
         for task in list(self._closing):
             task.cancel()

@@ -20,10 +20,16 @@ takes only those it now outweighs.
   replica has left the routing table, or its stream broke, the client is
   told the sequence was lost with its replica and must be started again
   (FAILED_PRECONDITION: HTTP 412).
+- A replica that got its stop signal stays in the table, marked stopping,
+  while it drains: nothing new goes to it (no start, no request of a
+  stateless model), but the later requests of the sequences it holds still
+  do, so a sequence that ends within the drain is not lost. Its drain waits
+  for them (services/model-runtime/server.py).
 - A request of a sequence this gateway has not seen (another gateway
   started it, or a replica joined since and now outweighs the one holding
   it) tries the first :data:`PROBES` replicas of the order; a replica that
-  does not hold the sequence says so at no cost. If none holds it, the
+  does not hold the sequence says so at no cost, and stopping replicas that
+  hold the model are asked after them. If none holds it, the
   answer is Triton's 400 ("must specify the START flag on the first request
   of the sequence"), or the sequence-lost error when a replica that served
   the model left the table within the last :data:`LOST_WINDOW_S` seconds
@@ -128,18 +134,23 @@ class SequenceRouting:
             replica = self.mirror.replicas.get(pinned)
             if replica is not None and any(r.replica_id == pinned for r in self.mirror.holders(key)):
                 return await self._pinned(key, ref, replica, request, options, work)
+            draining = self.mirror.stopping.get(pinned)
+            if draining is not None and draining.holds(key) and not ref.start:  # it ends there within the drain
+                return await self._pinned(key, ref, draining, request, options, work)
             self._pins.pop((key, ref.id), None)
             if not ref.start:
                 raise sequence_lost(ref, key, pinned, "left the routing table")
         holders = self.mirror.holders(key)
-        if not holders:
+        # Another gateway's sequence may be on a stopping replica: probed after the live ones, never started there.
+        draining = [] if ref.start else self.mirror.stopping_holders(key)
+        if not holders and not draining:
             raise Unavailable(f"no live replica serves model '{key[0]}' version {key[1]}")
         order = rendezvous_order(holders, ref.id)
         if ref.start:
             # A replica just found unreachable goes last: nothing has started anywhere yet.
             order = [r for r in order if not self._is_down(r)] + [r for r in order if self._is_down(r)]
             return await self._start(key, ref, order, request, options, work)
-        return await self._find(spec, key, ref, order[:PROBES], request, options, work)
+        return await self._find(spec, key, ref, order[:PROBES] + draining, request, options, work)
 
     async def _pinned(self, key, ref, replica, request, options, work) -> Answer:
         try:

@@ -97,6 +97,8 @@ class RouteReplica:
     # Generative versions' KV room from the replica's last heartbeat, and that heartbeat's age at build time.
     kv: tuple[KvRoom, ...] = ()
     kv_age_s: float = 0.0
+    # Draining after its stop signal: only the later requests of the stateful sequences it holds go to it.
+    stopping: bool = False
 
 
 @dataclass(frozen=True)

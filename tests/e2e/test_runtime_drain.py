@@ -7,6 +7,10 @@ A client streams a long request over tritonclient's gRPC stream; the replica ser
 it is signalled as the kubelet signals it. The stream must end whole, requests sent
 meanwhile must be answered (by the other replica), and the signalled replica must exit
 as soon as its stream is done, well before its drain limit.
+
+A stateful sequence (Triton's implicit-state ``accumulator``) pinned to the signalled
+replica goes on there while it drains, keeping its state, and ends there; a sequence
+started meanwhile goes to the other replica.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from e2e_support import repeat_inputs, start_suite, tool_env
 from prometheus_client.parser import text_string_to_metric_families
 
 from aiworks.demo.qa_streaming import build_qa_streaming_models
+from aiworks.scheduler.sequence_routing import rendezvous_weight
 
 pytestmark = pytest.mark.e2e
 
@@ -44,6 +49,22 @@ def inflight(metrics_port: int) -> float:
 def stateless(value: int) -> dict:
     tensors = {"INPUT": value, "START": 0, "ACC": 100}
     return {"inputs": [{"name": k, "shape": [1, 1], "datatype": "INT32", "data": [v]} for k, v in tensors.items()]}
+
+
+def pinned_to(replica: str, others: list[str], after: int = 0) -> int:
+    """A sequence id every gateway sends to ``replica`` (the rendezvous order gateways route sequences by)."""
+    return next(
+        s for s in range(after + 1, after + 1000)
+        if all(rendezvous_weight(replica, s) > rendezvous_weight(o, s) for o in others)
+    )  # fmt: skip
+
+
+def accumulate(base: str, sequence: int, value: int, **flags) -> int:
+    body = {"inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "INT32", "data": [value]}],
+            "parameters": {"sequence_id": sequence, **flags}}  # fmt: skip
+    reply = requests.post(f"{base}/v2/models/accumulator/infer", json=body, timeout=10)
+    assert reply.status_code == 200, reply.text
+    return reply.json()["outputs"][0]["data"][0]
 
 
 def test_a_stopping_runtime_finishes_its_stream_takes_nothing_new_and_exits(tmp_path):
@@ -66,9 +87,15 @@ def test_a_stopping_runtime_finishes_its_stream_takes_nothing_new_and_exits(tmp_
         assert len(holding) == 1, [(c.name, inflight(c.metrics_port)) for c in runtimes]
         stopping = holding[0]
         other = next(c for c in runtimes if c is not stopping)
+        twin = pinned_to(stopping.name, [other.name])
+        assert accumulate(base, twin, 5, sequence_start=True) == 5
 
         signalled = time.monotonic()
         os.kill(stopping.process.pid, signal.SIGTERM)
+        # The sequence on it goes on there with its state; one started now goes to the other replica.
+        assert accumulate(base, twin, 3) == 8
+        late = pinned_to(stopping.name, [other.name], after=twin)  # it would have gone to the stopping replica
+        assert accumulate(base, late, 40, sequence_start=True) == 40
         # Requests sent while it drains are answered, over HTTP and on the same gRPC stream, by the other replica.
         for i in range(20):
             reply = requests.post(f"{base}/v2/models/accumulator_stateless/infer", json=stateless(i), timeout=10)
@@ -94,17 +121,19 @@ def test_a_stopping_runtime_finishes_its_stream_takes_nothing_new_and_exits(tmp_
             answers[result.get_response().id].append(int(result.as_numpy("OUT")[0]))
         assert answers["long"] == list(range(RESPONSES))  # whole and in order: not cut by the stop
         assert answers["during"] == [7, 8]
+        assert accumulate(base, twin, 4, sequence_end=True) == 12  # still there, 6 s into the drain
 
         code = stopping.process.wait(timeout=DRAIN_S)
         took = time.monotonic() - signalled
         # It left when its stream was done (about 6.9 s after the signal), not at the drain limit.
         assert code == 0 and took < RESPONSES * DELAY_MS / 1000 + 8, (code, took)
         assert other.process.poll() is None
+        assert accumulate(base, late, 2, sequence_end=True) == 42  # it was started on the other replica
         reply = requests.post(f"{base}/v2/models/accumulator_stateless/infer", json=stateless(1), timeout=10)
         assert reply.status_code == 200, reply.text
 
         log = stopping.log_path.read_text()
-        assert "draining: 1 request(s) in flight" in log and " drained in " in log, log[-2000:]
+        assert "draining: 1 request(s) in flight, 1 sequence(s) held" in log and " drained in " in log, log[-2000:]
         assert log.index("draining") < log.index(" stopping")
         scheduler_log = suite.supervisor.child("scheduler").log_path.read_text()
         assert "is stopping: no new work goes to it" in scheduler_log

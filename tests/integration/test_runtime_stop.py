@@ -1,7 +1,8 @@
 """A stopping runtime's servicer: it counts what it serves, waits for it, and refuses work once its drain ended.
 
 A real data plane (ONNX Runtime, each batch held 300 ms by ``debug_delay_ms``) behind a
-real gRPC server, called by the gateway's own ``RuntimeClient``. The whole stop, with the
+real gRPC server, called by the gateway's own ``RuntimeClient``; a stateful model (Triton's
+implicit-state accumulator, idle sequences released after 1.5 s) for the sequences a drain waits for. The whole stop, with the
 schedulers and a decoupled stream, is tests/e2e/test_runtime_drain.py.
 """
 
@@ -19,7 +20,8 @@ from onnx import TensorProto, helper
 from aiworks.core.datatypes import Tensor
 from aiworks.core.errors import Unavailable
 from aiworks.core.inference import InferRequest
-from aiworks.core.options import RequestOptions
+from aiworks.core.options import RequestOptions, SequenceRef
+from aiworks.demo.qa_streaming import accumulator_config, accumulator_onnx
 from aiworks.core.rpc import add_port, create_server
 from aiworks.pb.runtime.v1 import runtime_pb2_grpc
 from aiworks.runtime.client import RuntimeClient
@@ -29,6 +31,7 @@ from aiworks.runtime.servicer import RuntimeServicer
 from aiworks.supervisor.supervisor import free_port
 
 DELAY_S = 0.3
+IDLE_S = 1.5
 
 
 def _double(root: Path) -> None:
@@ -42,6 +45,9 @@ def _double(root: Path) -> None:
     (root / "double" / "1").mkdir(parents=True)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), root / "double" / "1" / "model.onnx")
     (root / "double" / "config.pbtxt").write_text("max_batch_size: 8\n")
+    (root / "accumulator" / "1").mkdir(parents=True)
+    (root / "accumulator" / "1" / "accumulator.onnx").write_bytes(accumulator_onnx())
+    (root / "accumulator" / "config.pbtxt").write_text(accumulator_config(idle_us=int(IDLE_S * 1e6)))
 
 
 @pytest.fixture
@@ -50,6 +56,7 @@ async def replica(tmp_path):
     dataplane = RuntimeDataPlane(ModelRepository(tmp_path), replica_id="stop-0", debug_delay_ms=int(DELAY_S * 1000),
                                  warmup=False)  # fmt: skip
     await dataplane.load("double")
+    await dataplane.load("accumulator")
     servicer = RuntimeServicer(dataplane, "stop-0")
     server, _ = create_server(1 << 24)
     runtime_pb2_grpc.add_RuntimeServiceServicer_to_server(servicer, server)
@@ -103,3 +110,37 @@ async def test_once_the_drain_ended_new_requests_get_unavailable_which_the_gatew
     with pytest.raises(Unavailable, match="replica stop-0 is stopping"):
         await infer(client)
     assert servicer.inflight == 0
+
+
+def add(client: RuntimeClient, sequence: int, value: int, start=False, end=False):
+    request = InferRequest("accumulator", "1", [Tensor.from_numpy("INPUT", np.array([[value]], np.int32))])
+    return client.infer(request, RequestOptions(sequence=SequenceRef(sequence, start, end)))
+
+
+async def test_the_drain_waits_for_the_sequences_held_until_they_end_or_idle_out(replica):
+    """The gateways still send a stopping replica the later requests of its sequences: its drain waits for
+    them to end (an END request) or to be released idle, not only for the requests in flight."""
+    servicer, client = replica
+    await add(client, 1, 5, start=True)
+    await add(client, 2, 1, start=True)
+    assert servicer.held() == (0, 2)
+    drain = asyncio.ensure_future(servicer.drain(10, asyncio.Event()))
+    await asyncio.sleep(0.1)
+    assert not drain.done()  # nothing in flight, but two sequences held
+    total = await add(client, 1, 7)  # its later requests are served during the drain, with its state
+    assert total.outputs[0].to_numpy().tolist() == [[12]]
+    started = time.perf_counter()
+    await add(client, 1, 1, end=True)
+    await add(client, 2, 1)  # sequence 2 then goes quiet: released after IDLE_S
+    assert servicer.held() == (0, 1)
+    assert await drain
+    took = time.perf_counter() - started
+    assert servicer.held() == (0, 0) and IDLE_S * 0.8 < took < IDLE_S + 1.5, took
+
+
+async def test_a_sequence_that_never_ends_holds_the_drain_only_to_its_limit(replica):
+    servicer, client = replica
+    await add(client, 3, 1, start=True)
+    started = time.perf_counter()
+    assert not await servicer.drain(0.2, asyncio.Event())  # held by a live sequence: the limit ends it
+    assert 0.15 < time.perf_counter() - started < 0.5

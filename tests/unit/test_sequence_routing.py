@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from routing_support import FakeReplica, make, request, spec
 
-from aiworks.core.errors import AIWorksError, Status, StreamLost
+from aiworks.core.errors import AIWorksError, Status, StreamLost, Unavailable
 from aiworks.core.options import RequestOptions, SequenceRef
 from aiworks.scheduler.dispatch import Dispatcher
 from aiworks.scheduler.mirror import RoutingMirror
@@ -115,6 +115,69 @@ def test_a_gateway_without_memory_of_the_sequence_still_reports_it_lost():
         with pytest.raises(AIWorksError) as lost:
             await send(suite.dispatcher, 8)
         assert lost.value.status is Status.FAILED_PRECONDITION and gone in lost.value.message
+
+    asyncio.run(main())
+
+
+def test_a_stopping_replica_keeps_its_sequences_until_they_end_and_takes_nothing_new():
+    """Its heartbeat says stopping: the table keeps it, marked, so both gateways (the one that started the
+    sequence and one that never saw it) still reach its sequences there; starts and stateless requests go
+    to the live replicas only; once it leaves the table its sequences are lost, as with any departure."""
+
+    async def main():
+        replicas = {n: FakeReplica(n) for n in "ab"}
+        suite = make(replicas, [spec(sequence=True)])
+        other = second_gateway(suite, replicas)
+        ids = list(range(1, 21))
+        for sid in ids:
+            await send(suite.dispatcher, sid, start=True)
+        stopping = holder(replicas, ids[0])
+        held = [sid for sid in ids if holder(replicas, sid) == stopping]
+        assert suite.registry.heartbeat(stopping, [spec(sequence=True)], stopping=True)
+        table = suite.scheduler.routing_table()
+        assert [(r.replica_id, r.stopping) for r in table.replicas if r.replica_id == stopping] == [(stopping, True)]
+        suite.sync()
+        other.mirror.apply(table)
+        other.apply(table)
+        assert stopping not in suite.mirror.replicas and stopping in suite.mirror.stopping
+        before = replicas[stopping].batches
+        *ending, kept = held
+        for sid in ending:  # its sequences go on there, from either gateway, and end there
+            await send(suite.dispatcher, sid)
+            await send(other, sid, end=True)
+        await send(other, kept)
+        assert replicas[stopping].batches == before + 2 * len(ending) + 1 and replicas[stopping].sequences == {kept}
+        for sid in range(100, 120):  # nothing new starts there
+            await send(suite.dispatcher, sid, start=True)
+            await send(other, sid + 100, start=True)
+        assert replicas[stopping].batches == before + 2 * len(ending) + 1
+        # It leaves the table (its heartbeats ended): the sequence it still held is lost, and says where.
+        del suite.registry.replicas[stopping]
+        suite.sync()
+        assert stopping not in suite.mirror.stopping and stopping not in suite.mirror.replicas
+        with pytest.raises(AIWorksError) as lost:
+            await send(suite.dispatcher, kept)
+        assert lost.value.status is Status.FAILED_PRECONDITION and f"({stopping}) left the routing table" in (
+            lost.value.message
+        )
+
+    asyncio.run(main())
+
+
+def test_a_stopping_replica_whose_drain_ended_loses_its_sequences_with_a_412():
+    async def main():
+        replicas = {n: FakeReplica(n) for n in "ab"}
+        suite = make(replicas, [spec(sequence=True)])
+        await send(suite.dispatcher, 3, start=True)
+        name = holder(replicas, 3)
+        suite.registry.heartbeat(name, [spec(sequence=True)], stopping=True)
+        suite.sync()
+        replicas[name].fail_next = 1
+        replicas[name].fail_with = Unavailable(f"replica {name} is stopping")  # its drain ended
+        with pytest.raises(AIWorksError) as lost:
+            await send(suite.dispatcher, 3)
+        assert lost.value.status is Status.FAILED_PRECONDITION
+        assert f"({name}) could not be reached (replica {name} is stopping)" in lost.value.message
 
     asyncio.run(main())
 

@@ -396,7 +396,7 @@ class EjectReplicaResponse(_message.Message):
     def __init__(self, ejected: _Optional[bool] = ..., ejected_for_s: _Optional[float] = ..., message: _Optional[str] = ...) -> None: ...
 
 class RouteReplica(_message.Message):
-    __slots__ = ("replica_id", "address", "device", "labels", "models", "kv", "kv_age_s")
+    __slots__ = ("replica_id", "address", "device", "labels", "models", "kv", "kv_age_s", "stopping")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -411,6 +411,7 @@ class RouteReplica(_message.Message):
     MODELS_FIELD_NUMBER: _ClassVar[int]
     KV_FIELD_NUMBER: _ClassVar[int]
     KV_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    STOPPING_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     address: str
     device: str
@@ -418,7 +419,8 @@ class RouteReplica(_message.Message):
     models: _containers.RepeatedCompositeFieldContainer[_runtime_pb2.ModelSpec]
     kv: _containers.RepeatedCompositeFieldContainer[KvStatus]
     kv_age_s: float
-    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., models: _Optional[_Iterable[_Union[_runtime_pb2.ModelSpec, _Mapping]]] = ..., kv: _Optional[_Iterable[_Union[KvStatus, _Mapping]]] = ..., kv_age_s: _Optional[float] = ...) -> None: ...
+    stopping: bool
+    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., models: _Optional[_Iterable[_Union[_runtime_pb2.ModelSpec, _Mapping]]] = ..., kv: _Optional[_Iterable[_Union[KvStatus, _Mapping]]] = ..., kv_age_s: _Optional[float] = ..., stopping: _Optional[bool] = ...) -> None: ...
 
 class DrainingVersion(_message.Message):
     __slots__ = ("model", "version", "closing", "retiring_on", "spec")
