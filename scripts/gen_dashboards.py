@@ -191,10 +191,15 @@ def single(title: str, description: str, unit: str, thresholds: ThresholdsConfig
     )
 
 
-def states(title: str, description: str, one: str, zero: str, *, one_is_good: bool = True, w: int = 12):
-    """A state timeline of a 0/1 gauge, each value named and coloured (green for the good one)."""
+def states(title: str, description: str, one: str, zero: str, *, one_is_good: bool = True, w: int = 12,
+           minus_one: str | None = None):  # fmt: skip
+    """A state timeline of a 0/1 gauge, each value named and coloured (green for the good one); ``minus_one``
+    names a third state, -1, in blue: neither good nor bad (a replica stopping on purpose)."""
     good, bad = ("green", "red") if one_is_good else ("red", "green")
-    mapping = ValueMap({"1": ValueMappingResult(text=one, color=good), "0": ValueMappingResult(text=zero, color=bad)})
+    values = {"1": ValueMappingResult(text=one, color=good), "0": ValueMappingResult(text=zero, color=bad)}
+    if minus_one is not None:
+        values["-1"] = ValueMappingResult(text=minus_one, color="blue")
+    mapping = ValueMap(values)
     return (
         statetimeline.Panel()
         .title(title)
@@ -759,8 +764,13 @@ def replicas() -> Board:
             target("max by (replica) (aiworks_monitor_replica_health_score)", "{{replica}}"),
         )
         .panel(
-            states("Live (scheduler)", "Whether the scheduler can route to each replica.", "live", "down"),
-            target("max by (replica) (aiworks_scheduler_replica_up)", "{{replica}}"),
+            states("Live (scheduler)", "Whether the scheduler can route to each replica; stopping: it drains what "
+                   "it holds after its stop signal (a rolling update, a scale-in), not a fault.", "live", "down",
+                   minus_one="stopping"),  # fmt: skip
+            # 1 live, 0 down, -1 stopping (the "or" keeps the panel for schedulers without the stopping gauge).
+            target("max by (replica) (aiworks_scheduler_replica_up) - (max by (replica) "
+                   "(aiworks_scheduler_replica_stopping) or 0 * max by (replica) (aiworks_scheduler_replica_up))",
+                   "{{replica}}"),  # fmt: skip
         )
         .panel(
             states(

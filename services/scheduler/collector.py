@@ -56,6 +56,11 @@ class SchedulerCollector(metrics.ScrapeCollector):
         ejected = GaugeMetricFamily(
             metrics.SCHEDULER_REPLICA_EJECTED, "1 while a replica is ejected from routing.", labels=["replica"]
         )
+        stopping = GaugeMetricFamily(
+            metrics.SCHEDULER_REPLICA_STOPPING,
+            "1 while a replica drains after its stop signal (not live, on purpose), else 0.",
+            labels=["replica"],
+        )
         inflight = GaugeMetricFamily(
             metrics.SCHEDULER_REPLICA_INFLIGHT, "Batches in flight on a replica.", labels=["replica"]
         )
@@ -67,9 +72,10 @@ class SchedulerCollector(metrics.ScrapeCollector):
         for r in view.replicas:
             up.add_metric([r.replica_id, r.device], 1.0 if r.live else 0.0)
             ejected.add_metric([r.replica_id], 1.0 if r.ejected else 0.0)
+            stopping.add_metric([r.replica_id], 1.0 if r.stopping else 0.0)
             inflight.add_metric([r.replica_id], r.outstanding_batches)
             latency.add_metric([r.replica_id], r.ewma_latency_ms / 1e3)
-        yield from (up, ejected, inflight, latency)
+        yield from (up, ejected, stopping, inflight, latency)
         yield from self._lifecycle(view)
 
     @staticmethod

@@ -204,8 +204,10 @@ async def test_queue_depths_are_read_at_scrape_time_where_the_queues_are(tmp_pat
 
 
 async def test_scheduler_collector_reads_the_replicas_at_scrape_time():
-    suite = make({"r0": FakeReplica("r0", delay_s=0.01), "r1g": FakeReplica("r1g")}, devices={"r1g": "gpu"})
+    suite = make({"r0": FakeReplica("r0", delay_s=0.01), "r1g": FakeReplica("r1g"), "r2": FakeReplica("r2")},
+                 devices={"r1g": "gpu"})  # fmt: skip
     suite.registry.replicas["r0"].inflight_batches = 1
+    suite.registry.heartbeat("r2", [], stopping=True)
     suite.registry.mark_down(suite.registry.replicas["r1g"], "test")
     suite.scheduler.eject_replica("r1g", 5, "test")
     suite.sync()
@@ -217,6 +219,9 @@ async def test_scheduler_collector_reads_the_replicas_at_scrape_time():
     assert samples[("aiworks_scheduler_replica_up", (("device", "gpu"), ("replica", "r1g")))] == 0
     assert samples[("aiworks_scheduler_replica_ejected", (("replica", "r1g"),))] == 1
     assert samples[("aiworks_scheduler_replica_ejected", (("replica", "r0"),))] == 0
+    assert samples[("aiworks_scheduler_replica_stopping", (("replica", "r0"),))] == 0
+    assert samples[("aiworks_scheduler_replica_stopping", (("replica", "r2"),))] == 1
+    assert samples[("aiworks_scheduler_replica_up", (("device", "cpu"), ("replica", "r2")))] == 0
     assert samples[("aiworks_scheduler_replica_inflight_batches", (("replica", "r0"),))] == 1
     assert samples[("aiworks_scheduler_replica_latency_seconds", (("replica", "r0"),))] > 0
 

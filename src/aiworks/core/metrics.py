@@ -188,6 +188,7 @@ SCHEDULER_QUEUE_DEPTH = "aiworks_scheduler_queue_depth_requests"  # {model, vers
 SCHEDULER_QUEUE_BYTES = "aiworks_scheduler_queue_bytes"  # {model, version}
 SCHEDULER_REPLICA_UP = "aiworks_scheduler_replica_up"  # {replica, device}: 1 live, 0 not
 SCHEDULER_REPLICA_EJECTED = "aiworks_scheduler_replica_ejected"  # {replica}: 1 ejected now
+SCHEDULER_REPLICA_STOPPING = "aiworks_scheduler_replica_stopping"  # {replica}: 1 draining after its stop signal
 SCHEDULER_REPLICA_INFLIGHT = "aiworks_scheduler_replica_inflight_batches"  # {replica}: batches running there
 SCHEDULER_REPLICA_LATENCY = "aiworks_scheduler_replica_latency_seconds"  # {replica}: gateways' request average
 RUNTIME_INFLIGHT_REQUESTS = "aiworks_runtime_inflight_requests"  # {replica}: requests being served there now
