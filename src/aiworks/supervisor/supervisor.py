@@ -801,8 +801,17 @@ class Supervisor:
                 code = child.process.poll()
                 if code is not None and pid not in reported:
                     reported.add(pid)
-                    watcher = " (the monitor restarts it)" if self.config.monitor and child.kind != "monitor" else ""
-                    log.error("%s exited with code %s%s; see %s", child.name, code, watcher, child.log_path)
+                    if child.kind == "monitor":
+                        watcher = ""
+                    elif self.config.monitor:
+                        watcher = " (the monitor restarts it)"
+                    else:
+                        watcher = " (nothing restarts it: the suite runs without the monitor)"
+                    if code == 0:  # it was told to stop (a signal from outside) and stopped cleanly: not a crash
+                        log.warning("%s stopped (exit code 0), not asked by this supervisor%s; see %s",
+                                    child.name, watcher, child.log_path)  # fmt: skip
+                    else:
+                        log.error("%s exited with code %s%s; see %s", child.name, code, watcher, child.log_path)
             self._reap_retiring()
             time.sleep(0.2)
 
