@@ -51,6 +51,12 @@ _REGISTRY_S = 1.0  # how long a worker uses its list of tenant streams before re
 # script, in the same transaction as the XDEL, so a request queued meanwhile (XADD and SADD in one transaction)
 # either keeps the stream in or adds it back, ringing the doorbell.
 _LEAVE_IF_EMPTY = "if redis.call('XLEN', KEYS[1]) == 0 then return redis.call('SREM', KEYS[2], KEYS[1]) end return 0"
+# With a request queued: a tenant stream not in the set joins it and rings the doorbell, in the request's own
+# transaction (no round trip of its own). KEYS: the set, the doorbell; ARGV: the stream. 1 when it joined.
+_JOIN_AND_RING = (
+    "if redis.call('SADD', KEYS[1], ARGV[1]) == 1 then "
+    "redis.call('XADD', KEYS[2], 'MAXLEN', '~', '1000', '*', 'stream', ARGV[1]) return 1 end return 0"
+)
 
 
 @dataclass
@@ -155,12 +161,10 @@ class AsyncQueue:
             pipe.zadd(self._queued, {request_id: now})
             pipe.zcard(self._queued)
             joins = stream != self.stream  # a tenant's stream joins the set read; the anonymous one is always read
-            if joins:
-                pipe.sadd(self._registry, stream)
+            if joins:  # the stream was empty: a worker blocked on the other streams reads this one now
+                pipe.eval(_JOIN_AND_RING, 2, self._registry, self._doorbell, stream)
             replies = await pipe.execute()
         length = replies[-2] if joins else replies[-1]
-        if joins and replies[-1]:  # the stream was empty: a worker blocked on the other streams reads this one now
-            await self.redis.xadd(self._doorbell, {"stream": stream}, maxlen=1000, approximate=True)
         return request_id, int(length)
 
     def credential(self, item: Queued) -> str | None:
