@@ -92,10 +92,7 @@ def test_a_stopping_runtime_finishes_its_stream_takes_nothing_new_and_exits(tmp_
 
         signalled = time.monotonic()
         os.kill(stopping.process.pid, signal.SIGTERM)
-        # The sequence on it goes on there with its state; one started now goes to the other replica.
-        assert accumulate(base, twin, 3) == 8
-        late = pinned_to(stopping.name, [other.name], after=twin)  # it would have gone to the stopping replica
-        assert accumulate(base, late, 40, sequence_start=True) == 40
+        assert accumulate(base, twin, 3) == 8  # the sequence on it goes on there, with its state
         # Requests sent while it drains are answered, over HTTP and on the same gRPC stream, by the other replica.
         for i in range(20):
             reply = requests.post(f"{base}/v2/models/accumulator_stateless/infer", json=stateless(i), timeout=10)
@@ -113,6 +110,9 @@ def test_a_stopping_runtime_finishes_its_stream_takes_nothing_new_and_exits(tmp_
                                env=tool_env(suite.supervisor)).stdout  # fmt: skip
         assert any(line.split()[:1] == [stopping.name] and " stopping " in line for line in table.splitlines()), table
         assert stopping.process.poll() is None, "the replica exited while its stream was still running"
+        # A sequence started now (the gateway has had the new table for a while) goes to the other replica.
+        late = pinned_to(stopping.name, [other.name], after=twin)  # it would have gone to the stopping replica
+        assert accumulate(base, late, 40, sequence_start=True) == 40
 
         answers = {"long": [0], "during": []}
         while len(answers["long"]) < RESPONSES or len(answers["during"]) < 2:

@@ -2,7 +2,7 @@
 
 A real data plane (ONNX Runtime, each batch held 300 ms by ``debug_delay_ms``) behind a
 real gRPC server, called by the gateway's own ``RuntimeClient``; a stateful model (Triton's
-implicit-state accumulator, idle sequences released after 1.5 s) for the sequences a drain waits for. The whole stop, with the
+implicit-state accumulator, idle sequences released after 2 s) for the sequences a drain waits for. The whole stop, with the
 schedulers and a decoupled stream, is tests/e2e/test_runtime_drain.py.
 """
 
@@ -31,7 +31,7 @@ from aiworks.runtime.servicer import RuntimeServicer
 from aiworks.supervisor.supervisor import free_port
 
 DELAY_S = 0.3
-IDLE_S = 1.5
+IDLE_S = 2.0
 
 
 def _double(root: Path) -> None:
@@ -135,7 +135,7 @@ async def test_the_drain_waits_for_the_sequences_held_until_they_end_or_idle_out
     assert servicer.held() == (0, 1)
     assert await drain
     took = time.perf_counter() - started
-    assert servicer.held() == (0, 0) and IDLE_S * 0.8 < took < IDLE_S + 1.5, took
+    assert servicer.held() == (0, 0) and IDLE_S * 0.8 < took < IDLE_S + 4, took
 
 
 async def test_a_sequence_that_never_ends_holds_the_drain_only_to_its_limit(replica):
@@ -143,4 +143,4 @@ async def test_a_sequence_that_never_ends_holds_the_drain_only_to_its_limit(repl
     await add(client, 3, 1, start=True)
     started = time.perf_counter()
     assert not await servicer.drain(0.2, asyncio.Event())  # held by a live sequence: the limit ends it
-    assert 0.15 < time.perf_counter() - started < 0.5
+    assert 0.15 < time.perf_counter() - started < 1.5
