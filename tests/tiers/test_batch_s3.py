@@ -197,6 +197,38 @@ def test_a_resumed_s3_input_is_not_scanned_again_unless_it_changed(s3, monkeypat
     assert len(scans) == 2 and scans[0] != scans[1]
 
 
+def test_another_runner_reads_the_kept_line_ends_instead_of_scanning_the_object(s3, monkeypatch):
+    """A job resumed on another runner (after a turn, or a runner's death) opens its input afresh: the line ends
+    the first scan wrote beside the job's parts are read (8 bytes a line) instead of the whole object; a copy made
+    for another version of the object is not used."""
+    from aiworks.batch import lines as lines_module
+    from aiworks.batch import objects
+    from aiworks.batch.lines import LineIndex
+
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    scans = []
+    real_blocks = objects.Ranged.blocks
+    monkeypatch.setattr(objects.Ranged, "blocks", lambda self, *a: scans.append(self.etag) or real_blocks(self, *a))
+    rows = [b'{"n": %d, "pad": "%s"}' % (i, b"x" * (i % 7)) for i in range(700)]
+    s3.put("in/kept.jsonl", b"\n".join(rows) + b"\n")
+    keep = "s3://jobs/kept/result.jsonl.parts/line-ends"
+    with objects.mapped("s3://jobs/in/kept.jsonl") as data:
+        first = LineIndex(data, keep_url=keep)
+        assert first.total == 700 and len(scans) == 1
+    assert objects.exists(keep)
+    lines_module._kept_ends.clear()  # another runner: nothing kept in its memory
+    with objects.mapped("s3://jobs/in/kept.jsonl") as data:
+        again = LineIndex(data, keep_url=keep)
+        assert again.total == 700 and again.lines(0, 700) == rows and again.lines(350, 352) == rows[350:352]
+    assert len(scans) == 1, "the resumed job scanned the object again"
+    s3.put("in/kept.jsonl", b"\n".join(rows[:20]) + b"\n")  # another version: the copy names the old one
+    lines_module._kept_ends.clear()
+    with objects.mapped("s3://jobs/in/kept.jsonl") as data:
+        assert LineIndex(data, keep_url=keep).total == 20
+    assert len(scans) == 2
+
+
 def test_a_job_whose_s3_input_is_replaced_while_it_runs_fails_saying_so(batch_suite, runners, s3, monkeypatch):
     import time
 

@@ -3,8 +3,10 @@
 The runner (:mod:`aiworks.batch.runner`) writes each recorded chunk as a
 part beside the output file (``<output>.parts/``), then, when every chunk is
 in, copies the parts in order into the output and error files, one part in
-memory at a time. A JSONL input is mapped with 8 bytes kept per line; a
-Parquet input is read one chunk of rows at a time.
+memory at a time. A JSONL input is mapped with 8 bytes kept per line (an
+S3 input's also written beside the parts, ``line-ends``, so a runner that
+resumes the job reads them rather than the object); a Parquet input is read
+one chunk of rows at a time.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ def open_input(job: Job, stack: contextlib.ExitStack) -> tuple[int, Iterator[Cal
     if job.format == "parquet":
         source = tables.ParquetInput(job.input_url, job.input_columns)
         return source.total, source.chunks(job.chunk_size)
-    index = LineIndex(stack.enter_context(objects.mapped(job.input_url)))
+    # An S3 input's line ends are kept beside the parts: a runner that resumes the job does not scan it again.
+    index = LineIndex(stack.enter_context(objects.mapped(job.input_url)), keep_url=parts_prefix(job) + "line-ends")
 
     def chunks() -> Iterator[Callable[[], list[Line]]]:
         for start, end in chunk_bounds(index.total, job.chunk_size):

@@ -9,11 +9,16 @@ replaced, so a batch job never competes as online traffic.
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 import orjson
+
+from aiworks.core.errors import AIWorksError
+
+log = logging.getLogger(__name__)
 
 BATCH_PRIORITY = "batch"
 MAX_CUSTOM_ID_CHARS = 256
@@ -80,6 +85,39 @@ def _keep_ends(key: tuple[str, str], ends: np.ndarray) -> None:
         _kept_ends.popitem(last=False)
 
 
+# A kept copy of an object's line ends (LineIndex's ``keep_url``): this header, padded to _HEADER_BYTES, then the
+# ends as little-endian int64. The header names the object's size and ETag: a copy of another version is not used.
+_HEADER = b"aiworks-line-ends 1 %d %s"
+_HEADER_BYTES = 256
+
+
+def _kept_copy(data, keep_url: str) -> np.ndarray | None:
+    """The line ends kept at ``keep_url`` for this version of ``data``, if a copy is there and is whole."""
+    from aiworks.batch import objects
+
+    try:
+        raw = objects.read_bytes(keep_url, max_bytes=_HEADER_BYTES + 8 * (len(data) + 1))
+    except AIWorksError:
+        return None  # none kept yet (or unreadable: the scan makes it again)
+    header = (_HEADER % (len(data), data.etag.encode())).ljust(_HEADER_BYTES)
+    if raw[:_HEADER_BYTES] != header or (len(raw) - _HEADER_BYTES) % 8:
+        return None
+    ends = np.frombuffer(raw, dtype="<i8", offset=_HEADER_BYTES).astype(np.int64, copy=False)
+    if len(data) and (not len(ends) or ends[-1] not in (len(data) - 1, len(data))):
+        return None
+    return ends
+
+
+def _keep_copy(data, keep_url: str, ends: np.ndarray) -> None:
+    from aiworks.batch import objects
+
+    header = (_HEADER % (len(data), data.etag.encode())).ljust(_HEADER_BYTES)
+    try:
+        objects.write_bytes(keep_url, header + ends.astype("<i8", copy=False).tobytes())
+    except AIWorksError as exc:  # the job runs on; a runner that resumes it scans the input again
+        log.warning("the line ends of %s were not kept at %s: %s", data.url, keep_url, exc.message)
+
+
 class LineIndex:
     """The lines of a file, taken a slice at a time: where each line ends is all that is kept.
 
@@ -93,9 +131,12 @@ class LineIndex:
     lines are copied out only when it is sent. An S3 object's line ends stay
     kept after it (at most 128 MiB of them, the least recent dropped first),
     so a job resumed at its next turn does not scan the same version again.
+    With ``keep_url``, they are also written there once scanned (8 bytes a
+    line, beside the job's parts), so a job resumed on another runner, after
+    a turn or a runner's death, reads them instead of the whole object.
     """
 
-    def __init__(self, data):
+    def __init__(self, data, keep_url: str | None = None):
         self._data = data
         size = len(data)
         ends = []
@@ -105,6 +146,12 @@ class LineIndex:
             _kept_ends.move_to_end(key)
             self.total = len(self._ends)
             return
+        if key is not None and keep_url is not None:
+            kept = _kept_copy(data, keep_url)
+            if kept is not None:
+                self._ends, self.total = kept, len(kept)
+                _keep_ends(key, kept)
+                return
         if hasattr(data, "blocks"):  # read in ranges: scan the blocks as they arrive
             at = 0
             for block in data.blocks(_SCAN):
@@ -123,6 +170,8 @@ class LineIndex:
         self.total = len(self._ends)
         if key is not None:
             _keep_ends(key, self._ends)
+            if keep_url is not None:
+                _keep_copy(data, keep_url, self._ends)
 
     def lines(self, start: int, end: int) -> list[bytes]:
         """Lines ``[start, end)`` (0-based), each without its newline (nor a ``\\r`` before it): the span they
