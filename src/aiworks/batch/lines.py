@@ -103,7 +103,9 @@ def _kept_copy(data, keep_url: str) -> np.ndarray | None:
     if raw[:_HEADER_BYTES] != header or (len(raw) - _HEADER_BYTES) % 8:
         return None
     ends = np.frombuffer(raw, dtype="<i8", offset=_HEADER_BYTES).astype(np.int64, copy=False)
-    if len(data) and (not len(ends) or ends[-1] not in (len(data) - 1, len(data))):
+    if len(data) and (not len(ends) or ends[-1] not in (len(data) - 1, len(data)) or ends[0] < 0):
+        return None
+    if len(ends) > 1 and not (np.diff(ends) > 0).all():  # not a copy of a scan: never trusted
         return None
     return ends
 
