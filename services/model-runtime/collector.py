@@ -6,7 +6,10 @@
   (an int the servicer keeps; read as it is);
 - ``aiworks_scheduler_queue_depth`` and ``_queue_bytes``: this replica's
   queues (the scheduling stage's gauges keep their names; the queues moved
-  from the scheduler into the runtimes), read the same way.
+  from the scheduler into the runtimes), read the same way;
+- ``aiworks_runtime_sequences`` and ``aiworks_runtime_sequence_outcomes_total``: the
+  stateful models' sequences held here (active in a slot, waiting for one)
+  and how they started and ended, read the same way.
 - GPU utilisation and memory, where something reports them: the Triton
   backend's ``nv_gpu_*`` metrics while this replica has a Triton connection
   open (:meth:`TritonConnection.gpu_metrics`), else NVML for a replica that
@@ -19,7 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from aiworks.core import metrics
 
@@ -49,9 +52,11 @@ class RuntimeCollector(metrics.ScrapeCollector):
         nvml=None,
         read_queues: Callable[[], list] = list,
         inflight: Callable[[], int] = lambda: 0,
+        read_sequences: Callable[[], list] = list,
     ):
         self.replica_id = replica_id
         self._inflight = inflight
+        self._read_sequences = read_sequences
         self._count_models = count_models
         self._read_queues = read_queues
         self._triton_gpus = triton_gpus
@@ -76,7 +81,35 @@ class RuntimeCollector(metrics.ScrapeCollector):
         family.add_metric([self.replica_id], self._inflight())
         yield family
         yield from self._queue_families()
+        yield from self._sequence_families()
         yield from self._gpu_families()
+
+    def _sequence_families(self):
+        """Stateful models' sequences: held now (a replica's drain waits for them), and how they went."""
+        try:
+            tables = self._read_sequences()
+        except Exception as exc:
+            log.warning("sequences not exported this scrape: %s", exc or type(exc).__name__)
+            return
+        held = GaugeMetricFamily(
+            metrics.RUNTIME_SEQUENCES,
+            "Sequences of stateful models held by this replica: active (in a slot, its state here) or waiting "
+            "for a slot.",
+            labels=["replica", "model", "version", "state"],
+        )
+        outcomes = CounterMetricFamily(
+            metrics.RUNTIME_SEQUENCE_OUTCOMES,
+            "Sequences of stateful models by what happened to them: started, ended (by a request), idled "
+            "(released after max_sequence_idle_microseconds), refused (a start with every slot and the backlog full).",
+            labels=["replica", "model", "version", "outcome"],
+        )
+        for t in tables:
+            for state, value in (("active", t.active), ("waiting", t.waiting)):
+                held.add_metric([self.replica_id, t.model, t.version, state], value)
+            for outcome in ("started", "ended", "idled", "refused"):
+                outcomes.add_metric([self.replica_id, t.model, t.version, outcome], getattr(t, outcome))
+        yield held
+        yield outcomes
 
     def _queue_families(self):
         """The queues' depth per class and bytes (the scheduling stage's gauges; the queues live here)."""

@@ -54,6 +54,20 @@ class QueueStats:
     draining: bool
 
 
+@dataclass
+class SequenceStats:
+    """The sequences of one stateful model version on this replica (Prometheus, at scrape)."""
+
+    model: str
+    version: str
+    active: int  # holding a slot (its state lives there)
+    waiting: int  # started, waiting for a slot
+    started: int
+    ended: int  # by a request with the end flag
+    idled: int  # released after max_sequence_idle_microseconds without a request
+    refused: int  # a start refused: every slot and the backlog full
+
+
 class RequestQueues:
     """The queues of one replica, over its :class:`~aiworks.runtime.dataplane.RuntimeDataPlane`."""
 
@@ -208,6 +222,16 @@ class RequestQueues:
                     q.state.nbytes, q.rejected, q.expired, q.closing,
                 )  # fmt: skip
             )
+        return out
+
+    def sequence_stats(self) -> list[SequenceStats]:
+        out = []
+        for (model, version), q in self._queues.items():
+            if isinstance(q, SequenceBatcher):
+                t = q.table
+                waiting = len(t.backlog)
+                out.append(SequenceStats(model, version, t.count - waiting, waiting, t.started, t.ended, t.idled,
+                                         t.refused))  # fmt: skip
         return out
 
     def live_sequences(self) -> int:

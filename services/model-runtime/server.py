@@ -158,6 +158,7 @@ async def serve(settings: RuntimeSettings) -> None:
         nvml,
         on_loop(asyncio.get_running_loop(), dataplane.queues.stats),
         lambda: servicer.inflight,
+        on_loop(asyncio.get_running_loop(), dataplane.queues.sequence_stats),
     ).register()
     metrics, metrics_port = serve_metrics_or_warn(settings.metrics_port, settings.host)
     lag = start_loop_lag_probe("runtime")

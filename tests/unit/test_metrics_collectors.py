@@ -22,7 +22,7 @@ from aiworks.core import metrics
 from aiworks.core.datatypes import Tensor
 from aiworks.core.errors import DeadlineExceeded, InvalidArgument, NotFound, Status
 from aiworks.core.inference import InferRequest, InferResponse
-from aiworks.core.options import Priority, RequestOptions
+from aiworks.core.options import Priority, RequestOptions, SequenceRef
 from aiworks.gateway.telemetry import GatewayTelemetry
 from aiworks.runtime.batcher import QueueLimits
 from aiworks.runtime.collector import RuntimeCollector
@@ -176,6 +176,53 @@ async def test_runtime_queues_count_rejections_by_reason(tmp_path):
     assert sample("aiworks_scheduler_rejections_total", reason="queue_full", **mv) == len(refused)
     assert sample("aiworks_scheduler_requests_total", priority="standard", status="resource_exhausted",
                   **mv) == len(refused)  # fmt: skip
+
+
+async def test_a_replicas_stateful_sequences_are_read_at_scrape_time(tmp_path):
+    """What a replica holds of a stateful model (what its stop's drain waits for) and how its sequences went:
+    Triton's accumulator with one slot, so a second sequence waits; sequences idle out after 0.3 s."""
+    from aiworks.demo.qa_streaming import accumulator_config, accumulator_onnx
+
+    (tmp_path / "acc" / "1").mkdir(parents=True)
+    (tmp_path / "acc" / "1" / "accumulator.onnx").write_bytes(accumulator_onnx())
+    (tmp_path / "acc" / "config.pbtxt").write_text(
+        accumulator_config("acc", max_batch_size=1, candidates=1, idle_us=300_000)
+    )
+    dataplane = RuntimeDataPlane(ModelRepository(tmp_path), replica_id="rt-s")
+    await dataplane.load("acc")
+    collector = RuntimeCollector("rt-s", lambda: 1, read_sequences=metrics.on_loop(
+        asyncio.get_running_loop(), dataplane.queues.sequence_stats))  # fmt: skip
+
+    def add(sequence: int, start=False, end=False):
+        request = InferRequest("acc", "1", [Tensor.from_numpy("INPUT", np.array([[1]], np.int32))])
+        return dataplane.queues.infer(request, RequestOptions(sequence=SequenceRef(sequence, start, end)))
+
+    def read(samples, name, **labels) -> float:
+        return samples[(name, tuple(sorted({"replica": "rt-s", "model": "acc", "version": "1", **labels}.items())))]
+
+    try:
+        await add(1, start=True)
+        second = asyncio.ensure_future(add(2, start=True))  # the one slot is taken: it waits
+        await asyncio.sleep(0.05)
+        samples = await asyncio.to_thread(scrape, collector)
+        assert read(samples, "aiworks_runtime_sequences", state="active") == 1
+        assert read(samples, "aiworks_runtime_sequences", state="waiting") == 1
+        assert read(samples, "aiworks_runtime_sequence_outcomes_total", outcome="started") == 2
+        await add(1, end=True)  # frees the slot: the second runs, then idles out
+        await second
+        deadline = time.monotonic() + 10
+        while True:  # idled out 0.3 s after its last request (the batcher's reaper looks a few times a second)
+            samples = await asyncio.to_thread(scrape, collector)
+            if read(samples, "aiworks_runtime_sequence_outcomes_total", outcome="idled") or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        assert read(samples, "aiworks_runtime_sequences", state="active") == 0
+        assert read(samples, "aiworks_runtime_sequences", state="waiting") == 0
+        outcomes = {o: read(samples, "aiworks_runtime_sequence_outcomes_total", outcome=o)
+                    for o in ("started", "ended", "idled", "refused")}  # fmt: skip
+        assert outcomes == {"started": 2, "ended": 1, "idled": 1, "refused": 0}, outcomes
+    finally:
+        await dataplane.close()
 
 
 async def test_queue_depths_are_read_at_scrape_time_where_the_queues_are(tmp_path):

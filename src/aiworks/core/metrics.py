@@ -192,6 +192,9 @@ SCHEDULER_REPLICA_STOPPING = "aiworks_scheduler_replica_stopping"  # {replica}: 
 SCHEDULER_REPLICA_INFLIGHT = "aiworks_scheduler_replica_inflight_batches"  # {replica}: batches running there
 SCHEDULER_REPLICA_LATENCY = "aiworks_scheduler_replica_latency_seconds"  # {replica}: gateways' request average
 RUNTIME_INFLIGHT_REQUESTS = "aiworks_runtime_inflight_requests"  # {replica}: requests being served there now
+RUNTIME_SEQUENCES = "aiworks_runtime_sequences"  # {replica, model, version, state}: stateful sequences held
+# {replica, model, version, outcome}: stateful sequences started, ended, idled, refused (a counter: _total)
+RUNTIME_SEQUENCE_OUTCOMES = "aiworks_runtime_sequence_outcomes"
 
 # ---- runtime -------------------------------------------------------------------------------
 
