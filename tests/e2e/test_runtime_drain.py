@@ -38,12 +38,16 @@ RESPONSES, DELAY_MS = 70, 100  # a 7-second stream: longer than the 5 s grace of
 DRAIN_S = 30  # the limit; the replica should leave long before it
 
 
-def inflight(metrics_port: int) -> float:
+def gauge(metrics_port: int, name: str, **labels) -> float:
     text = requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
     for family in text_string_to_metric_families(text):
-        if family.name == "aiworks_runtime_inflight_requests":
-            return sum(s.value for s in family.samples)
-    raise AssertionError("aiworks_runtime_inflight_requests is not exported")
+        if family.name == name:
+            return sum(s.value for s in family.samples if labels.items() <= s.labels.items())
+    raise AssertionError(f"{name} is not exported")
+
+
+def inflight(metrics_port: int) -> float:
+    return gauge(metrics_port, "aiworks_runtime_inflight_requests")
 
 
 def stateless(value: int) -> dict:
@@ -93,6 +97,7 @@ def test_a_stopping_runtime_finishes_its_stream_takes_nothing_new_and_exits(tmp_
         signalled = time.monotonic()
         os.kill(stopping.process.pid, signal.SIGTERM)
         assert accumulate(base, twin, 3) == 8  # the sequence on it goes on there, with its state
+        assert gauge(stopping.metrics_port, "aiworks_runtime_sequences", model="accumulator", state="active") == 1
         # Requests sent while it drains are answered, over HTTP and on the same gRPC stream, by the other replica.
         for i in range(20):
             reply = requests.post(f"{base}/v2/models/accumulator_stateless/infer", json=stateless(i), timeout=10)
