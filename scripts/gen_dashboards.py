@@ -1057,6 +1057,28 @@ def tiers() -> Board:
             target(rate("aiworks_stream_events_sent_total"), "sent"),
             target(rate("aiworks_stream_rule_events_total"), "rule events"),
         )
+        .row("Twins (stateful sequences)")
+        .panel(
+            graph(
+                "Sequences held",
+                "Sequences of stateful models each replica holds: active (in a slot, the twin's state there) or "
+                "waiting for a slot. A stopping replica's drain waits for its sequences to end or idle out.",
+                "short",
+                stack=True,
+                w=12,
+            ),
+            target(f"sum by (replica, state) ({select('aiworks_runtime_sequences')})", "{{replica}} {{state}}"),
+        )
+        .panel(
+            graph(
+                "Sequences/s by outcome",
+                "Sequences started, ended by their client, released idle (max_sequence_idle_microseconds passed "
+                "without a request: a twin that went quiet) and refused (every slot and the backlog full: 429).",
+                "short",
+                w=12,
+            ),
+            target(rate("aiworks_runtime_sequence_outcomes_total", by="outcome"), "{{outcome}}"),
+        )
     )
 
 

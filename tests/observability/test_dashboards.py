@@ -139,9 +139,11 @@ def test_the_dashboards_answer_the_questions_of_the_issue():
         "aiworks_stream_publish_dropped_total",
         "aiworks_stream_subscribers",
         "aiworks_stream_events_sent_total",
+        "aiworks_runtime_sequences",
+        "aiworks_runtime_sequence_outcomes_total",
     } <= shown["aiworks-tiers"]
     rows = [p["title"] for p in load_dashboards()["aiworks-tiers"]["panels"] if p["type"] == "row"]
-    assert rows == ["Online", "Nearline", "Offline", "Result streams"]
+    assert rows == ["Online", "Nearline", "Offline", "Result streams", "Twins (stateful sequences)"]
     heatmaps = {p["title"] for p in panels(load_dashboards()["aiworks-replicas"]) if p["type"] == "heatmap"}
     assert heatmaps == {"Health score by replica"}
     tenant_queries = panel_queries(load_dashboards()["aiworks-tenants"])

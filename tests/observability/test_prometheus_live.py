@@ -121,6 +121,9 @@ def write_repository(root: Path) -> Path:
 
     tiny = LlmSpec(layers=2, heads=2, dim=64, context=256, vocab=1024, corpus_mb=0.5, random=True)
     build(root, tiny, cache_dir=None, progress=False, kv_budget_tokens=2048, max_sequences=16)  # codegen: seconds
+    from aiworks.demo.qa_streaming import build_qa_streaming_models
+
+    build_qa_streaming_models(root, ["accumulator"])  # a stateful model: the twins' sequences
     return root
 
 
@@ -226,8 +229,8 @@ class Load:
 @dataclass
 class TierLoad:
     """The tiers at work from threads of their own until stopped: batch jobs one after another (a runner
-    answers them), asynchronous requests (a nearline worker answers them), and results published to a
-    stream while an SSE subscriber reads it."""
+    answers them), asynchronous requests (a nearline worker answers them), results published to a
+    stream while an SSE subscriber reads it, and twins' sequences of a stateful model."""
 
     base: str  # the gateway's http://host:port
     outcomes: Counter = field(default_factory=Counter)
@@ -235,7 +238,7 @@ class TierLoad:
     threads: list[threading.Thread] = field(default_factory=list)
 
     def start(self) -> None:
-        for work in (self._jobs, self._requests, self._subscribe):
+        for work in (self._jobs, self._requests, self._subscribe, self._sequences):
             thread = threading.Thread(target=self._guarded, args=(work,), name=work.__name__, daemon=True)
             thread.start()
             self.threads.append(thread)
@@ -285,6 +288,19 @@ class TierLoad:
                 published = http.post(f"{self.base}/v2/models/{MODEL}/infer",
                                       json={**self._body(rng), "parameters": {"publish": STREAM}}, timeout=10)  # fmt: skip
                 self.outcomes[f"publish {published.status_code}"] += 1
+
+    def _sequences(self) -> None:
+        """A twin's sequence on the ``accumulator``: a start, two more readings, an end."""
+        self.outcomes["sequence"] += 1
+        sequence = self.outcomes["sequence"]
+        with requests.Session() as http:
+            for flags in ({"sequence_start": True}, {}, {}, {"sequence_end": True}):
+                body = {"inputs": [{"name": "INPUT", "datatype": "INT32", "shape": [1, 1], "data": [1]}],
+                        "parameters": {"sequence_id": sequence, **flags}}  # fmt: skip
+                reply = http.post(f"{self.base}/v2/models/accumulator/infer", json=body, timeout=10)
+                self.outcomes[f"sequence {reply.status_code}"] += 1
+                if self.stop.wait(0.2):
+                    return
 
     def _subscribe(self) -> None:
         """An SSE subscriber of the stream, reconnecting every few seconds: subscribers and events sent."""

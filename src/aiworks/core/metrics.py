@@ -193,8 +193,8 @@ SCHEDULER_REPLICA_INFLIGHT = "aiworks_scheduler_replica_inflight_batches"  # {re
 SCHEDULER_REPLICA_LATENCY = "aiworks_scheduler_replica_latency_seconds"  # {replica}: gateways' request average
 RUNTIME_INFLIGHT_REQUESTS = "aiworks_runtime_inflight_requests"  # {replica}: requests being served there now
 RUNTIME_SEQUENCES = "aiworks_runtime_sequences"  # {replica, model, version, state}: stateful sequences held
-# {replica, model, version, outcome}: stateful sequences started, ended, idled, refused (a counter: _total)
-RUNTIME_SEQUENCE_OUTCOMES = "aiworks_runtime_sequence_outcomes"
+# {replica, model, version, outcome}: stateful sequences started, ended, idled, refused (a counter)
+RUNTIME_SEQUENCE_OUTCOMES = "aiworks_runtime_sequence_outcomes_total"
 
 # ---- runtime -------------------------------------------------------------------------------
 
