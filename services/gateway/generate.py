@@ -137,8 +137,9 @@ CLIENT_GONE_STATUS = 499  # nobody reads it (nginx's "client closed request"); t
 
 
 @contextlib.asynccontextmanager
-async def cancel_on_disconnect(generation: Generation, receive) -> AsyncIterator[None]:
-    """While in the block, a disconnect (ASGI ``receive`` answers ``http.disconnect``) abandons ``generation``.
+async def cancel_on_disconnect(generation: Generation | list[Generation], receive) -> AsyncIterator[None]:
+    """While in the block, a disconnect (ASGI ``receive`` answers ``http.disconnect``) abandons ``generation``
+    (each of them, given several: the choices of one OpenAI request).
 
     Use it after the request's body has been read: ``receive`` then answers
     only when the connection closes (or the response is complete).
@@ -148,7 +149,8 @@ async def cancel_on_disconnect(generation: Generation, receive) -> AsyncIterator
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                generation.abandon()
+                for one in generation if isinstance(generation, list) else [generation]:
+                    one.abandon()
                 return
 
     watcher = asyncio.get_running_loop().create_task(watch())

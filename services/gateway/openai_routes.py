@@ -14,8 +14,16 @@ on every other inference route.
 - Sampling fields map onto the backend's parameters (``max_tokens``,
   ``temperature`` (OpenAI's default 1), ``top_p``, ``stop``, ``seed``; and
   ``top_k`` and ``ignore_eos``, vLLM's extensions, which the client sends in
-  ``extra_body``). ``n`` above 1, ``logprobs``, ``echo`` and non-zero
-  penalties are refused, as is any field this route does not know.
+  ``extra_body``). ``logprobs``, ``echo`` and non-zero penalties are
+  refused, as is any field this route does not know.
+- ``n`` (at most :data:`MAX_CHOICES`) runs that many generations of the
+  prompt side by side, each its own sequence in the engine (with a
+  ``seed``, choice ``i`` samples with ``seed + i``, so they differ and
+  repeat). Each is metered, limited and audited as a generation of its own
+  (its id is the request's with ``-i``); ``usage`` counts the prompt once
+  and every choice's tokens. Streamed, the choices' chunks interleave as
+  they are made, each with its ``index``; one choice's failure ends the
+  answer with an error event.
 - ``stream: true`` answers as server-sent events of ``text_completion`` /
   ``chat.completion.chunk`` objects ending in ``data: [DONE]``;
   ``stream_options: {"include_usage": true}`` adds the usage chunk.
@@ -29,6 +37,7 @@ The chat template is plain: ``"<role>: <content>\\n"`` per message, then
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import time
@@ -57,6 +66,7 @@ COMPLETION_FIELDS = frozenset(_COMMON | {"prompt", "echo"})
 CHAT_FIELDS = frozenset(_COMMON | {"messages", "max_completion_tokens", "top_logprobs"})
 EMBEDDING_FIELDS = frozenset({"model", "input", "encoding_format", "user"})
 MAX_EMBEDDING_INPUTS = 64
+MAX_CHOICES = 8  # n: each choice is a generation of its own; the cap bounds what one request may start
 CHAT_ROLES = ("system", "user", "assistant")
 CHAT_STOP = ["\nuser:", "\nsystem:", "\nassistant:"]
 
@@ -88,8 +98,9 @@ def _refuse(doc: dict, allowed: frozenset) -> None:
     unknown = sorted(set(doc) - allowed)
     if unknown:
         raise InvalidArgument(f"unrecognized request argument(s): {', '.join(unknown[:4])}")
-    if doc.get("n") not in (None, 1):
-        raise InvalidArgument("only n = 1 is supported")
+    n = doc.get("n")
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_CHOICES):
+        raise InvalidArgument(f"'n' must be an integer from 1 to {MAX_CHOICES}")
     if doc.get("logprobs") or doc.get("echo") or doc.get("top_logprobs"):
         raise InvalidArgument("logprobs and echo are not supported")
     for name in ("presence_penalty", "frequency_penalty"):
@@ -133,10 +144,58 @@ def _request(model: str, prompt: str, params: dict, ident: str) -> InferRequest:
     return InferRequest(model, "", [Tensor(generate.TEXT_INPUT, "BYTES", (1,), raw)], id=ident, parameters=params)
 
 
-def _usage(first, last) -> dict:
-    prompt = int(first.parameters.get("prompt_tokens", 0)) if first is not None else 0
-    completion = int(last.parameters.get("completion_tokens", 0)) if last is not None else 0
+def _usage(firsts: list, lasts: list) -> dict:
+    """The prompt's tokens once (every choice read the same prompt), and every choice's completion tokens."""
+    prompt = next((int(f.parameters.get("prompt_tokens", 0)) for f in firsts if f is not None), 0)
+    completion = sum(int(last.parameters.get("completion_tokens", 0)) for last in lasts if last is not None)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _choice_parameters(params: dict, index: int) -> dict:
+    """Choice ``index``'s parameters: with a seed, its own (``seed + index``), so the choices differ and repeat."""
+    if index and "seed" in params:
+        return {**params, "seed": int(params["seed"]) + index}
+    return params
+
+
+def _reason(last) -> str:
+    return str(last.parameters.get("finish_reason", "stop")) if last is not None else "stop"
+
+
+async def _merged(starts: list) -> AsyncIterator[tuple[int, object]]:
+    """``(choice, response)`` of each choice's rest as it comes, ``(choice, None)`` at a choice's end; an error
+    of any choice raises. One choice is read as it is; several are read by a task each, all closed on exit."""
+    if len(starts) == 1:
+        async with contextlib.aclosing(starts[0][1]) as responses:
+            async for r in responses:
+                yield 0, r
+        yield 0, None
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, rest) -> None:
+        try:
+            async with contextlib.aclosing(rest) as responses:
+                async for r in responses:
+                    queue.put_nowait((index, r))
+            queue.put_nowait((index, None))
+        except AIWorksError as exc:
+            queue.put_nowait((index, exc))
+
+    tasks = [asyncio.get_running_loop().create_task(pump(i, rest)) for i, (_, rest) in enumerate(starts)]
+    try:
+        for _ in range(len(starts)):
+            while True:
+                index, item = await queue.get()
+                if isinstance(item, AIWorksError):
+                    raise item
+                yield index, item
+                if item is None:
+                    break
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def add_openai_routes(app: FastAPI, dataplane: GatewayDataPlane, max_request_bytes: int) -> None:
@@ -168,64 +227,91 @@ def add_openai_routes(app: FastAPI, dataplane: GatewayDataPlane, max_request_byt
                 raise InvalidArgument("'prompt' must be a string (or a list of one)")
             extra = None
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"  # the audit's request id without a header
-        infer = _request(doc["model"], prompt, sampling_parameters(doc, extra), ident)
-        running = generate.Generation(dataplane, principal, infer, request.headers)
+        params, n = sampling_parameters(doc, extra), doc.get("n") or 1
+        runs = [
+            generate.Generation(dataplane, principal, _request(doc["model"], prompt, _choice_parameters(params, i),
+                                                               ident if n == 1 else f"{ident}-{i}"), request.headers)
+            for i in range(n)
+        ]  # fmt: skip
         created = int(time.time())
         if doc.get("stream"):
-            first, rest = await generate.first_and_rest(running)
+            starts = []
+            try:
+                for running in runs:  # each choice's first response, or the error that came before it
+                    starts.append(await generate.first_and_rest(running))
+            except BaseException:
+                for _, rest in starts:
+                    await rest.aclose()
+                for running in runs:  # one choice failed (or was refused): the others stop too
+                    running.cancel()
+                raise
             include_usage = bool((doc.get("stream_options") or {}).get("include_usage"))
-            events = _stream(ident, created, doc["model"], chat, first, rest, include_usage)
+            events = _stream(ident, created, doc["model"], chat, starts, include_usage)
             return StreamingResponse(events, media_type="text/event-stream; charset=utf-8")
-        pieces, first, last = [], None, None
+        tasks = [asyncio.ensure_future(_collect(running)) for running in runs]
         try:
-            async with generate.cancel_on_disconnect(running, request.receive):
-                async with contextlib.aclosing(running.responses()) as responses:
-                    async for r in responses:
-                        first = first or r
-                        last = r
-                        pieces.append(generate.text_of(r))
-        except generate.ClientGone:  # the sequence is cancelled; nobody reads an answer
+            async with generate.cancel_on_disconnect(runs, request.receive):
+                answers = await asyncio.gather(*tasks)
+        except generate.ClientGone:  # the sequences are cancelled; nobody reads an answer
             return Response(status_code=generate.CLIENT_GONE_STATUS)
-        text = "".join(pieces)
-        reason = str(last.parameters.get("finish_reason", "stop")) if last is not None else "stop"
-        if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        finally:
+            for task in tasks:  # one choice failed (or was refused): closing the others' reads stops them too
+                task.cancel()
+        choices = []
+        for index, (text, _, last) in enumerate(answers):
+            if chat:
+                message = {"role": "assistant", "content": text}
+                choices.append({"index": index, "message": message, "finish_reason": _reason(last)})
+            else:
+                choices.append({"index": index, "text": text, "logprobs": None, "finish_reason": _reason(last)})
+        usage = _usage([a[1] for a in answers], [a[2] for a in answers])
         doc_out = {"id": ident, "object": "chat.completion" if chat else "text_completion", "created": created,
-                   "model": doc["model"], "choices": [choice], "usage": _usage(first, last)}  # fmt: skip
+                   "model": doc["model"], "choices": choices, "usage": usage}  # fmt: skip
         return Response(orjson.dumps(doc_out), media_type="application/json")
 
-    async def _stream(ident, created, model, chat, first, rest, include_usage) -> AsyncIterator[bytes]:
+    async def _collect(running: generate.Generation) -> tuple[str, object, object]:
+        """One choice's whole text, and its first and last responses."""
+        pieces, first, last = [], None, None
+        async with contextlib.aclosing(running.responses()) as responses:
+            async for r in responses:
+                first = first or r
+                last = r
+                pieces.append(generate.text_of(r))
+        return "".join(pieces), first, last
+
+    async def _stream(ident, created, model, chat, starts, include_usage) -> AsyncIterator[bytes]:
         kind = "chat.completion.chunk" if chat else "text_completion"
 
-        def chunk(text: str | None, reason: str | None, role: bool = False) -> bytes:
+        def chunk(index: int, text: str | None, reason: str | None, role: bool = False) -> bytes:
             if chat:
                 delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
-                choice = {"index": 0, "delta": delta, "finish_reason": reason}
+                choice = {"index": index, "delta": delta, "finish_reason": reason}
             else:
-                choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
+                choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": reason}
             doc = {"id": ident, "object": kind, "created": created, "model": model, "choices": [choice]}
             return b"data: " + orjson.dumps(doc) + b"\n\n"
 
-        last = first
-        async with contextlib.aclosing(rest) as responses:
+        firsts = [first for first, _ in starts]
+        lasts = list(firsts)
+        async with contextlib.aclosing(_merged(starts)) as responses:
             try:
-                if chat:
-                    yield chunk(None, None, role=True)
-                if first is not None:
-                    yield chunk(generate.text_of(first), None)
-                async for r in responses:
-                    last = r
-                    yield chunk(generate.text_of(r), None)
+                for index, first in enumerate(firsts):
+                    if chat:
+                        yield chunk(index, None, None, role=True)
+                    if first is not None:
+                        yield chunk(index, generate.text_of(first), None)
+                async for index, r in responses:
+                    if r is None:  # this choice is done
+                        yield chunk(index, None, _reason(lasts[index]))
+                        continue
+                    lasts[index] = r
+                    yield chunk(index, generate.text_of(r), None)
             except AIWorksError as exc:
                 yield b"data: " + error_response(exc).body + b"\n\n"
                 return
-        reason = str(last.parameters.get("finish_reason", "stop")) if last is not None else "stop"
-        yield chunk(None, reason)
         if include_usage:
             doc = {"id": ident, "object": kind, "created": created, "model": model, "choices": [],
-                   "usage": _usage(first, last)}  # fmt: skip
+                   "usage": _usage(firsts, lasts)}  # fmt: skip
             yield b"data: " + orjson.dumps(doc) + b"\n\n"
         yield b"data: [DONE]\n\n"
 

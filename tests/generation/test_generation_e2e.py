@@ -193,6 +193,68 @@ def test_openai_chat_completions(openai_client):
     assert chunks[-1].choices[0].finish_reason == done.choices[0].finish_reason
 
 
+def test_openai_n_choices_streaming_and_not(suite, openai_client):
+    """``n`` choices of one prompt, side by side: each its own generation (choice i samples with seed + i), the
+    usage counts the prompt once and every choice's tokens, and streamed chunks carry each choice's index."""
+    import openai
+
+    ask = {"model": "codegen", "prompt": "def ", "max_tokens": 6, "temperature": 1.0, "seed": 7,
+           "extra_body": {"ignore_eos": True, "top_k": 50}}  # fmt: skip
+    three = openai_client.completions.create(n=3, **ask)
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    texts = [c.text for c in three.choices]
+    assert len(set(texts)) > 1, texts  # their own seeds: different samples
+    assert all(c.finish_reason == "length" for c in three.choices)
+    one = openai_client.completions.create(**ask)
+    assert one.choices[0].text == texts[0]  # choice 0 is the request's own seed
+    assert three.usage.prompt_tokens == one.usage.prompt_tokens  # the prompt counted once
+    assert three.usage.completion_tokens == 3 * one.usage.completion_tokens == 18
+    assert openai_client.completions.create(n=3, **ask).choices[2].text == texts[2]  # and they repeat
+    chunks = list(openai_client.completions.create(n=3, stream=True, stream_options={"include_usage": True}, **ask))
+    streamed = {i: "".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i) for i in range(3)}
+    assert [streamed[i] for i in range(3)] == texts
+    ends = [c.choices[0] for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert sorted(e.index for e in ends) == [0, 1, 2] and {e.finish_reason for e in ends} == {"length"}
+    assert chunks[-1].usage.completion_tokens == 18 and chunks[-1].usage.prompt_tokens == one.usage.prompt_tokens
+    messages = [{"role": "user", "content": "def add(a, b):"}]
+    chat = openai_client.chat.completions.create(model="codegen", messages=messages, max_tokens=4, n=2, seed=1,
+                                                 extra_body={"ignore_eos": True})  # fmt: skip
+    assert [c.index for c in chat.choices] == [0, 1] and chat.usage.completion_tokens == 8
+    chat_chunks = list(openai_client.chat.completions.create(model="codegen", messages=messages, max_tokens=4, n=2,
+                                                             seed=1, stream=True, extra_body={"ignore_eos": True}))  # fmt: skip
+    roles = sorted(c.choices[0].index for c in chat_chunks if c.choices[0].delta.role == "assistant")
+    assert roles == [0, 1]
+    for i in (0, 1):
+        text = "".join(c.choices[0].delta.content or "" for c in chat_chunks if c.choices[0].index == i)
+        assert text == chat.choices[i].message.content
+    for bad in (0, 9, 1.5, True):
+        with pytest.raises(openai.BadRequestError) as refused:
+            openai_client.completions.create(model="codegen", prompt="x", max_tokens=2, n=bad)
+        assert "'n' must be an integer from 1 to 8" in refused.value.message
+    assert llm_gauges(suite).get(("aiworks_runtime_llm_sequences", "running"), 0) == 0  # every choice ended
+
+
+def test_clients_that_leave_n_choices_leave_no_sequence_running(suite):
+    """Several choices of one request, abandoned streamed after the first chunk or unstreamed mid-generation: every
+    choice's sequence is cancelled, and the KV cache is as it was."""
+    kv, seqs = "aiworks_runtime_llm_kv_tokens", "aiworks_runtime_llm_sequences"
+    body = {"model": "codegen", "prompt": "def ", "max_tokens": 200, "ignore_eos": True, "n": 4}
+    for _ in range(10):
+        with requests.post(url(suite, "/v1/completions"), json={**body, "stream": True}, stream=True, timeout=30) as r:
+            assert r.status_code == 200
+            next(r.iter_lines())  # a first chunk came; the client goes away with four choices running
+    for _ in range(3):  # eight choices of 250 tokens take about 0.5 s here: the connection closes long before
+        with pytest.raises(requests.exceptions.ReadTimeout):
+            requests.post(url(suite, "/v1/completions"), json={**body, "n": 8, "max_tokens": 250}, timeout=(5, 0.05))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        now = llm_gauges(suite)
+        if now[(kv, "used")] == 0 and now[(seqs, "running")] == 0 and now[(seqs, "waiting")] == 0:
+            break
+        time.sleep(0.2)
+    assert now[(kv, "used")] == 0 and now[(seqs, "running")] == 0 and now[(seqs, "waiting")] == 0, now
+
+
 def test_openai_errors_come_in_openais_format(suite, openai_client):
     import openai
 
