@@ -19,11 +19,14 @@ on every other inference route.
 - ``n`` (at most :data:`MAX_CHOICES`) runs that many generations of the
   prompt side by side, each its own sequence in the engine (with a
   ``seed``, choice ``i`` samples with ``seed + i``, so they differ and
-  repeat). Each is metered, limited and audited as a generation of its own
-  (its id is the request's with ``-i``); ``usage`` counts the prompt once
-  and every choice's tokens. Streamed, the choices' chunks interleave as
-  they are made, each with its ``index``; one choice's failure ends the
-  answer with an error event.
+  repeat). A completion's ``prompt`` may be a list of strings: ``n``
+  choices for each, choice ``j`` of prompt ``p`` at index ``p * n + j``, as
+  OpenAI numbers them (at most :data:`MAX_GENERATIONS` generations in all).
+  Each is metered, limited and audited as a generation of its own (its id
+  is the request's with ``-index``); ``usage`` counts each prompt once and
+  every choice's tokens. Streamed, the choices' chunks interleave as they
+  are made, each with its ``index``; one choice's failure ends the answer
+  with an error event.
 - ``stream: true`` answers as server-sent events of ``text_completion`` /
   ``chat.completion.chunk`` objects ending in ``data: [DONE]``;
   ``stream_options: {"include_usage": true}`` adds the usage chunk.
@@ -67,6 +70,7 @@ CHAT_FIELDS = frozenset(_COMMON | {"messages", "max_completion_tokens", "top_log
 EMBEDDING_FIELDS = frozenset({"model", "input", "encoding_format", "user"})
 MAX_EMBEDDING_INPUTS = 64
 MAX_CHOICES = 8  # n: each choice is a generation of its own; the cap bounds what one request may start
+MAX_GENERATIONS = 16  # prompts x n in one completions request
 CHAT_ROLES = ("system", "user", "assistant")
 CHAT_STOP = ["\nuser:", "\nsystem:", "\nassistant:"]
 
@@ -144,9 +148,13 @@ def _request(model: str, prompt: str, params: dict, ident: str) -> InferRequest:
     return InferRequest(model, "", [Tensor(generate.TEXT_INPUT, "BYTES", (1,), raw)], id=ident, parameters=params)
 
 
-def _usage(firsts: list, lasts: list) -> dict:
-    """The prompt's tokens once (every choice read the same prompt), and every choice's completion tokens."""
-    prompt = next((int(f.parameters.get("prompt_tokens", 0)) for f in firsts if f is not None), 0)
+def _usage(firsts: list, lasts: list, n: int = 1) -> dict:
+    """Each prompt's tokens once (its ``n`` choices read the same prompt), and every choice's completion tokens;
+    the choices of prompt ``p`` are ``firsts[p * n : (p + 1) * n]``."""
+    prompt = sum(
+        next((int(f.parameters.get("prompt_tokens", 0)) for f in firsts[at : at + n] if f is not None), 0)
+        for at in range(0, len(firsts), n)
+    )
     completion = sum(int(last.parameters.get("completion_tokens", 0)) for last in lasts if last is not None)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
@@ -218,20 +226,25 @@ def add_openai_routes(app: FastAPI, dataplane: GatewayDataPlane, max_request_byt
     async def run(request: Request, chat: bool) -> Response:
         principal, doc = await parse(request, CHAT_FIELDS if chat else COMPLETION_FIELDS)
         if chat:
-            prompt, extra = chat_prompt(doc.get("messages")), CHAT_STOP
+            prompts, extra = [chat_prompt(doc.get("messages"))], CHAT_STOP
         else:
             prompt = doc.get("prompt", "")
-            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-                prompt = prompt[0]
-            if not isinstance(prompt, str):
-                raise InvalidArgument("'prompt' must be a string (or a list of one)")
+            prompts = [prompt] if isinstance(prompt, str) else prompt
+            if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
+                raise InvalidArgument("'prompt' must be a string or a non-empty list of strings")
             extra = None
-        ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"  # the audit's request id without a header
         params, n = sampling_parameters(doc, extra), doc.get("n") or 1
+        if len(prompts) * n > MAX_GENERATIONS:
+            raise InvalidArgument(f"{len(prompts)} prompt(s) x n = {n} asks for {len(prompts) * n} generations; at "
+                                  f"most {MAX_GENERATIONS} in one request")  # fmt: skip
+        ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"  # the audit's request id without a header
         runs = [
-            generate.Generation(dataplane, principal, _request(doc["model"], prompt, _choice_parameters(params, i),
-                                                               ident if n == 1 else f"{ident}-{i}"), request.headers)
-            for i in range(n)
+            generate.Generation(dataplane, principal,
+                                _request(doc["model"], prompt, _choice_parameters(params, j),
+                                         ident if len(prompts) * n == 1 else f"{ident}-{p * n + j}"),
+                                request.headers)
+            for p, prompt in enumerate(prompts)
+            for j in range(n)
         ]  # fmt: skip
         created = int(time.time())
         if doc.get("stream"):
@@ -246,7 +259,7 @@ def add_openai_routes(app: FastAPI, dataplane: GatewayDataPlane, max_request_byt
                     running.cancel()
                 raise
             include_usage = bool((doc.get("stream_options") or {}).get("include_usage"))
-            events = _stream(ident, created, doc["model"], chat, starts, include_usage)
+            events = _stream(ident, created, doc["model"], chat, starts, include_usage, n)
             return StreamingResponse(events, media_type="text/event-stream; charset=utf-8")
         tasks = [asyncio.ensure_future(_collect(running)) for running in runs]
         try:
@@ -264,7 +277,7 @@ def add_openai_routes(app: FastAPI, dataplane: GatewayDataPlane, max_request_byt
                 choices.append({"index": index, "message": message, "finish_reason": _reason(last)})
             else:
                 choices.append({"index": index, "text": text, "logprobs": None, "finish_reason": _reason(last)})
-        usage = _usage([a[1] for a in answers], [a[2] for a in answers])
+        usage = _usage([a[1] for a in answers], [a[2] for a in answers], n)
         doc_out = {"id": ident, "object": "chat.completion" if chat else "text_completion", "created": created,
                    "model": doc["model"], "choices": choices, "usage": usage}  # fmt: skip
         return Response(orjson.dumps(doc_out), media_type="application/json")
@@ -279,7 +292,7 @@ def add_openai_routes(app: FastAPI, dataplane: GatewayDataPlane, max_request_byt
                 pieces.append(generate.text_of(r))
         return "".join(pieces), first, last
 
-    async def _stream(ident, created, model, chat, starts, include_usage) -> AsyncIterator[bytes]:
+    async def _stream(ident, created, model, chat, starts, include_usage, n) -> AsyncIterator[bytes]:
         kind = "chat.completion.chunk" if chat else "text_completion"
 
         def chunk(index: int, text: str | None, reason: str | None, role: bool = False) -> bytes:
@@ -311,7 +324,7 @@ def add_openai_routes(app: FastAPI, dataplane: GatewayDataPlane, max_request_byt
                 return
         if include_usage:
             doc = {"id": ident, "object": kind, "created": created, "model": model, "choices": [],
-                   "usage": _usage(firsts, lasts)}  # fmt: skip
+                   "usage": _usage(firsts, lasts, n)}  # fmt: skip
             yield b"data: " + orjson.dumps(doc) + b"\n\n"
         yield b"data: [DONE]\n\n"
 

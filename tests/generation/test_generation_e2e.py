@@ -227,6 +227,17 @@ def test_openai_n_choices_streaming_and_not(suite, openai_client):
     for i in (0, 1):
         text = "".join(c.choices[0].delta.content or "" for c in chat_chunks if c.choices[0].index == i)
         assert text == chat.choices[i].message.content
+    # A list of prompts: n choices each, choice j of prompt p at index p * n + j, each prompt counted once.
+    other = openai_client.completions.create(**{**ask, "prompt": "class "})
+    both = openai_client.completions.create(n=2, **{**ask, "prompt": ["def ", "class "]})
+    assert [c.index for c in both.choices] == [0, 1, 2, 3]
+    assert [both.choices[0].text, both.choices[1].text, both.choices[2].text] == [texts[0], texts[1],
+                                                                                  other.choices[0].text]  # fmt: skip
+    assert both.usage.prompt_tokens == one.usage.prompt_tokens + other.usage.prompt_tokens
+    assert both.usage.completion_tokens == 4 * 6
+    with pytest.raises(openai.BadRequestError) as too_many:
+        openai_client.completions.create(model="codegen", prompt=["x"] * 5, max_tokens=2, n=4)
+    assert "asks for 20 generations; at most 16" in too_many.value.message
     for bad in (0, 9, 1.5, True):
         with pytest.raises(openai.BadRequestError) as refused:
             openai_client.completions.create(model="codegen", prompt="x", max_tokens=2, n=bad)
