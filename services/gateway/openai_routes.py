@@ -1,4 +1,5 @@
-"""OpenAI-compatible routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``, ``/v1/embeddings``.
+"""OpenAI-compatible routes: ``/v1/models`` (and ``/v1/models/{model}``), ``/v1/completions``,
+``/v1/chat/completions``, ``/v1/embeddings``.
 
 Completions run on the ``llm`` backend; embeddings on a text-embedding model
 (one BYTES input, one FP32 output: ``minilm``), ``encoding_format`` float or
@@ -334,15 +335,30 @@ def add_openai_routes(app: FastAPI, dataplane: GatewayDataPlane, max_request_byt
         except AIWorksError as exc:
             return error_response(exc)
 
+    def model_object(name: str) -> dict:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "aiworks"}
+
     @app.get("/v1/models")
     async def models(request: Request):
         async def listing():
             index = await dataplane.repository_index(True, request.headers)
             names = dict.fromkeys(m["name"] for m in index)  # one entry per model, not per version
-            data = [{"id": name, "object": "model", "created": 0, "owned_by": "aiworks"} for name in names]
+            data = [model_object(name) for name in names]
             return Response(orjson.dumps({"object": "list", "data": data}), media_type="application/json")
 
         return await guarded(listing)
+
+    @app.get("/v1/models/{model}")
+    async def one_model(model: str, request: Request):
+        """``client.models.retrieve``: the model if it is ready here for this caller, else OpenAI's 404."""
+
+        async def retrieve():
+            index = await dataplane.repository_index(True, request.headers)
+            if not any(m["name"] == model for m in index):
+                return openai_error(404, f"The model '{model[:200]}' does not exist", "model_not_found")
+            return Response(orjson.dumps(model_object(model)), media_type="application/json")
+
+        return await guarded(retrieve)
 
     async def embed(request: Request) -> Response:
         principal, doc = await parse(request, EMBEDDING_FIELDS)

@@ -275,6 +275,10 @@ def test_openai_errors_come_in_openais_format(suite, openai_client):
     assert bad.value.body["type"] == "invalid_request_error"
     with pytest.raises(openai.NotFoundError):
         openai_client.completions.create(model="no-such-model", prompt="x")
+    assert openai_client.models.retrieve("codegen").id == "codegen"
+    with pytest.raises(openai.NotFoundError) as unknown:
+        openai_client.models.retrieve("no-such-model")
+    assert unknown.value.body["code"] == "model_not_found"
     with pytest.raises(openai.BadRequestError) as long_prompt:
         openai_client.completions.create(model="codegen", prompt="def f(x): return x\n" * 60, stream=True)
     assert "context window" in long_prompt.value.message

@@ -49,8 +49,11 @@ def test_openai_routes_answer_auth_errors_in_openais_format(tenancy):
         other.completions.create(model="codegen", prompt="x", max_tokens=2)
     assert denied.value.body["type"] == "permission_error"
     assert "codegen" not in [m.id for m in other.models.list()]
+    with pytest.raises(openai.NotFoundError):  # another tenant's model: not even its existence is told
+        other.models.retrieve("codegen")
     coder = openai.OpenAI(base_url=base, api_key=keys["coder"], max_retries=0)
     assert [m.id for m in coder.models.list()] == ["codegen"]
+    assert coder.models.retrieve("codegen").id == "codegen"
     done = coder.completions.create(model="codegen", prompt="import ", max_tokens=4, extra_body={"ignore_eos": True})
     assert done.usage.completion_tokens == 4
     r = requests.get(f"{base}/models")
