@@ -25,7 +25,8 @@ on every other inference route.
   OpenAI numbers them (at most :data:`MAX_GENERATIONS` generations in all).
   Each is metered, limited and audited as a generation of its own (its id
   is the request's with ``-index``); ``usage`` counts each prompt once and
-  every choice's tokens. Streamed, the choices' chunks interleave as they
+  every choice's tokens, as OpenAI's does, while the tenant's metering and
+  tokens-per-minute count each choice's prompt, which its engine reads. Streamed, the choices' chunks interleave as they
   are made, each with its ``index``; one choice's failure ends the answer
   with an error event.
 - ``stream: true`` answers as server-sent events of ``text_completion`` /
