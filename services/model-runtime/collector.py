@@ -41,6 +41,15 @@ _HELP = {
 }
 
 
+def _read(reader: Callable, what: str):
+    """``reader()``, or None when it fails (logged): the scrape answers without those series."""
+    try:
+        return reader()
+    except Exception as exc:
+        log.warning("%s not exported this scrape: %s", what, exc or type(exc).__name__)
+        return None
+
+
 class RuntimeCollector(metrics.ScrapeCollector):
     """Models loaded and, where reported, GPU utilisation and memory of one replica."""
 
@@ -63,11 +72,8 @@ class RuntimeCollector(metrics.ScrapeCollector):
         self._nvml = nvml
 
     def collect(self):
-        try:
-            loaded = self._count_models()
-        except Exception as exc:
-            log.warning("models loaded not exported this scrape: %s", exc or type(exc).__name__)
-        else:
+        loaded = _read(self._count_models, "models loaded")
+        if loaded is not None:
             family = GaugeMetricFamily(
                 metrics.RUNTIME_MODELS_LOADED, "Model versions this replica has ready.", labels=["replica"]
             )
@@ -86,10 +92,8 @@ class RuntimeCollector(metrics.ScrapeCollector):
 
     def _sequence_families(self):
         """Stateful models' sequences: held now (a replica's drain waits for them), and how they went."""
-        try:
-            tables = self._read_sequences()
-        except Exception as exc:
-            log.warning("sequences not exported this scrape: %s", exc or type(exc).__name__)
+        tables = _read(self._read_sequences, "sequences")
+        if tables is None:
             return
         held = GaugeMetricFamily(
             metrics.RUNTIME_SEQUENCES,
@@ -113,10 +117,8 @@ class RuntimeCollector(metrics.ScrapeCollector):
 
     def _queue_families(self):
         """The queues' depth per class and bytes (the scheduling stage's gauges; the queues live here)."""
-        try:
-            queues = self._read_queues()
-        except Exception as exc:
-            log.warning("queue depths not exported this scrape: %s", exc or type(exc).__name__)
+        queues = _read(self._read_queues, "queue depths")
+        if queues is None:
             return
         depth = GaugeMetricFamily(
             metrics.SCHEDULER_QUEUE_DEPTH, "Requests queued now.", labels=["model", "version", "priority"]

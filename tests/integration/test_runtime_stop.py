@@ -21,8 +21,8 @@ from aiworks.core.datatypes import Tensor
 from aiworks.core.errors import Unavailable
 from aiworks.core.inference import InferRequest
 from aiworks.core.options import RequestOptions, SequenceRef
-from aiworks.demo.qa_streaming import accumulator_config, accumulator_onnx
 from aiworks.core.rpc import add_port, create_server
+from aiworks.demo.qa_streaming import write_accumulator
 from aiworks.pb.runtime.v1 import runtime_pb2_grpc
 from aiworks.runtime.client import RuntimeClient
 from aiworks.runtime.dataplane import RuntimeDataPlane
@@ -45,9 +45,7 @@ def _double(root: Path) -> None:
     (root / "double" / "1").mkdir(parents=True)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), root / "double" / "1" / "model.onnx")
     (root / "double" / "config.pbtxt").write_text("max_batch_size: 8\n")
-    (root / "accumulator" / "1").mkdir(parents=True)
-    (root / "accumulator" / "1" / "accumulator.onnx").write_bytes(accumulator_onnx())
-    (root / "accumulator" / "config.pbtxt").write_text(accumulator_config(idle_us=int(IDLE_S * 1e6)))
+    write_accumulator(root, idle_us=int(IDLE_S * 1e6))
 
 
 @pytest.fixture

@@ -181,13 +181,9 @@ async def test_runtime_queues_count_rejections_by_reason(tmp_path):
 async def test_a_replicas_stateful_sequences_are_read_at_scrape_time(tmp_path):
     """What a replica holds of a stateful model (what its stop's drain waits for) and how its sequences went:
     Triton's accumulator with one slot, so a second sequence waits; sequences idle out after 0.3 s."""
-    from aiworks.demo.qa_streaming import accumulator_config, accumulator_onnx
+    from aiworks.demo.qa_streaming import write_accumulator
 
-    (tmp_path / "acc" / "1").mkdir(parents=True)
-    (tmp_path / "acc" / "1" / "accumulator.onnx").write_bytes(accumulator_onnx())
-    (tmp_path / "acc" / "config.pbtxt").write_text(
-        accumulator_config("acc", max_batch_size=1, candidates=1, idle_us=300_000)
-    )
+    write_accumulator(tmp_path, "acc", max_batch_size=1, candidates=1, idle_us=300_000)
     dataplane = RuntimeDataPlane(ModelRepository(tmp_path), replica_id="rt-s")
     await dataplane.load("acc")
     collector = RuntimeCollector("rt-s", lambda: 1, read_sequences=metrics.on_loop(

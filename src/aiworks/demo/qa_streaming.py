@@ -245,6 +245,13 @@ def _write(
         (target / name / filename).write_text(text)
 
 
+def write_accumulator(target: Path, name: str = "accumulator", **config) -> Path:
+    """The implicit-state accumulator as model ``name`` in the repository at ``target``, with ``config`` for
+    :func:`accumulator_config` (tests' variants: few slots, short idle times); its folder."""
+    _write(Path(target), name, accumulator_config(name, **config), {"accumulator.onnx": accumulator_onnx()})
+    return Path(target) / name
+
+
 def build_models(builders: dict, target: Path, names) -> list[Path]:
     """Write the models ``names`` (keys of ``builders``) into the repository at ``target``; returns their folders."""
     target = Path(target)
@@ -262,7 +269,7 @@ BUILDERS = {
     "simple_string_dyna_sequence": lambda t: _write(t, "simple_string_dyna_sequence",
                                                     SIMPLE_STRING_DYNA_SEQUENCE_CONFIG,
                                                     {"string_dyna.onnx": string_dyna_onnx()}),
-    "accumulator": lambda t: _write(t, "accumulator", accumulator_config(), {"accumulator.onnx": accumulator_onnx()}),
+    "accumulator": write_accumulator,
     "accumulator_stateless": lambda t: _write(t, "accumulator_stateless", accumulator_stateless_config(),
                                               {"accumulator.onnx": accumulator_onnx()}),
 }  # fmt: skip
