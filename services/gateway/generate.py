@@ -8,7 +8,8 @@ besides the gateway's own (``priority``, ``timeout``); ``stream`` is
 accepted and ignored, the route decides. A ``stop`` list travels as JSON.
 
 ``/generate`` answers once: ``{"model_name", "model_version", "text_output"}``
-with the whole text. ``/generate_stream`` answers as server-sent events, one
+with the whole text (and ``logprobs``, the backend's per-token entries,
+when the ``logprobs`` parameter asked for them). ``/generate_stream`` answers as server-sent events, one
 ``data:`` object of that shape per piece of text, as it is made. An error
 before the first piece is a plain JSON error with its status (400 for bad
 input); one after it is a last ``data: {"error": ...}`` event.
@@ -80,6 +81,7 @@ class Generation:
 
     def __init__(self, dataplane: GatewayDataPlane, principal, request: InferRequest, headers: Mapping[str, str]):
         self._out: asyncio.Queue = asyncio.Queue()
+        self.request = request
         self._task = asyncio.get_running_loop().create_task(self._run(dataplane, principal, request, headers))
 
     async def _run(self, dataplane, principal, request, headers) -> None:
@@ -174,15 +176,18 @@ async def start(dataplane: GatewayDataPlane, max_request_bytes: int, model: str,
 
 async def generate_once(generation: Generation, receive=None) -> dict:
     """The whole text as one generate response; with ``receive`` (ASGI), a disconnect cancels it (ClientGone)."""
-    pieces, last = [], None
+    pieces, last, logprobs = [], None, []
     watching = cancel_on_disconnect(generation, receive) if receive is not None else contextlib.nullcontext()
     async with watching, contextlib.aclosing(generation.responses()) as responses:
         async for response in responses:
             pieces.append(text_of(response))
             last = response
+            if "logprobs" in response.parameters:
+                logprobs += orjson.loads(response.parameters["logprobs"])
     if last is None:
         raise AIWorksError("the model sent no response")
-    return {"model_name": last.model, "model_version": last.version, TEXT_OUTPUT: "".join(pieces)}
+    doc = {"model_name": last.model, "model_version": last.version, TEXT_OUTPUT: "".join(pieces)}
+    return doc | {"logprobs": logprobs} if "logprobs" in generation.request.parameters else doc
 
 
 async def first_and_rest(generation: Generation):
@@ -204,11 +209,17 @@ async def sse_events(first: InferResponse | None, rest) -> AsyncIterator[bytes]:
     def event(doc: dict) -> bytes:
         return b"data: " + orjson.dumps(doc) + b"\n\n"
 
+    def piece(r: InferResponse) -> bytes:
+        doc = {"model_name": r.model, "model_version": r.version, TEXT_OUTPUT: text_of(r)}
+        if "logprobs" in r.parameters:
+            doc["logprobs"] = orjson.loads(r.parameters["logprobs"])
+        return event(doc)
+
     async with contextlib.aclosing(rest) as responses:
         try:
             if first is not None:
-                yield event({"model_name": first.model, "model_version": first.version, TEXT_OUTPUT: text_of(first)})
+                yield piece(first)
             async for r in responses:
-                yield event({"model_name": r.model, "model_version": r.version, TEXT_OUTPUT: text_of(r)})
+                yield piece(r)
         except AIWorksError as exc:
             yield event({"error": exc.message})

@@ -15,8 +15,12 @@ on every other inference route.
 - Sampling fields map onto the backend's parameters (``max_tokens``,
   ``temperature`` (OpenAI's default 1), ``top_p``, ``stop``, ``seed``; and
   ``top_k`` and ``ignore_eos``, vLLM's extensions, which the client sends in
-  ``extra_body``). ``logprobs``, ``echo`` and non-zero penalties are
-  refused, as is any field this route does not know.
+  ``extra_body``). Non-zero penalties are refused, as is any field this
+  route does not know.
+- Log probabilities: chat's ``logprobs`` / ``top_logprobs`` and
+  completions' ``logprobs``, in each API's own answer format
+  (:mod:`aiworks.gateway.openai_logprobs`). A completion's ``echo`` puts
+  its prompt before its text (not with ``logprobs``).
 - ``n`` (at most :data:`MAX_CHOICES`) runs that many generations of the
   prompt side by side, each its own sequence in the engine (with a
   ``seed``, choice ``i`` samples with ``seed + i``, so they differ and
@@ -57,7 +61,7 @@ from starlette.responses import Response, StreamingResponse
 from aiworks.core.datatypes import Tensor, serialize_items
 from aiworks.core.errors import AIWorksError, InvalidArgument, UnknownModel
 from aiworks.core.inference import InferRequest
-from aiworks.gateway import generate
+from aiworks.gateway import generate, openai_logprobs
 from aiworks.gateway.dataplane import GatewayDataPlane
 from aiworks.gateway.filters import read_body
 from aiworks.gateway.http_codec import error_headers
@@ -107,8 +111,8 @@ def _refuse(doc: dict, allowed: frozenset) -> None:
     n = doc.get("n")
     if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_CHOICES):
         raise InvalidArgument(f"'n' must be an integer from 1 to {MAX_CHOICES}")
-    if doc.get("logprobs") or doc.get("echo") or doc.get("top_logprobs"):
-        raise InvalidArgument("logprobs and echo are not supported")
+    if doc.get("echo") is not None and not isinstance(doc["echo"], bool):
+        raise InvalidArgument("'echo' must be a boolean")
     for name in ("presence_penalty", "frequency_penalty"):
         if doc.get(name):
             raise InvalidArgument(f"'{name}' is not supported (only 0)")
@@ -236,6 +240,10 @@ def add_openai_routes(app: FastAPI, dataplane: GatewayDataPlane, max_request_byt
                 raise InvalidArgument("'prompt' must be a string or a non-empty list of strings")
             extra = None
         params, n = sampling_parameters(doc, extra), doc.get("n") or 1
+        top = openai_logprobs.requested(doc, chat)
+        if top is not None:
+            params["logprobs"] = top
+        echoes = [prompt for prompt in prompts for _ in range(n)] if doc.get("echo") else None  # by choice index
         if len(prompts) * n > MAX_GENERATIONS:
             raise InvalidArgument(f"{len(prompts)} prompt(s) x n = {n} asks for {len(prompts) * n} generations; at "
                                   f"most {MAX_GENERATIONS} in one request")  # fmt: skip
@@ -261,9 +269,9 @@ def add_openai_routes(app: FastAPI, dataplane: GatewayDataPlane, max_request_byt
                     running.cancel()
                 raise
             include_usage = bool((doc.get("stream_options") or {}).get("include_usage"))
-            events = _stream(ident, created, doc["model"], chat, starts, include_usage, n)
+            events = _stream(ident, created, doc["model"], chat, starts, include_usage, n, top is not None, echoes)
             return StreamingResponse(events, media_type="text/event-stream; charset=utf-8")
-        tasks = [asyncio.ensure_future(_collect(running)) for running in runs]
+        tasks = [asyncio.ensure_future(_collect(running, top is not None)) for running in runs]
         try:
             async with generate.cancel_on_disconnect(runs, request.receive):
                 answers = await asyncio.gather(*tasks)
@@ -273,36 +281,49 @@ def add_openai_routes(app: FastAPI, dataplane: GatewayDataPlane, max_request_byt
             for task in tasks:  # one choice failed (or was refused): closing the others' reads stops them too
                 task.cancel()
         choices = []
-        for index, (text, _, last) in enumerate(answers):
+        for index, (text, _, last, items) in enumerate(answers):
             if chat:
                 message = {"role": "assistant", "content": text}
-                choices.append({"index": index, "message": message, "finish_reason": _reason(last)})
+                logprobs = openai_logprobs.chat_logprobs(items) if top is not None else None
+                choices.append({"index": index, "message": message, "logprobs": logprobs,
+                                "finish_reason": _reason(last)})  # fmt: skip
             else:
-                choices.append({"index": index, "text": text, "logprobs": None, "finish_reason": _reason(last)})
+                logprobs = openai_logprobs.CompletionLogprobs().chunk(items) if top is not None else None
+                text = echoes[index] + text if echoes else text
+                choices.append({"index": index, "text": text, "logprobs": logprobs, "finish_reason": _reason(last)})
         usage = _usage([a[1] for a in answers], [a[2] for a in answers], n)
         doc_out = {"id": ident, "object": "chat.completion" if chat else "text_completion", "created": created,
                    "model": doc["model"], "choices": choices, "usage": usage}  # fmt: skip
         return Response(orjson.dumps(doc_out), media_type="application/json")
 
-    async def _collect(running: generate.Generation) -> tuple[str, object, object]:
-        """One choice's whole text, and its first and last responses."""
-        pieces, first, last = [], None, None
+    async def _collect(running: generate.Generation, logprobs: bool) -> tuple[str, object, object, list]:
+        """One choice's whole text, its first and last responses, and (``logprobs``) its tokens' entries."""
+        pieces, first, last, items = [], None, None, []
         async with contextlib.aclosing(running.responses()) as responses:
             async for r in responses:
                 first = first or r
                 last = r
                 pieces.append(generate.text_of(r))
-        return "".join(pieces), first, last
+                if logprobs:
+                    items += openai_logprobs.entries(r)
+        return "".join(pieces), first, last, items
 
-    async def _stream(ident, created, model, chat, starts, include_usage, n) -> AsyncIterator[bytes]:
+    async def _stream(ident, created, model, chat, starts, include_usage, n, logprobs: bool,
+                      echoes: list[str] | None) -> AsyncIterator[bytes]:  # fmt: skip
         kind = "chat.completion.chunk" if chat else "text_completion"
+        offsets = [openai_logprobs.CompletionLogprobs() for _ in starts] if logprobs and not chat else None
 
-        def chunk(index: int, text: str | None, reason: str | None, role: bool = False) -> bytes:
+        def chunk(index: int, r, reason: str | None = None, role: bool = False, before: str = "") -> bytes:
+            text = before + generate.text_of(r) if r is not None else before
+            lp = None
+            if logprobs and r is not None:
+                items = openai_logprobs.entries(r)
+                lp = openai_logprobs.chat_logprobs(items) if chat else offsets[index].chunk(items)
             if chat:
                 delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
-                choice = {"index": index, "delta": delta, "finish_reason": reason}
+                choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": reason}
             else:
-                choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": reason}
+                choice = {"index": index, "text": text, "logprobs": lp, "finish_reason": reason}
             doc = {"id": ident, "object": kind, "created": created, "model": model, "choices": [choice]}
             return b"data: " + orjson.dumps(doc) + b"\n\n"
 
@@ -312,15 +333,15 @@ def add_openai_routes(app: FastAPI, dataplane: GatewayDataPlane, max_request_byt
             try:
                 for index, first in enumerate(firsts):
                     if chat:
-                        yield chunk(index, None, None, role=True)
-                    if first is not None:
-                        yield chunk(index, generate.text_of(first), None)
+                        yield chunk(index, None, role=True)
+                    if first is not None or echoes:
+                        yield chunk(index, first, before=echoes[index] if echoes else "")
                 async for index, r in responses:
                     if r is None:  # this choice is done
                         yield chunk(index, None, _reason(lasts[index]))
                         continue
                     lasts[index] = r
-                    yield chunk(index, generate.text_of(r), None)
+                    yield chunk(index, r)
             except AIWorksError as exc:
                 yield b"data: " + error_response(exc).body + b"\n\n"
                 return

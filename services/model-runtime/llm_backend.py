@@ -10,7 +10,13 @@ step made (usually one token's). Sampling comes from request parameters:
 - ``max_tokens`` (default: the config's ``default_max_tokens``; 1..``max_tokens_cap``),
 - ``temperature`` (0: greedy), ``top_k`` (0: off), ``top_p`` (1: off), ``seed``,
 - ``stop``: a string, or a JSON list of strings, that ends the generation (not returned),
-- ``ignore_eos``: keep going past the end-of-text token.
+- ``ignore_eos``: keep going past the end-of-text token,
+- ``logprobs``: 0..:data:`MAX_LOGPROBS`: each response then carries a
+  ``logprobs`` parameter, a JSON list with one ``[text, bytes, logprob, top]``
+  per token it covers (``top``: the ``logprobs`` likeliest tokens as
+  ``[text, bytes, logprob]``, likeliest first), the log probabilities from the
+  model's own distribution (before temperature, top-k and top-p), ``bytes``
+  the token's UTF-8 bytes (a token may hold part of a character).
 
 Any other parameter is refused (``INVALID_ARGUMENT``) but Triton's own (``triton_*``). Config parameters:
 ``context_tokens``, ``kv_budget_tokens`` (the replica's KV-cache budget in
@@ -50,7 +56,9 @@ from aiworks.runtime.llm_driver import AsyncEngine
 from aiworks.runtime.llm_engine import Engine, Sampling
 
 EOS = "<|endoftext|>"
-SAMPLING_PARAMETERS = frozenset({"max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "ignore_eos"})
+SAMPLING_PARAMETERS = frozenset({"max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "ignore_eos",
+                                 "logprobs"})  # fmt: skip
+MAX_LOGPROBS = 20  # the likeliest tokens a response may list beside each chosen one (OpenAI's top_logprobs cap)
 MAX_STOP_STRINGS, MAX_STOP_CHARS = 8, 64
 
 
@@ -113,7 +121,48 @@ def parse_sampling(params: dict, *, default_max_tokens: int, max_tokens_cap: int
         seed=None if seed is None else _number(params, "seed", int, 0, 0, 2**63 - 1),
         stop=_stops(params.get("stop")),
         ignore_eos=ignore_eos,
+        logprobs=_number(params, "logprobs", int, -1, 0, MAX_LOGPROBS) if "logprobs" in params else -1,
     )
+
+
+def _byte_values() -> dict[str, int]:
+    """Byte-level BPE's alphabet: the character each byte is written as in the vocabulary, back to the byte.
+
+    Printable Latin-1 bytes stand for themselves; the others (controls, space,
+    and a few more) take the code points from 256 upwards, in byte order.
+    """
+    shown = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    hidden = [b for b in range(256) if b not in shown]
+    return {chr(b): b for b in shown} | {chr(256 + i): b for i, b in enumerate(hidden)}
+
+
+class TokenPieces:
+    """Each vocabulary entry's text and UTF-8 bytes, read from the tokenizer once, for log-probability answers."""
+
+    def __init__(self, tokenizer):
+        values = _byte_values()
+        self.pieces: list[tuple[str, list[int]]] = []
+        for i in range(tokenizer.get_vocab_size()):
+            token = tokenizer.id_to_token(i) or ""
+            if all(c in values for c in token):
+                raw = bytes(values[c] for c in token)
+            else:  # an added token (<|endoftext|>) is its own text
+                raw = token.encode("utf-8")
+            self.pieces.append((raw.decode("utf-8", "replace"), list(raw)))
+
+    def entry(self, token: int, logprob: float, strip: bool = False) -> list:
+        text, raw = self.pieces[token]
+        if strip and text.startswith(" "):  # a healed first token: its space is the prompt's
+            text, raw = text[1:], raw[1:]
+        return [text, raw, max(logprob, -9999.0)]  # an impossible token (-inf) as vLLM writes it
+
+    def encode(self, logprobs: tuple, healed: bool) -> str:
+        """The ``logprobs`` response parameter for an event's :class:`~aiworks.runtime.llm_engine.LogProb` s."""
+        out = []
+        for n, (token, lp, top) in enumerate(logprobs):
+            strip = healed and n == 0
+            out.append([*self.entry(token, lp, strip), [self.entry(t, v, strip) for t, v in top]])
+        return json.dumps(out, ensure_ascii=False)
 
 
 class OnnxDecoder:
@@ -202,6 +251,7 @@ class LlmModel:
         ]  # fmt: skip
         self.engine = self.engines[0]
         self._async: list[AsyncEngine] = []
+        self._pieces: TokenPieces | None = None  # made on the first request for log probabilities
         version = Path(path).parent.name
         self._kv = [metrics.RUNTIME_LLM_KV_TOKENS.labels(self.name, version, k) for k in ("used", "budget")]
         self._seqs = [metrics.RUNTIME_LLM_SEQUENCES.labels(self.name, version, k) for k in ("running", "waiting")]
@@ -267,6 +317,10 @@ class LlmModel:
             first = False
             if event.tokens > 1:  # several steps in one response (the consumer fell behind)
                 params["tokens"] = event.tokens
+            if event.logprobs:
+                if self._pieces is None:
+                    self._pieces = TokenPieces(self.tokenizer)
+                params["logprobs"] = self._pieces.encode(event.logprobs, event.seq.heal and "prompt_tokens" in params)
             if event.finished:
                 self._tokens[1].inc(len(event.seq.generated))
                 params.update(completion_tokens=len(event.seq.generated), finish_reason=event.seq.finish_reason)

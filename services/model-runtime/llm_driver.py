@@ -97,7 +97,7 @@ class AsyncEngine:
                     while not queue.empty() and not events[-1].finished:
                         events.append(queue.get_nowait())
                     event = Event(seq, "".join(e.text for e in events), events[-1].finished,
-                                  sum(e.tokens for e in events))  # fmt: skip
+                                  sum(e.tokens for e in events), sum((e.logprobs for e in events), ()))  # fmt: skip
                 yield event
                 if event.finished:
                     return

@@ -55,6 +55,23 @@ class Sampling:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    logprobs: int = -1  # -1: none; 0: each chosen token's log probability; k: and the k likeliest tokens'
+
+
+LogProb = tuple[int, float, tuple[tuple[int, float], ...]]  # (token id, log probability, the k likeliest (id, lp))
+
+
+def log_probability(logits: np.ndarray, token: int, k: int) -> LogProb:
+    """``token``'s log probability under a row of logits, and the ``k`` likeliest tokens' (likeliest first)."""
+    z = logits.astype(np.float64)
+    z = z - (z.max() + np.log(np.exp(z - z.max()).sum()))  # log-softmax
+    top: tuple[tuple[int, float], ...] = ()
+    if k > 0:
+        k = min(k, z.shape[0])
+        best = np.argpartition(z, -k)[-k:]
+        best = best[np.argsort(-z[best], kind="stable")]
+        top = tuple((int(i), float(z[i])) for i in best)
+    return int(token), float(z[token]), top
 
 
 def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
@@ -97,6 +114,8 @@ class Sequence:
     error: str = ""
     heal: bool = False  # the prompt's trailing space was taken off (Engine.prepare)
     reported: int = 0  # generated tokens covered by the events handed out
+    logprobs: list = field(default_factory=list)  # one LogProb per generated token, when sampling.logprobs >= 0
+    pending: LogProb | None = None  # the sampled token's, until _accept takes the token
 
 
 @dataclass(frozen=True)
@@ -112,6 +131,7 @@ class Event:
     text: str
     finished: bool = False
     tokens: int = 1
+    logprobs: tuple = ()  # the LogProb of each of those tokens, when the sequence asked for them
 
 
 class Engine:
@@ -355,12 +375,19 @@ class Engine:
                     self._to_decode(seq)
                 if seq.heal:
                     row = np.where(self._space_tokens(), row, -np.inf)
-                firsts.append((seq, sample(row, seq.sampling, seq.rng)))
+                firsts.append((seq, self._sample(seq, row)))
         return firsts
+
+    @staticmethod
+    def _sample(seq: Sequence, row: np.ndarray) -> int:
+        token = sample(row, seq.sampling, seq.rng)
+        if seq.sampling.logprobs >= 0:
+            seq.pending = log_probability(row, token, seq.sampling.logprobs)
+        return token
 
     def _decode(self, batch: list[Sequence]) -> list[int]:
         logits = self._decode_forward(len(batch))
-        return [sample(row, s.sampling, s.rng) for row, s in zip(logits, batch)]
+        return [self._sample(s, row) for row, s in zip(logits, batch)]
 
     def _accept(self, seq: Sequence, token: int) -> Event | None:
         """Take ``token`` into ``seq``: the text it releases, and whether the sequence is done."""
@@ -371,6 +398,8 @@ class Engine:
         else:
             seq.generated.append(token)
             seq.next_id = token
+            if seq.pending is not None:
+                seq.logprobs.append(seq.pending)
             if len(seq.generated) >= s.max_tokens:
                 reason = "length"
             elif seq.length + 1 >= self.context:
@@ -392,12 +421,13 @@ class Engine:
         seq.emitted = max(end, seq.emitted)
         if not reason and not piece:
             return None
-        tokens, seq.reported = len(seq.generated) - seq.reported, len(seq.generated)
+        since, seq.reported = seq.reported, len(seq.generated)
+        tokens, logprobs = seq.reported - since, tuple(seq.logprobs[since:]) if seq.pending is not None else ()
         if reason:
             with self._lock:
                 self._release(seq, reason)
-            return Event(seq, piece, True, tokens)
-        return Event(seq, piece, False, tokens)
+            return Event(seq, piece, True, tokens, logprobs)
+        return Event(seq, piece, False, tokens, logprobs)
 
     def step(self) -> list[Event]:
         """One iteration (see the module docstring): the text pieces it made."""

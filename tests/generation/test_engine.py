@@ -363,3 +363,62 @@ def test_an_instance_count_that_leaves_an_instance_less_than_the_context_is_refu
     config = dataclasses.replace(read_config(folder), instance_count=16)  # 2,048 tokens: 128 an instance
     with pytest.raises(InvalidArgument, match=r"instance_group count 16 leave an instance 128 tokens.*256 tokens"):
         LlmModel(folder / "1" / "model.onnx", config, 1)
+
+
+def test_log_probabilities_are_the_models_distribution_over_each_chosen_token(parts):
+    """Each generated token gets one entry: its log probability under the model's softmax (here the whole
+    vocabulary's, so it sums to 1), the likeliest first; greedy picks the likeliest; EOS-free text unchanged."""
+    decoder, tokenizer = parts
+    vocab = tokenizer.get_vocab_size()
+    plain = alone(parts, "def main(args):\n", Sampling(max_tokens=6, ignore_eos=True))
+    engine = make_engine(parts)
+    seq = engine.add(engine.encode("def main(args):\n"), Sampling(max_tokens=6, ignore_eos=True, logprobs=vocab))
+    text, entries = "", []
+    while seq.state != "done":
+        for event in engine.step():
+            text += event.text
+            entries += event.logprobs
+            assert len(event.logprobs) == event.tokens
+    assert text == plain and [e[0] for e in entries] == seq.generated
+    for token, lp, top in entries:
+        assert len(top) == vocab and top[0][0] == token and top[0][1] == lp  # greedy: the likeliest
+        assert [v for _, v in top] == sorted((v for _, v in top), reverse=True)
+        assert abs(sum(np.exp(v) for _, v in top) - 1.0) < 1e-6
+    sampled = engine.add(engine.encode("x = "), Sampling(max_tokens=5, temperature=1.5, seed=4, logprobs=2))
+    got = []
+    while sampled.state != "done":
+        got += [lp for e in engine.step() for lp in e.logprobs]
+    assert [e[0] for e in got] == sampled.generated and all(len(e[2]) == 2 and e[1] <= e[2][0][1] for e in got)
+    plain_seq = engine.add(engine.encode("x = "), Sampling(max_tokens=3))
+    while plain_seq.state != "done":
+        assert all(e.logprobs == () for e in engine.step())
+
+
+def test_token_pieces_are_the_tokens_bytes(parts):
+    from aiworks.runtime.llm_backend import TokenPieces
+
+    _, tokenizer = parts
+    pieces = TokenPieces(tokenizer).pieces
+    assert len(pieces) == tokenizer.get_vocab_size()
+    whole = 0
+    for i, (text, raw) in enumerate(pieces):
+        try:
+            decoded = bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:  # part of a character: its text says so
+            assert "\ufffd" in text
+            continue
+        whole += 1
+        assert decoded == text == tokenizer.decode([i], skip_special_tokens=False), i
+    assert whole > len(pieces) // 2
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    assert pieces[eos] == ("<|endoftext|>", list(b"<|endoftext|>"))
+
+
+def test_logprobs_is_a_sampling_parameter_from_0_to_20():
+    limits = {"default_max_tokens": 8, "max_tokens_cap": 64}
+    assert parse_sampling({}, **limits).logprobs == -1
+    assert parse_sampling({"logprobs": 0}, **limits).logprobs == 0
+    assert parse_sampling({"logprobs": 20}, **limits).logprobs == 20
+    for bad in (-1, 21, 1.5, "x", True):
+        with pytest.raises(InvalidArgument, match="logprobs"):
+            parse_sampling({"logprobs": bad}, **limits)

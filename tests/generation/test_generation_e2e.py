@@ -245,6 +245,65 @@ def test_openai_n_choices_streaming_and_not(suite, openai_client):
     assert llm_gauges(suite).get(("aiworks_runtime_llm_sequences", "running"), 0) == 0  # every choice ended
 
 
+def test_openai_log_probabilities_and_echo_streaming_and_not(suite, openai_client):
+    """Chat's logprobs/top_logprobs and completions' logprobs come in each API's own shape, through the official
+    client, streamed and not, one entry per generated token; echo puts the prompt first; bad mixes get a 400."""
+    import openai
+
+    more = {"ignore_eos": True}
+    chat_ask = {"model": "codegen", "messages": [{"role": "user", "content": "def add(a, b):"}], "max_tokens": 6,
+                "temperature": 0, "logprobs": True, "top_logprobs": 3, "extra_body": more}  # fmt: skip
+    chat = openai_client.chat.completions.create(**chat_ask)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens == 6
+    assert "".join(t.token for t in content).startswith(chat.choices[0].message.content)
+    for t in content:
+        assert t.logprob <= 0 and len(t.top_logprobs) == 3
+        assert t.top_logprobs[0].token == t.token and t.top_logprobs[0].logprob == t.logprob  # greedy
+        assert [a.logprob for a in t.top_logprobs] == sorted((a.logprob for a in t.top_logprobs), reverse=True)
+        if "\ufffd" not in t.token:
+            assert bytes(t.bytes).decode() == t.token
+    streamed = [t for c in openai_client.chat.completions.create(stream=True, **chat_ask)
+                if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]  # fmt: skip
+    assert [(t.token, round(t.logprob, 4)) for t in streamed] == [(t.token, round(t.logprob, 4)) for t in content]
+    bare = openai_client.chat.completions.create(**{**chat_ask, "logprobs": False, "top_logprobs": None})
+    assert bare.choices[0].logprobs is None and bare.choices[0].message.content == chat.choices[0].message.content
+
+    ask = {"model": "codegen", "prompt": "import ", "max_tokens": 8, "temperature": 0, "extra_body": more}
+    done = openai_client.completions.create(logprobs=2, **ask)
+    lp, text = done.choices[0].logprobs, done.choices[0].text
+    assert "".join(lp.tokens) == text and len(lp.tokens) == len(lp.token_logprobs) == 8
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(8)]
+    for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert token in top and top[token] == value and len(top) <= 3 and max(top.values()) == value
+    chunks = [c.choices[0] for c in openai_client.completions.create(logprobs=2, stream=True, **ask) if c.choices]
+    tokens = [t for c in chunks if c.logprobs for t in c.logprobs.tokens]
+    offsets = [o for c in chunks if c.logprobs for o in c.logprobs.text_offset]
+    assert tokens == lp.tokens and offsets == lp.text_offset
+    assert openai_client.completions.create(**ask).choices[0].logprobs is None
+
+    echoed = openai_client.completions.create(echo=True, **ask)
+    assert echoed.choices[0].text == "import " + text
+    echo_chunks = openai_client.completions.create(echo=True, stream=True, **ask)
+    assert "".join(c.choices[0].text for c in echo_chunks if c.choices) == "import " + text
+
+    # Triton's generate extension passes the parameter to the backend and answers its entries as they are.
+    healed = requests.post(url(suite, "/v2/models/codegen/generate"),
+                           json={"text_input": "def ", "max_tokens": 5, "ignore_eos": True, "logprobs": 1}).json()  # fmt: skip
+    assert len(healed["logprobs"]) == 5 and "".join(e[0] for e in healed["logprobs"]) == healed["text_output"]
+    for bad, words in (({"logprobs": 6}, "'logprobs' must be an integer from 0 to 5"),
+                       ({"logprobs": 1, "echo": True}, "'echo' with 'logprobs' is not supported"),
+                       ({"echo": "yes"}, "'echo' must be a boolean")):  # fmt: skip
+        with pytest.raises(openai.BadRequestError) as refused:
+            openai_client.completions.create(model="codegen", prompt="x", max_tokens=2, **bad)
+        assert words in refused.value.message
+    for bad, words in (({"top_logprobs": 2}, "'top_logprobs' needs 'logprobs': true"),
+                       ({"logprobs": True, "top_logprobs": 21}, "'top_logprobs' must be an integer from 0 to 20")):  # fmt: skip
+        with pytest.raises(openai.BadRequestError) as refused:
+            openai_client.chat.completions.create(model="codegen", messages=chat_ask["messages"], max_tokens=2, **bad)
+        assert words in refused.value.message
+
+
 def test_clients_that_leave_n_choices_leave_no_sequence_running(suite):
     """Several choices of one request, abandoned streamed after the first chunk or unstreamed mid-generation: every
     choice's sequence is cancelled, and the KV cache is as it was."""
