@@ -21,7 +21,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from aiworks.scheduler.catalog import Catalog, Replica
+from aiworks.core.errors import Unavailable
+from aiworks.core.model_config import ModelSpec
+from aiworks.scheduler.catalog import Catalog, Replica, version_order
 from aiworks.scheduler.views import RoutingTable
 
 log = logging.getLogger(__name__)
@@ -102,6 +104,24 @@ class RoutingMirror(Catalog):
         self.table = table
         self.received.set()
         self._wake()
+
+    def resolve(self, model: str, version: str) -> ModelSpec:
+        """As :meth:`Catalog.resolve`; when no live replica has the version but a stopping one holds it and it is
+        stateful, its spec: the sequences that replica holds go on until they end (a pool of one replica in a
+        rolling update). Starts still find no live holder (aiworks.scheduler.sequence_routing: 503)."""
+        try:
+            return super().resolve(model, version)
+        except Unavailable:
+            held = {
+                k: s
+                for r in self.stopping.values()
+                for k, s in r.models.items()
+                if k[0] == model and (not version or k[1] == version) and s.ready and s.sequence is not None
+                and k not in self.closing
+            }  # fmt: skip
+            if not held:
+                raise
+            return held[max(held, key=lambda k: version_order(k[1]))]
 
     def _retire(self, replica: Replica) -> None:
         """Close a replica's connection once the requests this gateway has in flight there are answered."""

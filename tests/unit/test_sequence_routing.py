@@ -226,3 +226,27 @@ def test_requests_outside_any_sequence_are_400():
         assert "must specify a non-zero or non-empty correlation ID" in no_id.value.message
 
     asyncio.run(main())
+
+
+def test_the_only_replica_stopping_keeps_its_sequences_and_refuses_starts():
+    """A pool of one replica in a rolling update: with no live replica for the version, the sequences the stopping
+    one holds still reach it until they end; a new sequence gets a 503 (nothing live to start it on)."""
+
+    async def main():
+        replicas = {"a": FakeReplica("a")}
+        suite = make(replicas, [spec(sequence=True)])
+        for sid in (1, 2):
+            await send(suite.dispatcher, sid, start=True)
+        suite.registry.heartbeat("a", [spec(sequence=True)], stopping=True)
+        suite.sync()
+        assert not suite.mirror.replicas and "a" in suite.mirror.stopping
+        before = replicas["a"].batches
+        await send(suite.dispatcher, 1)
+        await send(suite.dispatcher, 1, end=True)
+        await send(second_gateway(suite, replicas), 2)  # a gateway that never saw it finds it there too
+        assert replicas["a"].batches == before + 3 and replicas["a"].sequences == {2}
+        with pytest.raises(Unavailable, match="no live replica"):
+            await send(suite.dispatcher, 3, start=True)
+        assert replicas["a"].batches == before + 3
+
+    asyncio.run(main())
