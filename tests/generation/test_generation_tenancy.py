@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import openai
 import pytest
 import requests
@@ -16,12 +18,19 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def tenancy(tiny_llm_repo, tmp_path_factory):
     work = tmp_path_factory.mktemp("tenancy")
+    repo = work / "repo"  # the tiny codegen, and a copy of it whose outputs are masked
+    shutil.copytree(tiny_llm_repo, repo)
+    shutil.copytree(repo / "codegen", repo / "codegen-masked")
+    config = (repo / "codegen-masked" / "config.pbtxt").read_text().replace('name: "codegen"', 'name: "codegen-masked"')
+    config += '\nparameters { key: "mask_patterns" value: { string_value: "email" } }\n'
+    (repo / "codegen-masked" / "config.pbtxt").write_text(config)
     keys, tenants = {}, []
-    for tenant_id, fields in (("coder", {"models": ["codegen"], "max_tokens": 8}), ("other", {"models": ["minilm"]})):
+    for tenant_id, fields in (("coder", {"models": ["codegen"], "max_tokens": 8}), ("other", {"models": ["minilm"]}),
+                              ("masked", {"models": ["codegen-masked"]})):  # fmt: skip
         keys[tenant_id], digest = generate_api_key()
         tenants.append({"id": tenant_id, **fields, "api_keys": [digest]})
     (work / "tenants.yaml").write_text(yaml.safe_dump({"tenants": tenants}))
-    s = start_suite(tiny_llm_repo, work / "logs", replicas=1, cache=False,
+    s = start_suite(repo, work / "logs", replicas=1, cache=False,
                     extra_env={"AIWORKS_GATEWAY_TENANTS_FILE": str(work / "tenants.yaml")})  # fmt: skip
     yield s, keys
     s.supervisor.stop()
@@ -70,3 +79,20 @@ def test_a_tenants_max_tokens_cap_holds_on_every_front_end(tenancy):
     coder = openai.OpenAI(base_url=f"http://{suite.http_url}/v1", api_key=keys["coder"], max_retries=0)
     with pytest.raises(openai.BadRequestError, match="rule max_tokens"):
         coder.chat.completions.create(model="codegen", messages=[{"role": "user", "content": "hi"}], max_tokens=50)
+
+
+def test_a_model_that_masks_its_outputs_gives_no_log_probabilities(tenancy):
+    """Token texts in log probabilities would pass its masking by: asked for on any route, a 400 that says so."""
+    suite, keys = tenancy
+    client = openai.OpenAI(base_url=f"http://{suite.http_url}/v1", api_key=keys["masked"], max_retries=0)
+    assert client.completions.create(model="codegen-masked", prompt="x", max_tokens=2).choices[0].logprobs is None
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model="codegen-masked", prompt="x", max_tokens=2, logprobs=1)
+    assert "masks its outputs; log probabilities would show its tokens unmasked" in refused.value.message
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="codegen-masked", messages=[{"role": "user", "content": "x"}],
+                                       max_tokens=2, logprobs=True, stream=True)  # fmt: skip
+    r = requests.post(f"http://{suite.http_url}/v2/models/codegen-masked/generate",
+                      json={"text_input": "x", "max_tokens": 2, "logprobs": 0},
+                      headers={"authorization": f"Bearer {keys['masked']}"})  # fmt: skip
+    assert r.status_code == 400 and "masks its outputs" in r.json()["error"]
