@@ -318,6 +318,8 @@ class GatewayDataPlane:
         work = Work()
         tokens = tokens if tokens is not None else TokenCount()
         finished = False
+        # A masked stream's text goes out a line at a time, so a match across pieces is masked too.
+        hold = tenancy.masking.hold_for(spec) if spec.decoupled else None
         try:
             stream = self.routing.infer_stream(request, options, spec=spec, work=work)
             async with contextlib.aclosing(stream) as answers:
@@ -329,7 +331,15 @@ class GatewayDataPlane:
                     )  # fmt: skip
                     if options.clamped:
                         response.parameters[PRIORITY_CLAMPED] = options.priority.label
-                    yield await tenancy.masking.mask_async(spec, response)
+                    if hold is None:
+                        yield await tenancy.masking.mask_async(spec, response)
+                        continue
+                    bare = answer.final and not answer.outputs  # the stream's end flag: the text held goes first
+                    for out in (hold.end(), response) if bare else (hold.push(response),):
+                        if out is not None:
+                            yield await tenancy.masking.mask_async(spec, out)
+            if hold is not None and (out := hold.end()) is not None:
+                yield await tenancy.masking.mask_async(spec, out)
             finished = True
         finally:
             admission.used_tokens = tokens.prompt + tokens.completion  # the reserve settles to it at release

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import re2
 
-from aiworks.core.datatypes import Tensor, bytes_offsets
+from aiworks.core.datatypes import Tensor, bytes_offsets, deserialize_bytes, serialize_items
 from aiworks.core.errors import Internal, InvalidArgument, PayloadTooLarge
 from aiworks.core.inference import InferResponse
 from aiworks.core.looplag import offload
@@ -326,6 +326,59 @@ class Masker:
         return response
 
 
+HOLD_MAX_BYTES = 4096  # a line longer than this is let go, all but its last HOLD_KEEP_BYTES
+HOLD_KEEP_BYTES = 256  # longer than any built-in pattern's match (an e-mail address is at most 254)
+
+
+class StreamHold:
+    """A masked model's stream of text pieces (a generation's tokens), released a line at a time.
+
+    Masking a piece at a time would miss a match the model made across
+    pieces (``a@`` then ``b.io``). So the text of each one-element BYTES
+    output that masking applies to is held back until a line ends (none of
+    the built-in patterns spans lines), and each response goes out when the
+    next one comes, carrying the lines completed so far; the last one carries
+    the rest. A line of more than :data:`HOLD_MAX_BYTES` is let go but for its
+    last :data:`HOLD_KEEP_BYTES`. Responses keep their parameters (token
+    counts, finish reasons) and their number; only where their text lies moves.
+    """
+
+    def __init__(self, masker: Masker):
+        self.masker = masker
+        self.held: dict[str, bytes] = {}
+        self.waiting: InferResponse | None = None
+
+    def push(self, response: InferResponse) -> InferResponse | None:
+        """Take ``response``; the one before it, with the lines completed so far (None for the first)."""
+        out, self.waiting = self.waiting, response
+        return self._release(out, last=False) if out is not None else None
+
+    def end(self) -> InferResponse | None:
+        """The stream ended: the response still waiting, with all the text held."""
+        out, self.waiting = self.waiting, None
+        return self._release(out, last=True) if out is not None else None
+
+    def _release(self, response: InferResponse, last: bool) -> InferResponse:
+        for i, tensor in enumerate(response.outputs):
+            if not self.masker.applies_to(tensor) or len(tensor.shape) != 1 or tensor.shape[0] != 1:
+                continue
+            text = self.held.pop(tensor.name, b"") + bytes(deserialize_bytes(tensor.raw, 1, name=tensor.name)[0])
+            cut = len(text) if last else text.rfind(b"\n") + 1
+            if len(text) - cut > HOLD_MAX_BYTES:
+                cut = len(text) - HOLD_KEEP_BYTES
+                while cut > 0 and 0x80 <= text[cut] < 0xC0:  # not inside a character
+                    cut -= 1
+            if cut < len(text):
+                self.held[tensor.name] = text[cut:]
+            response.outputs[i] = Tensor(tensor.name, "BYTES", (1,), serialize_items([text[:cut]]),
+                                         dict(tensor.parameters))  # fmt: skip
+        if last:  # text held for an output this response lacks: a stream that switched outputs; it goes too
+            for name, text in self.held.items():
+                response.outputs.append(Tensor(name, "BYTES", (1,), serialize_items([text])))
+            self.held.clear()
+        return response
+
+
 class MaskingPolicies:
     """Maskers by model version, compiled once per distinct config and reused.
 
@@ -355,6 +408,11 @@ class MaskingPolicies:
             self._maskers.pop(next(iter(self._maskers)))
         self._maskers[key] = masker
         return masker
+
+    def hold_for(self, spec: ModelSpec) -> StreamHold | None:
+        """A :class:`StreamHold` for a stream of ``spec``'s responses when it masks them, else None."""
+        masker = self.for_spec(spec)
+        return StreamHold(masker) if masker is not None else None
 
     def mask(self, spec: ModelSpec, response: InferResponse) -> InferResponse:
         """The response with the model's masking applied (unchanged when it has none), here on the caller's thread."""

@@ -86,6 +86,13 @@ def test_a_model_that_masks_its_outputs_gives_no_log_probabilities(tenancy):
     suite, keys = tenancy
     client = openai.OpenAI(base_url=f"http://{suite.http_url}/v1", api_key=keys["masked"], max_retries=0)
     assert client.completions.create(model="codegen-masked", prompt="x", max_tokens=2).choices[0].logprobs is None
+    # Its stream is held a line at a time (tests/tenancy/test_stream_masking.py) and ends with the same text.
+    ask = {"model": "codegen-masked", "prompt": "import ", "max_tokens": 12, "temperature": 0,
+           "extra_body": {"ignore_eos": True}}  # fmt: skip
+    whole = client.completions.create(**ask)
+    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **ask))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens == 12
     with pytest.raises(openai.BadRequestError) as refused:
         client.completions.create(model="codegen-masked", prompt="x", max_tokens=2, logprobs=1)
     assert "masks its outputs; log probabilities would show its tokens unmasked" in refused.value.message
