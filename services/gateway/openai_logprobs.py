@@ -15,8 +15,10 @@ parameter and those entries into their answers:
   probabilities (so ``logprobs + 1`` of them at most, as OpenAI's) and
   ``text_offset`` is each token's character offset in the choice's text.
 
-``echo`` with ``logprobs`` is refused: the prompt's own tokens would need
-their log probabilities, which the engine does not compute.
+A completion's ``echo`` with ``logprobs`` also scores the prompt: the
+backend's ``prompt_logprobs`` parameter, whose entries come first, the
+prompt's first token with ``null`` (nothing predicts it), as OpenAI's; with
+``max_tokens: 1`` that is how evaluation harnesses read a text's likelihood.
 """
 
 from __future__ import annotations
@@ -47,15 +49,13 @@ def requested(doc: dict, chat: bool) -> int | None:
     asked = doc.get("logprobs")
     if asked is None:
         return None
-    k = _whole(asked, "logprobs", MAX_LOGPROBS_COMPLETIONS)
-    if doc.get("echo"):
-        raise InvalidArgument("'echo' with 'logprobs' is not supported: the prompt's tokens have no log probabilities here")
-    return k
+    return _whole(asked, "logprobs", MAX_LOGPROBS_COMPLETIONS)
 
 
-def entries(response) -> list:
-    """The backend's per-token entries on one response (none when it carries none)."""
-    raw = response.parameters.get("logprobs") if response is not None else None
+def entries(response, name: str = "logprobs") -> list:
+    """The backend's per-token entries on one response (none when it carries none); ``prompt_logprobs``: the
+    prompt's, on the first."""
+    raw = response.parameters.get(name) if response is not None else None
     return orjson.loads(raw) if raw else []
 
 
@@ -78,7 +78,7 @@ class CompletionLogprobs:
         for text, _, lp, top in items:
             out["tokens"].append(text)
             out["token_logprobs"].append(lp)
-            out["top_logprobs"].append({**{alt[0]: alt[2] for alt in top}, text: lp})
+            out["top_logprobs"].append({**{alt[0]: alt[2] for alt in top}, text: lp} if lp is not None else None)
             out["text_offset"].append(self.offset)
             self.offset += len(text)
         return out

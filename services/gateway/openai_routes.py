@@ -20,7 +20,8 @@ on every other inference route.
 - Log probabilities: chat's ``logprobs`` / ``top_logprobs`` and
   completions' ``logprobs``, in each API's own answer format
   (:mod:`aiworks.gateway.openai_logprobs`). A completion's ``echo`` puts
-  its prompt before its text (not with ``logprobs``).
+  its prompt before its text, and with ``logprobs`` its tokens' entries
+  before the text's.
 - ``n`` (at most :data:`MAX_CHOICES`) runs that many generations of the
   prompt side by side, each its own sequence in the engine (with a
   ``seed``, choice ``i`` samples with ``seed + i``, so they differ and
@@ -243,6 +244,8 @@ def add_openai_routes(app: FastAPI, dataplane: GatewayDataPlane, max_request_byt
         top = openai_logprobs.requested(doc, chat)
         if top is not None:
             params["logprobs"] = top
+            if doc.get("echo"):  # the prompt is scored too
+                params["prompt_logprobs"] = top
         echoes = [prompt for prompt in prompts for _ in range(n)] if doc.get("echo") else None  # by choice index
         if len(prompts) * n > MAX_GENERATIONS:
             raise InvalidArgument(f"{len(prompts)} prompt(s) x n = {n} asks for {len(prompts) * n} generations; at "
@@ -271,7 +274,7 @@ def add_openai_routes(app: FastAPI, dataplane: GatewayDataPlane, max_request_byt
             include_usage = bool((doc.get("stream_options") or {}).get("include_usage"))
             events = _stream(ident, created, doc["model"], chat, starts, include_usage, n, top is not None, echoes)
             return StreamingResponse(events, media_type="text/event-stream; charset=utf-8")
-        tasks = [asyncio.ensure_future(_collect(running, top is not None)) for running in runs]
+        tasks = [asyncio.ensure_future(_collect(running, top is not None, bool(echoes))) for running in runs]
         try:
             async with generate.cancel_on_disconnect(runs, request.receive):
                 answers = await asyncio.gather(*tasks)
@@ -296,11 +299,14 @@ def add_openai_routes(app: FastAPI, dataplane: GatewayDataPlane, max_request_byt
                    "model": doc["model"], "choices": choices, "usage": usage}  # fmt: skip
         return Response(orjson.dumps(doc_out), media_type="application/json")
 
-    async def _collect(running: generate.Generation, logprobs: bool) -> tuple[str, object, object, list]:
-        """One choice's whole text, its first and last responses, and (``logprobs``) its tokens' entries."""
+    async def _collect(running: generate.Generation, logprobs: bool, echo: bool) -> tuple[str, object, object, list]:
+        """One choice's whole text, its first and last responses, and (``logprobs``) its tokens' entries (after
+        its prompt's, with ``echo``)."""
         pieces, first, last, items = [], None, None, []
         async with contextlib.aclosing(running.responses()) as responses:
             async for r in responses:
+                if logprobs and echo and first is None:
+                    items += openai_logprobs.entries(r, "prompt_logprobs")
                 first = first or r
                 last = r
                 pieces.append(generate.text_of(r))
@@ -318,6 +324,8 @@ def add_openai_routes(app: FastAPI, dataplane: GatewayDataPlane, max_request_byt
             lp = None
             if logprobs and r is not None:
                 items = openai_logprobs.entries(r)
+                if before:  # the echoed prompt's entries come first
+                    items = openai_logprobs.entries(r, "prompt_logprobs") + items
                 lp = openai_logprobs.chat_logprobs(items) if chat else offsets[index].chunk(items)
             if chat:
                 delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})

@@ -7,7 +7,8 @@ config is decoupled (``model_transaction_policy { decoupled: true }``) with
 Triton's generate convention names them; each response carries the text one
 step made (usually one token's). Sampling comes from request parameters:
 
-- ``max_tokens`` (default: the config's ``default_max_tokens``; 1..``max_tokens_cap``),
+- ``max_tokens`` (default: the config's ``default_max_tokens``; 1..``max_tokens_cap``, or 0 with
+  ``prompt_logprobs``: the prompt is scored, nothing generated),
 - ``temperature`` (0: greedy), ``top_k`` (0: off), ``top_p`` (1: off), ``seed``,
 - ``stop``: a string, or a JSON list of strings, that ends the generation (not returned),
 - ``ignore_eos``: keep going past the end-of-text token,
@@ -16,7 +17,12 @@ step made (usually one token's). Sampling comes from request parameters:
   per token it covers (``top``: the ``logprobs`` likeliest tokens as
   ``[text, bytes, logprob]``, likeliest first), the log probabilities from the
   model's own distribution (before temperature, top-k and top-p), ``bytes``
-  the token's UTF-8 bytes (a token may hold part of a character).
+  the token's UTF-8 bytes (a token may hold part of a character),
+- ``prompt_logprobs``: 0..:data:`MAX_LOGPROBS`: the first response also
+  carries ``prompt_logprobs``, the same entries for the prompt's tokens,
+  the first with a ``null`` log probability and no others (nothing predicts
+  it); such a prompt is not healed
+  (its trailing space stays a token of its own), so its tokens spell it.
 
 Any other parameter is refused (``INVALID_ARGUMENT``) but Triton's own (``triton_*``). Config parameters:
 ``context_tokens``, ``kv_budget_tokens`` (the replica's KV-cache budget in
@@ -57,7 +63,7 @@ from aiworks.runtime.llm_engine import Engine, Sampling
 
 EOS = "<|endoftext|>"
 SAMPLING_PARAMETERS = frozenset({"max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "ignore_eos",
-                                 "logprobs"})  # fmt: skip
+                                 "logprobs", "prompt_logprobs"})  # fmt: skip
 MAX_LOGPROBS = 20  # the likeliest tokens a response may list beside each chosen one (OpenAI's top_logprobs cap)
 MAX_STOP_STRINGS, MAX_STOP_CHARS = 8, 64
 
@@ -110,11 +116,13 @@ def parse_sampling(params: dict, *, default_max_tokens: int, max_tokens_cap: int
             f"unknown sampling parameter(s) {unknown[:4]}; accepted: {sorted(SAMPLING_PARAMETERS)}"
         )
     seed = params.get("seed")
+    scored = _number(params, "prompt_logprobs", int, -1, 0, MAX_LOGPROBS) if "prompt_logprobs" in params else -1
     ignore_eos = params.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
         raise InvalidArgument("parameter 'ignore_eos' must be a boolean")
     return Sampling(
-        max_tokens=_number(params, "max_tokens", int, default_max_tokens, 1, max_tokens_cap),
+        # 0 new tokens only to score a prompt (echo with logprobs): it is read and ends.
+        max_tokens=_number(params, "max_tokens", int, default_max_tokens, 0 if scored >= 0 else 1, max_tokens_cap),
         temperature=_number(params, "temperature", float, 0.0, 0.0, 100.0),
         top_k=_number(params, "top_k", int, 0, 0, 1 << 20),
         top_p=_number(params, "top_p", float, 1.0, 1e-6, 1.0),
@@ -122,6 +130,7 @@ def parse_sampling(params: dict, *, default_max_tokens: int, max_tokens_cap: int
         stop=_stops(params.get("stop")),
         ignore_eos=ignore_eos,
         logprobs=_number(params, "logprobs", int, -1, 0, MAX_LOGPROBS) if "logprobs" in params else -1,
+        prompt_logprobs=scored,
     )
 
 
@@ -156,9 +165,10 @@ class TokenPieces:
             text, raw = text[1:], raw[1:]
         return [text, raw, max(logprob, -9999.0)]  # an impossible token (-inf) as vLLM writes it
 
-    def encode(self, logprobs: tuple, healed: bool) -> str:
-        """The ``logprobs`` response parameter for an event's :class:`~aiworks.runtime.llm_engine.LogProb` s."""
-        out = []
+    def encode(self, logprobs, healed: bool = False, first: list | None = None) -> str:
+        """The ``logprobs`` (or ``prompt_logprobs``, ``first`` its first entry) response parameter for
+        :class:`~aiworks.runtime.llm_engine.LogProb` s."""
+        out = list(first or [])
         for n, (token, lp, top) in enumerate(logprobs):
             strip = healed and n == 0
             out.append([*self.entry(token, lp, strip), [self.entry(t, v, strip) for t, v in top]])
@@ -285,7 +295,7 @@ class LlmModel:
     def run(self, feeds, outputs):
         raise InvalidArgument(f"model '{self.name}' is decoupled: it answers on a stream only")
 
-    def prompt_ids(self, request: InferRequest) -> tuple[np.ndarray, bool]:
+    def prompt_ids(self, request: InferRequest, heal: bool = True) -> tuple[np.ndarray, bool]:
         tensors = {t.name: t for t in request.inputs}
         text = tensors.get("text_input")
         if text is None or text.datatype != "BYTES" or int(np.prod(text.shape)) != 1:
@@ -295,6 +305,8 @@ class LlmModel:
             prompt = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
         except UnicodeDecodeError:
             raise InvalidArgument("input 'text_input' is not UTF-8 text") from None
+        if not heal:
+            return self.engine.encode(prompt), False
         return self.engine.prepare(prompt)  # the instances share the tokenizer and context
 
     async def stream(self, request: InferRequest, options: RequestOptions):
@@ -302,7 +314,7 @@ class LlmModel:
         sampling = parse_sampling(
             request.parameters, default_max_tokens=self.default_max_tokens, max_tokens_cap=self.max_tokens_cap
         )
-        prompt, heal = self.prompt_ids(request)
+        prompt, heal = self.prompt_ids(request, heal=sampling.prompt_logprobs < 0)
         instance = self._instance()
         first = True
         last_s = time.perf_counter()
@@ -317,10 +329,16 @@ class LlmModel:
             first = False
             if event.tokens > 1:  # several steps in one response (the consumer fell behind)
                 params["tokens"] = event.tokens
-            if event.logprobs:
+            if event.logprobs or (sampling.prompt_logprobs >= 0 and "prompt_tokens" in params):
                 if self._pieces is None:
                     self._pieces = TokenPieces(self.tokenizer)
-                params["logprobs"] = self._pieces.encode(event.logprobs, event.seq.heal and "prompt_tokens" in params)
+                if event.logprobs:
+                    params["logprobs"] = self._pieces.encode(event.logprobs, event.seq.heal and "prompt_tokens" in params)
+                if "prompt_tokens" in params and sampling.prompt_logprobs >= 0:
+                    first_token = int(prompt[0])
+                    params["prompt_logprobs"] = self._pieces.encode(
+                        event.seq.prompt_logprobs, first=[[*self._pieces.entry(first_token, 0.0)[:2], None, []]]
+                    )
             if event.finished:
                 self._tokens[1].inc(len(event.seq.generated))
                 params.update(completion_tokens=len(event.seq.generated), finish_reason=event.seq.finish_reason)

@@ -56,6 +56,7 @@ class Sampling:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logprobs: int = -1  # -1: none; 0: each chosen token's log probability; k: and the k likeliest tokens'
+    prompt_logprobs: int = -1  # the same for the prompt's tokens (but its first, which nothing predicts)
 
 
 LogProb = tuple[int, float, tuple[tuple[int, float], ...]]  # (token id, log probability, the k likeliest (id, lp))
@@ -72,6 +73,23 @@ def log_probability(logits: np.ndarray, token: int, k: int) -> LogProb:
         best = best[np.argsort(-z[best], kind="stable")]
         top = tuple((int(i), float(z[i])) for i in best)
     return int(token), float(z[token]), top
+
+
+def prompt_log_probabilities(logits: np.ndarray, tokens: np.ndarray, k: int) -> list[LogProb]:
+    """Each of ``tokens``' :class:`LogProb` under the logits row before it (``logits[i]`` predicts ``tokens[i]``)."""
+    z = logits.astype(np.float64)
+    z -= z.max(axis=1, keepdims=True)
+    z -= np.log(np.exp(z).sum(axis=1, keepdims=True))
+    chosen = z[np.arange(len(tokens)), tokens]
+    out = []
+    for i, token in enumerate(tokens.tolist()):
+        top: tuple[tuple[int, float], ...] = ()
+        if k > 0:
+            best = np.argpartition(z[i], -min(k, z.shape[1]))[-k:]
+            best = best[np.argsort(-z[i, best], kind="stable")]
+            top = tuple((int(j), float(z[i, j])) for j in best)
+        out.append((token, float(chosen[i]), top))
+    return out
 
 
 def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
@@ -115,6 +133,8 @@ class Sequence:
     heal: bool = False  # the prompt's trailing space was taken off (Engine.prepare)
     reported: int = 0  # generated tokens covered by the events handed out
     logprobs: list = field(default_factory=list)  # one LogProb per generated token, when sampling.logprobs >= 0
+    prompt_logprobs: list = field(default_factory=list)  # one per prompt token but the first (prompt_logprobs >= 0)
+    carry: np.ndarray | None = None  # the logits after the prompt's chunk read so far (for its next chunk's first)
     pending: LogProb | None = None  # the sampled token's, until _accept takes the token
 
 
@@ -348,12 +368,31 @@ class Engine:
                 ids[k, : chunk.shape[0]] = chunk
                 positions[k] = start + np.minimum(np.arange(new), chunk.shape[0] - 1)  # padding repeats the last
             seqlens = np.full(len(group), start + new - 1, np.int32)
-            flat = np.arange(len(group)) * new + counts - 1
-            out = self.runner(ids, positions, seqlens, flat, self._slots(first.slot, len(group)))
+            # Each row's last new token gives its logits; a row that scores its prompt wants every position's.
+            wants = [rows[i][0].sampling.prompt_logprobs >= 0 for i in group]
+            flat = np.concatenate([np.arange(k * new, k * new + counts[k]) if wants[k] else [k * new + counts[k] - 1]
+                                   for k in range(len(group))]) if any(wants) else np.arange(len(group)) * new + counts - 1  # fmt: skip
+            out = self.runner(ids, positions, seqlens, flat.astype(np.int64), self._slots(first.slot, len(group)))
+            at = 0
             for k, i in enumerate(group):
-                logits[i] = out[k]
-                rows[i][0].length += int(counts[k])
+                seq, chunk = rows[i]
+                if wants[k]:
+                    self._score_prompt(seq, chunk, out[at : at + int(counts[k])])
+                    at += int(counts[k])
+                else:
+                    at += 1
+                logits[i] = out[at - 1]
+                seq.length += int(counts[k])
         return logits
+
+    @staticmethod
+    def _score_prompt(seq: Sequence, chunk: np.ndarray, logits: np.ndarray) -> None:
+        """The log probabilities of ``chunk``'s tokens (``logits``: at each of its positions), the first one's from
+        the chunk before (none for the prompt's first token)."""
+        before = logits[:-1] if seq.carry is None else np.concatenate([seq.carry[None], logits[:-1]])
+        tokens = chunk[1:] if seq.carry is None else chunk
+        seq.prompt_logprobs += prompt_log_probabilities(before, tokens, seq.sampling.prompt_logprobs)
+        seq.carry = logits[-1].copy()
 
     def _prefill(self, filling: list[Sequence]) -> list[tuple[Sequence, int]]:
         """Feed prompt chunks, at most ``prefill_chunk`` tokens in all, oldest first: (sequence, first token)
@@ -393,6 +432,10 @@ class Engine:
         """Take ``token`` into ``seq``: the text it releases, and whether the sequence is done."""
         s = seq.sampling
         reason = ""
+        if s.max_tokens == 0:  # a prompt scored only (prompt_logprobs): it ends once read, nothing generated
+            with self._lock:
+                self._release(seq, "length")
+            return Event(seq, "", True, 0)
         if token == self.eos_id and not s.ignore_eos:
             reason = "stop"
         else:

@@ -414,11 +414,43 @@ def test_token_pieces_are_the_tokens_bytes(parts):
     assert pieces[eos] == ("<|endoftext|>", list(b"<|endoftext|>"))
 
 
-def test_logprobs_is_a_sampling_parameter_from_0_to_20():
+def test_logprobs_and_prompt_logprobs_are_sampling_parameters_from_0_to_20():
     limits = {"default_max_tokens": 8, "max_tokens_cap": 64}
     assert parse_sampling({}, **limits).logprobs == -1
     assert parse_sampling({"logprobs": 0}, **limits).logprobs == 0
     assert parse_sampling({"logprobs": 20}, **limits).logprobs == 20
+    assert parse_sampling({"prompt_logprobs": 3}, **limits).prompt_logprobs == 3
+    assert parse_sampling({}, **limits).prompt_logprobs == -1
     for bad in (-1, 21, 1.5, "x", True):
-        with pytest.raises(InvalidArgument, match="logprobs"):
-            parse_sampling({"logprobs": bad}, **limits)
+        for name in ("logprobs", "prompt_logprobs"):
+            with pytest.raises(InvalidArgument, match=name):
+                parse_sampling({name: bad}, **limits)
+
+
+def test_prompt_log_probabilities_read_across_chunks_match_one_read(parts):
+    """A prompt scored in chunks (a long one, or beside others) gets the same log probabilities as in one read,
+    one per token but the first, each under the logits of the position before it; its generation is unchanged."""
+    decoder, tokenizer = parts
+    prompt = "import os\nimport sys\n\ndef main(args):\n    return args\n"
+    sampling = Sampling(max_tokens=4, ignore_eos=True, prompt_logprobs=2)
+    whole = make_engine(parts, prefill_chunk=256)
+    one = whole.add(whole.encode(prompt), sampling)
+    run_all(whole)
+    chunked = make_engine(parts, prefill_chunk=5)
+    other = chunked.add(chunked.encode("x = 1"), Sampling(max_tokens=3))  # read beside it, in its group
+    many = chunked.add(chunked.encode(prompt), sampling)
+    run_all(chunked)
+    n = len(one.prompt)
+    assert n > 10 and len(one.prompt_logprobs) == len(many.prompt_logprobs) == n - 1
+    assert [e[0] for e in one.prompt_logprobs] == one.prompt[1:].tolist()
+    for a, b in zip(one.prompt_logprobs, many.prompt_logprobs):
+        assert a[0] == b[0] and abs(a[1] - b[1]) < 1e-4 and [t for t, _ in a[2]] == [t for t, _ in b[2]]
+        assert len(a[2]) == 2 and a[2][0][1] >= a[1] - 1e-9  # the likeliest first
+    assert one.generated == many.generated and other.prompt_logprobs == []
+    assert one.generated[0] == int(np.argmax(one.carry))  # the prompt's last logits chose the first token (greedy)
+    scored = whole.add(whole.encode(prompt), Sampling(max_tokens=0, prompt_logprobs=0))  # scored, nothing generated
+    events = [e for step in run_all(whole)[2] for e in step]
+    assert [(e.text, e.finished, e.tokens) for e in events] == [("", True, 0)] and scored.generated == []
+    assert [e[0] for e in scored.prompt_logprobs] == [e[0] for e in one.prompt_logprobs]
+    assert np.allclose([e[1] for e in scored.prompt_logprobs], [e[1] for e in one.prompt_logprobs], atol=1e-5)
+    assert scored.finish_reason == "length" and whole.used_tokens == 0 and not whole.running

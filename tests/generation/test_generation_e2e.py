@@ -286,13 +286,37 @@ def test_openai_log_probabilities_and_echo_streaming_and_not(suite, openai_clien
     assert echoed.choices[0].text == "import " + text
     echo_chunks = openai_client.completions.create(echo=True, stream=True, **ask)
     assert "".join(c.choices[0].text for c in echo_chunks if c.choices) == "import " + text
+    # echo with logprobs scores the prompt too (how evaluation harnesses read a text's likelihood: max_tokens 1).
+    scored_ask = {**ask, "prompt": "import os\nimport sys\n", "max_tokens": 1}
+    scored = openai_client.completions.create(echo=True, logprobs=1, **scored_ask)
+    slp, prompt_tokens = scored.choices[0].logprobs, scored.usage.prompt_tokens
+    assert "".join(slp.tokens) == scored.choices[0].text and scored.choices[0].text.startswith("import os\nimport sys\n")
+    assert len(slp.tokens) == prompt_tokens + 1 and slp.token_logprobs[0] is None and slp.top_logprobs[0] is None
+    assert all(v <= 0 for v in slp.token_logprobs[1:]) and all(len(t) <= 2 for t in slp.top_logprobs[1:])
+    assert slp.text_offset == [sum(len(t) for t in slp.tokens[:i]) for i in range(len(slp.tokens))]
+    streamed_scores = [(t, v) for c in openai_client.completions.create(echo=True, logprobs=1, stream=True,
+                                                                        **scored_ask)
+                       if c.choices and c.choices[0].logprobs
+                       for t, v in zip(c.choices[0].logprobs.tokens, c.choices[0].logprobs.token_logprobs)]  # fmt: skip
+    assert [t for t, _ in streamed_scores] == slp.tokens
+    zero = openai_client.completions.create(echo=True, logprobs=1, **{**scored_ask, "max_tokens": 0})  # score only
+    assert zero.choices[0].text == "import os\nimport sys\n" and zero.usage.completion_tokens == 0
+    assert zero.choices[0].logprobs.tokens == slp.tokens[:-1] and zero.choices[0].finish_reason == "length"
+    assert [round(v, 4) for v in zero.choices[0].logprobs.token_logprobs[1:]] == [
+        round(v, 4) for v in slp.token_logprobs[1:-1]
+    ]
+    with pytest.raises(openai.BadRequestError) as no_tokens:
+        openai_client.completions.create(**{**scored_ask, "max_tokens": 0})
+    assert "'max_tokens'" in no_tokens.value.message
+    assert [round(v, 4) if v is not None else None for _, v in streamed_scores] == [
+        round(v, 4) if v is not None else None for v in slp.token_logprobs
+    ]
 
     # Triton's generate extension passes the parameter to the backend and answers its entries as they are.
     healed = requests.post(url(suite, "/v2/models/codegen/generate"),
                            json={"text_input": "def ", "max_tokens": 5, "ignore_eos": True, "logprobs": 1}).json()  # fmt: skip
     assert len(healed["logprobs"]) == 5 and "".join(e[0] for e in healed["logprobs"]) == healed["text_output"]
     for bad, words in (({"logprobs": 6}, "'logprobs' must be an integer from 0 to 5"),
-                       ({"logprobs": 1, "echo": True}, "'echo' with 'logprobs' is not supported"),
                        ({"echo": "yes"}, "'echo' must be a boolean")):  # fmt: skip
         with pytest.raises(openai.BadRequestError) as refused:
             openai_client.completions.create(model="codegen", prompt="x", max_tokens=2, **bad)
