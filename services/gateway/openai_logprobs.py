@@ -18,7 +18,7 @@ parameter and those entries into their answers:
 A completion's ``echo`` with ``logprobs`` also scores the prompt: the
 backend's ``prompt_logprobs`` parameter, whose entries come first, the
 prompt's first token with ``null`` (nothing predicts it), as OpenAI's; with
-``max_tokens: 1`` that is how evaluation harnesses read a text's likelihood.
+``max_tokens`` 1 (or 0, the prompt alone) that is how evaluation harnesses read a text's likelihood.
 """
 
 from __future__ import annotations
