@@ -62,19 +62,6 @@ class Sampling:
 LogProb = tuple[int, float, tuple[tuple[int, float], ...]]  # (token id, log probability, the k likeliest (id, lp))
 
 
-def log_probability(logits: np.ndarray, token: int, k: int) -> LogProb:
-    """``token``'s log probability under a row of logits, and the ``k`` likeliest tokens' (likeliest first)."""
-    z = logits.astype(np.float64)
-    z = z - (z.max() + np.log(np.exp(z - z.max()).sum()))  # log-softmax
-    top: tuple[tuple[int, float], ...] = ()
-    if k > 0:
-        k = min(k, z.shape[0])
-        best = np.argpartition(z, -k)[-k:]
-        best = best[np.argsort(-z[best], kind="stable")]
-        top = tuple((int(i), float(z[i])) for i in best)
-    return int(token), float(z[token]), top
-
-
 def prompt_log_probabilities(logits: np.ndarray, tokens: np.ndarray, k: int) -> list[LogProb]:
     """Each of ``tokens``' :class:`LogProb` under the logits row before it (``logits[i]`` predicts ``tokens[i]``)."""
     z = logits.astype(np.float64)
@@ -90,6 +77,11 @@ def prompt_log_probabilities(logits: np.ndarray, tokens: np.ndarray, k: int) -> 
             top = tuple((int(j), float(z[i, j])) for j in best)
         out.append((token, float(chosen[i]), top))
     return out
+
+
+def log_probability(logits: np.ndarray, token: int, k: int) -> LogProb:
+    """``token``'s log probability under a row of logits, and the ``k`` likeliest tokens' (likeliest first)."""
+    return prompt_log_probabilities(logits[None], np.asarray([token]), k)[0]
 
 
 def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
