@@ -319,12 +319,12 @@ def add_openai_routes(app: FastAPI, dataplane: GatewayDataPlane, max_request_byt
         kind = "chat.completion.chunk" if chat else "text_completion"
         offsets = [openai_logprobs.CompletionLogprobs() for _ in starts] if logprobs and not chat else None
 
-        def chunk(index: int, r, reason: str | None = None, role: bool = False, before: str = "") -> bytes:
-            text = before + generate.text_of(r) if r is not None else before
+        def chunk(index: int, r, reason: str | None = None, role: bool = False, before: str | None = None) -> bytes:
+            text = (before or "") + (generate.text_of(r) if r is not None else "")
             lp = None
             if logprobs and r is not None:
                 items = openai_logprobs.entries(r)
-                if before:  # the echoed prompt's entries come first
+                if before is not None:  # the echoed prompt's entries come first
                     items = openai_logprobs.entries(r, "prompt_logprobs") + items
                 lp = openai_logprobs.chat_logprobs(items) if chat else offsets[index].chunk(items)
             if chat:
@@ -343,7 +343,7 @@ def add_openai_routes(app: FastAPI, dataplane: GatewayDataPlane, max_request_byt
                     if chat:
                         yield chunk(index, None, role=True)
                     if first is not None or echoes:
-                        yield chunk(index, first, before=echoes[index] if echoes else "")
+                        yield chunk(index, first, before=echoes[index] if echoes else None)
                 async for index, r in responses:
                     if r is None:  # this choice is done
                         yield chunk(index, None, _reason(lasts[index]))
