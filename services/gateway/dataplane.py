@@ -311,7 +311,8 @@ class GatewayDataPlane:
         if PUBLISH_PARAMETER in request.parameters:
             raise InvalidArgument(f"parameter '{PUBLISH_PARAMETER}' applies to one-answer inferences, not to streams")
         tenant, spec, rows, options = await self._checked(request, principal, pending, request_id, transport_deadline_s)
-        if "logprobs" in request.parameters and tenancy.masking.for_spec(spec) is not None:
+        scores = "logprobs" in request.parameters or "prompt_logprobs" in request.parameters
+        if scores and tenancy.masking.for_spec(spec) is not None:
             raise InvalidArgument(f"model '{spec.name}' masks its outputs; log probabilities would show its tokens "
                                   "unmasked, so it does not give them")  # fmt: skip
         admission = await tenancy.limiter.admit(tenant, token_reserve(tenant, spec, request))

@@ -8,8 +8,8 @@ besides the gateway's own (``priority``, ``timeout``); ``stream`` is
 accepted and ignored, the route decides. A ``stop`` list travels as JSON.
 
 ``/generate`` answers once: ``{"model_name", "model_version", "text_output"}``
-with the whole text (and ``logprobs``, the backend's per-token entries,
-when the ``logprobs`` parameter asked for them). ``/generate_stream`` answers as server-sent events, one
+with the whole text (and ``logprobs`` and ``prompt_logprobs``, the backend's
+per-token entries, when those parameters asked for them). ``/generate_stream`` answers as server-sent events, one
 ``data:`` object of that shape per piece of text, as it is made. An error
 before the first piece is a plain JSON error with its status (400 for bad
 input); one after it is a last ``data: {"error": ...}`` event.
@@ -41,6 +41,7 @@ from aiworks.gateway.token_budget import TokenCount
 
 TEXT_INPUT, TEXT_OUTPUT = "text_input", "text_output"
 ROUTE_PARAMETERS = frozenset({"stream"})  # the route says whether it streams
+SCORES = ("logprobs", "prompt_logprobs")  # the llm backend's per-token entries, answered as they come
 
 
 def parse_generate(body: bytes, model: str, version: str) -> InferRequest:
@@ -176,18 +177,19 @@ async def start(dataplane: GatewayDataPlane, max_request_bytes: int, model: str,
 
 async def generate_once(generation: Generation, receive=None) -> dict:
     """The whole text as one generate response; with ``receive`` (ASGI), a disconnect cancels it (ClientGone)."""
-    pieces, last, logprobs = [], None, []
+    pieces, last = [], None
+    scores: dict[str, list] = {name: [] for name in SCORES if name in generation.request.parameters}
     watching = cancel_on_disconnect(generation, receive) if receive is not None else contextlib.nullcontext()
     async with watching, contextlib.aclosing(generation.responses()) as responses:
         async for response in responses:
             pieces.append(text_of(response))
             last = response
-            if "logprobs" in response.parameters:
-                logprobs += orjson.loads(response.parameters["logprobs"])
+            for name, entries in scores.items():
+                if name in response.parameters:
+                    entries += orjson.loads(response.parameters[name])
     if last is None:
         raise AIWorksError("the model sent no response")
-    doc = {"model_name": last.model, "model_version": last.version, TEXT_OUTPUT: "".join(pieces)}
-    return doc | {"logprobs": logprobs} if "logprobs" in generation.request.parameters else doc
+    return {"model_name": last.model, "model_version": last.version, TEXT_OUTPUT: "".join(pieces), **scores}
 
 
 async def first_and_rest(generation: Generation):
@@ -211,8 +213,9 @@ async def sse_events(first: InferResponse | None, rest) -> AsyncIterator[bytes]:
 
     def piece(r: InferResponse) -> bytes:
         doc = {"model_name": r.model, "model_version": r.version, TEXT_OUTPUT: text_of(r)}
-        if "logprobs" in r.parameters:
-            doc["logprobs"] = orjson.loads(r.parameters["logprobs"])
+        for name in SCORES:
+            if name in r.parameters:
+                doc[name] = orjson.loads(r.parameters[name])
         return event(doc)
 
     async with contextlib.aclosing(rest) as responses:

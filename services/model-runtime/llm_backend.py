@@ -261,7 +261,7 @@ class LlmModel:
         ]  # fmt: skip
         self.engine = self.engines[0]
         self._async: list[AsyncEngine] = []
-        self._pieces: TokenPieces | None = None  # made on the first request for log probabilities
+        self._pieces = TokenPieces(self.tokenizer)  # for log probabilities; made at load, off the request path
         version = Path(path).parent.name
         self._kv = [metrics.RUNTIME_LLM_KV_TOKENS.labels(self.name, version, k) for k in ("used", "budget")]
         self._seqs = [metrics.RUNTIME_LLM_SEQUENCES.labels(self.name, version, k) for k in ("running", "waiting")]
@@ -330,8 +330,6 @@ class LlmModel:
             if event.tokens > 1:  # several steps in one response (the consumer fell behind)
                 params["tokens"] = event.tokens
             if event.logprobs or (sampling.prompt_logprobs >= 0 and "prompt_tokens" in params):
-                if self._pieces is None:
-                    self._pieces = TokenPieces(self.tokenizer)
                 if event.logprobs:
                     params["logprobs"] = self._pieces.encode(event.logprobs, event.seq.heal and "prompt_tokens" in params)
                 if "prompt_tokens" in params and sampling.prompt_logprobs >= 0:

@@ -316,6 +316,10 @@ def test_openai_log_probabilities_and_echo_streaming_and_not(suite, openai_clien
     healed = requests.post(url(suite, "/v2/models/codegen/generate"),
                            json={"text_input": "def ", "max_tokens": 5, "ignore_eos": True, "logprobs": 1}).json()  # fmt: skip
     assert len(healed["logprobs"]) == 5 and "".join(e[0] for e in healed["logprobs"]) == healed["text_output"]
+    prompt_only = requests.post(url(suite, "/v2/models/codegen/generate"),
+                                json={"text_input": "import os\n", "max_tokens": 0, "prompt_logprobs": 0}).json()  # fmt: skip
+    assert prompt_only["text_output"] == "" and "".join(e[0] for e in prompt_only["prompt_logprobs"]) == "import os\n"
+    assert prompt_only["prompt_logprobs"][0][2] is None and all(e[2] <= 0 for e in prompt_only["prompt_logprobs"][1:])
     for bad, words in (({"logprobs": 6}, "'logprobs' must be an integer from 0 to 5"),
                        ({"echo": "yes"}, "'echo' must be a boolean")):  # fmt: skip
         with pytest.raises(openai.BadRequestError) as refused:

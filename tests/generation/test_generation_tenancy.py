@@ -103,3 +103,7 @@ def test_a_model_that_masks_its_outputs_gives_no_log_probabilities(tenancy):
                       json={"text_input": "x", "max_tokens": 2, "logprobs": 0},
                       headers={"authorization": f"Bearer {keys['masked']}"})  # fmt: skip
     assert r.status_code == 400 and "masks its outputs" in r.json()["error"]
+    r = requests.post(f"http://{suite.http_url}/v2/models/codegen-masked/generate",
+                      json={"text_input": "x", "max_tokens": 0, "prompt_logprobs": 1},
+                      headers={"authorization": f"Bearer {keys['masked']}"})  # fmt: skip
+    assert r.status_code == 400 and "masks its outputs" in r.json()["error"]
