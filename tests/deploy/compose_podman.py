@@ -15,6 +15,7 @@ import traceback
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 
 def sh(*command: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
@@ -40,27 +41,46 @@ def failed_containers(project: str) -> list[str]:
     return failed
 
 
-def up(base: list[str], project: str, timeout_s: float) -> None:
-    """`podman-compose up -d`, failing fast: podman-compose waits on a dependency's condition for ever, so a
-    service that exits at start (a missing module, a bad setting) would otherwise hold it until the timeout."""
-    process = subprocess.Popen([*base, "up", "-d", "--no-build"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)  # fmt: skip
+def state(project: str, service: str) -> tuple[str, int]:
+    """A service's container's status ("created", "running", "exited", ...) and exit code."""
+    found = sh("podman", "inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", f"{project}_{service}_1",
+               check=False).stdout.split()  # fmt: skip
+    return (found[0], int(found[1])) if len(found) == 2 else ("missing", -1)
+
+
+def holds(project: str, service: str, condition: str) -> bool:
+    status, code = state(project, service)
+    if condition == "service_completed_successfully":
+        return status == "exited" and code == 0
+    return status == "running"
+
+
+def up(base: list[str], project: str, compose: str, timeout_s: float) -> None:
+    """Create the containers with podman-compose, then start each once its dependencies' conditions hold.
+
+    Not `podman-compose up -d`: it gives each container podman's `--requires` on its dependencies, and podman
+    starts a container's required ones with it. A one-shot job (certs, models) then runs again at each
+    dependent's start, and when it has finished before podman checks it, the dependent is not started ("the
+    following dependencies ... are not running"; CI saw the cache left so, with no log line). Created with
+    --no-deps, the containers carry no such link, and the order is the compose file's: a one-shot dependency has
+    exited 0, any other is running (its health is not waited for: podman runs healthchecks from systemd timers,
+    which these machines lack). Fails fast when a container exits during start-up (a missing module, a bad
+    setting), rather than waiting for the timeout."""
+    sh(*base, "up", "--no-build", "--no-start", "--no-deps")
+    services = yaml.safe_load(Path(compose).read_text())["services"]
+    pending = {name: spec.get("depends_on", {}) for name, spec in services.items()}
     deadline = time.monotonic() + timeout_s
-    try:
-        while process.poll() is None:
-            failed = failed_containers(project)
-            if failed:
-                raise RuntimeError(f"exited during start-up: {', '.join(failed)}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"podman-compose up did not finish in {timeout_s:.0f} s")
-            time.sleep(3)
-        output = process.stdout.read() if process.stdout else ""
-        if process.returncode:
-            raise RuntimeError(f"podman-compose up exited {process.returncode}:\n{output[-3000:]}")
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    while pending:
+        failed = failed_containers(project)
+        if failed:
+            raise RuntimeError(f"exited during start-up: {', '.join(failed)}")
+        for name, needs in list(pending.items()):
+            if all(dep not in pending and holds(project, dep, c["condition"]) for dep, c in needs.items()):
+                sh("podman", "start", f"{project}_{name}_1")
+                del pending[name]
+        if pending and time.monotonic() > deadline:
+            raise TimeoutError(f"not started in {timeout_s:.0f} s: {', '.join(sorted(pending))}")
+        time.sleep(1)
 
 
 def infer(model: str, ca: str) -> dict:
@@ -144,7 +164,7 @@ def main(plan_path: str, result_path: str) -> None:
     started = time.monotonic()
     try:
         sh("ip", "link", "set", "lo", "up")
-        up(base, project, timeout_s=600)
+        up(base, project, compose, timeout_s=600)
         result["up_s"] = round(time.monotonic() - started, 1)
         mountpoint = sh("podman", "volume", "inspect", f"{project}_certs", "--format", "{{.Mountpoint}}").stdout.strip()
         ca = f"{mountpoint}/gateway/ca.crt"
