@@ -185,8 +185,8 @@ def train(spec: LlmSpec, *, progress: bool = True):
             opt.step()
             sched.step()
             b.update()
-            b.set_postfix_str(f"loss {float(loss):.2f}")
-    report["train_loss"] = float(loss)
+            b.set_postfix_str(f"loss {loss.item():.2f}")
+    report["train_loss"] = loss.item()
     report["train_s"] = round(time.monotonic() - started, 1)
     return tokenizer, model.eval(), report
 
