@@ -13,11 +13,10 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
-
-from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "proto"
@@ -29,7 +28,13 @@ def generate(out: Path) -> list[Path]:
     """Write the generated package to ``out`` and return the files written."""
     protos = sorted(PROTO_ROOT.rglob("*.proto"))
     with tempfile.TemporaryDirectory() as tmp:
-        args = [
+        # protoc runs in a process of its own: grpc_tools' native module carries its own copy of protobuf's C++
+        # runtime, whose process-wide (GNU unique) symbols onnxruntime-extensions' copy, of another version,
+        # would later bind to in the same process (the test suite's crashes in import and in the GC, where
+        # this ran in the pytest process before onnxruntime-extensions was loaded).
+        command = [
+            sys.executable,
+            "-m",
             "grpc_tools.protoc",
             f"-I{PROTO_ROOT}",
             f"--python_out={tmp}",
@@ -37,8 +42,9 @@ def generate(out: Path) -> list[Path]:
             f"--grpc_python_out={tmp}",
             *[str(p) for p in protos],
         ]
-        if protoc.main(args) != 0:
-            raise SystemExit("protoc failed")
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"protoc failed:\n{done.stderr}")
         generated = Path(tmp) / "aiworks"
         if out.exists():
             shutil.rmtree(out)
