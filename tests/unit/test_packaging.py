@@ -28,6 +28,9 @@ def test_generated_proto_code_is_current(tmp_path):
     finally:
         sys.path.pop(0)
     generate(tmp_path)
+    # protoc ran in a process of its own: grpc_tools' protobuf C++ runtime in this one made onnxruntime-extensions'
+    # copy (another version, sharing its process-wide symbols) abort on import or corrupt the heap later.
+    assert "grpc_tools._protoc_compiler" not in sys.modules
     fresh = {p.relative_to(tmp_path): p.read_text() for p in tmp_path.rglob("*") if p.is_file()}
     committed = {
         p.relative_to(DEFAULT_OUT): p.read_text()
