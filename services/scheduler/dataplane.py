@@ -511,9 +511,22 @@ class Scheduler:
         )  # fmt: skip
 
     async def expire_loop(self) -> None:
+        """Remove silent replicas, judging silence only over time this process was running.
+
+        When the loop wakes more than a heartbeat interval late, this process (or the machine) was stalled:
+        the replicas' heartbeats of that time may still wait unread, and removing them for it would turn one
+        stall of the scheduler into "no live replica" for every model. Silence then counts from the wake-up.
+        """
+        period = self.settings.heartbeat_timeout_s / 4
+        listening_since = self.clock()
         while True:
-            await asyncio.sleep(self.settings.heartbeat_timeout_s / 4)
-            self.registry.expire(self.settings.heartbeat_timeout_s)
+            before = self.clock()
+            await asyncio.sleep(period)
+            late = self.clock() - before - period
+            if late > self.settings.heartbeat_interval_s:
+                listening_since = self.clock()
+                log.warning("the scheduler did not run for %.1f s: replicas' silence counts from now", late + period)
+            self.registry.expire(self.settings.heartbeat_timeout_s, listening_since)
             now = self.clock()
             for replica_id in [rid for rid, e in self._ejected.items() if e.until_s <= now]:
                 del self._ejected[replica_id]

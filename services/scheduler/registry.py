@@ -140,10 +140,15 @@ class ReplicaRegistry(Catalog):
         replica.live = False
         self._notify()
 
-    def expire(self, timeout_s: float) -> list[str]:
-        """Remove replicas whose last heartbeat is older than ``timeout_s``."""
+    def expire(self, timeout_s: float, listening_since: float | None = None) -> list[str]:
+        """Remove replicas silent for longer than ``timeout_s`` while this scheduler was listening.
+
+        ``listening_since`` is when this process last ran again after a stall of its own (the clock's time): a
+        heartbeat sent while it was not running may still wait unread, so silence counts from then at the most.
+        """
         now = self._clock()
-        gone = [r for r in self.replicas.values() if now - r.last_heartbeat_s > timeout_s]
+        floor = listening_since if listening_since is not None else float("-inf")
+        gone = [r for r in self.replicas.values() if now - max(r.last_heartbeat_s, floor) > timeout_s]
         for replica in gone:
             log.warning(
                 "replica %s removed: no heartbeat for %.1f s", replica.replica_id, now - replica.last_heartbeat_s

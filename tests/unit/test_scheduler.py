@@ -1,6 +1,7 @@
 """The control plane and a gateway's routing: versions, replicas, failover, and the registry's clock."""
 
 import asyncio
+import time
 
 import pytest
 from routing_support import FakeReplica, make, spec
@@ -74,6 +75,35 @@ async def test_heartbeat_expiry_uses_the_clock():
     now[0] = 3.5
     assert registry.expire(3.0) == ["r0"]
     assert registry.heartbeat("r0", []) is False  # the replica must register again
+
+
+async def test_silence_counts_only_while_the_scheduler_listens():
+    now = [0.0]
+    registry = ReplicaRegistry(lambda a: FakeReplica(a), clock=lambda: now[0])
+    registry.register("r0", "x", "cpu", {}, [spec()])
+    now[0] = 5.0  # silent for 5 s, but the scheduler itself ran again only at 4.0
+    assert registry.expire(3.0, listening_since=4.0) == []
+    now[0] = 7.5
+    assert registry.expire(3.0, listening_since=4.0) == ["r0"]  # silent 3.5 s of listening
+
+
+async def test_a_stalled_scheduler_keeps_its_replicas_then_expires_a_silent_one():
+    """CI: two gateways at full rate on two cores, and the scheduler answered no heartbeat for 3-4 s; on
+    waking it removed both runtimes, and the gateways answered "no live replica" until they registered again."""
+    suite = make({"r0": FakeReplica("r0")}, heartbeat_timeout_s=0.6, heartbeat_interval_s=0.25)
+    loop = asyncio.create_task(suite.scheduler.expire_loop())
+    try:
+        await asyncio.sleep(0.2)
+        suite.registry.heartbeat("r0", [spec()])
+        time.sleep(1.5)  # the scheduler's loop stalls: heartbeats sent meanwhile would wait unread
+        await asyncio.sleep(0.05)  # the overdue expiry runs first
+        assert "r0" in suite.registry.replicas  # its silence is judged from the wake-up, not its last heartbeat
+        deadline = time.monotonic() + 10
+        while "r0" in suite.registry.replicas and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert "r0" not in suite.registry.replicas  # silent longer than the timeout while the scheduler listened
+    finally:
+        loop.cancel()
 
 
 async def test_a_stopping_replica_is_routed_nothing_new_until_it_registers_again():
