@@ -42,6 +42,7 @@ class Replica:
     stopping: bool = False  # it said so in a heartbeat (the scheduler's): not live until it registers again
     # The scheduler's: its last heartbeat, and the queues and batches it reported.
     last_heartbeat_s: float = 0.0
+    beats: int = 0  # heartbeats received since it registered
     inflight_batches: int = 0
     queues: list = field(default_factory=list)
     # The GPUs of a "gpu" replica as of its last heartbeat (GpuInfo fields), for status.

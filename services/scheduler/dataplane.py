@@ -382,6 +382,7 @@ class Scheduler:
             async def one(replica: Replica):
                 # The runtime drains its queues of the model before it unloads it.
                 await replica.client.unload(model, timeout_s=self.settings.drain_timeout_s + 10)
+                await self._beat_without(replica, model)
                 self.registry.set_models(replica, [s for s in replica.models.values() if s.name != model])
 
             await self._on_all(one, f"unload of {model}")
@@ -391,6 +392,21 @@ class Scheduler:
         self.registry.release(keys)
         self.registry.forget_model(model)
         log.info("unloaded model %s", model)
+
+    async def _beat_without(self, replica: Replica, model: str) -> None:
+        """Wait (three heartbeat intervals at most) for a heartbeat of ``replica`` that no longer lists ``model``.
+
+        A heartbeat the runtime sent before its unload finished may still arrive after it, listing the model
+        ready again: the gateways' tables would show it loaded after the unload answered. The runtime beats at
+        once when its backends change, one beat at a time, so the one after that is fresh.
+        """
+        seen = replica.beats
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 3 * self.settings.heartbeat_interval_s
+        while loop.time() < deadline:
+            if replica.beats > seen and not any(k[0] == model for k in replica.models):
+                return
+            await asyncio.sleep(0.01)
 
     # ---- draining retired versions ----------------------------------------------------------
 

@@ -78,6 +78,7 @@ class ReplicaRegistry(Catalog):
         replica.gpus = list(gpus)
         now = self._clock()
         replica.last_heartbeat_s = now
+        replica.beats += 1
         if stopping or replica.stopping:  # stopping is for good: only a new registration (a new process) ends it
             if not replica.stopping:
                 log.info("replica %s is stopping: no new work goes to it", replica_id)

@@ -276,6 +276,30 @@ async def test_unload_stops_routing_first_then_lets_the_replicas_drain_and_forge
         await infer(suite, request())
 
 
+async def test_a_heartbeat_sent_before_the_unload_finished_does_not_bring_the_model_back():
+    """CI: `is_model_ready` read true right after `unload_model` returned. The runtime's heartbeat sent while it
+    drained, listing the model, arrived after the scheduler had dropped it; the next one, without it, came later."""
+    replica = FakeReplica({"1": 1.0, "2": 1.0})
+    suite = make({"r": replica})
+    registry = suite.registry
+    before = list(registry.replicas["r"].models.values())
+
+    async def beats():
+        await asyncio.sleep(0.02)
+        registry.heartbeat("r", before)  # sent before the runtime unloaded the model
+        await asyncio.sleep(0.2)
+        registry.heartbeat("r", [])  # its next one, once its backends changed
+
+    async def unload(model, timeout_s=None):
+        asyncio.get_running_loop().create_task(beats())
+
+    replica.unload = unload
+    await suite.scheduler.unload("m")
+    for _ in range(3):  # the model stays gone whatever arrives after the unload answered
+        assert not any(k[0] == "m" for k in registry.replicas["r"].models)
+        await asyncio.sleep(0.05)
+
+
 def _queue(version: str, queued: int):
     from aiworks.pb.scheduler.v1 import scheduler_pb2 as pb
 
