@@ -23,6 +23,7 @@ PREFIX = 16
 POD_RANGE = ipaddress.ip_network("127.42.1.0/24")
 SERVICE_RANGE = ipaddress.ip_network("127.42.100.0/24")
 BRIDGE = "box0"
+BRIDGE_MAC = "02:42:7f:2a:00:01"  # locally administered
 
 
 def run(*command: str) -> None:
@@ -53,6 +54,12 @@ class Node:
         self._veths = itertools.count()
         run("ip", "link", "set", "lo", "up")
         run("ip", "link", "add", BRIDGE, "type", "bridge")
+        # A bridge whose address was never set takes the lowest of its ports' addresses, so it changes as pods
+        # come and go. A pod that resolved the node's address (127.42.0.1, every Service IP) while a short-lived
+        # pod's port was the lowest then sends to an address nobody answers once that pod is gone, until its
+        # neighbour entry expires: tens of seconds without the scheduler (heartbeats lost, replicas expired).
+        # An address set by hand never changes (as docker0 and the CNI bridge plugin set theirs).
+        run("ip", "link", "set", BRIDGE, "address", BRIDGE_MAC)
         _sysctls([], [BRIDGE])
         _loopback_only_on_lo([])
         run("ip", "addr", "add", f"{NODE_ADDRESS}/{PREFIX}", "dev", BRIDGE)

@@ -193,9 +193,11 @@ def shared_limits(box: Box, ctx: dict) -> dict:
                     counts["ok"] += 1
                     last = sent
                 except InferenceServerException as exc:
-                    counts["limited" if "RESOURCE_EXHAUSTED" in str(exc.status()) or "429" in str(exc) else "other"] += 1
-                    if counts["other"] == 1:
-                        counts["first_other"] = str(exc)[:300]
+                    if "RESOURCE_EXHAUSTED" in str(exc.status()) or "429" in str(exc):
+                        counts["limited"] += 1
+                        continue
+                    counts["other"] += 1
+                    counts.setdefault("first_other", str(exc)[:300])  # the first, not whichever came next
 
         await asyncio.gather(*(worker(c) for c in clients for _ in range(per_gateway)))
         for client in clients:
