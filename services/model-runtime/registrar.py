@@ -1,6 +1,7 @@
 """Registers this replica with the scheduler and heartbeats its load, its models and its GPUs.
 
-A heartbeat leaves every ``interval_s``, and also as soon as a backend goes
+A heartbeat leaves every ``interval_s`` (counted from the last one's sending, so a scheduler slow to
+answer still hears one each interval, as long as it answers within one), and also as soon as a backend goes
 down or comes back (checked every ``watch_s``), so the scheduler learns of a
 restarting tritonserver in well under a second. Versions loaded or unloaded
 are told by the load's own answer and the next regular heartbeat, as before. :meth:`beat_now` sends one at once and waits for the
@@ -146,6 +147,7 @@ class Registrar:
         warned = False
         loop = asyncio.get_running_loop()
         while True:
+            due = loop.time() + self.interval_s  # from the send: a slow answer does not stretch the cadence
             try:
                 await self._beat()
                 warned = False
@@ -155,6 +157,5 @@ class Registrar:
                                 exc.message)  # fmt: skip
                     warned = True
                 self.registered.clear()
-            due = loop.time() + self.interval_s
             while loop.time() < due and not self._changed():
                 await asyncio.sleep(min(self.watch_s, max(0.0, due - loop.time())))
