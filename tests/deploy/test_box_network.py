@@ -37,19 +37,21 @@ def mac(device):
     return re.search(r"link/ether ([0-9a-f:]+)", shown).group(1)
 
 node = network.Node()
-seen = [mac(network.BRIDGE)]
-pods = [node.add_pod() for _ in range(2)]
-seen.append(mac(network.BRIDGE))
-# A port whose address is lower than any other, as a short-lived pod's may be, joins and leaves.
-network.run("ip", "link", "add", "vlow", "type", "veth", "peer", "name", "vlowp")
-network.run("ip", "link", "set", "vlow", "address", "02:00:00:00:00:01")
-network.run("ip", "link", "set", "vlow", "master", network.BRIDGE, "up")
-seen.append(mac(network.BRIDGE))
-network.run("ip", "link", "del", "vlow")
-pods.pop().close()
-seen.append(mac(network.BRIDGE))
-for pod in pods:
-    pod.close()
+seen, pods = [mac(network.BRIDGE)], []
+try:  # each pod's namespace is held by a process: closed whatever happens
+    pods += [node.add_pod() for _ in range(2)]
+    seen.append(mac(network.BRIDGE))
+    # A port whose address is lower than any other, as a short-lived pod's may be, joins and leaves.
+    network.run("ip", "link", "add", "vlow", "type", "veth", "peer", "name", "vlowp")
+    network.run("ip", "link", "set", "vlow", "address", "02:00:00:00:00:01")
+    network.run("ip", "link", "set", "vlow", "master", network.BRIDGE, "up")
+    seen.append(mac(network.BRIDGE))
+    network.run("ip", "link", "del", "vlow")
+    pods.pop().close()
+    seen.append(mac(network.BRIDGE))
+finally:
+    for pod in pods:
+        pod.close()
 print(json.dumps(seen))
 """
 
