@@ -397,8 +397,9 @@ class Scheduler:
         """Wait (three heartbeat intervals at most) for a heartbeat of ``replica`` that no longer lists ``model``.
 
         A heartbeat the runtime sent before its unload finished may still arrive after it, listing the model
-        ready again: the gateways' tables would show it loaded after the unload answered. The runtime beats at
-        once when its backends change, one beat at a time, so the one after that is fresh.
+        ready again: the gateways' tables would show it loaded after the unload answered. The runtime sends one
+        heartbeat at a time, each an interval after the last one's sending, so the first one sent after its
+        unload returned (within an interval) no longer lists the model.
         """
         seen = replica.beats
         loop = asyncio.get_running_loop()

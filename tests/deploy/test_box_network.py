@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from .box.network import BRIDGE_MAC
+
 ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.skipif(
@@ -61,6 +63,4 @@ def test_the_bridge_keeps_its_address_as_ports_come_and_go() -> None:
                           text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.strip().splitlines()[-1])
-    from .box.network import BRIDGE_MAC
-
     assert seen == [BRIDGE_MAC] * 4, seen
