@@ -27,7 +27,9 @@ step made (usually one token's). Sampling comes from request parameters:
 Any other parameter is refused (``INVALID_ARGUMENT``) but Triton's own (``triton_*``). Config parameters:
 ``context_tokens``, ``kv_budget_tokens`` (the replica's KV-cache budget in
 tokens; admission waits while it is full), ``max_sequences`` (cache slots),
-``prefill_chunk_tokens`` and ``max_tokens_cap``. The scheduling itself is
+``prefill_chunk_tokens``, ``share_prompt_min_tokens`` (the shortest prompt
+prefix an engine copies from a running sequence instead of reading it again;
+16 by default, 0: none) and ``max_tokens_cap``. The scheduling itself is
 :mod:`aiworks.runtime.llm_engine`; ONNX Runtime runs in its worker thread.
 
 ``instance_group { count: N }`` runs N engines side by side, each with its
@@ -35,8 +37,10 @@ own decoder session (``intra_op_thread_count`` threads), cache and worker
 thread, as Triton runs N instances of a model. The replica's
 ``kv_budget_tokens`` and ``max_sequences`` are split evenly between them,
 so the replica's totals, which the scheduler routes by, stay as configured;
-a new generation goes to the instance with the most KV room left once
-the generations already there (running or waiting) hold their reservations.
+a new generation goes to an instance holding a generation whose prompt
+begins as its own (where it is admitted at once: it copies that prompt's
+cache entries), else to the one with the most KV room left once the
+generations already there (running or waiting) hold their reservations.
 Response parameters: ``prompt_tokens`` on the first, ``completion_tokens``
 and ``finish_reason`` (``stop`` or ``length``) on the last, and ``tokens``
 on a response that carries the text of more than one token (the steps that
@@ -59,7 +63,7 @@ from aiworks.core.inference import Answer, InferRequest
 from aiworks.core.model_config import ModelConfig, TensorSpec
 from aiworks.core.options import RequestOptions
 from aiworks.runtime.llm_driver import AsyncEngine
-from aiworks.runtime.llm_engine import Engine, Sampling
+from aiworks.runtime.llm_engine import SHARE_MIN_TOKENS, Engine, Sampling
 
 EOS = "<|endoftext|>"
 SAMPLING_PARAMETERS = frozenset({"max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "ignore_eos",
@@ -68,13 +72,13 @@ MAX_LOGPROBS = 20  # the likeliest tokens a response may list beside each chosen
 MAX_STOP_STRINGS, MAX_STOP_CHARS = 8, 64
 
 
-def _int(config: ModelConfig, key: str, default: int) -> int:
+def _int(config: ModelConfig, key: str, default: int, minimum: int = 1) -> int:
     try:
         value = int(config.parameters.get(key, default))
     except ValueError:
         raise InvalidArgument(f"model '{config.name}': parameter {key} must be an integer") from None
-    if value < 1:
-        raise InvalidArgument(f"model '{config.name}': parameter {key} must be at least 1")
+    if value < minimum:
+        raise InvalidArgument(f"model '{config.name}': parameter {key} must be at least {minimum}")
     return value
 
 
@@ -249,6 +253,7 @@ class LlmModel:
                 f"{count} leave an instance {budget // count} tokens and {slots // count} sequences; each needs at "
                 f"least the context window ({self.context} tokens) and one sequence"
             )
+        share = _int(config, "share_prompt_min_tokens", SHARE_MIN_TOKENS, minimum=0)
         self.engines = [
             Engine(
                 decoder := OnnxDecoder(path, threads), self.tokenizer, layers=decoder.layers, heads=decoder.heads,
@@ -256,6 +261,7 @@ class LlmModel:
                 kv_budget_tokens=budget // count + (i < budget % count),
                 max_sequences=slots // count + (i < slots % count),
                 prefill_chunk=_int(config, "prefill_chunk_tokens", 64), eos_id=self.tokenizer.token_to_id(EOS),
+                share_min_tokens=share,
             )
             for i in range(count)
         ]  # fmt: skip
@@ -266,6 +272,7 @@ class LlmModel:
         self._kv = [metrics.RUNTIME_LLM_KV_TOKENS.labels(self.name, version, k) for k in ("used", "budget")]
         self._seqs = [metrics.RUNTIME_LLM_SEQUENCES.labels(self.name, version, k) for k in ("running", "waiting")]
         self._tokens = [metrics.RUNTIME_LLM_TOKENS.labels(self.name, version, k) for k in ("prompt", "completion")]
+        self._reused = metrics.RUNTIME_LLM_PROMPT_REUSED.labels(self.name, version)
         self._ttft = metrics.RUNTIME_LLM_TTFT.labels(self.name, version)
         self._itl = metrics.RUNTIME_LLM_INTER_TOKEN.labels(self.name, version)
         self._gauges()
@@ -277,11 +284,20 @@ class LlmModel:
         self._seqs[0].set(sum(len(e.running) for e in engines))
         self._seqs[1].set(sum(len(e.waiting) for e in engines))
 
-    def _instance(self) -> AsyncEngine:
-        """The instance a new generation joins: the most KV room left once the sequences already running or
-        waiting there hold their reservations, then the fewest of those sequences."""
+    def _instance(self, prompt: np.ndarray, sampling: Sampling) -> AsyncEngine:
+        """The instance a new generation joins: one already holding a sequence whose prompt begins as this one
+        does (the ``n`` choices of a request; a shared system prompt), where it is admitted at once, so that it
+        copies that prompt's cache entries instead of reading them (docs/generation.md, "Shared prompts");
+        else the most KV room left once the sequences already running or waiting there hold their
+        reservations, then the fewest of those sequences."""
         if not self._async:
             self._async = [AsyncEngine(e, on_step=self._gauges) for e in self.engines]
+        head = self.engine.head_of(prompt, sampling)
+        if head and len(self._async) > 1:
+            reserve = min(self.context, int(prompt.shape[0]) + sampling.max_tokens)
+            for instance in self._async:
+                if instance.engine.holds(head, reserve):
+                    return instance
 
         def left(instance: AsyncEngine) -> tuple[int, int]:
             tokens, sequences = instance.engine.load()
@@ -315,7 +331,7 @@ class LlmModel:
             request.parameters, default_max_tokens=self.default_max_tokens, max_tokens_cap=self.max_tokens_cap
         )
         prompt, heal = self.prompt_ids(request, heal=sampling.prompt_logprobs < 0)
-        instance = self._instance()
+        instance = self._instance(prompt, sampling)
         first = True
         last_s = time.perf_counter()
         self._tokens[0].inc(int(prompt.shape[0]))
@@ -326,6 +342,8 @@ class LlmModel:
             (self._ttft if first else self._itl).observe(now_s - last_s)
             last_s = now_s
             params = {"prompt_tokens": int(prompt.shape[0])} if first else {}
+            if first and event.seq.reused:
+                self._reused.inc(event.seq.reused)
             first = False
             if event.tokens > 1:  # several steps in one response (the consumer fell behind)
                 params["tokens"] = event.tokens

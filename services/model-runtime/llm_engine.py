@@ -13,7 +13,12 @@
    taken from the oldest sequences still reading their prompts, so a long
    prompt costs the others one chunk's time per step, not its whole length,
    and many short ones are read together; the first tokens of the prompts
-   now read are sampled and can be handed out at once (:meth:`prefill_step`);
+   now read are sampled and can be handed out at once (:meth:`prefill_step`).
+   A prompt is not read twice in one engine (:meth:`_reuse`): one that begins
+   with at least ``share_min_tokens`` tokens already in a running sequence's
+   cache row copies those keys and values and reads only the rest, and
+   prompts equal to one read in the same batch (the ``n`` choices of one
+   request) copy its row and its last logits once it is read;
 4. runs one decode step for every sequence that was past its prompt when the
    step began, in one batch: rows with different histories share it, each
    with its own positions, attending to its own cache slots only (its
@@ -60,6 +65,10 @@ class Sampling:
 
 
 LogProb = tuple[int, float, tuple[tuple[int, float], ...]]  # (token id, log probability, the k likeliest (id, lp))
+
+# The engine's default ``share_min_tokens``: below it, reading the tokens again costs about what finding a
+# sequence that holds them and copying its rows does.
+SHARE_MIN_TOKENS = 16
 
 
 def prompt_log_probabilities(logits: np.ndarray, tokens: np.ndarray, k: int) -> list[LogProb]:
@@ -128,6 +137,15 @@ class Sequence:
     prompt_logprobs: list = field(default_factory=list)  # one per prompt token but the first (prompt_logprobs >= 0)
     carry: np.ndarray | None = None  # the logits after the prompt's chunk read so far (for its next chunk's first)
     pending: LogProb | None = None  # the sampled token's, until _accept takes the token
+    head: bytes = b""  # its prompt's first share_min_tokens ids (bytes), the key to sharing them; b"": shares none
+    reused: int = 0  # prompt tokens whose keys and values were copied from another sequence's row, not computed
+
+    def cached(self) -> np.ndarray:
+        """The token ids whose keys and values its cache row holds (the prompt's, then the generated ones')."""
+        read = self.prompt.shape[0]
+        if self.length <= read:
+            return self.prompt[: self.length]
+        return np.concatenate([self.prompt, np.asarray(self.generated[: self.length - read], np.int64)])
 
 
 @dataclass(frozen=True)
@@ -153,12 +171,14 @@ class Engine:
     def __init__(
         self, runner, tokenizer, *, layers: int, heads: int, head_dim: int, context: int,
         kv_budget_tokens: int, max_sequences: int, prefill_chunk: int = 64, eos_id: int | None = None,
+        share_min_tokens: int = SHARE_MIN_TOKENS,
     ):  # fmt: skip
         self.runner, self.tokenizer = runner, tokenizer
         self.layers, self.context = layers, context
         self.kv_budget_tokens, self.max_sequences = kv_budget_tokens, max_sequences
         self.prefill_chunk = max(1, prefill_chunk)
         self.eos_id = eos_id
+        self.share_min_tokens = share_min_tokens  # 0: every prompt is read whole (no sharing)
         self.cache = np.zeros((2 * layers, max_sequences, heads, context, head_dim), np.float32)
         self._lock = threading.Lock()
         self.waiting: deque[Sequence] = deque()
@@ -167,6 +187,7 @@ class Engine:
         self._decode_rows = 0  # of those, the ones this step decodes (set by prefill_step)
         self.used_tokens = 0
         self.steps = 0
+        self.reused_tokens = 0  # prompt tokens copied from another sequence's row (:meth:`_reuse`), all told
         self._spaced: np.ndarray | None = None
 
     @property
@@ -214,12 +235,28 @@ class Engine:
                 f"{self.kv_budget_tokens} tokens"
             )
         seq = Sequence(prompt, sampling, reserve, np.random.default_rng(sampling.seed), rank=rank)
+        seq.head = self.head_of(prompt, sampling)
         if heal:
             seq.heal, seq.emitted = True, 1  # the first token's leading space is the prompt's
             self._space_tokens()
         with self._lock:
             self._enqueue(seq)
         return seq
+
+    def head_of(self, prompt: np.ndarray, sampling: Sampling) -> bytes:
+        """What a prompt shares by (:meth:`_reuse`): its first ``share_min_tokens`` ids; b"" for one that shares
+        nothing (too short, sharing off, or scored for its log probabilities, which reads it whole)."""
+        k = self.share_min_tokens
+        return prompt[:k].tobytes() if 0 < k < prompt.shape[0] and sampling.prompt_logprobs < 0 else b""
+
+    def holds(self, head: bytes, reserve: int) -> bool:
+        """Whether a sequence running or waiting here begins with ``head``, and a new one of ``reserve`` KV
+        tokens would be admitted beside the others without waiting for room."""
+        with self._lock:
+            seqs = [*self.running, *self.waiting]
+            held = self.used_tokens + sum(s.reserve for s in self.waiting)
+            return (len(seqs) < self.max_sequences and held + reserve <= self.kv_budget_tokens
+                    and any(s.head == head for s in seqs))  # fmt: skip
 
     def _enqueue(self, seq: Sequence) -> None:
         """Put ``seq`` behind every waiting sequence of its class or a more urgent one (under the lock)."""
@@ -386,19 +423,61 @@ class Engine:
         seq.prompt_logprobs += prompt_log_probabilities(before, tokens, seq.sampling.prompt_logprobs)
         seq.carry = logits[-1].copy()
 
+    def _copy_prefix(self, src: Sequence, dst: Sequence, count: int) -> None:
+        """``dst`` (nothing read yet) takes ``src``'s first ``count`` cached keys and values as its own."""
+        self.cache[:, dst.slot, :, :count] = self.cache[:, src.slot, :, :count]
+        dst.length = dst.reused = count
+        self.reused_tokens += count
+
+    def _reuse(self, seq: Sequence) -> None:
+        """Before ``seq`` reads anything: copy the longest prefix of its prompt that a running sequence's row
+        holds (``share_min_tokens`` at least, its last token left to read, so that its logits come out).
+
+        Keys and values at a position depend on the tokens up to it only, so
+        the copied ones are those ``seq`` would compute. The other row is read
+        as it lies now (this thread is the only one that writes the cache).
+        """
+        best, donor, k = 0, None, self.share_min_tokens
+        for other in self.running:
+            if other.length < k or other.prompt[:k].tobytes() != seq.head:
+                continue  # (``seq`` itself has read nothing yet)
+            held = other.cached()
+            n = min(held.shape[0], seq.prompt.shape[0] - 1)
+            same = held[:n] == seq.prompt[:n]
+            common = n if same.all() else int(same.argmin())
+            if common > best:
+                best, donor = common, other
+        if donor is not None and best >= k:
+            self._copy_prefix(donor, seq, best)
+
     def _prefill(self, filling: list[Sequence]) -> list[tuple[Sequence, int]]:
         """Feed prompt chunks, at most ``prefill_chunk`` tokens in all, oldest first: (sequence, first token)
-        for each whose prompt is now in."""
+        for each whose prompt is now in. A sequence whose whole prompt equals one read whole in this batch
+        (both from its start) reads nothing: it copies that one's row and its logits after the call."""
         rows, budget = [], self.prefill_chunk
+        leaders: dict[bytes, int] = {}  # a prompt read whole from its start in this batch -> its row in ``rows``
+        followers: list[tuple[Sequence, int]] = []
         for seq in filling:
+            if seq.length == 0 and seq.head:
+                self._reuse(seq)
+                at = leaders.get(seq.prompt.tobytes()) if seq.length == 0 else None
+                if at is not None:
+                    followers.append((seq, at))
+                    continue
             if budget <= 0:
-                break
+                continue  # a later one may still follow a prompt read in this batch
             chunk = seq.prompt[seq.length : seq.length + budget]
+            if seq.length == 0 and seq.head and chunk.shape[0] == seq.prompt.shape[0]:
+                leaders.setdefault(seq.prompt.tobytes(), len(rows))
             rows.append((seq, chunk))
             budget -= chunk.shape[0]
         if not rows:
             return []
         logits = self._forward(rows)
+        for seq, at in followers:  # before any row moves (_to_decode below)
+            self._copy_prefix(rows[at][0], seq, seq.prompt.shape[0])
+        rows += [(seq, None) for seq, _ in followers]
+        logits += [logits[at] for _, at in followers]
         firsts = []
         for (seq, _), row in zip(rows, logits):
             if seq.length >= seq.prompt.shape[0]:

@@ -355,6 +355,36 @@ async def test_two_instances_share_the_replicas_budget_and_run_side_by_side(tiny
         model.close()
 
 
+async def test_generations_whose_prompts_begin_alike_join_one_instance_and_read_it_once(tiny_llm_repo):
+    from aiworks.core.datatypes import Tensor, deserialize_bytes, serialize_items
+    from aiworks.core.inference import InferRequest
+    from aiworks.core.model_config import read_config
+    from aiworks.core.options import RequestOptions
+    from aiworks.runtime.llm_backend import LlmModel
+
+    folder = tiny_llm_repo / "codegen"
+    model = LlmModel(folder / "1" / "model.onnx", read_config(folder), 1)
+    try:
+
+        async def generate(text: str) -> str:
+            raw = serialize_items([text.encode()])
+            request = InferRequest("codegen", "1", [Tensor("text_input", "BYTES", (1,), raw)],
+                                   parameters={"max_tokens": 24, "ignore_eos": True})  # fmt: skip
+            return "".join([deserialize_bytes(a.outputs[0].raw, 1)[0].decode()
+                            async for a in model.stream(request, RequestOptions())])  # fmt: skip
+
+        n = model.engine.encode(SHARED).shape[0]
+        together = await asyncio.gather(*(generate(p) for p in [SHARED] * 4 + ["x = 1"]))
+        # The four alike went to one engine, which read the prompt once: the other three copied it whole (read in
+        # the same batch) or all but its last token (read before they came); the short one went to the other.
+        reused = sorted(e.reused_tokens for e in model.engines)
+        assert reused[0] == 0 and 3 * (n - 1) <= reused[1] <= 3 * n, (reused, n)
+        assert all(e.steps > 0 for e in model.engines)
+        assert together == [await generate(p) for p in [SHARED] * 4 + ["x = 1"]]  # greedy: as read alone
+    finally:
+        model.close()
+
+
 def test_an_instance_count_that_leaves_an_instance_less_than_the_context_is_refused(tiny_llm_repo):
     from aiworks.core.model_config import read_config
     from aiworks.runtime.llm_backend import LlmModel
@@ -454,3 +484,83 @@ def test_prompt_log_probabilities_read_across_chunks_match_one_read(parts):
     assert [e[0] for e in scored.prompt_logprobs] == [e[0] for e in one.prompt_logprobs]
     assert np.allclose([e[1] for e in scored.prompt_logprobs], [e[1] for e in one.prompt_logprobs], atol=1e-5)
     assert scored.finish_reason == "length" and whole.used_tokens == 0 and not whole.running
+
+
+def counting_engine(parts, **kw) -> tuple[Engine, list[tuple[int, int]]]:
+    """An engine whose decoder calls are recorded: each call's new tokens as (rows, columns), padding included."""
+    decoder, _ = parts
+    read: list[tuple[int, int]] = []
+
+    def runner(ids, *rest):
+        read.append(ids.shape)
+        return decoder(ids, *rest)
+
+    engine = make_engine(parts, **kw)
+    engine.runner = runner
+    return engine, read
+
+
+SHARED = "import os\nimport sys\n\n\ndef main(argv):\n    parser = argparse.ArgumentParser()\n"
+
+
+def test_equal_prompts_in_one_batch_are_read_once_and_sampled_apart(parts):
+    engine, read = counting_engine(parts, prefill_chunk=256)
+    prompt = engine.encode(SHARED)
+    n = int(prompt.shape[0])
+    assert n > 16
+    choices = [Sampling(max_tokens=12, temperature=0.9, seed=seed, ignore_eos=True) for seed in (1, 2, 3)]
+    seqs = [engine.add(prompt, s) for s in choices] + [engine.add(engine.encode("x = 1\n"), Sampling(max_tokens=4))]
+    texts = {}
+    while engine.busy():
+        for e in engine.step():
+            texts[id(e.seq)] = texts.get(id(e.seq), "") + e.text
+    # The first step read the prompt once (the other two copied its row), and the short one in a call of its own.
+    assert read[:2] == [(1, n), (1, engine.encode("x = 1\n").shape[0])]
+    assert [s.reused for s in seqs] == [0, n, n, 0] and engine.reused_tokens == 2 * n
+    # Each choice samples on its own: its text is the one it makes alone with its seed.
+    solo = [alone(parts, SHARED, s) for s in choices]
+    assert [texts[id(s)] for s in seqs[:3]] == solo and len(set(solo)) > 1
+    assert engine.used_tokens == 0 and not engine.running
+
+
+def test_a_prompt_that_begins_like_a_running_sequence_reads_only_the_rest(parts):
+    engine, read = counting_engine(parts)
+    head = engine.encode(SHARED)
+    first = engine.add(head, Sampling(max_tokens=30, ignore_eos=True))
+    for _ in range(3):
+        engine.step()
+    tail = engine.encode("    args = parser.parse_args(argv)\n")
+    longer = np.concatenate([head, tail])
+    held = first.cached()
+    expected = next((i for i in range(min(held.shape[0], longer.shape[0] - 1)) if held[i] != longer[i]),
+                    min(held.shape[0], longer.shape[0] - 1))  # fmt: skip
+    assert expected >= head.shape[0]
+    before = len(read)
+    second = engine.add(longer, Sampling(max_tokens=10))
+    same = engine.add(head, Sampling(max_tokens=10))  # the whole prompt is in the first one's row
+    texts = {}
+    while engine.busy():
+        for e in engine.step():
+            texts[id(e.seq)] = texts.get(id(e.seq), "") + e.text
+    assert second.reused == expected and same.reused == head.shape[0] - 1
+    # What they read of their prompts: the rest of the longer one (a chunk over its copied history) and the last
+    # token of the same one; every other call was a decode step (one token a row).
+    assert [shape for shape in read[before:] if shape[1] > 1] == [(1, longer.shape[0] - expected)]
+    for seq, ids in ((second, longer), (same, head)):
+        fresh = make_engine(parts)
+        alone_seq = fresh.add(ids, Sampling(max_tokens=10))
+        out = ""
+        while fresh.busy():
+            out += "".join(e.text for e in fresh.step() if e.seq is alone_seq)
+        assert texts[id(seq)] == out  # greedy: the same text as reading the whole prompt
+    assert engine.used_tokens == 0 and engine.reused_tokens == expected + head.shape[0] - 1
+
+
+def test_a_prompt_scored_for_its_log_probabilities_is_read_whole(parts):
+    engine, _ = counting_engine(parts, prefill_chunk=256)
+    prompt = engine.encode(SHARED)
+    plain = engine.add(prompt, Sampling(max_tokens=3))
+    scored = engine.add(prompt, Sampling(max_tokens=3, prompt_logprobs=1))
+    while engine.busy():
+        engine.step()
+    assert plain.reused == 0 and scored.reused == 0 and len(scored.prompt_logprobs) == prompt.shape[0] - 1

@@ -49,6 +49,15 @@ def llm_gauges(suite) -> dict[tuple[str, str], float]:
     return out
 
 
+def runtimes_sample(suite, sample: str) -> float:
+    """One sample's value summed over the runtime replicas' /metrics (e.g. a counter's ``..._total``)."""
+    total = 0.0
+    for target in suite.supervisor.metrics_targets()["runtime"]:
+        text = requests.get(f"http://{target}/metrics", timeout=5).text
+        total += sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == sample)
+    return total
+
+
 def test_model_stream_infer_sends_a_response_per_token_then_the_final_flag(suite):
     body = {"text_input": "def main(", "parameters": {"max_tokens": 12, "ignore_eos": True}}
     whole = requests.post(url(suite, "/v2/models/codegen/generate"), json=body)
@@ -243,6 +252,27 @@ def test_openai_n_choices_streaming_and_not(suite, openai_client):
             openai_client.completions.create(model="codegen", prompt="x", max_tokens=2, n=bad)
         assert "'n' must be an integer from 1 to 8" in refused.value.message
     assert llm_gauges(suite).get(("aiworks_runtime_llm_sequences", "running"), 0) == 0  # every choice ended
+
+
+def test_the_n_choices_of_a_request_share_their_prompts_cache_entries(suite, openai_client):
+    """The ``n`` choices join the engine that holds their prompt already; all but the first there copy its keys
+    and values instead of reading it (docs/generation.md, "Shared prompts"), and sample on their own."""
+    prompt = "import os\nimport sys\n\n\ndef main(argv):\n    parser = argparse.ArgumentParser(description=__doc__)\n"
+    ask = {"model": "codegen", "prompt": prompt, "max_tokens": 40, "temperature": 1.0, "seed": 11,
+           "extra_body": {"ignore_eos": True}}  # fmt: skip
+    reused = "aiworks_runtime_llm_prompt_tokens_reused_total"
+    before = runtimes_sample(suite, reused)
+    four = openai_client.completions.create(n=4, **ask)
+    copied = runtimes_sample(suite, reused) - before
+    tokens = four.usage.prompt_tokens
+    assert tokens > 16 and four.usage.completion_tokens == 4 * 40  # the usage still counts the prompt once
+    # Four choices over the suite's two replicas: at most one read of the prompt per replica, so at least two
+    # choices copied it (all of it, or all but its last token when its first reader had already read it).
+    assert copied >= 2 * (tokens - 1), (copied, tokens)
+    texts = [c.text for c in four.choices]
+    assert len(set(texts)) == 4  # each sampled on its own
+    alone = openai_client.completions.create(**{**ask, "seed": 11 + 3})  # choice i samples with seed + i
+    assert alone.choices[0].text == texts[3]
 
 
 def test_openai_log_probabilities_and_echo_streaming_and_not(suite, openai_client):

@@ -227,6 +227,11 @@ RUNTIME_LLM_SEQUENCES = Gauge(
 RUNTIME_LLM_TOKENS = Counter(
     "aiworks_runtime_llm_tokens", "Tokens processed, by kind (prompt, completion).", ["model", "version", "kind"]
 )
+RUNTIME_LLM_PROMPT_REUSED = Counter(
+    "aiworks_runtime_llm_prompt_tokens_reused",
+    "Prompt tokens whose keys and values were copied from another sequence's cache row in the same engine, not read.",
+    ["model", "version"],
+)
 RUNTIME_LLM_TTFT = Histogram(
     "aiworks_runtime_llm_time_to_first_token_seconds", "From a generation's arrival to its first token.",
     ["model", "version"], buckets=LATENCY_BUCKETS_S,
