@@ -292,7 +292,7 @@ class LlmModel:
         reservations, then the fewest of those sequences."""
         if not self._async:
             self._async = [AsyncEngine(e, on_step=self._gauges) for e in self.engines]
-        head = self.engine.head_of(prompt, sampling)
+        head = self.engine.head_of(prompt) if sampling.prompt_logprobs < 0 else b""  # a scored prompt reads all
         if head and len(self._async) > 1:
             reserve = min(self.context, int(prompt.shape[0]) + sampling.max_tokens)
             for instance in self._async:

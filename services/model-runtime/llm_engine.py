@@ -138,6 +138,7 @@ class Sequence:
     carry: np.ndarray | None = None  # the logits after the prompt's chunk read so far (for its next chunk's first)
     pending: LogProb | None = None  # the sampled token's, until _accept takes the token
     head: bytes = b""  # its prompt's first share_min_tokens ids (bytes), the key to sharing them; b"": shares none
+    follows: bool = False  # it may copy another's prompt entries (not when its prompt is scored: it reads it whole)
     reused: int = 0  # prompt tokens whose keys and values were copied from another sequence's row, not computed
 
     def cached(self) -> np.ndarray:
@@ -235,7 +236,8 @@ class Engine:
                 f"{self.kv_budget_tokens} tokens"
             )
         seq = Sequence(prompt, sampling, reserve, np.random.default_rng(sampling.seed), rank=rank)
-        seq.head = self.head_of(prompt, sampling)
+        seq.head = self.head_of(prompt)
+        seq.follows = bool(seq.head) and sampling.prompt_logprobs < 0
         if heal:
             seq.heal, seq.emitted = True, 1  # the first token's leading space is the prompt's
             self._space_tokens()
@@ -243,11 +245,11 @@ class Engine:
             self._enqueue(seq)
         return seq
 
-    def head_of(self, prompt: np.ndarray, sampling: Sampling) -> bytes:
+    def head_of(self, prompt: np.ndarray) -> bytes:
         """What a prompt shares by (:meth:`_reuse`): its first ``share_min_tokens`` ids; b"" for one that shares
-        nothing (too short, sharing off, or scored for its log probabilities, which reads it whole)."""
+        nothing (too short, or sharing off)."""
         k = self.share_min_tokens
-        return prompt[:k].tobytes() if 0 < k < prompt.shape[0] and sampling.prompt_logprobs < 0 else b""
+        return prompt[:k].tobytes() if 0 < k < prompt.shape[0] else b""
 
     def holds(self, head: bytes, reserve: int) -> bool:
         """Whether a sequence running or waiting here begins with ``head``, and a new one of ``reserve`` KV
@@ -429,25 +431,24 @@ class Engine:
         dst.length = dst.reused = count
         self.reused_tokens += count
 
-    def _reuse(self, seq: Sequence) -> None:
-        """Before ``seq`` reads anything: copy the longest prefix of its prompt that a running sequence's row
-        holds (``share_min_tokens`` at least, its last token left to read, so that its logits come out).
+    def _reuse(self, seq: Sequence, donors: list[Sequence]) -> None:
+        """Before ``seq`` reads anything: copy the longest prefix of its prompt that the row of one of ``donors``
+        (running sequences that have read at least its first ``share_min_tokens`` tokens) holds, its last token
+        left to read, so that its logits come out.
 
         Keys and values at a position depend on the tokens up to it only, so
         the copied ones are those ``seq`` would compute. The other row is read
         as it lies now (this thread is the only one that writes the cache).
         """
-        best, donor, k = 0, None, self.share_min_tokens
-        for other in self.running:
-            if other.length < k or other.prompt[:k].tobytes() != seq.head:
-                continue  # (``seq`` itself has read nothing yet)
+        best, donor = 0, None
+        for other in donors:
             held = other.cached()
             n = min(held.shape[0], seq.prompt.shape[0] - 1)
             same = held[:n] == seq.prompt[:n]
             common = n if same.all() else int(same.argmin())
             if common > best:
                 best, donor = common, other
-        if donor is not None and best >= k:
+        if donor is not None and best >= self.share_min_tokens:
             self._copy_prefix(donor, seq, best)
 
     def _prefill(self, filling: list[Sequence]) -> list[tuple[Sequence, int]]:
@@ -457,9 +458,15 @@ class Engine:
         rows, budget = [], self.prefill_chunk
         leaders: dict[bytes, int] = {}  # a prompt read whole from its start in this batch -> its row in ``rows``
         followers: list[tuple[Sequence, int]] = []
+        donors: dict[bytes, list[Sequence]] = {}
+        if any(seq.follows and seq.length == 0 for seq in filling):
+            for other in self.running:  # (a sequence that has read nothing is no donor)
+                if other.head and other.length >= self.share_min_tokens:
+                    donors.setdefault(other.head, []).append(other)
         for seq in filling:
-            if seq.length == 0 and seq.head:
-                self._reuse(seq)
+            if seq.length == 0 and seq.follows:
+                if seq.head in donors:
+                    self._reuse(seq, donors[seq.head])
                 at = leaders.get(seq.prompt.tobytes()) if seq.length == 0 else None
                 if at is not None:
                     followers.append((seq, at))
@@ -467,7 +474,7 @@ class Engine:
             if budget <= 0:
                 continue  # a later one may still follow a prompt read in this batch
             chunk = seq.prompt[seq.length : seq.length + budget]
-            if seq.length == 0 and seq.head and chunk.shape[0] == seq.prompt.shape[0]:
+            if seq.length == 0 and seq.head and chunk.shape[0] == seq.prompt.shape[0]:  # a leader may be scored
                 leaders.setdefault(seq.prompt.tobytes(), len(rows))
             rows.append((seq, chunk))
             budget -= chunk.shape[0]
