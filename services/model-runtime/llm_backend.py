@@ -72,6 +72,11 @@ MAX_LOGPROBS = 20  # the likeliest tokens a response may list beside each chosen
 MAX_STOP_STRINGS, MAX_STOP_CHARS = 8, 64
 
 
+# How many sequences more than the emptiest instance one may hold and still take a generation whose prompt it
+# holds: the n = 4 choices of a lone request land on one instance, which reads their prompt once.
+SHARE_SLACK = 3
+
+
 def _int(config: ModelConfig, key: str, default: int, minimum: int = 1) -> int:
     try:
         value = int(config.parameters.get(key, default))
@@ -285,25 +290,33 @@ class LlmModel:
         self._seqs[1].set(sum(len(e.waiting) for e in engines))
 
     def _instance(self, prompt: np.ndarray, sampling: Sampling) -> AsyncEngine:
-        """The instance a new generation joins: one already holding a sequence whose prompt begins as this one
-        does (the ``n`` choices of a request; a shared system prompt), where it is admitted at once, so that it
-        copies that prompt's cache entries instead of reading them (docs/generation.md, "Shared prompts");
-        else the most KV room left once the sequences already running or waiting there hold their
-        reservations, then the fewest of those sequences."""
+        """The instance a new generation joins.
+
+        Where it is admitted at once, one already holding a sequence whose
+        prompt begins as this one does (the ``n`` choices of a request, a
+        shared system prompt), so that it copies that prompt's cache entries
+        instead of reading them (docs/generation.md, "Shared prompts"), as long
+        as that instance holds at most :data:`SHARE_SLACK` sequences more than
+        the emptiest one: a prompt that every request shares still spreads over
+        the instances, each of which then holds it. Otherwise, and among
+        several such, the most KV room left once the sequences already running
+        or waiting there hold their reservations, then the fewest of those
+        sequences.
+        """
         if not self._async:
             self._async = [AsyncEngine(e, on_step=self._gauges) for e in self.engines]
+        loads = {}
+        for instance in self._async:
+            tokens, sequences = instance.engine.load()
+            loads[instance] = (tokens - instance.engine.kv_budget_tokens, sequences)
         head = self.engine.head_of(prompt) if sampling.prompt_logprobs < 0 else b""  # a scored prompt reads all
         if head and len(self._async) > 1:
             reserve = min(self.context, int(prompt.shape[0]) + sampling.max_tokens)
-            for instance in self._async:
-                if instance.engine.holds(head, reserve):
-                    return instance
-
-        def left(instance: AsyncEngine) -> tuple[int, int]:
-            tokens, sequences = instance.engine.load()
-            return tokens - instance.engine.kv_budget_tokens, sequences
-
-        return min(self._async, key=left)
+            fewest = min(sequences for _, sequences in loads.values())
+            near = [i for i in self._async if loads[i][1] <= fewest + SHARE_SLACK and i.engine.holds(head, reserve)]
+            if near:
+                return min(near, key=loads.__getitem__)
+        return min(self._async, key=loads.__getitem__)
 
     def io_specs(self, batched: bool) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
         return (TensorSpec("text_input", "BYTES", (1,)),), (TensorSpec("text_output", "BYTES", (1,)),)

@@ -16,9 +16,10 @@
    now read are sampled and can be handed out at once (:meth:`prefill_step`).
    A prompt is not read twice in one engine (:meth:`_reuse`): one that begins
    with at least ``share_min_tokens`` tokens already in a running sequence's
-   cache row copies those keys and values and reads only the rest, and
+   cache row copies those keys and values and reads only the rest;
    prompts equal to one read in the same batch (the ``n`` choices of one
-   request) copy its row and its last logits once it is read;
+   request) copy its row and its last logits once it is read, and those
+   that only begin as one read in the batch wait a step to copy that;
 4. runs one decode step for every sequence that was past its prompt when the
    step began, in one batch: rows with different histories share it, each
    with its own positions, attending to its own cache slots only (its
@@ -454,7 +455,9 @@ class Engine:
     def _prefill(self, filling: list[Sequence]) -> list[tuple[Sequence, int]]:
         """Feed prompt chunks, at most ``prefill_chunk`` tokens in all, oldest first: (sequence, first token)
         for each whose prompt is now in. A sequence whose whole prompt equals one read whole in this batch
-        (both from its start) reads nothing: it copies that one's row and its logits after the call."""
+        (both from its start) reads nothing: it copies that one's row and its logits after the call. One that
+        only begins as a prompt this batch starts to read waits a step, then copies that beginning
+        (:meth:`_reuse`) instead of reading it beside it."""
         rows, budget = [], self.prefill_chunk
         leaders: dict[bytes, int] = {}  # a prompt read whole from its start in this batch -> its row in ``rows``
         followers: list[tuple[Sequence, int]] = []
@@ -463,19 +466,25 @@ class Engine:
             for other in self.running:  # (a sequence that has read nothing is no donor)
                 if other.head and other.length >= self.share_min_tokens:
                     donors.setdefault(other.head, []).append(other)
+        reading: set[bytes] = set()  # the heads of prompts this batch starts to read (their first tokens at least)
         for seq in filling:
             if seq.length == 0 and seq.follows:
                 if seq.head in donors:
                     self._reuse(seq, donors[seq.head])
-                at = leaders.get(seq.prompt.tobytes()) if seq.length == 0 else None
-                if at is not None:
-                    followers.append((seq, at))
-                    continue
+                if seq.length == 0:
+                    at = leaders.get(seq.prompt.tobytes())
+                    if at is not None:
+                        followers.append((seq, at))
+                        continue
+                    if seq.head in reading:  # it begins as one read now: it copies that beginning next step
+                        continue
             if budget <= 0:
                 continue  # a later one may still follow a prompt read in this batch
             chunk = seq.prompt[seq.length : seq.length + budget]
-            if seq.length == 0 and seq.head and chunk.shape[0] == seq.prompt.shape[0]:  # a leader may be scored
-                leaders.setdefault(seq.prompt.tobytes(), len(rows))
+            if seq.length == 0 and seq.head and chunk.shape[0] >= self.share_min_tokens:  # a leader may be scored
+                reading.add(seq.head)
+                if chunk.shape[0] == seq.prompt.shape[0]:
+                    leaders.setdefault(seq.prompt.tobytes(), len(rows))
             rows.append((seq, chunk))
             budget -= chunk.shape[0]
         if not rows:
