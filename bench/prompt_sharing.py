@@ -1,4 +1,5 @@
-"""Shared prompts: the ``n`` choices of an OpenAI completion with sharing on and off, side by side in one suite.
+"""Shared prompts: the ``n`` choices of an OpenAI completion, and a system prompt every request begins with, with
+sharing on and off, side by side in one suite.
 
 One random-weight ``codegen`` (the default architecture of ``aiworks llm build``; random
 weights are fine for timing) is served twice by one replica of the suite: as ``codegen``
@@ -12,11 +13,15 @@ prompts") and as ``codegen_unshared``, the same files with ``share_prompt_min_to
   whole time (``--repeats`` requests a model, the two models in turn);
 - load: ``--clients`` clients each sending such requests one after another for
   ``--load-s`` seconds (a model at a time, twice each, in turn A B A B): requests/s and
-  each choice's time to first token.
+  each choice's time to first token;
+- system: the same load of one-choice requests whose prompts all begin with the same
+  ``--system-tokens`` tokens (a chat's system prompt) and end with ``--prompt-tokens``
+  minus those of their own.
 
 Both read the same suite on the same cores; ratios are shared / unshared.
 
-Usage: python bench/prompt_sharing.py [--n 4] [--prompt-tokens 192] [--new-tokens 16] [--out FILE]
+Usage: python bench/prompt_sharing.py [--n 4] [--prompt-tokens 192] [--system-tokens 128] [--new-tokens 16]
+       [--clients 8] [--load-s 15] [--out FILE]
 """
 
 from __future__ import annotations
@@ -52,9 +57,10 @@ def prompt_of(tokenizer: Tokenizer, tokens: int, offset: int) -> str:
     return tokenizer.decode(ids[offset : offset + tokens])
 
 
-async def one_request(session, url: str, model: str, prompt: str, args, seed: int) -> tuple[list[float], float]:
-    """One streamed completion of ``args.n`` choices: each choice's TTFT (s) and the whole request's time."""
-    body = {"model": model, "prompt": prompt, "n": args.n, "max_tokens": args.new_tokens, "temperature": 1.0,
+async def one_request(session, url: str, model: str, prompt: str, args, seed: int,
+                      n: int) -> tuple[list[float], float]:  # fmt: skip
+    """One streamed completion of ``n`` choices: each choice's TTFT (s) and the whole request's time."""
+    body = {"model": model, "prompt": prompt, "n": n, "max_tokens": args.new_tokens, "temperature": 1.0,
             "seed": seed, "ignore_eos": True, "stream": True}  # fmt: skip
     sent = time.perf_counter()
     firsts: dict[int, float] = {}
@@ -65,7 +71,7 @@ async def one_request(session, url: str, model: str, prompt: str, args, seed: in
                 continue
             for choice in orjson.loads(line[6:]).get("choices", []):
                 firsts.setdefault(choice["index"], time.perf_counter() - sent)
-    assert len(firsts) == args.n, firsts
+    assert len(firsts) == n, firsts
     return list(firsts.values()), time.perf_counter() - sent
 
 
@@ -74,7 +80,7 @@ async def lone(url: str, prompts: list[str], args) -> dict:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
         for i in range(args.repeats):
             for model in (SHARED, UNSHARED) if i % 2 == 0 else (UNSHARED, SHARED):
-                ttft, total = await one_request(session, url, model, prompts[i % len(prompts)], args, i)
+                ttft, total = await one_request(session, url, model, prompts[i % len(prompts)], args, i, args.n)
                 out[model]["ttft"] += ttft
                 out[model]["total"].append(total)
     return {m: {"requests": len(v["total"]), "choice_ttft_p50_ms": pct(v["ttft"], 50),
@@ -82,7 +88,7 @@ async def lone(url: str, prompts: list[str], args) -> dict:
             for m, v in out.items()}  # fmt: skip
 
 
-async def load(url: str, model: str, prompts: list[str], args) -> dict:
+async def load(url: str, model: str, prompts: list[str], args, n: int) -> dict:
     ttft: list[float] = []
     done = 0
     stop = time.perf_counter() + args.load_s
@@ -91,7 +97,8 @@ async def load(url: str, model: str, prompts: list[str], args) -> dict:
         nonlocal done
         k = 0
         while time.perf_counter() < stop:
-            firsts, _ = await one_request(session, url, model, prompts[(c + k) % len(prompts)], args, c * 1000 + k)
+            firsts, _ = await one_request(session, url, model, prompts[(c * 7 + k) % len(prompts)], args, c * 1000 + k,
+                                          n)  # fmt: skip
             ttft.extend(firsts)
             done += 1
             k += 1
@@ -101,7 +108,7 @@ async def load(url: str, model: str, prompts: list[str], args) -> dict:
         await asyncio.gather(*(client(session, c) for c in range(args.clients)))
     elapsed = time.perf_counter() - started
     return {"requests": done, "requests_per_s": round(done / elapsed, 2),
-            "tokens_per_s": round(done * args.n * args.new_tokens / elapsed, 1),
+            "tokens_per_s": round(done * n * args.new_tokens / elapsed, 1),
             "choice_ttft_p50_ms": pct(ttft, 50), "choice_ttft_p99_ms": pct(ttft, 99)}  # fmt: skip
 
 
@@ -121,6 +128,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--prompt-tokens", type=int, default=192)
     parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--system-tokens", type=int, default=128, help="the system workload's shared beginning")
     parser.add_argument("--repeats", type=int, default=20, help="lone requests a model")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--load-s", type=float, default=15.0, help="seconds of each of a model's two load rounds")
@@ -136,6 +144,8 @@ def main() -> None:
         (twin / "config.pbtxt").write_text(config)
         tokenizer = Tokenizer.from_file(str(repo / SHARED / "1" / "tokenizer.json"))
         prompts = [prompt_of(tokenizer, args.prompt_tokens, 131 * i) for i in range(16)]
+        system = prompt_of(tokenizer, args.system_tokens, 50_000)
+        chats = [system + prompt_of(tokenizer, args.prompt_tokens - args.system_tokens, 131 * i) for i in range(64)]
         suite = SuiteConfig.on_free_ports(model_repository=repo, log_dir=Path(tmp) / "logs", replicas=1, cache=False)
         supervisor = Supervisor(suite)
         supervisor.start()
@@ -147,23 +157,29 @@ def main() -> None:
             before = reused_tokens(supervisor)
             results["lone"] = asyncio.run(lone(url, prompts, args))
             results["lone_reused_tokens"] = reused_tokens(supervisor) - before
-            rounds = {SHARED: [], UNSHARED: []}
-            for model in (SHARED, UNSHARED, SHARED, UNSHARED):
-                rounds[model].append(asyncio.run(load(url, model, prompts, args)))
-            results["load"] = {
-                m: {"rounds": r, "requests_per_s": round(statistics.mean(x["requests_per_s"] for x in r), 2),
-                    "choice_ttft_p50_ms": round(statistics.mean(x["choice_ttft_p50_ms"] for x in r), 1)}
-                for m, r in rounds.items()
-            }  # fmt: skip
+            for phase, texts, n in (("load", prompts, args.n), ("system", chats, 1)):
+                rounds = {SHARED: [], UNSHARED: []}
+                before = reused_tokens(supervisor)
+                for model in (SHARED, UNSHARED, SHARED, UNSHARED):
+                    rounds[model].append(asyncio.run(load(url, model, texts, args, n)))
+                results[phase] = {
+                    m: {"rounds": r, "requests_per_s": round(statistics.mean(x["requests_per_s"] for x in r), 2),
+                        "choice_ttft_p50_ms": round(statistics.mean(x["choice_ttft_p50_ms"] for x in r), 1)}
+                    for m, r in rounds.items()
+                }  # fmt: skip
+                results[f"{phase}_reused_tokens"] = reused_tokens(supervisor) - before
         finally:
             supervisor.stop()
     lone_s, lone_u = results["lone"][SHARED], results["lone"][UNSHARED]
     load_s, load_u = results["load"][SHARED], results["load"][UNSHARED]
+    sys_s, sys_u = results["system"][SHARED], results["system"][UNSHARED]
     results["ratios_shared_over_unshared"] = {
         "lone_choice_ttft_p50": round(lone_s["choice_ttft_p50_ms"] / lone_u["choice_ttft_p50_ms"], 2),
         "lone_request_p50": round(lone_s["request_p50_ms"] / lone_u["request_p50_ms"], 2),
         "load_requests_per_s": round(load_s["requests_per_s"] / load_u["requests_per_s"], 2),
         "load_choice_ttft_p50": round(load_s["choice_ttft_p50_ms"] / load_u["choice_ttft_p50_ms"], 2),
+        "system_requests_per_s": round(sys_s["requests_per_s"] / sys_u["requests_per_s"], 2),
+        "system_ttft_p50": round(sys_s["choice_ttft_p50_ms"] / sys_u["choice_ttft_p50_ms"], 2),
     }
     text = json.dumps(results, indent=1)
     print(text)
