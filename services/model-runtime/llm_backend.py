@@ -289,7 +289,7 @@ class LlmModel:
         self._seqs[0].set(sum(len(e.running) for e in engines))
         self._seqs[1].set(sum(len(e.waiting) for e in engines))
 
-    def _instance(self, prompt: np.ndarray, sampling: Sampling) -> AsyncEngine:
+    def _instance(self, prompt: np.ndarray, sampling: Sampling, scope: str) -> AsyncEngine:
         """The instance a new generation joins.
 
         Where it is admitted at once, one already holding a sequence whose
@@ -309,7 +309,7 @@ class LlmModel:
         for instance in self._async:
             tokens, sequences = instance.engine.load()
             loads[instance] = (tokens - instance.engine.kv_budget_tokens, sequences)
-        head = self.engine.head_of(prompt) if sampling.prompt_logprobs < 0 else b""  # a scored prompt reads all
+        head = self.engine.head_of(prompt, scope) if sampling.prompt_logprobs < 0 else b""  # a scored one reads all
         if head and len(self._async) > 1:
             reserve = min(self.context, int(prompt.shape[0]) + sampling.max_tokens)
             fewest = min(sequences for _, sequences in loads.values())
@@ -344,11 +344,11 @@ class LlmModel:
             request.parameters, default_max_tokens=self.default_max_tokens, max_tokens_cap=self.max_tokens_cap
         )
         prompt, heal = self.prompt_ids(request, heal=sampling.prompt_logprobs < 0)
-        instance = self._instance(prompt, sampling)
+        instance = self._instance(prompt, sampling, options.tenant)
         first = True
         last_s = time.perf_counter()
         self._tokens[0].inc(int(prompt.shape[0]))
-        async for event in instance.generate(prompt, sampling, heal, int(options.priority)):
+        async for event in instance.generate(prompt, sampling, heal, int(options.priority), options.tenant):
             if event.seq.error:
                 raise Internal(f"model '{self.name}': {event.seq.error}")
             now_s = time.perf_counter()

@@ -70,15 +70,17 @@ class AsyncEngine:
         if stepped and self.on_step is not None:
             self.on_step()
 
-    async def generate(self, prompt: np.ndarray, sampling: Sampling, heal: bool = False, rank: int = 1):
+    async def generate(self, prompt: np.ndarray, sampling: Sampling, heal: bool = False, rank: int = 1,
+                       scope: str = ""):  # fmt: skip
         """The :class:`Event` s of one generation; leaving the iteration early cancels it.
 
-        ``rank``: its QoS class's rank in admission (:meth:`Engine.add`). When the consumer is slower
-        than the engine, the events waiting are joined into one (their text, their token count), so
-        each hop after it carries one message for several steps instead of one per step. The first
-        event is never joined: the first token goes out alone, whatever the consumer's pace.
+        ``rank``: its QoS class's rank in admission; ``scope``: who it shares prompts with (both
+        :meth:`Engine.add`). When the consumer is slower than the engine, the events waiting are joined
+        into one (their text, their token count), so each hop after it carries one message for several
+        steps instead of one per step. The first event is never joined: the first token goes out alone,
+        whatever the consumer's pace.
         """
-        seq = self.engine.add(prompt, sampling, heal, rank)
+        seq = self.engine.add(prompt, sampling, heal, rank, scope)
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[id(seq)] = queue
         if self._thread is None:

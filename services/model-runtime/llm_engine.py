@@ -225,8 +225,11 @@ class Engine:
             ids = [self.eos_id if self.eos_id is not None else 0]
         return np.asarray(ids, dtype=np.int64)
 
-    def add(self, prompt: np.ndarray, sampling: Sampling, heal: bool = False, rank: int = 1) -> Sequence:
-        """Queue a sequence for admission; ``rank`` is its class (lower first), arrival orders one class."""
+    def add(
+        self, prompt: np.ndarray, sampling: Sampling, heal: bool = False, rank: int = 1, scope: str = ""
+    ) -> Sequence:
+        """Queue a sequence for admission; ``rank`` is its class (lower first), arrival orders one class.
+        ``scope`` (the tenant): it shares prompts with sequences of the same scope only (:meth:`head_of`)."""
         n = int(prompt.shape[0])
         if n >= self.context:
             raise InvalidArgument(f"the prompt is {n} tokens; the context window is {self.context} tokens")
@@ -237,7 +240,7 @@ class Engine:
                 f"{self.kv_budget_tokens} tokens"
             )
         seq = Sequence(prompt, sampling, reserve, np.random.default_rng(sampling.seed), rank=rank)
-        seq.head = self.head_of(prompt)
+        seq.head = self.head_of(prompt, scope)
         seq.follows = bool(seq.head) and sampling.prompt_logprobs < 0
         if heal:
             seq.heal, seq.emitted = True, 1  # the first token's leading space is the prompt's
@@ -246,11 +249,20 @@ class Engine:
             self._enqueue(seq)
         return seq
 
-    def head_of(self, prompt: np.ndarray) -> bytes:
-        """What a prompt shares by (:meth:`_reuse`): its first ``share_min_tokens`` ids; b"" for one that shares
-        nothing (too short, or sharing off)."""
+    def head_of(self, prompt: np.ndarray, scope: str = "") -> bytes:
+        """What a prompt shares by (:meth:`_reuse`): its scope (the tenant) and first ``share_min_tokens`` ids; b""
+        for one that shares nothing (too short, or sharing off).
+
+        The scope keeps tenants apart: the copied entries are those a sequence
+        would compute itself, but a first token that comes sooner would tell a
+        tenant that another one's running prompt begins as its own.
+        """
         k = self.share_min_tokens
-        return prompt[:k].tobytes() if 0 < k < prompt.shape[0] else b""
+        return scope.encode() + b"\0" + prompt[:k].tobytes() if 0 < k < prompt.shape[0] else b""
+
+    def _whole(self, seq: Sequence) -> bytes:
+        """``seq``'s scope and whole prompt (it has a head): what equal prompts in one batch share."""
+        return seq.head + seq.prompt[self.share_min_tokens :].tobytes()
 
     def holds(self, head: bytes, reserve: int) -> bool:
         """Whether a sequence running or waiting here begins with ``head``, and a new one of ``reserve`` KV
@@ -472,7 +484,7 @@ class Engine:
                 if seq.head in donors:
                     self._reuse(seq, donors[seq.head])
                 if seq.length == 0:
-                    at = leaders.get(seq.prompt.tobytes())
+                    at = leaders.get(self._whole(seq))
                     if at is not None:
                         followers.append((seq, at))
                         continue
@@ -484,7 +496,7 @@ class Engine:
             if seq.length == 0 and seq.head and chunk.shape[0] >= self.share_min_tokens:  # a leader may be scored
                 reading.add(seq.head)
                 if chunk.shape[0] == seq.prompt.shape[0]:
-                    leaders.setdefault(seq.prompt.tobytes(), len(rows))
+                    leaders.setdefault(self._whole(seq), len(rows))
             rows.append((seq, chunk))
             budget -= chunk.shape[0]
         if not rows:

@@ -570,3 +570,18 @@ def test_a_prompt_scored_for_its_log_probabilities_is_read_whole(parts):
     while engine.busy():
         engine.step()
     assert plain.reused == 0 and scored.reused == 0 and len(scored.prompt_logprobs) == prompt.shape[0] - 1
+
+
+def test_tenants_do_not_share_prompts(parts):
+    """Equal prompts of two scopes (tenants) are each read; a first token that came sooner would tell a tenant that
+    another one's prompt begins as its own."""
+    engine, read = counting_engine(parts, prefill_chunk=256)
+    prompt = engine.encode(SHARED)
+    a, b, a2 = (engine.add(prompt, Sampling(max_tokens=3), scope=s) for s in ("acme", "globex", "acme"))
+    engine.step()
+    assert (a.reused, b.reused, a2.reused) == (0, 0, prompt.shape[0])
+    late = engine.add(prompt, Sampling(max_tokens=3), scope="globex")
+    other = engine.add(prompt, Sampling(max_tokens=3), scope="initech")
+    while engine.busy():
+        engine.step()
+    assert (late.reused, other.reused) == (prompt.shape[0] - 1, 0)
