@@ -138,7 +138,7 @@ class Sequence:
     prompt_logprobs: list = field(default_factory=list)  # one per prompt token but the first (prompt_logprobs >= 0)
     carry: np.ndarray | None = None  # the logits after the prompt's chunk read so far (for its next chunk's first)
     pending: LogProb | None = None  # the sampled token's, until _accept takes the token
-    head: bytes = b""  # its prompt's first share_min_tokens ids (bytes), the key to sharing them; b"": shares none
+    head: bytes = b""  # the key to sharing its prompt (Engine.head_of: scope, first ids); b"": shares none
     follows: bool = False  # it may copy another's prompt entries (not when its prompt is scored: it reads it whole)
     reused: int = 0  # prompt tokens whose keys and values were copied from another sequence's row, not computed
 
