@@ -144,7 +144,8 @@ def main() -> None:
         (twin / "config.pbtxt").write_text(config)
         tokenizer = Tokenizer.from_file(str(repo / SHARED / "1" / "tokenizer.json"))
         prompts = [prompt_of(tokenizer, args.prompt_tokens, 131 * i) for i in range(16)]
-        system = prompt_of(tokenizer, args.system_tokens, 50_000)
+        system = prompt_of(tokenizer, args.system_tokens, 5_000)
+        assert len(tokenizer.encode(system).ids) >= args.system_tokens - 2, "argparse.py is shorter than expected"
         chats = [system + prompt_of(tokenizer, args.prompt_tokens - args.system_tokens, 131 * i) for i in range(64)]
         suite = SuiteConfig.on_free_ports(model_repository=repo, log_dir=Path(tmp) / "logs", replicas=1, cache=False)
         supervisor = Supervisor(suite)
