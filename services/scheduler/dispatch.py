@@ -50,7 +50,7 @@ from aiworks.scheduler.pipeline import PipelineRunner, is_pipeline
 from aiworks.scheduler.policy import RoutingPolicy
 from aiworks.scheduler.replica_state import OutlierDetector
 from aiworks.scheduler.retry_state import RetryBudget
-from aiworks.scheduler.router import PoolPolicy, Recovering, Router, kv_reserve
+from aiworks.scheduler.router import PoolPolicy, Recovering, Router, kv_reserve, prompt_head
 from aiworks.scheduler.sequence_routing import SequenceRouting
 from aiworks.scheduler.shadow import ShadowMirror
 from aiworks.scheduler.traffic_state import TrafficState
@@ -191,18 +191,20 @@ class Dispatcher:
         key = (spec.name, spec.version)
         tried: set[str] = set()
         attempt = 0
+        generation = key in self.mirror.kv_keys
+        head, reserve = (prompt_head(request, options.tenant), kv_reserve(request)) if generation else (b"", 0)
         self.budget.begin()
         try:
             while True:
                 try:
-                    replica = self.router.pick(key, options.priority, tried)
+                    replica = self.router.pick(key, options.priority, tried, head, reserve)
                 except Recovering as coming:
                     await self._wait_for_recovery(key, options, coming)
                     continue
                 answers = 0
                 heard = False  # the replica answered something, an error of its own included
-                if key in self.mirror.kv_keys:  # a generation: count its KV reserve there until the next figures
-                    self.router.sent(replica, key, kv_reserve(request))
+                if generation:  # count its KV reserve there until the next figures; its prompt's beginning goes there
+                    self.router.sent(replica, key, reserve, head)
                 else:
                     self.router.sent(replica)
                 started = self.clock()

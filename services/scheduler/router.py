@@ -46,6 +46,14 @@
    against a replica whose heartbeats report room. Figures missing on any
    candidate, or stale, and it is steps 4 and 5 as for any model. Other
    models pay one set lookup.
+   **Prompt affinity** comes first within this step: a generation whose
+   prompt begins (its first :data:`PROMPT_HEAD_BYTES` bytes, and its tenant)
+   as one this gateway sent in the last :data:`AFFINITY_S` goes to the
+   same replica, whose engines then copy that beginning's cache entries
+   instead of reading it again (the ``n`` choices of one request, a system
+   prompt; docs/generation.md, "Shared prompts"), as long as that replica's
+   room is within :data:`AFFINITY_SLACK` of this generation's reserve of
+   the most room: a prompt every request begins with still spreads.
 
 No replica is reserved and nothing waits here: requests queue at the
 replica, where the batcher forms batches by class and deadline.
@@ -55,6 +63,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 
 from aiworks.core import metrics
@@ -80,6 +89,13 @@ KV_ALL_UP_TO = 4
 KV_BYTES_PER_TOKEN = 3
 # The reserve estimated when a request names no max_tokens (the llm backend's default default_max_tokens).
 KV_DEFAULT_MAX_TOKENS = 16
+# Prompt affinity (step 6): the bytes of a prompt's beginning that must agree (about the 16 tokens an engine
+# shares from), how long a beginning remembers its replica, how many reserves of room less than the best that
+# replica may have and still take it, and how many beginnings a router remembers (the oldest are forgotten).
+PROMPT_HEAD_BYTES = 64
+AFFINITY_S = 10.0
+AFFINITY_SLACK = 3
+AFFINITY_ENTRIES = 4096
 
 
 class Recovering(Unavailable):
@@ -137,6 +153,7 @@ class Router:
         self._rng = rng or random.Random()
         self._clock = clock
         self._down_until: dict[str, float] = {}
+        self._affinity: OrderedDict[tuple[Key, bytes], tuple[str, float]] = OrderedDict()  # -> (replica, sent at)
 
     # ---- choice --------------------------------------------------------------------------
 
@@ -168,9 +185,10 @@ class Router:
             latency_s = max(latency_s, silent_s)
         return latency_s * (1 + replica.outstanding)
 
-    def pick(self, key: Key, priority: Priority = Priority.STANDARD,
-             exclude: frozenset[str] | set[str] = frozenset()) -> Replica:  # fmt: skip
-        """The replica for the next request of ``key``; UNAVAILABLE when none holds it."""
+    def pick(self, key: Key, priority: Priority = Priority.STANDARD, exclude: frozenset[str] | set[str] = frozenset(),
+             head: bytes = b"", reserve: int = 0) -> Replica:  # fmt: skip
+        """The replica for the next request of ``key``; UNAVAILABLE when none holds it. ``head`` and ``reserve``:
+        a generation's :func:`prompt_head` and :func:`kv_reserve`, for its prompt affinity (step 6)."""
         candidates = self.candidates(key, priority, exclude)
         if len(candidates) == 1:
             return candidates[0]
@@ -182,7 +200,7 @@ class Router:
             # Probation for replicas never measured only: one whose heartbeats report room is no suspect for a
             # faded average (generations come in bursts after quiet spells).
             trusted = [r for r in candidates if key in r.health.latency_s or not r.outstanding] or candidates
-            chosen = self._most_kv_room(key, trusted, expected, now)
+            chosen = self._most_kv_room(key, trusted, expected, now, head, reserve)
             if chosen is not None:
                 return chosen
         # Probation: one request at a time for a replica not (or no longer) known to answer.
@@ -193,7 +211,8 @@ class Router:
             candidates = [candidates[1], candidates[0]]  # ties go either way
         return min(candidates, key=lambda r: (self._cost(expected[r.replica_id][0], r, now), r.outstanding))
 
-    def _most_kv_room(self, key: Key, candidates: list[Replica], expected: dict, now: float) -> Replica | None:
+    def _most_kv_room(self, key: Key, candidates: list[Replica], expected: dict, now: float, head: bytes = b"",
+                      reserve: int = 0) -> Replica | None:  # fmt: skip
         """Step 6 of the module docstring; None when some candidate has no fresh KV figures for ``key``."""
         room = {}
         for r in candidates:
@@ -202,6 +221,12 @@ class Router:
                 return None
             reserved = sum(tokens for _, k, tokens in r.kv_sent if k == key)
             room[r.replica_id] = figures.free_tokens - reserved - figures.waiting_sequences * figures.budget_tokens
+        if head:
+            replica_id, at = self._affinity.get((key, head), ("", 0.0))
+            if replica_id in room and now - at <= AFFINITY_S and room[replica_id] >= reserve and (
+                room[replica_id] >= max(room.values()) - AFFINITY_SLACK * reserve
+            ):
+                return next(r for r in candidates if r.replica_id == replica_id)
         if len(candidates) > KV_ALL_UP_TO:
             candidates = self._rng.sample(candidates, 2)
         return max(candidates, key=lambda r: (room[r.replica_id], -self._cost(expected[r.replica_id][0], r, now),
@@ -213,9 +238,15 @@ class Router:
 
     # ---- outcomes ------------------------------------------------------------------------
 
-    def sent(self, replica: Replica, key: Key | None = None, kv_tokens: int = 0) -> None:
-        """A request leaves for ``replica``; ``kv_tokens``: a generation's estimated KV reserve there."""
+    def sent(self, replica: Replica, key: Key | None = None, kv_tokens: int = 0, head: bytes = b"") -> None:
+        """A request leaves for ``replica``; ``kv_tokens``: a generation's estimated KV reserve there; ``head``: its
+        :func:`prompt_head`, which goes to ``replica`` next time too while it has room (step 6)."""
         now = self._clock()
+        if head:
+            self._affinity[(key, head)] = (replica.replica_id, now)
+            self._affinity.move_to_end((key, head))
+            if len(self._affinity) > AFFINITY_ENTRIES:
+                self._affinity.popitem(last=False)
         if not replica.outstanding:
             replica.busy_since_s = now
         replica.outstanding += 1
@@ -250,6 +281,17 @@ class Router:
             metrics.SCHEDULER_EJECTIONS.labels(replica.replica_id, "outlier").inc()
         if exc.status is Unavailable.status:
             self._down_until[replica.replica_id] = self._clock() + DOWN_S
+
+
+def prompt_head(request: InferRequest, tenant: str) -> bytes:
+    """A generation's tenant and the first :data:`PROMPT_HEAD_BYTES` bytes of its prompt (``text_input``'s one
+    element), its key to prompt affinity; b"" for a shorter prompt or another shape of request."""
+    for t in request.inputs:
+        if t.name == "text_input" and len(t.raw) >= 4:
+            length = int.from_bytes(t.raw[:4], "little")  # a BYTES element: its length, then its bytes
+            if length > PROMPT_HEAD_BYTES and len(t.raw) >= 4 + PROMPT_HEAD_BYTES:
+                return tenant.encode() + b"\0" + bytes(t.raw[4 : 4 + PROMPT_HEAD_BYTES])
+    return b""
 
 
 def kv_reserve(request: InferRequest) -> int:

@@ -19,7 +19,7 @@ from aiworks.scheduler.mirror import RoutingMirror
 from aiworks.scheduler.policy import RoutingPolicy
 from aiworks.scheduler.registry import ReplicaRegistry
 from aiworks.scheduler.replica_state import OutlierDetector, OutlierPolicy
-from aiworks.scheduler.router import KV_STALE_S, Router, kv_reserve
+from aiworks.scheduler.router import AFFINITY_S, KV_STALE_S, PROMPT_HEAD_BYTES, Router, kv_reserve, prompt_head
 from aiworks.scheduler.views import KvRoom, RouteReplica, RoutingTable
 
 KEY = ("m", "1")
@@ -113,6 +113,66 @@ def test_the_reserve_estimate_is_prompt_plus_max_tokens():
     prompt = Tensor("text_input", "BYTES", (1,), b"\x0c\x00\x00\x00def fib(n):\n")
     assert kv_reserve(InferRequest("m", inputs=[prompt], parameters={"max_tokens": 50})) == 16 // 3 + 1 + 50
     assert kv_reserve(InferRequest("m", inputs=[prompt], parameters={"max_tokens": "x"})) == 16 // 3 + 1 + 16
+
+
+def generation(text: str, max_tokens: int = 50) -> InferRequest:
+    raw = len(text.encode()).to_bytes(4, "little") + text.encode()
+    return InferRequest("m", inputs=[Tensor("text_input", "BYTES", (1,), raw)], parameters={"max_tokens": max_tokens})
+
+
+SYSTEM = "You are a careful assistant. Answer in one short paragraph, in plain words. " * 2
+
+
+def send(r: Router, request: InferRequest, tenant: str = "acme") -> str:
+    head, reserve = prompt_head(request, tenant), kv_reserve(request)
+    replica = r.pick(KEY, head=head, reserve=reserve)
+    r.sent(replica, KEY, reserve, head)
+    return replica.replica_id
+
+
+def measured(cat: Catalog, clock) -> None:
+    for replica in cat.replicas.values():  # no probation (one request at a time) in the way
+        replica.health.latency_s[KEY], replica.health.latency_at_s[KEY] = 0.01, clock()
+
+
+def test_the_choices_of_one_prompt_go_where_the_first_went():
+    clock = FakeClock()
+    cat = catalog(clock, {"a": (1000, 0), "b": (1000, 0), "c": (1000, 0)})
+    measured(cat, clock)
+    r = router(cat, clock)
+    prompt = generation(SYSTEM + "Question one?")
+    first = send(r, prompt)
+    # Without affinity the next three would spread by room (each a reserve of ~100 tokens less where it went).
+    assert [send(r, prompt) for _ in range(3)] == [first] * 3
+    other = send(r, generation("x" * 80 + "a prompt of its own"))
+    assert other != first  # a prompt of another beginning goes by room
+    # Another tenant's same prompt does not follow it: affinity is per tenant, as the engines' sharing is.
+    assert prompt_head(prompt, "acme") != prompt_head(prompt, "globex")
+    assert send(r, prompt, "globex") != first
+    # A beginning remembers its replica for AFFINITY_S; after that, room decides again.
+    clock.now += AFFINITY_S + 1
+    for replica in cat.replicas.values():
+        replica.kv_at_s = clock()  # fresh figures: a is fullest of what this gateway sent
+    assert send(r, prompt) != first
+
+
+def test_a_beginning_every_request_shares_still_spreads_over_the_replicas():
+    clock = FakeClock()
+    cat = catalog(clock, {"a": (2000, 0), "b": (2000, 0)})
+    measured(cat, clock)
+    r = router(cat, clock)
+    went = [send(r, generation(SYSTEM + f"Question {i}?")) for i in range(20)]
+    counts = {rid: went.count(rid) for rid in "ab"}
+    # Each replica takes them while its room is within AFFINITY_SLACK (3) reserves of the other's.
+    assert abs(counts["a"] - counts["b"]) <= 4, went
+    assert went[:4] == [went[0]] * 4  # the first few stay together: their engines copy the beginning
+
+
+def test_a_prompt_head_is_its_tenant_and_first_bytes():
+    long = generation("p" * (PROMPT_HEAD_BYTES + 1))
+    assert prompt_head(long, "t") == b"t\0" + b"p" * PROMPT_HEAD_BYTES
+    assert prompt_head(generation("p" * PROMPT_HEAD_BYTES), "t") == b""  # too short to share
+    assert prompt_head(InferRequest("m", inputs=[Tensor("x", "FP32", (1,), b"\0" * 4)]), "t") == b""
 
 
 def test_the_table_carries_kv_figures_and_the_mirror_dates_them():
