@@ -191,8 +191,8 @@ class Dispatcher:
         key = (spec.name, spec.version)
         tried: set[str] = set()
         attempt = 0
-        generation = key in self.mirror.kv_keys
-        head, reserve = (prompt_head(request, options.tenant), kv_reserve(request)) if generation else (b"", 0)
+        generation = key in self.mirror.kv_keys  # a generative version whose replicas report KV figures
+        head, reserve = prompt_head(request, options.tenant), kv_reserve(request) if generation else 0
         self.budget.begin()
         try:
             while True:
@@ -203,8 +203,8 @@ class Dispatcher:
                     continue
                 answers = 0
                 heard = False  # the replica answered something, an error of its own included
-                if generation:  # count its KV reserve there until the next figures; its prompt's beginning goes there
-                    self.router.sent(replica, key, reserve, head)
+                if generation or head:  # a generation's KV reserve counts there until the next figures; its
+                    self.router.sent(replica, key, reserve, head)  # prompt's beginning goes there next time too
                 else:
                     self.router.sent(replica)
                 started = self.clock()

@@ -54,6 +54,9 @@
    prompt; docs/generation.md, "Shared prompts"), as long as that replica's
    room is within :data:`AFFINITY_SLACK` of this generation's reserve of
    the most room: a prompt every request begins with still spreads.
+   Before the first figures (or when they are stale) the bound is requests
+   in flight instead: at most :data:`AFFINITY_SLACK` more than the least
+   busy candidate.
 
 No replica is reserved and nothing waits here: requests queue at the
 replica, where the batcher forms batches by class and deadline.
@@ -196,23 +199,33 @@ class Router:
         measured = [r.health.latency_s[key] for r in candidates if key in r.health.latency_s]
         unmeasured_s = min(measured) / 2 if measured else 1e-3
         expected = {r.replica_id: self._latency(r, key, now, unmeasured_s) for r in candidates}
+        affine = self._affine(key, head, candidates, now) if head else None
         if self.catalog.kv_keys and key in self.catalog.kv_keys:
             # Probation for replicas never measured only: one whose heartbeats report room is no suspect for a
             # faded average (generations come in bursts after quiet spells).
             trusted = [r for r in candidates if key in r.health.latency_s or not r.outstanding] or candidates
-            chosen = self._most_kv_room(key, trusted, expected, now, head, reserve)
+            chosen = self._most_kv_room(key, trusted, expected, now, affine, reserve)
             if chosen is not None:
                 return chosen
         # Probation: one request at a time for a replica not (or no longer) known to answer.
         candidates = [r for r in candidates if not (expected[r.replica_id][1] and r.outstanding)] or candidates
+        if affine in candidates and affine.outstanding <= min(r.outstanding for r in candidates) + AFFINITY_SLACK:
+            return affine  # no KV figures (yet): bounded by requests in flight instead of room
         if len(candidates) > 2:
             candidates = self._rng.sample(candidates, 2)
         elif len(candidates) == 2 and self._rng.random() < 0.5:
             candidates = [candidates[1], candidates[0]]  # ties go either way
         return min(candidates, key=lambda r: (self._cost(expected[r.replica_id][0], r, now), r.outstanding))
 
-    def _most_kv_room(self, key: Key, candidates: list[Replica], expected: dict, now: float, head: bytes = b"",
-                      reserve: int = 0) -> Replica | None:  # fmt: skip
+    def _affine(self, key: Key, head: bytes, candidates: list[Replica], now: float) -> Replica | None:
+        """The candidate a generation of this prompt beginning went to in the last :data:`AFFINITY_S`, if any."""
+        replica_id, at = self._affinity.get((key, head), ("", 0.0))
+        if now - at > AFFINITY_S:
+            return None
+        return next((r for r in candidates if r.replica_id == replica_id), None)
+
+    def _most_kv_room(self, key: Key, candidates: list[Replica], expected: dict, now: float,
+                      affine: Replica | None = None, reserve: int = 0) -> Replica | None:  # fmt: skip
         """Step 6 of the module docstring; None when some candidate has no fresh KV figures for ``key``."""
         room = {}
         for r in candidates:
@@ -221,12 +234,10 @@ class Router:
                 return None
             reserved = sum(tokens for _, k, tokens in r.kv_sent if k == key)
             room[r.replica_id] = figures.free_tokens - reserved - figures.waiting_sequences * figures.budget_tokens
-        if head:
-            replica_id, at = self._affinity.get((key, head), ("", 0.0))
-            if replica_id in room and now - at <= AFFINITY_S and room[replica_id] >= reserve and (
-                room[replica_id] >= max(room.values()) - AFFINITY_SLACK * reserve
-            ):
-                return next(r for r in candidates if r.replica_id == replica_id)
+        if affine is not None and affine.replica_id in room:
+            held = room[affine.replica_id]
+            if held >= reserve and held >= max(room.values()) - AFFINITY_SLACK * reserve:
+                return affine
         if len(candidates) > KV_ALL_UP_TO:
             candidates = self._rng.sample(candidates, 2)
         return max(candidates, key=lambda r: (room[r.replica_id], -self._cost(expected[r.replica_id][0], r, now),

@@ -168,6 +168,27 @@ def test_a_beginning_every_request_shares_still_spreads_over_the_replicas():
     assert went[:4] == [went[0]] * 4  # the first few stay together: their engines copy the beginning
 
 
+def test_before_any_figures_affinity_is_bounded_by_requests_in_flight():
+    clock = FakeClock()
+    cat = catalog(clock, {"a": None, "b": None})  # no KV figures yet: the latency rule, and affinity before it
+    measured(cat, clock)
+    r = router(cat, clock)
+    prompt = generation(SYSTEM + "Question one?")
+    went = [send(r, prompt) for _ in range(6)]  # none answered yet: each stays in flight
+    # The first four together (at most AFFINITY_SLACK more in flight than the other), then the other takes one.
+    assert went[:4] == [went[0]] * 4 and went[4] != went[0], went
+
+
+def test_a_replica_on_probation_takes_no_burst_for_affinity():
+    clock = FakeClock()
+    prompt = generation(SYSTEM + "Question one?")
+    for rooms in ({"a": (1000, 0), "b": (1000, 0)}, {"a": None, "b": None}):  # with KV figures and without
+        cat = catalog(clock, rooms)  # never measured: probation, one request at a time
+        r = router(cat, clock)
+        first = send(r, prompt)
+        assert send(r, prompt) != first  # its first one has not answered: the next goes elsewhere
+
+
 def test_a_prompt_head_is_its_tenant_and_first_bytes():
     long = generation("p" * (PROMPT_HEAD_BYTES + 1))
     assert prompt_head(long, "t") == b"t\0" + b"p" * PROMPT_HEAD_BYTES
