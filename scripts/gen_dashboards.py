@@ -873,10 +873,23 @@ def generation() -> Board:
         )
         .panel(
             graph(
+                "Prompt tokens copied",
+                "Prompt tokens whose cache entries an engine copied from a running sequence of the same tenant "
+                "instead of reading them (n choices, a shared system prompt), and all prompt tokens, per second.",
+                "short",
+                w=8,
+            ),
+            target(rate("aiworks_runtime_llm_prompt_tokens_reused_total", sel, "model, version"), "copied v{{version}}"),
+            target(rate("aiworks_runtime_llm_tokens_total", f'{sel}, kind="prompt"', "model, version"),
+                   "all v{{version}}"),  # fmt: skip
+        )
+        .panel(
+            graph(
                 "KV-cache use",
                 "KV-cache tokens reserved by running generations (prompt plus max_tokens each), and the budget, "
                 "summed over the replicas.",
                 "short",
+                w=8,
             ),
             target(
                 f"sum by (model, version, kind) ({select('aiworks_runtime_llm_kv_tokens', sel)})",
@@ -889,6 +902,7 @@ def generation() -> Board:
                 "Generations in the running batch, and those waiting for KV room (waiting for long: add replicas "
                 "or KV budget).",
                 "short",
+                w=8,
             ),
             target(
                 f"sum by (model, version, state) ({select('aiworks_runtime_llm_sequences', sel)})",
