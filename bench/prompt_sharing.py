@@ -5,7 +5,7 @@ One random-weight ``codegen`` (the default architecture of ``aiworks llm build``
 weights are fine for timing) is served twice by one replica of the suite: as ``codegen``
 (the built config: prompts shared within the replica, docs/generation.md "Shared
 prompts") and as ``codegen_unshared``, the same files with ``share_prompt_min_tokens: 0``
-(every choice reads its prompt, each on the engine with the most room). Through
+(every choice reads its prompt, each on the engine with the most room; no rows kept). Through
 ``/v1/completions`` with ``stream: true``, ``n`` choices of one ``--prompt-tokens`` prompt,
 ``--new-tokens`` each (``ignore_eos``, temperature 1 with a seed):
 
@@ -16,7 +16,10 @@ prompts") and as ``codegen_unshared``, the same files with ``share_prompt_min_to
   each choice's time to first token;
 - system: the same load of one-choice requests whose prompts all begin with the same
   ``--system-tokens`` tokens (a chat's system prompt) and end with ``--prompt-tokens``
-  minus those of their own.
+  minus those of their own;
+- system_one_client: those requests from one client, one after another: nothing else
+  runs when each arrives, so what it copies comes from the rows kept aside
+  (``keep_prompts``) after the one before ended.
 
 Both read the same suite on the same cores; ratios are shared / unshared.
 
@@ -88,7 +91,7 @@ async def lone(url: str, prompts: list[str], args) -> dict:
             for m, v in out.items()}  # fmt: skip
 
 
-async def load(url: str, model: str, prompts: list[str], args, n: int) -> dict:
+async def load(url: str, model: str, prompts: list[str], args, n: int, clients: int) -> dict:
     ttft: list[float] = []
     done = 0
     stop = time.perf_counter() + args.load_s
@@ -105,7 +108,7 @@ async def load(url: str, model: str, prompts: list[str], args, n: int) -> dict:
 
     started = time.perf_counter()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
-        await asyncio.gather(*(client(session, c) for c in range(args.clients)))
+        await asyncio.gather(*(client(session, c) for c in range(clients)))
     elapsed = time.perf_counter() - started
     return {"requests": done, "requests_per_s": round(done / elapsed, 2),
             "tokens_per_s": round(done * n * args.new_tokens / elapsed, 1),
@@ -158,11 +161,13 @@ def main() -> None:
             before = reused_tokens(supervisor)
             results["lone"] = asyncio.run(lone(url, prompts, args))
             results["lone_reused_tokens"] = reused_tokens(supervisor) - before
-            for phase, texts, n in (("load", prompts, args.n), ("system", chats, 1)):
+            phases = (("load", prompts, args.n, args.clients), ("system", chats, 1, args.clients),
+                      ("system_one_client", chats, 1, 1))  # fmt: skip
+            for phase, texts, n, clients in phases:
                 rounds = {SHARED: [], UNSHARED: []}
                 before = reused_tokens(supervisor)
                 for model in (SHARED, UNSHARED, SHARED, UNSHARED):
-                    rounds[model].append(asyncio.run(load(url, model, texts, args, n)))
+                    rounds[model].append(asyncio.run(load(url, model, texts, args, n, clients)))
                 results[phase] = {
                     m: {"rounds": r, "requests_per_s": round(statistics.mean(x["requests_per_s"] for x in r), 2),
                         "choice_ttft_p50_ms": round(statistics.mean(x["choice_ttft_p50_ms"] for x in r), 1)}
@@ -174,6 +179,7 @@ def main() -> None:
     lone_s, lone_u = results["lone"][SHARED], results["lone"][UNSHARED]
     load_s, load_u = results["load"][SHARED], results["load"][UNSHARED]
     sys_s, sys_u = results["system"][SHARED], results["system"][UNSHARED]
+    one_s, one_u = results["system_one_client"][SHARED], results["system_one_client"][UNSHARED]
     results["ratios_shared_over_unshared"] = {
         "lone_choice_ttft_p50": round(lone_s["choice_ttft_p50_ms"] / lone_u["choice_ttft_p50_ms"], 2),
         "lone_request_p50": round(lone_s["request_p50_ms"] / lone_u["request_p50_ms"], 2),
@@ -181,6 +187,8 @@ def main() -> None:
         "load_choice_ttft_p50": round(load_s["choice_ttft_p50_ms"] / load_u["choice_ttft_p50_ms"], 2),
         "system_requests_per_s": round(sys_s["requests_per_s"] / sys_u["requests_per_s"], 2),
         "system_ttft_p50": round(sys_s["choice_ttft_p50_ms"] / sys_u["choice_ttft_p50_ms"], 2),
+        "system_one_client_requests_per_s": round(one_s["requests_per_s"] / one_u["requests_per_s"], 2),
+        "system_one_client_ttft_p50": round(one_s["choice_ttft_p50_ms"] / one_u["choice_ttft_p50_ms"], 2),
     }
     text = json.dumps(results, indent=1)
     print(text)

@@ -29,7 +29,9 @@ Any other parameter is refused (``INVALID_ARGUMENT``) but Triton's own (``triton
 tokens; admission waits while it is full), ``max_sequences`` (cache slots),
 ``prefill_chunk_tokens``, ``share_prompt_min_tokens`` (the shortest prompt
 prefix an engine copies from a running sequence instead of reading it again;
-16 by default, 0: none) and ``max_tokens_cap``. The scheduling itself is
+16 by default, 0: none), ``keep_prompts`` (finished sequences' rows each
+engine keeps for later prompts that begin alike; 4 by default, 0: none) and
+``max_tokens_cap``. The scheduling itself is
 :mod:`aiworks.runtime.llm_engine`; ONNX Runtime runs in its worker thread.
 
 ``instance_group { count: N }`` runs N engines side by side, each with its
@@ -63,7 +65,7 @@ from aiworks.core.inference import Answer, InferRequest
 from aiworks.core.model_config import ModelConfig, TensorSpec
 from aiworks.core.options import RequestOptions
 from aiworks.runtime.llm_driver import AsyncEngine
-from aiworks.runtime.llm_engine import SHARE_MIN_TOKENS, Engine, Sampling
+from aiworks.runtime.llm_engine import KEEP_PROMPTS, SHARE_MIN_TOKENS, Engine, Sampling
 
 EOS = "<|endoftext|>"
 SAMPLING_PARAMETERS = frozenset({"max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "ignore_eos",
@@ -259,6 +261,7 @@ class LlmModel:
                 f"least the context window ({self.context} tokens) and one sequence"
             )
         share = _int(config, "share_prompt_min_tokens", SHARE_MIN_TOKENS, minimum=0)
+        keep = _int(config, "keep_prompts", KEEP_PROMPTS, minimum=0)
         self.engines = [
             Engine(
                 decoder := OnnxDecoder(path, threads), self.tokenizer, layers=decoder.layers, heads=decoder.heads,
@@ -266,7 +269,7 @@ class LlmModel:
                 kv_budget_tokens=budget // count + (i < budget % count),
                 max_sequences=slots // count + (i < slots % count),
                 prefill_chunk=_int(config, "prefill_chunk_tokens", 64), eos_id=self.tokenizer.token_to_id(EOS),
-                share_min_tokens=share,
+                share_min_tokens=share, keep_prompts=keep,
             )
             for i in range(count)
         ]  # fmt: skip

@@ -19,7 +19,11 @@
    cache row copies those keys and values and reads only the rest;
    prompts equal to one read in the same batch (the ``n`` choices of one
    request) copy its row and its last logits once it is read, and those
-   that only begin as one read in the batch wait a step to copy that;
+   that only begin as one read in the batch wait a step to copy that. The
+   rows of the last ``keep_prompts`` sequences that ended are kept aside
+   (:meth:`_retain`) and shared the same way, so a later request that
+   begins as an earlier one did (a system prompt, a chat's next turn)
+   copies it too;
 4. runs one decode step for every sequence that was past its prompt when the
    step began, in one batch: rows with different histories share it, each
    with its own positions, attending to its own cache slots only (its
@@ -70,6 +74,9 @@ LogProb = tuple[int, float, tuple[tuple[int, float], ...]]  # (token id, log pro
 # The engine's default ``share_min_tokens``: below it, reading the tokens again costs about what finding a
 # sequence that holds them and copying its rows does.
 SHARE_MIN_TOKENS = 16
+# The engine's default ``keep_prompts``: finished sequences' rows kept for later prompts that begin alike (each
+# the memory of one sequence's row; the default model's is 4.7 MB).
+KEEP_PROMPTS = 4
 
 
 def prompt_log_probabilities(logits: np.ndarray, tokens: np.ndarray, k: int) -> list[LogProb]:
@@ -166,6 +173,15 @@ class Event:
     logprobs: tuple = ()  # the LogProb of each of those tokens, when the sequence asked for them
 
 
+@dataclass(eq=False)
+class Kept:
+    """A finished sequence's cache row kept aside (:meth:`Engine._retain`): its sharing key, token ids, row."""
+
+    head: bytes
+    tokens: np.ndarray
+    row: int
+
+
 class Engine:
     """See the module docstring. ``runner(ids, positions, seqlens, rows, cache) -> logits`` runs the decoder
     (:class:`aiworks.runtime.llm_backend.OnnxDecoder`) over the given cache rows, writing the new entries."""
@@ -173,7 +189,7 @@ class Engine:
     def __init__(
         self, runner, tokenizer, *, layers: int, heads: int, head_dim: int, context: int,
         kv_budget_tokens: int, max_sequences: int, prefill_chunk: int = 64, eos_id: int | None = None,
-        share_min_tokens: int = SHARE_MIN_TOKENS,
+        share_min_tokens: int = SHARE_MIN_TOKENS, keep_prompts: int = KEEP_PROMPTS,
     ):  # fmt: skip
         self.runner, self.tokenizer = runner, tokenizer
         self.layers, self.context = layers, context
@@ -182,6 +198,9 @@ class Engine:
         self.eos_id = eos_id
         self.share_min_tokens = share_min_tokens  # 0: every prompt is read whole (no sharing)
         self.cache = np.zeros((2 * layers, max_sequences, heads, context, head_dim), np.float32)
+        self.keep = max(0, keep_prompts) if share_min_tokens > 0 else 0
+        self.kept_cache = np.zeros((2 * layers, self.keep, heads, context, head_dim), np.float32)
+        self.kept: list[Kept] = []  # least recently used first
         self._lock = threading.Lock()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in cache-row order: running[i].slot == i, decoding ones first
@@ -271,7 +290,7 @@ class Engine:
             seqs = [*self.running, *self.waiting]
             held = self.used_tokens + sum(s.reserve for s in self.waiting)
             return (len(seqs) < self.max_sequences and held + reserve <= self.kv_budget_tokens
-                    and any(s.head == head for s in seqs))  # fmt: skip
+                    and (any(s.head == head for s in seqs) or any(e.head == head for e in self.kept)))  # fmt: skip
 
     def _enqueue(self, seq: Sequence) -> None:
         """Put ``seq`` behind every waiting sequence of its class or a more urgent one (under the lock)."""
@@ -438,24 +457,57 @@ class Engine:
         seq.prompt_logprobs += prompt_log_probabilities(before, tokens, seq.sampling.prompt_logprobs)
         seq.carry = logits[-1].copy()
 
-    def _copy_prefix(self, src: Sequence, dst: Sequence, count: int) -> None:
-        """``dst`` (nothing read yet) takes ``src``'s first ``count`` cached keys and values as its own."""
-        self.cache[:, dst.slot, :, :count] = self.cache[:, src.slot, :, :count]
+    def _copy_prefix(self, src: Sequence | Kept, dst: Sequence, count: int) -> None:
+        """``dst`` (nothing read yet) takes the first ``count`` keys and values of ``src`` (a running sequence's
+        row, or one kept aside) as its own."""
+        if isinstance(src, Kept):
+            self.cache[:, dst.slot, :, :count] = self.kept_cache[:, src.row, :, :count]
+            with self._lock:  # the most recently used now
+                self.kept.remove(src)
+                self.kept.append(src)
+        else:
+            self.cache[:, dst.slot, :, :count] = self.cache[:, src.slot, :, :count]
         dst.length = dst.reused = count
         self.reused_tokens += count
 
+    def _retain(self, seq: Sequence) -> None:
+        """Keep a finishing sequence's row aside for later prompts that begin alike, in place of the least recently
+        used one kept; unless a row kept already holds all of its tokens (one holding a part of them is replaced)."""
+        if not self.keep or not seq.head or seq.length < self.share_min_tokens or seq.slot < 0:
+            return
+        tokens = seq.cached()
+        with self._lock:
+            for e in self.kept:
+                if e.head != seq.head:
+                    continue
+                n = min(e.tokens.shape[0], tokens.shape[0])
+                if (e.tokens[:n] == tokens[:n]).all():
+                    if e.tokens.shape[0] >= tokens.shape[0]:
+                        self.kept.remove(e)
+                        self.kept.append(e)
+                        return
+                    self.kept.remove(e)
+                    row = e.row
+                    break
+            else:
+                row = len(self.kept) if len(self.kept) < self.keep else self.kept.pop(0).row
+        n = tokens.shape[0]
+        self.kept_cache[:, row, :, :n] = self.cache[:, seq.slot, :, :n]
+        with self._lock:
+            self.kept.append(Kept(seq.head, tokens.copy(), row))
+
     def _reuse(self, seq: Sequence, donors: list[Sequence]) -> None:
         """Before ``seq`` reads anything: copy the longest prefix of its prompt that the row of one of ``donors``
-        (running sequences that have read at least its first ``share_min_tokens`` tokens) holds, its last token
-        left to read, so that its logits come out.
+        (running sequences that have read at least its first ``share_min_tokens`` tokens) or of a row kept aside
+        holds, its last token left to read, so that its logits come out.
 
         Keys and values at a position depend on the tokens up to it only, so
         the copied ones are those ``seq`` would compute. The other row is read
         as it lies now (this thread is the only one that writes the cache).
         """
         best, donor = 0, None
-        for other in donors:
-            held = other.cached()
+        for other in [*donors, *(e for e in self.kept if e.head == seq.head)]:
+            held = other.tokens if isinstance(other, Kept) else other.cached()
             n = min(held.shape[0], seq.prompt.shape[0] - 1)
             same = held[:n] == seq.prompt[:n]
             common = n if same.all() else int(same.argmin())
@@ -481,8 +533,8 @@ class Engine:
         reading: set[bytes] = set()  # the heads of prompts this batch starts to read (their first tokens at least)
         for seq in filling:
             if seq.length == 0 and seq.follows:
-                if seq.head in donors:
-                    self._reuse(seq, donors[seq.head])
+                if seq.head in donors or any(e.head == seq.head for e in self.kept):
+                    self._reuse(seq, donors.get(seq.head, []))
                 if seq.length == 0:
                     at = leaders.get(self._whole(seq))
                     if at is not None:
@@ -532,6 +584,7 @@ class Engine:
         s = seq.sampling
         reason = ""
         if s.max_tokens == 0:  # a prompt scored only (prompt_logprobs): it ends once read, nothing generated
+            self._retain(seq)
             with self._lock:
                 self._release(seq, "length")
             return Event(seq, "", True, 0)
@@ -566,6 +619,7 @@ class Engine:
         since, seq.reported = seq.reported, len(seq.generated)
         tokens, logprobs = seq.reported - since, tuple(seq.logprobs[since:]) if seq.pending is not None else ()
         if reason:
+            self._retain(seq)
             with self._lock:
                 self._release(seq, reason)
             return Event(seq, piece, True, tokens, logprobs)

@@ -585,3 +585,52 @@ def test_tenants_do_not_share_prompts(parts):
     while engine.busy():
         engine.step()
     assert (late.reused, other.reused) == (prompt.shape[0] - 1, 0)
+
+
+def finish(engine: Engine, *seqs) -> dict:
+    texts = {}
+    while engine.busy():
+        for e in engine.step():
+            texts[id(e.seq)] = texts.get(id(e.seq), "") + e.text
+    return texts
+
+
+def test_a_later_prompt_copies_what_a_finished_sequence_read_and_wrote(parts):
+    """The rows of finished sequences are kept aside (keep_prompts): a system prompt sent again, or a chat's next turn
+    (the last turn's prompt and answer, then more), copies them instead of reading them."""
+    engine, read = counting_engine(parts, keep_prompts=2)
+    head = engine.encode(SHARED)
+    first = engine.add(head, Sampling(max_tokens=12, ignore_eos=True))
+    finish(engine)
+    assert not engine.running and len(engine.kept) == 1
+    turn = np.concatenate([first.cached(), engine.encode("\n    args = parser.parse_args(argv)\n")])
+    before = len(read)
+    second = engine.add(turn, Sampling(max_tokens=8))
+    texts = finish(engine)
+    assert second.reused == first.cached().shape[0]  # its prompt and all it wrote but its last token
+    assert [shape for shape in read[before:] if shape[1] > 1] == [(1, turn.shape[0] - second.reused)]
+    fresh = make_engine(parts, keep_prompts=0)
+    alone_seq = fresh.add(turn, Sampling(max_tokens=8))
+    assert texts[id(second)] == finish(fresh)[id(alone_seq)] and alone_seq.reused == 0 and not fresh.kept
+    # Two rows kept: the next turn replaced the first's row (it holds all of it and more); two more prompts of
+    # other beginnings push it out, least recently used first.
+    assert len(engine.kept) == 1
+    for text in ("class Config(object):\n    def __init__(self, path):\n        self.path = path\n",
+                 "for index, value in enumerate(values):\n    total += value * index\n"):
+        engine.add(engine.encode(text), Sampling(max_tokens=4))
+        finish(engine)
+    assert len(engine.kept) == 2 and all(e.head != first.head for e in engine.kept)
+    again = engine.add(head, Sampling(max_tokens=2))
+    finish(engine)
+    assert again.reused == 0
+
+
+def test_kept_rows_stay_with_their_tenant(parts):
+    engine, _ = counting_engine(parts, keep_prompts=2)
+    prompt = engine.encode(SHARED)
+    engine.add(prompt, Sampling(max_tokens=3), scope="acme")
+    finish(engine)
+    other = engine.add(prompt, Sampling(max_tokens=3), scope="globex")
+    same = engine.add(prompt, Sampling(max_tokens=3), scope="acme")
+    finish(engine)
+    assert (other.reused, same.reused) == (0, prompt.shape[0] - 1)
