@@ -22,12 +22,20 @@ between them as the replica splits it; (c) against it is what serving costs.
 All requests arrive at once; TTFT is measured from then (a, b) or from each
 client's send (c). Each case runs its whole workload ``--rounds`` times (2)
 on one engine or suite and reports the last round: the first round of each
-is cold (its rate is kept as ``first_round_tokens_per_s``). Then TTFT in steady state through the suite: the same
-clients, their first requests spread over one generation's time, each
-sending its next request when its last ends; the requests sent in the
-window after that ramp count (about 32 generations running when each
-arrives). Also the cost of streaming: a lone generation through
-``/generate`` against ``/generate_stream`` (mean of ``--repeats``).
+is cold (its rate is kept as ``first_round_tokens_per_s``). Then TTFT in
+steady state through the suite: the same clients, their first requests
+spread over one generation's time, each sending its next request when its
+last ends; the requests sent in the window after that ramp count (about 32
+generations running when each arrives). Also the cost of streaming: a lone
+generation through ``/generate`` against ``/generate_stream`` (mean of
+``--repeats``).
+
+No prompt is sent twice: each round, the lone requests and the streaming
+runs have prompts of their own (slices of argparse.py that begin apart), and
+the steady clients go through all of them. The engines share a prompt's
+beginning with the sequences running and keep finished rows aside
+(docs/generation.md, "Shared prompts"); this workload must not get that for
+free, as a repeated prompt would.
 
 Usage: python bench/generation.py [--precision fp32|int8] [--clients 32] [--prompt-tokens 64] [--new-tokens 128]
        [--out FILE]
@@ -67,17 +75,17 @@ def prompts(tokenizer: Tokenizer, n: int, length: int) -> list[str]:
     return [tokenizer.decode(ids[i * 97 : i * 97 + length]) for i in range(n)]
 
 
-def in_process(version: Path, texts: list[str], new_tokens: int, batch: int, rounds: int = 1) -> dict:
-    """(a) with batch 1, (b) with batch 8: each batch runs to its end before the next is admitted. The whole
-    workload runs ``rounds`` times on one engine; the figures are the last round's (``first_round_tokens_per_s``
-    keeps the first, cold one's rate)."""
+def in_process(version: Path, rounds: list[list[str]], new_tokens: int, batch: int) -> dict:
+    """(a) with batch 1, (b) with batch 8: each batch runs to its end before the next is admitted. Each of
+    ``rounds`` (its prompts) runs on one engine in turn; the figures are the last round's
+    (``first_round_tokens_per_s`` keeps the first, cold one's rate)."""
     decoder = OnnxDecoder(version / "model.onnx", threads=int(os.environ.get("BENCH_THREADS", "2")))
     tokenizer = Tokenizer.from_file(str(version / "tokenizer.json"))
     engine = Engine(decoder, tokenizer, layers=decoder.layers, heads=decoder.heads, head_dim=decoder.head_dim,
                     context=256, kv_budget_tokens=1 << 20, max_sequences=batch, prefill_chunk=256)  # fmt: skip
     sampling = Sampling(max_tokens=new_tokens, ignore_eos=True)
     first = None
-    for _ in range(rounds):
+    for texts in rounds:
         ttft, gaps, tokens = [], [], 0
         started = time.perf_counter()
         for i in range(0, len(texts), batch):
@@ -99,7 +107,7 @@ def in_process(version: Path, texts: list[str], new_tokens: int, batch: int, rou
     return {**result, "first_round_tokens_per_s": first}
 
 
-def engines_alone(version: Path, texts: list[str], new_tokens: int, instances: int, threads: int, rounds: int) -> dict:
+def engines_alone(version: Path, rounds: list[list[str]], new_tokens: int, instances: int, threads: int) -> dict:
     """The suite's engines with no serving: ``instances`` engines of ``threads`` ONNX Runtime threads, each in a
     thread of its own stepping its share of ``texts`` (all at once) to the end, as the replica's would. Its rate
     against (c)'s is what the serving (the runtime's event loop, gRPC, the gateway, the clients) costs on the
@@ -110,7 +118,7 @@ def engines_alone(version: Path, texts: list[str], new_tokens: int, instances: i
         decoder = OnnxDecoder(version / "model.onnx", threads=threads)
         engines.append(Engine(decoder, tokenizer, layers=decoder.layers, heads=decoder.heads,
                               head_dim=decoder.head_dim, context=256, kv_budget_tokens=1 << 20,
-                              max_sequences=-(-len(texts) // instances), prefill_chunk=256))  # fmt: skip
+                              max_sequences=-(-len(rounds[0]) // instances), prefill_chunk=256))  # fmt: skip
     sampling = Sampling(max_tokens=new_tokens, ignore_eos=True)
 
     def run(engine: Engine, share: list[str]) -> None:
@@ -120,7 +128,7 @@ def engines_alone(version: Path, texts: list[str], new_tokens: int, instances: i
             engine.step()
 
     rates = []
-    for _ in range(rounds):
+    for texts in rounds:
         started = time.perf_counter()
         workers = [threading.Thread(target=run, args=(e, texts[i::instances])) for i, e in enumerate(engines)]
         for worker in workers:
@@ -158,19 +166,21 @@ async def one_stream(session, url: str, text: str, new_tokens: int, ttft: list, 
     return pieces
 
 
-async def suite_run(url: str, texts: list[str], new_tokens: int, rounds: int = 1, supervisor=None) -> dict:
-    """All ``texts`` at once, ``rounds`` times; the figures are the last round's, as :func:`in_process`'s.
+async def suite_run(url: str, rounds: list[list[str]], new_tokens: int, lone_texts: list[str],
+                    supervisor=None) -> dict:  # fmt: skip
+    """Each of ``rounds``' prompts all at once, a round after the other; the figures are the last round's, as
+    :func:`in_process`'s. ``lone_texts``: a warm-up and the lone requests' prompts (one each).
 
     With ``supervisor``, also where the CPU went in the last round: each kind of process's cores (CPU
     seconds over the round's wall time, from /proc), the benchmark's own clients included.
     """
     first, cores = None, {}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
-        await one_stream(session, url, texts[0], 4, [], [])  # warm
+        await one_stream(session, url, lone_texts[0], 4, [], [])  # warm
         lone: list[float] = []
-        for _ in range(5):  # a lone request's TTFT through the suite, the reference for TTFT under load
-            await one_stream(session, url, texts[0], 8, lone, [])
-        for _ in range(rounds):
+        for text in lone_texts[1:]:  # a lone request's TTFT through the suite, the reference for TTFT under load
+            await one_stream(session, url, text, 8, lone, [])
+        for texts in rounds:
             ttft, gaps = [], []
             cpu_before = cpu_by_kind(supervisor) if supervisor else {}
             clients_before = time.process_time()
@@ -187,35 +197,41 @@ async def suite_run(url: str, texts: list[str], new_tokens: int, rounds: int = 1
     return {**result, "first_round_tokens_per_s": first, "lone_ttft_ms": round(pct(lone, 50) * 1e3, 1), **extra}
 
 
-async def steady_run(url: str, texts: list[str], new_tokens: int, generation_s: float, window_s: float) -> dict:
-    """TTFT in steady state: the clients' first requests are spread over one generation's time, then each
-    sends its next as its last ends; the requests sent during the ``window_s`` after that ramp count."""
+async def steady_run(url: str, texts: list[str], clients: int, new_tokens: int, generation_s: float,
+                     window_s: float) -> dict:  # fmt: skip
+    """TTFT in steady state: the ``clients``' first requests are spread over one generation's time, then each
+    sends its next as its last ends; the requests sent during the ``window_s`` after that ramp count. Client i's
+    k-th request sends ``texts[(i + k * clients) % len(texts)]``."""
     ttft: list[float] = []
-    gap = generation_s / len(texts)
+    gap = generation_s / clients
     ramp_end = time.perf_counter() + generation_s
     stop = ramp_end + window_s
 
     async def client(session, i: int) -> None:
         await asyncio.sleep(i * gap)
+        k = 0
         while time.perf_counter() < stop:
             counted = time.perf_counter() >= ramp_end
             seen: list[float] = []
-            await one_stream(session, url, texts[i], new_tokens, seen, [])
+            await one_stream(session, url, texts[(i + k * clients) % len(texts)], new_tokens, seen, [])
+            k += 1
             if counted:
                 ttft.extend(seen)
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
-        await asyncio.gather(*(client(session, i) for i in range(len(texts))))
+        await asyncio.gather(*(client(session, i) for i in range(clients)))
     return {"requests": len(ttft), "ttft_p50_ms": round(pct(ttft, 50) * 1e3, 1),
             "ttft_p99_ms": round(pct(ttft, 99) * 1e3, 1)}  # fmt: skip
 
 
-async def streaming_cost(url: str, text: str, new_tokens: int, repeats: int) -> dict:
-    body = {"text_input": text, "max_tokens": new_tokens, "ignore_eos": True}
+async def streaming_cost(url: str, texts: list[str], new_tokens: int) -> dict:
+    """A lone generation through ``/generate`` and then ``/generate_stream``, a pair of ``texts`` each (as many
+    repeats as pairs)."""
     times = {"generate": [], "generate_stream": []}
     async with aiohttp.ClientSession() as session:
-        for _ in range(repeats):
-            for route in times:
+        for i in range(0, len(texts) - 1, 2):
+            for route, text in zip(times, texts[i : i + 2]):
+                body = {"text_input": text, "max_tokens": new_tokens, "ignore_eos": True}
                 t0 = time.perf_counter()
                 async with session.post(f"{url}/v2/models/codegen/{route}", json=body) as r:
                     await r.read()
@@ -249,25 +265,28 @@ def main() -> None:
         build(repo, LlmSpec(random=True), cache_dir=None, progress=False, kv_budget_tokens=1 << 16, max_sequences=64,
               precision=args.precision, instances=args.instances, threads=args.threads)  # fmt: skip
         version = repo / "codegen" / "1"
-        texts = prompts(Tokenizer.from_file(str(version / "tokenizer.json")), args.clients, args.prompt_tokens)
+        c, extra = args.clients, 6 + 2 * args.repeats  # the lone requests (a warm-up, five), the streaming pairs
+        tokenizer = Tokenizer.from_file(str(version / "tokenizer.json"))
+        texts = prompts(tokenizer, c * args.rounds + extra, args.prompt_tokens)
+        assert len({tuple(tokenizer.encode(t).ids[:16]) for t in texts}) == len(texts), "two prompts begin alike"
+        rounds, own = [texts[r * c : (r + 1) * c] for r in range(args.rounds)], texts[c * args.rounds :]
         results = {"setup": vars(args) | {"cpus": os.cpu_count()}}
-        lone = in_process(version, texts[:1], args.new_tokens, 1)
+        lone = in_process(version, [own[:1]], args.new_tokens, 1)
         results["lone_request_ttft_ms_in_process"] = lone["ttft_p50_ms"]
-        results["a_one_at_a_time"] = in_process(version, texts, args.new_tokens, 1, args.rounds)
-        results["b_static_batch_8"] = in_process(version, texts, args.new_tokens, 8, args.rounds)
-        results["c_engines_alone"] = engines_alone(version, texts, args.new_tokens, args.instances, args.threads,
-                                                   args.rounds)  # fmt: skip
+        results["a_one_at_a_time"] = in_process(version, rounds, args.new_tokens, 1)
+        results["b_static_batch_8"] = in_process(version, rounds, args.new_tokens, 8)
+        results["c_engines_alone"] = engines_alone(version, rounds, args.new_tokens, args.instances, args.threads)
         config = SuiteConfig.on_free_ports(model_repository=repo, log_dir=Path(tmp) / "logs", replicas=1, cache=False)
         supervisor = Supervisor(config)
         supervisor.start()
         try:
             url = f"http://127.0.0.1:{config.http_port}"
-            results["c_suite"] = asyncio.run(suite_run(url, texts, args.new_tokens, args.rounds, supervisor))
+            results["c_suite"] = asyncio.run(suite_run(url, rounds, args.new_tokens, own[:6], supervisor))
             generation_s = results["c_suite"]["elapsed_s"]
             results["c_steady"] = asyncio.run(
-                steady_run(url, texts, args.new_tokens, generation_s, args.steady_s or 2 * generation_s)
+                steady_run(url, texts, c, args.new_tokens, generation_s, args.steady_s or 2 * generation_s)
             )
-            results["streaming"] = asyncio.run(streaming_cost(url, texts[0], args.new_tokens, args.repeats))
+            results["streaming"] = asyncio.run(streaming_cost(url, own[6:], args.new_tokens))
         finally:
             supervisor.stop()
     a, b, c = (results[k]["tokens_per_s"] for k in ("a_one_at_a_time", "b_static_batch_8", "c_suite"))
