@@ -209,8 +209,9 @@ class Router:
                 return chosen
         # Probation: one request at a time for a replica not (or no longer) known to answer.
         candidates = [r for r in candidates if not (expected[r.replica_id][1] and r.outstanding)] or candidates
-        if affine in candidates and affine.outstanding <= min(r.outstanding for r in candidates) + AFFINITY_SLACK:
-            return affine  # no KV figures (yet): bounded by requests in flight instead of room
+        if affine is not None and any(r is affine for r in candidates):  # (identity: Replica compares by value)
+            if affine.outstanding <= min(r.outstanding for r in candidates) + AFFINITY_SLACK:
+                return affine  # no KV figures (yet): bounded by requests in flight instead of room
         if len(candidates) > 2:
             candidates = self._rng.sample(candidates, 2)
         elif len(candidates) == 2 and self._rng.random() < 0.5:
