@@ -296,8 +296,9 @@ class LlmModel:
         """The instance a new generation joins.
 
         Where it is admitted at once, one already holding a sequence whose
-        prompt begins as this one does (the ``n`` choices of a request, a
-        shared system prompt), so that it copies that prompt's cache entries
+        prompt begins as this one does (running, waiting, or a finished one's
+        row kept aside: the ``n`` choices of a request, a shared system
+        prompt, a chat's next turn), so that it copies that prompt's cache entries
         instead of reading them (docs/generation.md, "Shared prompts"), as long
         as that instance holds at most :data:`SHARE_SLACK` sequences more than
         the emptiest one: a prompt that every request shares still spreads over
