@@ -8,11 +8,10 @@ from tritonclient.grpc import service_pb2 as pb
 from aiworks.core.datatypes import (
     NUMPY_DTYPES,
     Tensor,
-    check_bytes_count,
+    check_raw_input,
     check_shape,
     element_count,
     encode,
-    itemsize,
     serialize_items,
 )
 from aiworks.core.errors import InvalidArgument, PayloadTooLarge
@@ -145,14 +144,7 @@ def to_infer_request_header(
 
 def _raw(raw: bytes, datatype: str, shape: tuple[int, ...], name: str):
     def check() -> bytes:
-        count = element_count(shape)
-        if datatype == "BYTES":
-            check_bytes_count(raw, count, name=name)
-        elif len(raw) != count * itemsize(datatype):
-            raise InvalidArgument(
-                f"input '{name}': {len(raw)} bytes of data, but shape {list(shape)} of {datatype} needs "
-                f"{count * itemsize(datatype)}"
-            )
+        check_raw_input(raw, datatype, shape, name)
         return raw
 
     return check

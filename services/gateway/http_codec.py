@@ -31,11 +31,10 @@ from aiworks.core.datatypes import (
     DATATYPES,
     NUMPY_DTYPES,
     Tensor,
-    check_bytes_count,
+    check_raw_input,
     check_shape,
     element_count,
     encode,
-    itemsize,
     serialize_items,
 )
 from aiworks.core.errors import AIWorksError, InvalidArgument, Status
@@ -208,14 +207,7 @@ def decode_json_data(data, datatype: str, shape: tuple[int, ...], where: str) ->
 
 def _binary(raw: memoryview, datatype: str, shape: tuple[int, ...], name: str):
     def check() -> memoryview:
-        count = element_count(shape)
-        if datatype == "BYTES":
-            check_bytes_count(raw, count, name=name)
-        elif len(raw) != count * itemsize(datatype):
-            raise InvalidArgument(
-                f"input '{name}': {len(raw)} bytes of data, but shape {list(shape)} of {datatype} needs "
-                f"{count * itemsize(datatype)}"
-            )
+        check_raw_input(raw, datatype, shape, name)
         return raw
 
     return check

@@ -221,6 +221,19 @@ def check_bytes_count(raw: bytes | memoryview, count: int, *, name: str = "tenso
         raise InvalidArgument(f"input '{name}': {found} BYTES elements, but the shape needs {count}")
 
 
+def check_raw_input(raw: bytes | memoryview, datatype: str, shape, name: str) -> None:
+    """InvalidArgument unless an input's raw data (binary HTTP, gRPC ``raw_input_contents``, shared memory) fits
+    its shape and datatype: so many well-formed BYTES elements, or so many bytes of a fixed-size type."""
+    count = element_count(shape)
+    if datatype == "BYTES":
+        check_bytes_count(raw, count, name=name)
+    elif len(raw) != count * itemsize(datatype):
+        raise InvalidArgument(
+            f"input '{name}': {len(raw)} bytes of data, but shape {list(shape)} of {datatype} needs "
+            f"{count * itemsize(datatype)}"
+        )
+
+
 def deserialize_bytes(raw: bytes | memoryview, count: int, *, name: str = "tensor") -> np.ndarray:
     """An object array of the ``count`` bytes elements in ``raw``."""
     view = memoryview(raw)
