@@ -8,20 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
+from aiworks.demo.models import IRIS_CONFIG  # the demo's iris, served by the suite itself
+
 TESTDATA = Path(__file__).parent / "testdata"
 
-IRIS_CONFIG = """\
-name: "iris"
-platform: "onnxruntime_onnx"
-max_batch_size: 64
-input [ { name: "input" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [
-  { name: "label" data_type: TYPE_INT64 dims: [ 1 ] reshape: { shape: [ ] } },
-  { name: "probabilities" data_type: TYPE_FP32 dims: [ 3 ] }
-]
-dynamic_batching { }
-instance_group [ { count: 1 kind: KIND_CPU } ]
-"""
 
 # The same model behind Triton. Its python backend stands in for a GPU
 # platform here; on a GPU machine this would be platform "onnxruntime_onnx"
