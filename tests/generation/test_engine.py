@@ -634,3 +634,40 @@ def test_kept_rows_stay_with_their_tenant(parts):
     same = engine.add(prompt, Sampling(max_tokens=3), scope="acme")
     finish(engine)
     assert (other.reused, same.reused) == (0, prompt.shape[0] - 1)
+
+
+def test_shared_prompts_never_change_a_sequences_text_under_churn(parts):
+    """Many sequences whose prompts share beginnings (three stems, tails of their own), joining at random steps,
+    some cancelled, through a small cache with rows kept aside: each text is the one it makes alone with
+    sharing off, and every row and budget comes back."""
+    rng = np.random.default_rng(7)
+    probe = make_engine(parts)
+    stems = [probe.encode(SHARED)[:30], probe.encode("class Config(object):\n    def __init__(self, path, mode):\n")]
+    stems.append(np.concatenate([stems[0][:20], probe.encode(" # a comment that goes on for a while\n")]))
+    engine, _ = counting_engine(parts, max_sequences=5, prefill_chunk=48, keep_prompts=2)
+    plan = []
+    for i in range(24):
+        stem = stems[int(rng.integers(len(stems)))]
+        tail = rng.integers(100, 1000, size=int(rng.integers(0, 12)))  # token ids (the tiny vocabulary: 1,024)
+        plan.append((int(rng.integers(0, 40)), np.concatenate([stem, tail]).astype(np.int64),
+                     int(rng.integers(2, 10)), bool(rng.random() < 0.2)))  # fmt: skip
+    plan.sort(key=lambda p: p[0])
+    seqs, texts, step = [], {}, 0
+    while plan or engine.busy():
+        while plan and plan[0][0] <= step:
+            _, prompt, max_tokens, cancel = plan.pop(0)
+            seq = engine.add(prompt, Sampling(max_tokens=max_tokens, ignore_eos=True))
+            seqs.append((seq, prompt, max_tokens, cancel))
+        for seq, _, _, cancel in seqs:
+            if cancel and len(seq.generated) == 1 and seq.state != "done":
+                engine.cancel(seq)
+        for e in engine.step():
+            texts[id(e.seq)] = texts.get(id(e.seq), "") + e.text
+        step += 1
+    assert engine.reused_tokens > 0 and engine.used_tokens == 0 and not engine.running
+    finished = [(s, p, m) for s, p, m, cancel in seqs if not cancel]
+    assert len(finished) >= 15 and sum(s.reused > 0 for s, _, _ in finished) >= 5
+    for seq, prompt, max_tokens in finished:
+        fresh = make_engine(parts, share_min_tokens=0)
+        alone_seq = fresh.add(prompt, Sampling(max_tokens=max_tokens, ignore_eos=True))
+        assert texts.get(id(seq), "") == finish(fresh).get(id(alone_seq), ""), (prompt, seq.reused)
