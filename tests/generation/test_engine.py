@@ -646,7 +646,7 @@ def test_shared_prompts_never_change_a_sequences_text_under_churn(parts):
     stems.append(np.concatenate([stems[0][:20], probe.encode(" # a comment that goes on for a while\n")]))
     engine, _ = counting_engine(parts, max_sequences=5, prefill_chunk=48, keep_prompts=2)
     plan = []
-    for i in range(24):
+    for _ in range(24):
         stem = stems[int(rng.integers(len(stems)))]
         tail = rng.integers(100, 1000, size=int(rng.integers(0, 12)))  # token ids (the tiny vocabulary: 1,024)
         plan.append((int(rng.integers(0, 40)), np.concatenate([stem, tail]).astype(np.int64),
