@@ -157,13 +157,17 @@ def _request(model: str, prompt: str, params: dict, ident: str) -> InferRequest:
 
 def _usage(firsts: list, lasts: list, n: int = 1) -> dict:
     """Each prompt's tokens once (its ``n`` choices read the same prompt), and every choice's completion tokens;
-    the choices of prompt ``p`` are ``firsts[p * n : (p + 1) * n]``."""
-    prompt = sum(
-        next((int(f.parameters.get("prompt_tokens", 0)) for f in firsts[at : at + n] if f is not None), 0)
-        for at in range(0, len(firsts), n)
-    )
+    the choices of prompt ``p`` are ``firsts[p * n : (p + 1) * n]``. ``prompt_tokens_details.cached_tokens``, as
+    OpenAI reports it: of each prompt, the tokens that every one of its choices copied instead of reading
+    (docs/generation.md, "Shared prompts"), so the choice that read it for the others counts it as read."""
+    prompt = cached = 0
+    for at in range(0, len(firsts), n):
+        choices = [f for f in firsts[at : at + n] if f is not None]
+        prompt += int(choices[0].parameters.get("prompt_tokens", 0)) if choices else 0
+        cached += min((int(f.parameters.get("cached_prompt_tokens", 0)) for f in choices), default=0)
     completion = sum(int(last.parameters.get("completion_tokens", 0)) for last in lasts if last is not None)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
 
 
 def _choice_parameters(params: dict, index: int) -> dict:

@@ -43,7 +43,8 @@ a new generation goes to an instance holding a generation whose prompt
 begins as its own (where it is admitted at once: it copies that prompt's
 cache entries), else to the one with the most KV room left once the
 generations already there (running or waiting) hold their reservations.
-Response parameters: ``prompt_tokens`` on the first, ``completion_tokens``
+Response parameters: ``prompt_tokens`` on the first (and ``cached_prompt_tokens``
+when some of the prompt was copied from another sequence's row), ``completion_tokens``
 and ``finish_reason`` (``stop`` or ``length``) on the last, and ``tokens``
 on a response that carries the text of more than one token (the steps that
 piled up while the stream's reader was busy travel as one response).
@@ -361,6 +362,7 @@ class LlmModel:
             params = {"prompt_tokens": int(prompt.shape[0])} if first else {}
             if first and event.seq.reused:
                 self._reused.inc(event.seq.reused)
+                params["cached_prompt_tokens"] = event.seq.reused  # copied, not read (OpenAI's cached_tokens)
             first = False
             if event.tokens > 1:  # several steps in one response (the consumer fell behind)
                 params["tokens"] = event.tokens

@@ -275,8 +275,15 @@ def test_the_n_choices_of_a_request_share_their_prompts_cache_entries(suite, ope
     assert copied >= 3 * (tokens - 1), (copied, tokens)
     texts = [c.text for c in four.choices]
     assert len(set(texts)) == 4  # each sampled on its own
+    assert four.usage.prompt_tokens_details.cached_tokens == 0  # one choice read the prompt for the others
+    # The gateway counts the four's KV reserves on their replica until its next figures (heartbeats, 1 s), and
+    # affinity yields while that replica looks three reserves fuller than the other: wait for fresh figures.
+    time.sleep(2.5)
     alone = openai_client.completions.create(**{**ask, "seed": 11 + 3})  # choice i samples with seed + i
     assert alone.choices[0].text == texts[3]
+    # It went where the four went (affinity), whose engine kept their rows: it copied all but the last token,
+    # and says so as OpenAI does.
+    assert alone.usage.prompt_tokens == tokens and alone.usage.prompt_tokens_details.cached_tokens == tokens - 1
     before = runtimes_sample(suite, reused)
     chunks = list(openai_client.completions.create(n=4, stream=True, **ask))
     streamed = ["".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i) for i in range(4)]
@@ -409,3 +416,20 @@ def test_openai_errors_come_in_openais_format(suite, openai_client):
     assert "context window" in long_prompt.value.message
     r = requests.post(url(suite, "/v1/completions"), json={"model": "codegen", "prompt": "x", "best_of": 3})
     assert r.status_code == 400 and "best_of" in r.json()["error"]["message"]
+
+
+def test_the_usage_counts_as_cached_what_every_choice_of_a_prompt_copied():
+    """``prompt_tokens_details.cached_tokens`` (OpenAI's field): per prompt, the fewest of its choices' copied
+    tokens, since the prompt is counted once; the first responses of two prompts with two choices each."""
+    from types import SimpleNamespace
+
+    from aiworks.gateway.openai_routes import _usage
+
+    def first(prompt: int, cached: int = 0):
+        params = {"prompt_tokens": prompt} | ({"cached_prompt_tokens": cached} if cached else {})
+        return SimpleNamespace(parameters=params)
+
+    last = SimpleNamespace(parameters={"completion_tokens": 5})
+    usage = _usage([first(40), first(40, 39), first(30, 29), first(30, 20)], [last] * 4, n=2)
+    assert usage == {"prompt_tokens": 70, "completion_tokens": 20, "total_tokens": 90,
+                     "prompt_tokens_details": {"cached_tokens": 20}}  # fmt: skip
