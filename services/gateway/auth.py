@@ -61,7 +61,7 @@ from aiworks.gateway.tenancy import (
     Tenant,
     load_tenancy,
 )
-from aiworks.security.work_tokens import TokenError, WorkTokens, is_work_token
+from aiworks.security.work_tokens import EndedWork, TokenError, WorkTokens, is_work_token
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +190,7 @@ class Principal:
     subject: str = ""
     key_hash: str = ""  # an API key's full SHA-256 (hex), for the work tokens minted for its calls
     model: str = ""  # a work token's one model; "" for every other credential (the tenant's models)
+    work_id: str = ""  # a batch job's work token: the job's id (refused once it has ended)
 
     @property
     def is_work_token(self) -> bool:
@@ -222,6 +223,11 @@ def _looks_like_jwt(token: str) -> bool:
     return token.startswith("eyJ") and token.count(".") == 2
 
 
+def _job_ended(job_id: str) -> Unauthenticated:
+    return unauthenticated(f"batch job '{job_id}' has ended (completed, failed, cancelled or expired): the work "
+                           "token it ran with runs nothing more")  # fmt: skip
+
+
 class Authenticator:
     """Resolves credentials to a :class:`Principal`; built once at start-up from the tenancy config."""
 
@@ -230,6 +236,8 @@ class Authenticator:
         self.config = config
         # Mints and verifies the tokens batch jobs and queued requests run with (the credential key file's key).
         self.work_tokens = work_tokens
+        # Batch jobs that have ended: their work tokens are refused (fed by batch_routes.watch_ended_jobs).
+        self.ended_work = EndedWork()
         self._keys: dict[bytes, tuple[bytes, Tenant]] = {}
         self._claims: dict[str, Tenant] = {}
         self._jwt_key = None
@@ -332,9 +340,10 @@ class Authenticator:
         hexed = digest.hex()
         return Principal(found[1], "api_key", "sha256:" + hexed[:12], hexed)
 
-    def mint_work_token(self, principal: Principal, work: str, model: str, lifetime_s: float) -> str | None:
-        """The token a batch job (``work`` "batch") or a queued request ("async") on ``model`` runs with, for
-        ``lifetime_s``; ``None`` for an anonymous caller (demo mode: nothing checks one)."""
+    def mint_work_token(self, principal: Principal, work: str, model: str, lifetime_s: float,
+                        work_id: str = "") -> str | None:  # fmt: skip
+        """The token a batch job (``work`` "batch", ``work_id`` the job's id) or a queued request ("async") on
+        ``model`` runs with, for ``lifetime_s``; ``None`` for an anonymous caller (demo mode: nothing checks one)."""
         if principal.method == "anonymous":
             return None
         if principal.is_work_token:  # the routes refuse these first; a token never mints a longer-lived one
@@ -343,7 +352,8 @@ class Authenticator:
             raise Internal("this gateway has no credential key file (AIWORKS_GATEWAY_CREDENTIAL_KEY_FILE) to mint "
                            "the token the work runs with")  # fmt: skip
         return self.work_tokens.mint(tenant=principal.tenant_id, method=principal.method, subject=principal.subject,
-                                     key=principal.key_hash, work=work, model=model, lifetime_s=lifetime_s)  # fmt: skip
+                                     key=principal.key_hash, work=work, model=model, lifetime_s=lifetime_s,
+                                     work_id=work_id)  # fmt: skip
 
     def _cached(self, token: str, now: float) -> Principal | None:
         """A bearer token verified before and not yet due for another check (JWTs and work tokens)."""
@@ -367,11 +377,15 @@ class Authenticator:
         now = time.time()
         cached = self._cached(token, now)  # a job sends the same token with every request: verified once a while
         if cached is not None and self.work_tokens.holds_key_of(token):  # a key retired since: verified again, refused
+            if cached.work_id and cached.work_id in self.ended_work:
+                raise _job_ended(cached.work_id)
             return cached
         try:
             claims = self.work_tokens.verify(token, now)
         except TokenError as exc:
             raise unauthenticated(str(exc)) from None
+        if claims.work_id and claims.work_id in self.ended_work:
+            raise _job_ended(claims.work_id)
         tenant = self.config.tenants.get(claims.tenant)
         if tenant is None:
             raise unauthenticated(f"the work token's tenant '{claims.tenant}' is no longer in the tenants file")
@@ -383,7 +397,7 @@ class Authenticator:
             if found is None or found[1].id != tenant.id:
                 raise unauthenticated(f"the API key that submitted this {claims.work} work ({claims.subject}) was "
                                       "revoked")  # fmt: skip
-        principal = Principal(tenant, "work_token", claims.subject, model=claims.model)
+        principal = Principal(tenant, "work_token", claims.subject, model=claims.model, work_id=claims.work_id)
         # The tenants and keys it is checked against are fixed for this authenticator's life.
         return self._remember(token, principal, min(float(claims.expires_at), now + TOKEN_CACHE_S))
 

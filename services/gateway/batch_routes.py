@@ -16,16 +16,21 @@ for any unknown path, and nothing about batches in the OpenAPI document.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import orjson
+import redis.asyncio as redis
 from fastapi import FastAPI, Request
 from starlette.responses import Response, StreamingResponse
 
-from aiworks.batch.jobs import window_seconds
+from aiworks.batch.jobs import TOKEN_GRACE_S, JobStore, new_id, window_seconds
 from aiworks.batch.service import BatchService, batch_object, check_window, parse_endpoint
 from aiworks.core.errors import InvalidArgument, PayloadTooLarge
 from aiworks.gateway.dataplane import GatewayDataPlane
 from aiworks.gateway.multipart import PART_END, FormStream, Part, boundary_of
+from aiworks.security.work_tokens import EndedWork
+
+log = logging.getLogger(__name__)
 
 _MAX_BATCH_BODY_BYTES = 64 * 1024
 
@@ -34,15 +39,43 @@ def _json(doc, status: int = 200) -> Response:
     return Response(orjson.dumps(doc), status_code=status, media_type="application/json")
 
 
-def work_credential(dataplane: GatewayDataPlane, principal, work: str, model: str, lifetime_s: float) -> str | None:
+def work_credential(dataplane: GatewayDataPlane, principal, work: str, model: str, lifetime_s: float,
+                    work_id: str = "") -> str | None:  # fmt: skip
     """What the runner or worker sends for this tenant: a work token the gateway mints now, as a bearer header.
 
     Never the caller's own API key or JWT (:mod:`aiworks.security.work_tokens`): the token runs inference of
-    ``model`` only, expires with the work, and stops working when the submitting API key is revoked. An
+    ``model`` only, expires with the work, and stops working when the submitting API key is revoked, or, for a
+    batch job (``work_id``, the job's id), once the job has ended (:func:`watch_ended_jobs`). An
     anonymous caller's (demo mode) work keeps nothing, as nothing will check it. The stores seal it
     (``aiworks.security.sealing``)."""
-    token = dataplane.tenancy.auth.mint_work_token(principal, work, model, lifetime_s)
+    token = dataplane.tenancy.auth.mint_work_token(principal, work, model, lifetime_s, work_id)
     return f"Bearer {token}" if token else None
+
+
+async def watch_ended_jobs(store: JobStore, ended: EndedWork, every_s: float = 1.0) -> None:
+    """Keep ``ended`` (what the authenticator refuses) up to date with the jobs the store has ended, forever.
+
+    Each read asks for the jobs ended since a minute before the latest end seen, so runners' clocks a little
+    apart lose nothing; the first read takes every job whose token has not yet expired. Redis unreachable: the
+    jobs already known stay refused, and the watch tries again (a warning, once, until it reads again)."""
+    warned = False
+    while True:
+        try:
+            while True:
+                page = await store.ended_since(max(0.0, ended.read_to - 60.0))
+                before = ended.read_to
+                ended.note(page)
+                if len(page) < store.ENDED_PAGE or ended.read_to <= before:
+                    break
+            if warned:
+                log.info("reading ended batch jobs again (%d whose work tokens are refused)", len(ended))
+                warned = False
+        except (OSError, redis.RedisError) as exc:
+            if not warned:
+                log.warning("cannot read ended batch jobs from Redis (%s): tokens of jobs ended since the last read "
+                            "are still accepted until it can", exc)  # fmt: skip
+                warned = True
+        await asyncio.sleep(every_s)
 
 
 def add_batch_routes(app: FastAPI, dataplane: GatewayDataPlane, batch: BatchService | None, max_file_bytes: int):
@@ -113,10 +146,12 @@ def add_batch_routes(app: FastAPI, dataplane: GatewayDataPlane, batch: BatchServ
         dataplane.authorize(principal, model, version)
         tenant = principal.tenant
         # The token lives as long as the job may: its completion window, and a quarter of an hour for its last chunk.
-        lifetime_s = window_seconds(check_window(doc.get("completion_window", "24h"))) + 900
+        lifetime_s = window_seconds(check_window(doc.get("completion_window", "24h"))) + TOKEN_GRACE_S
+        job_id = new_id("batch")  # the token names its job: it is refused once the job has ended
         job = await service.create_batch(
-            tenant.id, doc, work_credential(dataplane, principal, "batch", model, lifetime_s),
+            tenant.id, doc, work_credential(dataplane, principal, "batch", model, lifetime_s, job_id),
             requests_per_second=tenant.requests_per_second, burst=tenant.bucket_size if tenant.requests_per_second else 0,
+            job_id=job_id,
         )  # fmt: skip
         return _json(batch_object(job))
 

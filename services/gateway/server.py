@@ -19,6 +19,7 @@ from aiworks.core.metrics import serve_metrics_or_warn, stop_metrics
 from aiworks.core.redis_client import fail_fast_redis
 from aiworks.core.rpc import add_port, create_server, set_serving, use_process_caller
 from aiworks.core.tracing import setup_tracing, shutdown_tracing
+from aiworks.gateway.batch_routes import watch_ended_jobs
 from aiworks.gateway.dataplane import GatewayDataPlane
 from aiworks.gateway.diagnostics import Diagnostics
 from aiworks.gateway.grpc_servicer import InferenceServicer
@@ -174,6 +175,11 @@ async def serve(settings: GatewaySettings) -> None:
             chunk_size=settings.batch_chunk_size,
             max_active_jobs=settings.batch_max_active_jobs,
         )
+    ended_watch = None
+    if settings.redis_url and tenancy.auth.work_tokens is not None:
+        # Work tokens of batch jobs that have ended are refused: read from the job store every second.
+        ended_store = batch.store if batch is not None else JobStore.from_url(settings.redis_url)
+        ended_watch = asyncio.create_task(watch_ended_jobs(ended_store, tenancy.auth.ended_work))
     nearline = None
     if settings.async_requests:
         if not settings.redis_url:
@@ -215,7 +221,7 @@ async def serve(settings: GatewaySettings) -> None:
     if settings.drain_s > 0:
         await _drain(stop, dataplane, settings.drain_s)
     log.info("gateway stopping")
-    for watch in (key_watch, token_watch):
+    for watch in (key_watch, token_watch, ended_watch):
         if watch is not None:
             watch.cancel()
     http.should_exit = True  # both stop together, each bounded by shutdown_grace_s
@@ -229,6 +235,8 @@ async def serve(settings: GatewaySettings) -> None:
     dataplane.shared_memory.close()
     if batch is not None:
         await batch.store.close()
+    elif ended_watch is not None:
+        await ended_store.close()
     if nearline is not None:
         await nearline.close()
     if publisher is not None:

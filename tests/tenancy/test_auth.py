@@ -373,3 +373,30 @@ def test_work_token_forgeries_are_refused(config):
     assert status_of(lambda: auth.mint_work_token(worker, "batch", "iris", 10**6))[0] is Status.PERMISSION_DENIED
     demo = Authenticator(load_tenancy(None), work_tokens=WorkTokens(CREDENTIAL_KEY))
     assert demo.mint_work_token(demo.authenticate({}), "batch", "iris", 60) is None
+
+
+def test_a_batch_jobs_work_token_is_refused_once_its_job_has_ended(config):
+    """The token names its job; the gateway refuses it once the job store reports the job ended (cancelled,
+    completed, failed or expired), whether the token was verified and remembered before or not."""
+    from aiworks.security.work_tokens import WorkTokens
+
+    auth = Authenticator(config, work_tokens=WorkTokens(CREDENTIAL_KEY))
+    submitter = auth.authenticate({"x-api-key": KEY_LAB})
+    token = auth.mint_work_token(submitter, "batch", "iris", 3600, "batch_a")
+    fresh = auth.mint_work_token(submitter, "batch", "iris", 3600, "batch_a")  # never verified before the end
+    other = auth.mint_work_token(submitter, "batch", "iris", 3600, "batch_b")
+    queued = auth.mint_work_token(submitter, "async", "iris", 60)  # a queued request's names no job
+    assert WorkTokens(CREDENTIAL_KEY).verify(token).work_id == "batch_a"
+    worker = auth.authenticate({"authorization": f"Bearer {token}"})
+    assert worker.work_id == "batch_a"  # verified, and now remembered
+    now = time.time()
+    auth.ended_work.note([("batch_a", now, now + 3600)])
+    for ended in (token, fresh):
+        status, message = status_of(lambda t=ended: auth.authenticate({"authorization": f"Bearer {t}"}))
+        assert status is Status.UNAUTHENTICATED and "batch job 'batch_a' has ended" in message, message
+    assert auth.authenticate({"authorization": f"Bearer {other}"}).work_id == "batch_b"
+    assert auth.authenticate({"authorization": f"Bearer {queued}"}).work_id == ""
+    # An entry leaves once its token would have expired anyway: the register stays bounded.
+    auth.ended_work.note([("batch_c", now, now + 1)], now=now + 2)
+    assert "batch_a" in auth.ended_work and "batch_c" not in auth.ended_work and len(auth.ended_work) == 1
+    assert auth.ended_work.read_to == now

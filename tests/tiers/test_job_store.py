@@ -341,3 +341,31 @@ async def test_a_401_that_goes_away_on_a_new_connection_costs_no_line(store, tmp
     # Each line's first try on the pooled connection (refused), its second on a new one of its own (answered).
     assert len(peers) == 6 and len(set(peers[3:])) == 3 and not set(peers[:3]) & set(peers[3:]), peers
     assert (tmp_path / "err.jsonl").read_bytes() == b""
+
+
+async def test_ended_jobs_are_listed_for_the_gateways_until_their_tokens_expire(store, monkeypatch):
+    """What the gateways read to refuse an ended job's work token: each ended job, when it ended and when its
+    token (its completion window and a quarter hour from its creation) expires; pruned after that."""
+    import time
+
+    from aiworks.batch import jobs
+
+    started = time.time()
+    await store.create(_job("batch_x"))
+    await store.create(Job(id="batch_y", tenant="t", model="m", input_url="in", output_url="out", error_url="err",
+                           completion_window="1h"))  # fmt: skip
+    assert await store.ended_since(0) == []
+    await store.finish("batch_x", "cancelled")
+    await store.finish("batch_y", "completed")
+    ended = await store.ended_since(started - 1)
+    assert [job_id for job_id, _, _ in ended] == ["batch_x", "batch_y"]
+    (_, at_x, until_x), (_, at_y, until_y) = ended
+    assert started <= at_x <= at_y <= time.time()
+    assert until_x - until_y == pytest.approx(23 * 3600, abs=5)
+    assert until_y >= started + 3600 + jobs.TOKEN_GRACE_S
+    assert await store.ended_since(at_y + 1) == []
+    # Past batch_y's token expiry, the next job that ends prunes it; batch_x's 24-h token still lives.
+    monkeypatch.setattr(jobs.time, "time", lambda: until_y + 1)
+    await store.create(_job("batch_z"))
+    await store.finish("batch_z", "failed")
+    assert [job_id for job_id, _, _ in await store.ended_since(0)] == ["batch_x", "batch_z"]

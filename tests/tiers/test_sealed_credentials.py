@@ -143,6 +143,38 @@ def test_what_waits_is_a_work_token_that_runs_inference_only(batch_suite):
     requests.post(f"{base}/v1/batches/{job['id']}/cancel", headers=batch_suite.headers("alice"), timeout=10)
 
 
+def test_a_cancelled_jobs_work_token_runs_nothing_more(batch_suite, runners):
+    """Once a job has ended, every gateway refuses its work token, which would otherwise run the job's model as
+    its tenant until the token's expiry (the completion window): one taken from a cancelled job is worthless."""
+    from aiworks.security.sealing import Sealer
+
+    x = _digits(3)
+    job = _submit(batch_suite, "alice", _jsonl([_line(i, row) for i, row in enumerate(x)]))
+    opened = Sealer.from_file(batch_suite.credential_key).open(_stored_credential(batch_suite, job["id"]),
+                                                               f"batch job {job['id']}")  # fmt: skip
+    as_job = {"authorization": opened}
+    infer = f"{batch_suite.base}/v2/models/digits/infer"
+    assert requests.post(infer, json=_body(x[0]), headers=as_job, timeout=10).status_code == 200
+    cancel = requests.post(f"{batch_suite.base}/v1/batches/{job['id']}/cancel", headers=batch_suite.headers("alice"),
+                           timeout=10)  # fmt: skip
+    assert cancel.status_code == 200 and cancel.json()["status"] == "cancelling", cancel.text
+    runners("ends-the-cancel")
+    _job_doc(batch_suite, job["id"], lambda d: d["status"] == "cancelled", tenant="alice")
+    deadline = time.monotonic() + 10  # the gateway reads ended jobs every second
+    while (answer := requests.post(infer, json=_body(x[0]), headers=as_job, timeout=10)).status_code == 200:
+        assert time.monotonic() < deadline, "the cancelled job's token still runs inference"
+        time.sleep(0.1)
+    assert answer.status_code == 401, answer.text
+    assert f"batch job '{job['id']}' has ended" in answer.text and opened.split()[1] not in answer.text
+    # Another job's token, the same tenant's, still runs.
+    other = _submit(batch_suite, "alice", _jsonl([_line(0, x[0])]))
+    theirs = Sealer.from_file(batch_suite.credential_key).open(_stored_credential(batch_suite, other["id"]),
+                                                               f"batch job {other['id']}")  # fmt: skip
+    assert requests.post(infer, json=_body(x[0]), headers={"authorization": theirs}, timeout=10).status_code == 200
+    requests.post(f"{batch_suite.base}/v1/batches/{other['id']}/cancel", headers=batch_suite.headers("alice"),
+                  timeout=10)  # fmt: skip
+
+
 def test_a_job_submitted_with_a_short_lived_jwt_runs_to_its_end_after_the_jwt_expired(batch_suite, runners):
     """The job runs with its work token, not the JWT: before work tokens, every line after the JWT's expiry was
     a 401. The JWT lives 3 s; no runner starts until it is dead."""

@@ -10,6 +10,9 @@ Keys (prefix ``aiworks:batch:``):
 - ``secret:{id}``: the job's work token (:mod:`aiworks.security.work_tokens`), sent with its requests,
   sealed under the installation's credential key (:mod:`aiworks.security.sealing`) where the store has one;
   deleted when the job ends;
+- ``ended`` and ``ended:until``: sorted sets of ended jobs, by when each ended and by when its work token
+  expires; gateways read the first to refuse those tokens (:meth:`JobStore.ended_since`), and a job leaves
+  both once its token would have expired anyway;
 - ``sweep``: set of ended jobs whose parts may still be in storage (a runner that dies right after ending a
   job leaves them; an idle runner removes them);
 - ``active``: set of jobs not yet ended (``tenant:{t}:active``: a tenant's); ``tenant:{t}:jobs``: a tenant's
@@ -37,6 +40,7 @@ from aiworks.security.sealing import Sealer, seal, unseal
 
 PREFIX = "aiworks:batch:"
 TERMINAL = frozenset({"completed", "failed", "cancelled", "expired"})
+TOKEN_GRACE_S = 900  # a job's work token lives its completion window and this: a quarter hour for its last chunk
 CANCELLABLE = ("validating", "in_progress")
 
 _RECORD = """
@@ -51,6 +55,14 @@ return 1
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0
+"""
+_PRUNE_ENDED = """
+local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, 1000)
+if #gone > 0 then
+  redis.call('ZREM', KEYS[1], unpack(gone))
+  redis.call('ZREM', KEYS[2], unpack(gone))
+end
+return #gone
 """
 _CANCEL = """
 local status = redis.call('HGET', KEYS[1], 'status')
@@ -185,6 +197,7 @@ class JobStore:
         self._record = client.register_script(_RECORD)
         self._renew = client.register_script(_RENEW)
         self._cancel = client.register_script(_CANCEL)
+        self._prune_ended = client.register_script(_PRUNE_ENDED)
 
     @classmethod
     def from_url(cls, url: str, *, sealer: Sealer | None = None) -> JobStore:
@@ -260,7 +273,13 @@ class JobStore:
                  "expired": "expired_at"}.get(status)  # fmt: skip
         if stamp:
             values[stamp] = time.time()
-        tenant = await self.redis.hget(self._k("job", job_id), "tenant")
+        tenant, created, window = await self.redis.hmget(self._k("job", job_id), "tenant", "created_at",
+                                                         "completion_window")  # fmt: skip
+        now = time.time()
+        try:  # when its work token expires, as the gateway minted it (services/gateway/batch_routes.py)
+            until = float(created) + window_seconds(window) + TOKEN_GRACE_S + 60
+        except (TypeError, ValueError):
+            until = now + window_seconds("24h") + TOKEN_GRACE_S
         async with self.redis.pipeline(transaction=True) as pipe:
             if tenant is not None:
                 pipe.srem(self._k("tenant", tenant, "active"), job_id)
@@ -268,7 +287,22 @@ class JobStore:
             pipe.srem(self._k("active"), job_id)
             pipe.delete(self._k("chunks", job_id), self._k("secret", job_id), self._k("lease", job_id))
             pipe.sadd(self._k("sweep"), job_id)  # its parts are removed next, by whoever ends it or by any runner
+            pipe.zadd(self._k("ended"), {job_id: now})  # gateways refuse its work token from their next read
+            pipe.zadd(self._k("ended", "until"), {job_id: until})
             await pipe.execute()
+        await self._prune_ended(keys=[self._k("ended"), self._k("ended", "until")], args=[now])
+
+    ENDED_PAGE = 10_000
+
+    async def ended_since(self, since: float) -> list[tuple[str, float, float]]:
+        """Jobs ended at or after ``since`` (Unix time), oldest first, at most :attr:`ENDED_PAGE`: (id, when it
+        ended, when its work token expires). Only jobs whose tokens have not yet expired are still recorded."""
+        ended = await self.redis.zrangebyscore(self._k("ended"), since, "+inf", start=0, num=self.ENDED_PAGE,
+                                               withscores=True)  # fmt: skip
+        if not ended:
+            return []
+        until = await self.redis.zmscore(self._k("ended", "until"), [job_id for job_id, _ in ended])
+        return [(job_id, at, float(u) if u is not None else at) for (job_id, at), u in zip(ended, until, strict=True)]
 
     async def swept(self, job_id: str) -> None:
         """The ended job's parts are gone."""

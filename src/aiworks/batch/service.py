@@ -172,7 +172,8 @@ class BatchService:
     # ---- jobs ------------------------------------------------------------------------------------------
 
     async def create_batch(self, tenant: str, body: dict, credential: str | None, *,
-                           requests_per_second: float | None = None, burst: int = 0) -> Job:  # fmt: skip
+                           requests_per_second: float | None = None, burst: int = 0,
+                           job_id: str | None = None) -> Job:  # fmt: skip
         """``POST /v1/batches``: ``input_file_id``, ``endpoint``, ``completion_window``, optional ``metadata``.
 
         Parquet input (:mod:`aiworks.batch.tables`): ``format`` (``jsonl`` or
@@ -182,6 +183,8 @@ class BatchService:
         ``requests_per_second`` and ``burst``: the tenant's request rate, when
         it has one. A job with more lines than that rate lets through in its
         completion window could never finish in time: it is refused here (429).
+
+        ``job_id``: the id the gateway minted the job's work token for (a new one when not given).
         """
         if not isinstance(body, dict):
             raise InvalidArgument("request body must be a JSON object")
@@ -198,7 +201,7 @@ class BatchService:
         if requests_per_second:
             await self._check_rate(tenant, record.url, window, requests_per_second, burst, form, input_columns,
                                    known_lines=record.lines if form == "jsonl" else -1)  # fmt: skip
-        job_id = new_id("batch")
+        job_id = job_id or new_id("batch")
         return await self.submit(
             tenant, model, record.url, self._where(tenant, f"{job_id}/output.{form}"),
             self._where(tenant, f"{job_id}/errors.jsonl"), version=version, chunk_size=chunk_size,

@@ -17,6 +17,10 @@ submission:
   for any other model, for the Batch and Files APIs, for asynchronous
   submission and results, for result streams and for admin calls, so a token
   cannot submit more work or mint a longer-lived one.
+- **It dies with its batch job.** A batch job's token names the job; once the job
+  has ended (completed, failed, cancelled or expired) the gateway refuses it
+  (:class:`EndedWork`, fed from the job store's record of ended jobs), so a
+  token taken from a cancelled job runs nothing more.
 - **It is not the submitter's credential.** What waits in Redis (sealed,
   :mod:`aiworks.security.sealing`) is this token, which expires with the
   work; the caller's long-lived API key is kept nowhere.
@@ -33,8 +37,8 @@ first key mints; its other keys still verify, so a rotation
 ``t`` tenant id, ``m`` how the submitter proved it (``api_key`` or ``jwt``),
 ``s`` its subject (the key's hash prefix or the JWT's ``sub``), ``k`` the
 key's full SHA-256 (API keys only), ``w`` what the work is (``batch`` or
-``async``), ``n`` the one model it may use, ``i`` and ``e`` issued and expiry
-(Unix seconds).
+``async``), ``j`` the work's id (a batch job's; absent for a queued request), ``n`` the one model it may use,
+``i`` and ``e`` issued and expiry (Unix seconds).
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ class WorkClaims:
     model: str
     issued_at: int
     expires_at: int
+    work_id: str = ""  # the batch job's id; "" for a queued request's token
 
 
 def is_work_token(token: str) -> bool:
@@ -116,12 +121,14 @@ class WorkTokens:
         return hmac.new(self._keys[key_id or self.key_id], signed.encode(), hashlib.sha256).digest()
 
     def mint(self, *, tenant: str, method: str, subject: str, key: str = "", work: str, model: str,
-             lifetime_s: float, now: float | None = None) -> str:  # fmt: skip
+             lifetime_s: float, work_id: str = "", now: float | None = None) -> str:  # fmt: skip
         issued = int(time.time() if now is None else now)
         claims = {"t": tenant, "m": method, "s": subject, "w": work, "n": model, "i": issued,
                   "e": issued + int(lifetime_s) + 1}  # fmt: skip
         if key:
             claims["k"] = key
+        if work_id:
+            claims["j"] = work_id
         signed = f"{PREFIX}{self.key_id}.{_b64(orjson.dumps(claims))}"
         return f"{signed}.{_b64(self._mac(signed))}"
 
@@ -146,9 +153,38 @@ class WorkTokens:
         try:
             raw = orjson.loads(_unb64(payload))
             claims = WorkClaims(str(raw["t"]), str(raw["m"]), str(raw.get("s", "")), str(raw.get("k", "")),
-                                str(raw["w"]), str(raw["n"]), int(raw["i"]), int(raw["e"]))  # fmt: skip
+                                str(raw["w"]), str(raw["n"]), int(raw["i"]), int(raw["e"]), str(raw.get("j", "")))  # fmt: skip
         except (ValueError, KeyError, TypeError, binascii.Error, orjson.JSONDecodeError):
             raise TokenError("work token's claims are malformed") from None
         if (time.time() if now is None else now) >= claims.expires_at:
             raise TokenError(f"work token expired (the {claims.work} work it was minted for outlived its window)")
         return claims
+
+
+class EndedWork:
+    """The batch jobs that have ended, as this gateway last read them: their tokens are refused.
+
+    The job store records each job it ends (:meth:`aiworks.batch.jobs.JobStore.ended_since`) until the
+    job's token would have expired anyway; the gateway reads what was added every second or so
+    (``services/gateway/server.py``) and :meth:`note` s it here, so the synchronous authentication path
+    checks a set, not Redis. Bounded by the store: the jobs ended within their tokens' lifetimes.
+    """
+
+    def __init__(self) -> None:
+        self._ended: dict[str, float] = {}  # job id -> when its token expires (Unix seconds)
+        self.read_to = 0.0  # the latest end the store reported: the next read starts a little before it
+
+    def __contains__(self, work_id: str) -> bool:
+        return work_id in self._ended
+
+    def __len__(self) -> int:
+        return len(self._ended)
+
+    def note(self, ended: list[tuple[str, float, float]], now: float | None = None) -> None:
+        """Take ``(job id, when it ended, when its token expires)`` entries; drop those whose tokens expired."""
+        for work_id, ended_at, expires_at in ended:
+            self._ended[work_id] = expires_at
+            self.read_to = max(self.read_to, ended_at)
+        now = time.time() if now is None else now
+        if any(expires <= now for expires in self._ended.values()):
+            self._ended = {k: v for k, v in self._ended.items() if v > now}
