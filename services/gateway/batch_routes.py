@@ -19,7 +19,6 @@ import asyncio
 import logging
 
 import orjson
-import redis.asyncio as redis
 from fastapi import FastAPI, Request
 from starlette.responses import Response, StreamingResponse
 
@@ -70,7 +69,7 @@ async def watch_ended_jobs(store: JobStore, ended: EndedWork, every_s: float = 1
             if warned:
                 log.info("reading ended batch jobs again (%d whose work tokens are refused)", len(ended))
                 warned = False
-        except (OSError, redis.RedisError) as exc:
+        except Exception as exc:  # noqa: BLE001 - Redis away (or a reply not understood): the next read tries again
             if not warned:
                 log.warning("cannot read ended batch jobs from Redis (%s): tokens of jobs ended since the last read "
                             "are still accepted until it can", exc)  # fmt: skip
