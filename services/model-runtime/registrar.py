@@ -1,7 +1,8 @@
 """Registers this replica with the scheduler and heartbeats its load, its models and its GPUs.
 
 A heartbeat leaves every ``interval_s`` (counted from the last one's sending, so a scheduler slow to
-answer still hears one each interval, as long as it answers within one), and also as soon as a backend goes
+answer still hears one each interval, as long as it answers within one; one unanswered for 1.5 intervals
+is given up, :attr:`Registrar.answer_timeout_s`), and also as soon as a backend goes
 down or comes back (checked every ``watch_s``), so the scheduler learns of a
 restarting tritonserver in well under a second. Versions loaded or unloaded
 are told by the load's own answer and the next regular heartbeat, as before. :meth:`beat_now` sends one at once and waits for the
@@ -16,7 +17,7 @@ import logging
 from collections.abc import Callable
 
 from aiworks.core.converters import from_model_spec
-from aiworks.core.errors import AIWorksError
+from aiworks.core.errors import AIWorksError, Status
 from aiworks.pb.scheduler.v1 import scheduler_pb2 as spb
 from aiworks.runtime.dataplane import RuntimeDataPlane
 from aiworks.scheduler.client import SchedulerClient
@@ -120,7 +121,7 @@ class Registrar:
                     kv=self._kv(),
                     stopping=self.stopping,
                 ),
-                timeout_s=max(self.interval_s * 3, 1.0),
+                timeout_s=self.answer_timeout_s,
             )
             if not reply.known and not self.stopping:
                 log.warning("the scheduler %s no longer knows this replica; registering again", self.scheduler)
@@ -139,6 +140,13 @@ class Registrar:
         self.stopping = True
         await self.beat_now(timeout_s)
 
+    @property
+    def answer_timeout_s(self) -> float:
+        """How long a heartbeat waits for its answer: 1.5 intervals. A beat lost on a dead connection then
+        delays the next one to 2.5 intervals after the last one heard, inside the scheduler's 3.5 (its
+        ``heartbeat_timeout_s``); at 3 intervals, as before, the replica was removed while alive."""
+        return max(self.interval_s * 1.5, 0.5)
+
     def _changed(self) -> bool:
         return self._health() != self._sent_states
 
@@ -156,6 +164,9 @@ class Registrar:
                     log.warning("cannot reach the scheduler %s (%s): %s; retrying", self.scheduler, exc.status.name,
                                 exc.message)  # fmt: skip
                     warned = True
-                self.registered.clear()
+                if exc.status is not Status.DEADLINE_EXCEEDED:
+                    # Unanswered is not forgotten: a slow scheduler still knows this replica, and one that
+                    # restarted says so in the next answer (known: false), which registers again.
+                    self.registered.clear()
             while loop.time() < due and not self._changed():
                 await asyncio.sleep(min(self.watch_s, max(0.0, due - loop.time())))

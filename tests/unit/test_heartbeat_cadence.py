@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+import pytest
+
 from aiworks.runtime.registrar import Registrar
 
 
@@ -59,3 +61,50 @@ def test_a_slow_answer_does_not_stretch_the_gap_between_heartbeats() -> None:
 def test_an_answer_slower_than_the_interval_is_followed_by_the_next_heartbeat_at_once() -> None:
     measured = asyncio.run(gaps(delay_s=0.45, interval_s=0.3, beats=4))
     assert all(0.43 <= g < 0.6 for g in measured), measured  # counted from the answers: 0.75
+
+
+class LosingScheduler(SlowScheduler):
+    """Answers at once, but the heartbeat numbered ``lose`` is never answered: it waits out the caller's deadline,
+    as a call on a connection that died does, and fails with DEADLINE_EXCEEDED."""
+
+    def __init__(self, lose: int):
+        super().__init__(0.0)
+        self.lose = lose
+        self.registrations = 0
+
+    async def register_replica(self, info, timeout_s: float):
+        self.registrations += 1
+        return await super().register_replica(info, timeout_s)
+
+    async def heartbeat(self, request, timeout_s: float):
+        self.sent.append(asyncio.get_running_loop().time())
+        if len(self.sent) == self.lose:
+            from aiworks.core.errors import DeadlineExceeded
+
+            await asyncio.sleep(timeout_s)
+            raise DeadlineExceeded("heartbeat: deadline exceeded")
+        return SimpleNamespace(known=True)
+
+
+def test_a_heartbeat_lost_on_a_dead_connection_is_not_fatal() -> None:
+    """The scheduler removes a replica silent for 3.5 intervals. A beat that is never answered costs 1.5 intervals
+    of waiting, so the next one arrives 2.5 intervals after the last one heard (at 3 intervals of waiting it
+    came 4 intervals after: the replica was removed while alive), and it does not register again."""
+    interval = 0.4
+    scheduler = LosingScheduler(lose=2)
+
+    async def run() -> None:
+        registrar = Registrar(scheduler, idle_dataplane(), replica_id="r", address="127.0.0.1:1", device="cpu",
+                              labels={}, interval_s=interval, watch_s=0.01)  # fmt: skip
+        task = asyncio.create_task(registrar.run())
+        try:
+            while len(scheduler.sent) < 4:
+                await asyncio.sleep(0.01)
+        finally:
+            task.cancel()
+
+    asyncio.run(run())
+    heard_gap = scheduler.sent[2] - scheduler.sent[0]  # the first beat heard, then the next one heard after the lost one
+    assert heard_gap < 3.5 * interval, f"{heard_gap:.2f} s between heartbeats heard: the replica would be removed"
+    assert heard_gap == pytest.approx(2.5 * interval, abs=0.15)
+    assert scheduler.registrations == 1, "an unanswered heartbeat is not a forgotten replica"
