@@ -41,6 +41,8 @@ from aiworks.nearline.callbacks import HEADER as CALLBACK_HEADER
 from aiworks.nearline.callbacks import check_callback_url
 from aiworks.nearline.queue import AsyncQueue
 
+ASYNC_TOKEN_SLACK_S = 60.0  # a queued request's work token outlives its deadline by this much
+
 log = logging.getLogger(__name__)
 
 _INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
@@ -158,8 +160,9 @@ class AsyncInferFront:
         path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
         request_id, _ = await self.queue.enqueue(
             principal.tenant_id, path, parsed.body,
-            # A work token, sealed in the queue: it runs this request's inference only, until its record expires.
-            work_credential(self.dataplane, principal, "async", model, self.queue.ttl_s),
+            # A work token, sealed in the queue: it runs this request's inference only, until its deadline (a
+            # worker never sends it later: the answer is then a stored 504), and a minute for clocks apart.
+            work_credential(self.dataplane, principal, "async", model, deadline_s + ASYNC_TOKEN_SLACK_S),
             content_type=headers.get("content-type", "application/json"), header_length=parsed.header_length or "",
             deadline_s=deadline_s, callback=callback,
         )  # fmt: skip

@@ -79,6 +79,15 @@ def test_no_api_key_is_in_redis_while_jobs_and_requests_wait_and_they_still_run_
     assert secret and is_sealed(secret)
     mine = [fields for _, fields in entries if fields["id"] == queued.json()["id"]]
     assert mine and is_sealed(mine[0]["credential"])
+    # The queued request's token lives until its deadline (120 s in this suite) and a minute, not for the hour
+    # its result is kept: a worker never sends it later.
+    from aiworks.security.sealing import Sealer
+    from aiworks.security.work_tokens import WorkTokens
+
+    opened = Sealer.from_file(batch_suite.credential_key).open(mine[0]["credential"], f"request {mine[0]['id']}")
+    claims = WorkTokens.from_file(batch_suite.credential_key).verify(opened.removeprefix("Bearer "))
+    assert claims.work == "async" and claims.work_id == ""
+    assert 120 + 60 <= claims.expires_at - claims.issued_at <= 120 + 62, claims
 
     # Given the gateway's key file, the runner and the worker open them and act as alice: her model, her usage.
     runners("runner")
