@@ -12,8 +12,10 @@ here as well: tenant, model, version, status, latency and request id, never
 the payload. A generation's line (a decoupled model's stream, on any front
 end) also has, in ``details``, its prompt and completion tokens, its finish
 reason (``stop`` or ``length`` as the model said, ``cancelled`` when the
-client left or cancelled, ``error``), its time to first token and how many
-responses it sent; never the prompt or the text. Requests without valid
+client left or cancelled, ``error``), its time to first token, how many
+responses it sent and the sampling it asked for (numbers and flags, and how
+many stop strings: :func:`sampling_asked`); never the prompt, the stop
+strings or the text. Requests without valid
 credentials are not audited (nor logged one by one): anyone can send them,
 so they would let anyone grow the audit log; they are counted in
 ``aiworks_gateway_refused_requests_total``.
@@ -28,9 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Mapping
 from typing import Protocol
+
+import orjson
 
 from aiworks.core import metrics, tracing
 from aiworks.core.errors import AIWorksError
@@ -55,6 +60,34 @@ class Counted(Protocol):
 
     prompt: int
     completion: int
+
+
+# What a generation's audit line records of the sampling asked for: numbers and flags, never text.
+_AUDITED_SAMPLING = ("max_tokens", "temperature", "top_k", "top_p", "seed", "ignore_eos", "logprobs",
+                     "prompt_logprobs")  # fmt: skip
+_INT_BOUND = 1 << 63
+
+
+def sampling_asked(parameters: dict) -> dict:
+    """The sampling parameters a generation asked for, as its audit line keeps them: the numbers and flags
+    (a value of another type, or a number too large to be one the runtime takes, as its type's name), and of
+    the stop strings only how many there were (they are text)."""
+    out: dict = {}
+    for name in _AUDITED_SAMPLING:
+        if name in parameters:
+            value = parameters[name]
+            fits = isinstance(value, bool) or (isinstance(value, int) and -_INT_BOUND < value < _INT_BOUND) or (
+                isinstance(value, float) and math.isfinite(value))  # fmt: skip
+            out[name] = value if fits else type(value).__name__
+    stop = parameters.get("stop")
+    if isinstance(stop, str) and stop.startswith("["):  # a list, as the front ends pass it (JSON text)
+        try:
+            stop = orjson.loads(stop)
+        except orjson.JSONDecodeError:
+            pass
+    if stop:
+        out["stop_strings"] = len(stop) if isinstance(stop, list) else 1
+    return out
 
 
 def finish_reason(said: str, error: BaseException | None) -> str:
@@ -127,6 +160,8 @@ class GatewayTelemetry:
                 "finish_reason": finish_reason(call.finish_reason, error), "responses": call.responses,
                 "ttft_ms": None if call.first_s is None else round(call.first_s * 1e3, 3),
             }  # fmt: skip
+            if request is not None and request.parameters:
+                details.update(sampling_asked(request.parameters))  # the audit keeps flat scalars
         try:
             self.audit.inference(
                 tenant=call.tenant,

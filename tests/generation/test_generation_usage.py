@@ -316,7 +316,8 @@ def test_each_generation_writes_one_audit_line_with_its_tokens_and_never_its_tex
                       headers={**auth(key), "x-request-id": "audit-generate"}, timeout=30)  # fmt: skip
     assert r.status_code == 200, r.text
     texts["audit-generate"] = r.json()["text_output"]
-    body = {"text_input": "zebra_quokka_delta(", "max_tokens": 9, "ignore_eos": True}
+    body = {"text_input": "zebra_quokka_delta(", "max_tokens": 9, "ignore_eos": True, "top_k": 5, "seed": 11,
+            "stop": ["zebra_quokka_stop_one", "zebra_quokka_stop_two"]}  # fmt: skip
     with requests.post(f"{base}/v2/models/codegen/generate_stream", json=body, stream=True, timeout=30,
                        headers={**auth(key), "x-request-id": "audit-stream"}) as r:  # fmt: skip
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith(b"data: ")]
@@ -372,6 +373,17 @@ def test_each_generation_writes_one_audit_line_with_its_tokens_and_never_its_tex
         assert d["completion_tokens"] == completion_tokens and d["finish_reason"] == "length", rec
         assert d["prompt_tokens"] == (prompt_tokens or d["prompt_tokens"]) and d["prompt_tokens"] >= 4, rec
         assert 0 < d["ttft_ms"] <= rec["latency_ms"] and d["responses"] >= 1, rec
+    # The sampling asked for, as numbers and flags; of the stop strings only their count (they are text).
+    counts = {"prompt_tokens", "completion_tokens", "finish_reason", "responses", "ttft_ms"}
+
+    def sampling(rid: str) -> dict:
+        return {k: v for k, v in records[rid]["details"].items() if k not in counts}
+
+    assert sampling("audit-generate") == {"max_tokens": 11, "ignore_eos": True}
+    assert sampling("audit-stream") == {"max_tokens": 9, "ignore_eos": True, "top_k": 5, "seed": 11,
+                                        "stop_strings": 2}  # fmt: skip
+    assert sampling("audit-grpc") == {"max_tokens": 8, "ignore_eos": True}
+    assert sampling(done.id)["max_tokens"] == 12 and sampling(done.id)["temperature"] == 0, records[done.id]
     left = records[left_ids[-1]]
     assert left["details"]["finish_reason"] == "cancelled" and left["status"] != "ok", left
     assert 1 <= left["details"]["completion_tokens"] < 240 and left["details"]["ttft_ms"] > 0, left
