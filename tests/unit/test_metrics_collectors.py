@@ -352,3 +352,17 @@ async def test_cache_collector_keeps_the_counter_names_and_reports_the_store_dow
     assert samples[("aiworks_cache_backend_up", (("store", "memory"),))] == 1
     dataplane.breaker.failure()
     assert scrape(CacheCollector(dataplane))[("aiworks_cache_backend_up", (("store", "memory"),))] == 0
+
+
+def test_a_generations_audited_sampling_is_numbers_and_flags_never_text() -> None:
+    """What a client sends as sampling parameters reaches the audit line only as numbers, flags, type names and
+    the count of stop strings: a huge integer, a NaN or a string where a number goes cannot carry text or bulk."""
+    from aiworks.gateway.telemetry import sampling_asked
+
+    asked = {"max_tokens": 12, "temperature": 0.7, "top_k": 10**40, "top_p": float("nan"), "seed": "secret text",
+             "ignore_eos": True, "stop": '["my private stop", "another"]', "prompt": "never"}  # fmt: skip
+    assert sampling_asked(asked) == {"max_tokens": 12, "temperature": 0.7, "top_k": "int", "top_p": "float",
+                                     "seed": "str", "ignore_eos": True, "stop_strings": 2}  # fmt: skip
+    assert sampling_asked({"stop": "one"}) == {"stop_strings": 1}
+    assert sampling_asked({"stop": "[not json"}) == {"stop_strings": 1}
+    assert sampling_asked({}) == {}
