@@ -503,8 +503,9 @@ class RuntimeDataPlane:
                     out.append(v.spec.with_state(ModelState.LOADING, "its backend is recovering"))
         return out
 
-    def kv_room(self) -> list[tuple[str, str, int, int, int]]:
-        """(model, version, free KV tokens, KV budget, waiting sequences) of each loaded generative version; no I/O."""
+    def kv_room(self) -> list[tuple[str, str, int, int, int, tuple[int, int, int]]]:
+        """(model, version, free KV tokens, KV budget, waiting sequences, those by class: realtime, standard,
+        batch) of each loaded generative version; no I/O."""
         out = []
         for versions in self._models.values():
             for v in versions.values():

@@ -387,11 +387,14 @@ class LlmModel:
         """(KV tokens reserved, the budget), over the instances."""
         return sum(e.used_tokens for e in self.engines), sum(e.kv_budget_tokens for e in self.engines)
 
-    def kv_room(self) -> tuple[int, int, int]:
-        """(KV tokens free, the budget, sequences waiting for room): what the heartbeat reports for routing."""
+    def kv_room(self) -> tuple[int, int, int, tuple[int, int, int]]:
+        """(KV tokens free, the budget, sequences waiting for room, those by class: realtime, standard, batch):
+        what the heartbeat reports for routing."""
         engines = self.engines
         free = sum(max(0, e.kv_budget_tokens - e.used_tokens) for e in engines)
-        return free, sum(e.kv_budget_tokens for e in engines), sum(len(e.waiting) for e in engines)
+        by_class = [e.waiting_by_rank() for e in engines]
+        waiting = tuple(sum(c[i] for c in by_class) for i in range(3))
+        return free, sum(e.kv_budget_tokens for e in engines), sum(waiting), waiting
 
     def close(self) -> None:
         for instance in self._async:

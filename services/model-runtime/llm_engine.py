@@ -328,6 +328,14 @@ class Engine:
     def busy(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def waiting_by_rank(self) -> tuple[int, int, int]:
+        """Sequences waiting for room, by class (realtime, standard, batch): what a new one waits behind."""
+        counts = [0, 0, 0]
+        with self._lock:
+            for seq in self.waiting:
+                counts[min(max(seq.rank, 0), 2)] += 1
+        return counts[0], counts[1], counts[2]
+
     def load(self) -> tuple[int, int]:
         """KV tokens held or asked for (the running and waiting sequences' reservations), and those sequences."""
         with self._lock:

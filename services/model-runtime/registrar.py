@@ -90,8 +90,9 @@ class Registrar:
 
     def _kv(self):
         return [
-            spb.KvStatus(model=m, version=v, free_tokens=free, budget_tokens=budget, waiting_sequences=waiting)
-            for m, v, free, budget, waiting in self._dataplane.kv_room()
+            spb.KvStatus(model=m, version=v, free_tokens=free, budget_tokens=budget, waiting_sequences=waiting,
+                         waiting_by_class=by_class)  # fmt: skip
+            for m, v, free, budget, waiting, by_class in self._dataplane.kv_room()
         ]
 
     async def register(self) -> None:

@@ -125,7 +125,7 @@ def kv_to_pb(room: KvRoom) -> pb.KvStatus:
 
 
 def kv_from_pb(message: pb.KvStatus) -> KvRoom:
-    return KvRoom(**_fields(message, KvRoom))
+    return KvRoom(**{**_fields(message, KvRoom), "waiting_by_class": tuple(message.waiting_by_class)})
 
 
 def table_to_pb(table: RoutingTable) -> pb.RoutingTable:

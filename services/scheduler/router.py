@@ -40,8 +40,11 @@
    :data:`KV_ALL_UP_TO`, else among two random ones. Its free tokens are
    those it reported, less an estimate of what each generation this gateway
    sent it since then reserves (prompt + ``max_tokens``), less a whole
-   budget per sequence waiting there for room (a queue is worse than any
-   room elsewhere); ties go to the lower cost of step 4. Probation (step 5)
+   budget per sequence waiting there for room that this generation would
+   wait behind: those of its QoS class and the more urgent ones, as the
+   replica reports them by class (a queue is worse than any room
+   elsewhere, but a realtime generation is admitted ahead of waiting batch
+   ones); ties go to the lower cost of step 4. Probation (step 5)
    holds back only replicas never measured: a faded average says nothing
    against a replica whose heartbeats report room. Figures missing on any
    candidate, or stale, and it is steps 4 and 5 as for any model. Other
@@ -204,7 +207,7 @@ class Router:
             # Probation for replicas never measured only: one whose heartbeats report room is no suspect for a
             # faded average (generations come in bursts after quiet spells).
             trusted = [r for r in candidates if key in r.health.latency_s or not r.outstanding] or candidates
-            chosen = self._most_kv_room(key, trusted, expected, now, affine, reserve)
+            chosen = self._most_kv_room(key, trusted, expected, now, affine, reserve, priority)
             if chosen is not None:
                 return chosen
         # Probation: one request at a time for a replica not (or no longer) known to answer.
@@ -226,7 +229,8 @@ class Router:
         return next((r for r in candidates if r.replica_id == replica_id), None)
 
     def _most_kv_room(self, key: Key, candidates: list[Replica], expected: dict, now: float,
-                      affine: Replica | None = None, reserve: int = 0) -> Replica | None:  # fmt: skip
+                      affine: Replica | None = None, reserve: int = 0,
+                      priority: Priority = Priority.STANDARD) -> Replica | None:  # fmt: skip
         """Step 6 of the module docstring; None when some candidate has no fresh KV figures for ``key``."""
         room = {}
         for r in candidates:
@@ -234,7 +238,8 @@ class Router:
             if figures is None or now - r.kv_at_s > KV_STALE_S:
                 return None
             reserved = sum(tokens for _, k, tokens in r.kv_sent if k == key)
-            room[r.replica_id] = figures.free_tokens - reserved - figures.waiting_sequences * figures.budget_tokens
+            waiting = figures.waiting_ahead(int(priority))  # a realtime generation does not wait behind batch ones
+            room[r.replica_id] = figures.free_tokens - reserved - waiting * figures.budget_tokens
         if affine is not None and affine.replica_id in room:
             held = room[affine.replica_id]
             if held >= reserve and held >= max(room.values()) - AFFINITY_SLACK * reserve:

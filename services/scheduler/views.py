@@ -85,6 +85,14 @@ class KvRoom:
     free_tokens: int
     budget_tokens: int
     waiting_sequences: int = 0
+    waiting_by_class: tuple[int, ...] = ()  # the waiting ones by class: realtime, standard, batch (() : unknown)
+
+    def waiting_ahead(self, rank: int) -> int:
+        """The waiting sequences a new one of class ``rank`` would wait behind: its class and more urgent ones
+        (all of them where the replica does not say by class)."""
+        if not self.waiting_by_class:
+            return self.waiting_sequences
+        return sum(self.waiting_by_class[: rank + 1])
 
 
 @dataclass(frozen=True)

@@ -203,6 +203,7 @@ def test_admission_takes_the_most_urgent_class_first_then_arrival(parts):
     seqs = {name: engine.add(engine.encode("x = 1"), Sampling(max_tokens=20, ignore_eos=True), rank=rank)
             for name, rank in arrivals}  # fmt: skip
     assert [s.rank for s in engine.waiting] == [0, 0, 1, 1, 2, 2]
+    assert engine.waiting_by_rank() == (2, 2, 2)  # what the heartbeat reports, for the router's choice by class
     admitted = []
     for _ in range(500):
         if not engine.busy():
@@ -334,7 +335,7 @@ async def test_two_instances_share_the_replicas_budget_and_run_side_by_side(tiny
     try:
         assert [e.kv_budget_tokens for e in model.engines] == [1024, 1024]
         assert [e.max_sequences for e in model.engines] == [8, 8]
-        assert model.kv_room() == (2048, 2048, 0)
+        assert model.kv_room() == (2048, 2048, 0, (0, 0, 0))
 
         async def generate(text: str) -> str:
             raw = serialize_items([text.encode()])

@@ -126,6 +126,8 @@ async def test_new_generations_go_to_the_replica_with_kv_room(suite):
         (room,) = kv[full.replica_id]
         assert (room.model, room.version, room.budget_tokens) == ("codegen", "1", 1024), room
         assert room.waiting_sequences >= 2 and room.free_tokens < room.budget_tokens, room
+        # The fill is standard class: by class, the heartbeat says nothing realtime or batch waits there.
+        assert list(room.waiting_by_class) == [0, room.waiting_sequences, 0], room
         assert "generation KV cache (2):" in format_status(status)
 
         # A realtime generation sent to the full replica is admitted before the standard ones queued there.

@@ -66,6 +66,25 @@ def test_a_waiting_sequence_outweighs_any_room():
     assert picks(router(cat, clock), 10) == {"b": 10}
 
 
+def test_a_realtime_generation_does_not_count_batch_sequences_waiting_ahead_of_it():
+    """The engines admit the most urgent class first: a realtime generation waits behind waiting realtime ones
+    only, so room held back for waiting batch generations is its room; a standard or batch one counts every
+    waiting sequence of its class and the more urgent ones, as before."""
+    from aiworks.core.options import Priority
+
+    clock = FakeClock()
+    cat = catalog(clock, {"a": (900, 2), "b": (100, 0)})
+    cat.replicas["a"].kv = {KEY: KvRoom("m", "1", 900, 1000, 2, (0, 0, 2))}  # two batch generations wait on a
+    r = router(cat, clock)
+    assert {r.pick(KEY, Priority.REALTIME).replica_id for _ in range(10)} == {"a"}
+    assert {r.pick(KEY, Priority.STANDARD).replica_id for _ in range(10)} == {"a"}  # standard goes ahead too
+    assert {r.pick(KEY, Priority.BATCH).replica_id for _ in range(10)} == {"b"}
+    cat.replicas["a"].kv = {KEY: KvRoom("m", "1", 900, 1000, 2, (1, 0, 1))}  # a realtime one waits there
+    assert {r.pick(KEY, Priority.REALTIME).replica_id for _ in range(10)} == {"b"}
+    cat.replicas["a"].kv = {KEY: KvRoom("m", "1", 900, 1000, 2)}  # a runtime that does not say by class: all count
+    assert {r.pick(KEY, Priority.REALTIME).replica_id for _ in range(10)} == {"b"}
+
+
 def test_generations_sent_since_the_figures_count_so_a_burst_spreads():
     clock = FakeClock()
     cat = catalog(clock, {"a": (1000, 0), "b": (700, 0)})
@@ -197,7 +216,7 @@ def test_a_prompt_head_is_its_tenant_and_first_bytes():
 
 
 def test_the_table_carries_kv_figures_and_the_mirror_dates_them():
-    room = KvRoom("m", "1", 300, 1000, 2)
+    room = KvRoom("m", "1", 300, 1000, 2, (0, 1, 1))
     assert kv_from_pb(kv_to_pb(room)) == room
     table = RoutingTable(
         generation=3,

@@ -160,18 +160,20 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., inflight_batches: _Optional[int] = ..., models: _Optional[_Iterable[_Union[_runtime_pb2.ModelSpec, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[QueueStatus, _Mapping]]] = ..., kv: _Optional[_Iterable[_Union[KvStatus, _Mapping]]] = ..., stopping: _Optional[bool] = ...) -> None: ...
 
 class KvStatus(_message.Message):
-    __slots__ = ("model", "version", "free_tokens", "budget_tokens", "waiting_sequences")
+    __slots__ = ("model", "version", "free_tokens", "budget_tokens", "waiting_sequences", "waiting_by_class")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     FREE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     BUDGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
     WAITING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    WAITING_BY_CLASS_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: str
     free_tokens: int
     budget_tokens: int
     waiting_sequences: int
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., free_tokens: _Optional[int] = ..., budget_tokens: _Optional[int] = ..., waiting_sequences: _Optional[int] = ...) -> None: ...
+    waiting_by_class: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., free_tokens: _Optional[int] = ..., budget_tokens: _Optional[int] = ..., waiting_sequences: _Optional[int] = ..., waiting_by_class: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("known",)
