@@ -30,7 +30,9 @@ tokens; admission waits while it is full), ``max_sequences`` (cache slots),
 ``prefill_chunk_tokens``, ``share_prompt_min_tokens`` (the shortest prompt
 prefix an engine copies from a running sequence instead of reading it again;
 16 by default, 0: none), ``keep_prompts`` (finished sequences' rows each
-engine keeps for later prompts that begin alike; 4 by default, 0: none) and
+engine keeps for later prompts that begin alike; 4 by default, 0: none),
+``priority_aging_s`` (seconds a waiting sequence waits before it competes as
+if one QoS class more urgent; 30 by default, 0: classes strictly first) and
 ``max_tokens_cap``. The scheduling itself is
 :mod:`aiworks.runtime.llm_engine`; ONNX Runtime runs in its worker thread.
 
@@ -66,7 +68,7 @@ from aiworks.core.inference import Answer, InferRequest
 from aiworks.core.model_config import ModelConfig, TensorSpec
 from aiworks.core.options import RequestOptions
 from aiworks.runtime.llm_driver import AsyncEngine
-from aiworks.runtime.llm_engine import KEEP_PROMPTS, SHARE_MIN_TOKENS, Engine, Sampling
+from aiworks.runtime.llm_engine import AGING_S, KEEP_PROMPTS, SHARE_MIN_TOKENS, Engine, Sampling
 
 EOS = "<|endoftext|>"
 SAMPLING_PARAMETERS = frozenset({"max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "ignore_eos",
@@ -263,6 +265,7 @@ class LlmModel:
             )
         share = _int(config, "share_prompt_min_tokens", SHARE_MIN_TOKENS, minimum=0)
         keep = _int(config, "keep_prompts", KEEP_PROMPTS, minimum=0)
+        aging_s = _int(config, "priority_aging_s", int(AGING_S), minimum=0)
         self.engines = [
             Engine(
                 decoder := OnnxDecoder(path, threads), self.tokenizer, layers=decoder.layers, heads=decoder.heads,
@@ -270,7 +273,7 @@ class LlmModel:
                 kv_budget_tokens=budget // count + (i < budget % count),
                 max_sequences=slots // count + (i < slots % count),
                 prefill_chunk=_int(config, "prefill_chunk_tokens", 64), eos_id=self.tokenizer.token_to_id(EOS),
-                share_min_tokens=share, keep_prompts=keep,
+                share_min_tokens=share, keep_prompts=keep, aging_s=aging_s,
             )
             for i in range(count)
         ]  # fmt: skip

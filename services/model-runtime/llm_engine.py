@@ -4,7 +4,10 @@
 
 1. drops cancelled sequences (their cache slot and KV budget come back at once);
 2. admits waiting sequences, most urgent class first (the request's QoS
-   class: realtime, standard, batch; first come first served within one),
+   class: realtime, standard, batch; first come first served within one;
+   a sequence that has waited ``aging_s`` competes as if one class more
+   urgent, so batch work is not held back for ever by a stream of urgent
+   generations),
    while a cache slot is free and their reservation (prompt + ``max_tokens``
    tokens) fits the replica's KV budget: the first in that order that does
    not fit waits, and so does everyone behind it, so that freed room goes to
@@ -46,6 +49,7 @@ and each generation is an async iterator whose closing cancels its sequence.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -77,6 +81,9 @@ SHARE_MIN_TOKENS = 16
 # The engine's default ``keep_prompts``: finished sequences' rows kept for later prompts that begin alike (each
 # the memory of one sequence's row; the default model's is 4.7 MB).
 KEEP_PROMPTS = 4
+# The engine's default ``aging_s``: a waiting sequence competes as if one class more urgent after this long (the
+# runtime's one-shot queues do the same with ``priority_aging_ms``; generations run for seconds, hence seconds).
+AGING_S = 30.0
 
 
 def prompt_log_probabilities(logits: np.ndarray, tokens: np.ndarray, k: int) -> list[LogProb]:
@@ -131,6 +138,7 @@ class Sequence:
     rng: np.random.Generator
     slot: int = -1
     rank: int = 1  # the request's QoS class (0 realtime, 1 standard, 2 batch): admission order
+    due: float = 0.0  # when it was queued, plus aging_s per class below realtime: admission goes by this
     length: int = 0  # tokens in its cache slot
     next_id: int = -1  # the sampled token not yet in the cache
     generated: list[int] = field(default_factory=list)
@@ -189,9 +197,11 @@ class Engine:
     def __init__(
         self, runner, tokenizer, *, layers: int, heads: int, head_dim: int, context: int,
         kv_budget_tokens: int, max_sequences: int, prefill_chunk: int = 64, eos_id: int | None = None,
-        share_min_tokens: int = SHARE_MIN_TOKENS, keep_prompts: int = KEEP_PROMPTS,
+        share_min_tokens: int = SHARE_MIN_TOKENS, keep_prompts: int = KEEP_PROMPTS, aging_s: float = AGING_S,
     ):  # fmt: skip
         self.runner, self.tokenizer = runner, tokenizer
+        # 0: no aging, classes strictly first (a wait of a day per class step is never reached)
+        self.aging_s = aging_s if aging_s > 0 else 86400.0
         self.layers, self.context = layers, context
         self.kv_budget_tokens, self.max_sequences = kv_budget_tokens, max_sequences
         self.prefill_chunk = max(1, prefill_chunk)
@@ -293,10 +303,12 @@ class Engine:
                     and (any(s.head == head for s in seqs) or any(e.head == head for e in self.kept)))  # fmt: skip
 
     def _enqueue(self, seq: Sequence) -> None:
-        """Put ``seq`` behind every waiting sequence of its class or a more urgent one (under the lock)."""
+        """Put ``seq`` behind every waiting sequence due before it (under the lock): those of its class or a more
+        urgent one, and those of a less urgent class that have waited ``aging_s`` per class step more than it."""
+        seq.due = time.monotonic() + seq.rank * self.aging_s
         waiting = self.waiting
         at = len(waiting)
-        while at > 0 and waiting[at - 1].rank > seq.rank:  # usually 0 steps: most arrivals share a class
+        while at > 0 and waiting[at - 1].due > seq.due:  # usually 0 steps: most arrivals share a class
             at -= 1
         waiting.insert(at, seq)
 

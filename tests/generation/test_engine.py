@@ -234,6 +234,30 @@ def test_a_waiting_urgent_sequence_keeps_freed_room_from_a_later_smaller_one(par
     assert small.state in ("prefill", "decode", "done")
 
 
+def test_a_batch_sequence_that_has_waited_competes_as_a_more_urgent_one(parts):
+    """Aging: a sequence that has waited ``aging_s`` per class step is admitted ahead of more urgent ones that came
+    later, so a stream of urgent generations does not hold batch work back for ever; before that, class order."""
+    import time
+
+    engine = make_engine(parts, kv_budget_tokens=40, aging_s=0.2)
+    first = engine.add(engine.encode("import os"), Sampling(max_tokens=20, ignore_eos=True), rank=1)
+    engine.step()  # it holds the only room
+    old_batch = engine.add(engine.encode("x = 1"), Sampling(max_tokens=20, ignore_eos=True), rank=2)
+    time.sleep(0.45)  # more than two class steps
+    late_realtime = engine.add(engine.encode("y = 2"), Sampling(max_tokens=20, ignore_eos=True), rank=0)
+    new_batch = engine.add(engine.encode("z = 3"), Sampling(max_tokens=20, ignore_eos=True), rank=2)
+    assert list(engine.waiting) == [old_batch, late_realtime, new_batch]
+    assert engine.waiting_by_rank() == (1, 0, 2)  # what the heartbeat reports stays the nominal class
+    assert first.state == "decode"
+    strict = make_engine(parts, kv_budget_tokens=40, aging_s=0)  # 0: classes strictly first, however long
+    strict.add(strict.encode("import os"), Sampling(max_tokens=20, ignore_eos=True), rank=1)
+    strict.step()
+    waited = strict.add(strict.encode("x = 1"), Sampling(max_tokens=20, ignore_eos=True), rank=2)
+    time.sleep(0.45)
+    urgent = strict.add(strict.encode("y = 2"), Sampling(max_tokens=20, ignore_eos=True), rank=0)
+    assert list(strict.waiting) == [urgent, waited]
+
+
 async def test_the_backend_queues_by_the_requests_class(tiny_llm_repo):
     from aiworks.core.datatypes import Tensor, serialize_items
     from aiworks.core.inference import InferRequest
