@@ -153,7 +153,8 @@ class WorkTokens:
         try:
             raw = orjson.loads(_unb64(payload))
             claims = WorkClaims(str(raw["t"]), str(raw["m"]), str(raw.get("s", "")), str(raw.get("k", "")),
-                                str(raw["w"]), str(raw["n"]), int(raw["i"]), int(raw["e"]), str(raw.get("j", "")))  # fmt: skip
+                                str(raw["w"]), str(raw["n"]), int(raw["i"]), int(raw["e"]),
+                                str(raw.get("j", "")))  # fmt: skip
         except (ValueError, KeyError, TypeError, binascii.Error, orjson.JSONDecodeError):
             raise TokenError("work token's claims are malformed") from None
         if (time.time() if now is None else now) >= claims.expires_at:
@@ -172,6 +173,7 @@ class EndedWork:
 
     def __init__(self) -> None:
         self._ended: dict[str, float] = {}  # job id -> when its token expires (Unix seconds)
+        self._soonest = float("inf")  # the earliest of those: nothing to drop before it
         self.read_to = 0.0  # the latest end the store reported: the next read starts a little before it
 
     def __contains__(self, work_id: str) -> bool:
@@ -184,7 +186,9 @@ class EndedWork:
         """Take ``(job id, when it ended, when its token expires)`` entries; drop those whose tokens expired."""
         for work_id, ended_at, expires_at in ended:
             self._ended[work_id] = expires_at
+            self._soonest = min(self._soonest, expires_at)
             self.read_to = max(self.read_to, ended_at)
         now = time.time() if now is None else now
-        if any(expires <= now for expires in self._ended.values()):
+        if now >= self._soonest:  # a pass over the entries only when one of them is due
             self._ended = {k: v for k, v in self._ended.items() if v > now}
+            self._soonest = min(self._ended.values(), default=float("inf"))
